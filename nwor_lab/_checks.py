@@ -1,0 +1,68 @@
+"""Argument checks that name the argument and say how to fix it.
+
+Every public op and policy method validates its inputs with these before touching a cache, so a
+bad call raises before anything is written (no half-written windows).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, shape: Sequence | None = None,
+                 dtypes: Iterable[torch.dtype] | None = None, device: torch.device | None = None,
+                 what: str = "") -> torch.Tensor:
+    """Raise TypeError/ValueError naming `name` unless `t` is a tensor of the given form.
+
+    `shape` may hold None for "any size" in a dimension; `what` describes the expected shape in
+    domain words for the message (e.g. "[num_tokens, num_kv_heads, head_size]").
+    """
+    hint = f" {what}" if what else ""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor{hint}, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor{hint}, got shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name}: expected shape {want}{hint}, got {tuple(t.shape)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; "
+                            f"use one of {names} (e.g. {name}.to({dtypes[0]}))")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name}: is on {t.device} but must be on {device} with the cache; "
+                         f"move it with {name}.to({str(device)!r})")
+    return t
+
+
+def capturing() -> bool:
+    """True while a CUDA graph is being captured: host-side checks must not sync then."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def check_slots(name: str, slots: torch.Tensor, num_slots: int, validate: bool = True,
+                unique: bool = False) -> None:
+    """Slots must be -1 (write nothing) or in [0, num_slots); with `unique`, no slot twice.
+
+    One host sync when validating; skipped under CUDA-graph capture (kernels skip bad slots).
+    """
+    check_tensor(name, slots, ndim=1, dtypes=INDEX_DTYPES, what="[num_tokens] slot ids")
+    if not validate or slots.numel() == 0 or capturing():
+        return
+    lo, hi = int(slots.min()), int(slots.max())
+    if lo < -1 or hi >= num_slots:
+        bad = slots[(slots < -1) | (slots >= num_slots)][:4].tolist()
+        raise ValueError(f"{name}: slot ids {bad} are outside the cache; valid slots are -1 "
+                         f"(padding) and 0..{num_slots - 1} (= num_blocks * block_size - 1)")
+    if unique:
+        real = slots[slots >= 0]
+        if real.numel() != torch.unique(real).numel():
+            raise ValueError(f"{name}: the same slot appears twice; each token needs its own slot "
+                             f"(which write wins would be undefined)")

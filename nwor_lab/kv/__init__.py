@@ -1,0 +1,7 @@
+"""Paged KV cache: layouts (NHD/HND from strides), block tables, slot mapping, fp8 scales."""
+from nwor_lab.kv.layout import KVLayout, detect_layout
+from nwor_lab.kv.cache import CACHE_DTYPES, KVCacheSpec, PagedKVCache
+from nwor_lab.kv.blocks import BlockAllocator, BlockTable, NoFreeBlocksError, build_slot_mapping
+
+__all__ = ["KVLayout", "detect_layout", "CACHE_DTYPES", "KVCacheSpec", "PagedKVCache",
+           "BlockAllocator", "BlockTable", "NoFreeBlocksError", "build_slot_mapping"]

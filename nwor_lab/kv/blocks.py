@@ -1,0 +1,99 @@
+"""Block allocation, per-request block tables and the slot mapping.
+
+A request's token at position `p` lives in block `table[p // block_size]` at offset
+`p % block_size`, i.e. slot `table[p // BS] * BS + p % BS`. Drafts need their slots before they
+are verified, so `BlockTable.ensure` takes a lookahead: allocate for `num_tokens + lookahead`.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class NoFreeBlocksError(RuntimeError):
+    """The allocator ran out of blocks; the caller must preempt or wait."""
+
+
+class BlockAllocator:
+    """A free list over `num_blocks` physical blocks (lowest ids first, deterministic)."""
+
+    def __init__(self, num_blocks: int):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks={num_blocks}: must be > 0")
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"n={n}: cannot allocate a negative number of blocks")
+        if n > len(self._free):
+            raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free)} of {self.num_blocks} "
+                                    f"free; make the cache bigger (num_blocks) or run fewer requests")
+        blocks = [self._free.pop() for _ in range(n)]
+        self._used.update(blocks)
+        return blocks
+
+    def free(self, blocks) -> None:
+        for b in blocks:
+            if b not in self._used:
+                raise ValueError(f"block {b} is not allocated (double free?)")
+            self._used.remove(b)
+            self._free.append(b)
+
+
+class BlockTable:
+    """The blocks of one request, in position order."""
+
+    def __init__(self, allocator: BlockAllocator, block_size: int):
+        self.allocator = allocator
+        self.block_size = block_size
+        self.blocks: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        """Tokens that fit in the blocks held now."""
+        return len(self.blocks) * self.block_size
+
+    def ensure(self, num_tokens: int, lookahead: int = 0) -> None:
+        """Hold enough blocks for positions `0 .. num_tokens + lookahead - 1`."""
+        need = -(-(num_tokens + lookahead) // self.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks.extend(self.allocator.allocate(need))
+
+    def slots(self, positions) -> list[int]:
+        """Slot ids of `positions` (ints); raises if a position has no block yet."""
+        out = []
+        for p in positions:
+            idx = p // self.block_size
+            if p < 0 or idx >= len(self.blocks):
+                raise IndexError(f"position {p} has no block (capacity {self.capacity}); "
+                                 f"call ensure(num_tokens, lookahead) first")
+            out.append(self.blocks[idx] * self.block_size + p % self.block_size)
+        return out
+
+    def release(self) -> None:
+        self.allocator.free(self.blocks)
+        self.blocks = []
+
+
+def build_slot_mapping(block_tables: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
+                       block_size: int) -> torch.Tensor:
+    """Vectorised slot mapping, as the model runner builds it on the device.
+
+    block_tables: `[R, max_blocks]` int (unused entries may be anything, e.g. -1)
+    token_req:    `[T]` request index of each token
+    positions:    `[T]` position of each token in its request; -1 = padding token
+    returns       `[T]` int64 slots, -1 for padding
+    """
+    positions = positions.long()
+    block_idx = (positions // block_size).clamp(min=0)
+    if positions.numel() and int(block_idx.max()) >= block_tables.shape[1]:
+        raise IndexError(f"positions: {int(positions.max())} needs block {int(block_idx.max())} but "
+                         f"block_tables has {block_tables.shape[1]} columns; allocate first")
+    blocks = block_tables.long()[token_req.long(), block_idx]
+    slots = blocks * block_size + positions % block_size
+    return torch.where(positions >= 0, slots, torch.full_like(slots, -1))

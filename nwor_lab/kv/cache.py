@@ -1,0 +1,151 @@
+"""The paged KV cache: one stacked key and one stacked value tensor for all layers.
+
+Stacking `[L, NB, BS, H, D]` (target layers first, then the EAGLE head's) is what lets CoW log
+and restore, and stage commit, touch every layer in ONE kernel launch; per-layer views
+(`cache.layer(l)`) are what attention and `write_kv` see, exactly like vLLM's per-layer tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nwor_lab.kv.layout import KVLayout, allocate
+
+# cache_dtype name -> storage dtype (None: the model dtype) and largest finite value.
+CACHE_DTYPES = {
+    "auto": (None, None),
+    "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
+    "fp8_e5m2": (torch.float8_e5m2, 57344.0),
+}
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_MAX
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Everything that fixes a cache's shape and storage.
+
+    num_layers: target layers + draft-head layers (all registered alike).
+    dtype: the model's K/V dtype (what attention computes in); `cache_dtype` picks storage.
+    """
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype = torch.float32
+    cache_dtype: str = "auto"
+    layout: KVLayout | str = KVLayout.NHD
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"KVCacheSpec.{name}={value!r}: must be a positive int")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"KVCacheSpec.cache_dtype={self.cache_dtype!r}: choose one of "
+                             f"{', '.join(CACHE_DTYPES)}")
+        if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"KVCacheSpec.dtype={self.dtype}: use float32, float16 or bfloat16")
+        object.__setattr__(self, "layout", KVLayout(self.layout))
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return CACHE_DTYPES[self.cache_dtype][0] or self.dtype
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_token_layer(self) -> int:
+        """Bytes of K plus V that one token writes into one layer."""
+        return 2 * self.num_kv_heads * self.head_size * torch.empty((), dtype=self.storage_dtype).element_size()
+
+
+class PagedKVCache:
+    """Stacked paged K/V for `spec.num_layers` layers on one device.
+
+    key, value: logical `[L, NB, BS, H, D]` in `spec.storage_dtype`, physical order `spec.layout`.
+    k_scale, v_scale: float32 `[L, H]`; all ones unless fp8. A scalar scale per layer is the same
+    value in every head (`set_scales(layer, 0.02)`), a per-head scale a `[H]` tensor.
+    """
+
+    def __init__(self, spec: KVCacheSpec, device="cpu"):
+        self.spec = spec
+        self.device = torch.device(device)
+        shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+        self.key = allocate(shape, spec.layout, spec.storage_dtype, self.device)
+        self.value = allocate(shape, spec.layout, spec.storage_dtype, self.device)
+        self.k_scale = torch.ones(spec.num_layers, spec.num_kv_heads, dtype=torch.float32, device=self.device)
+        self.v_scale = torch.ones_like(self.k_scale)
+
+    # -- shape facts -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.spec.num_layers
+
+    @property
+    def num_slots(self) -> int:
+        return self.spec.num_slots
+
+    @property
+    def is_fp8(self) -> bool:
+        return is_fp8(self.spec.storage_dtype)
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views `(key [NB,BS,H,D], value [NB,BS,H,D])` of one layer (same storage)."""
+        self._check_layer(layer)
+        return self.key[layer], self.value[layer]
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(k_scale [H], v_scale [H])` of one layer."""
+        self._check_layer(layer)
+        return self.k_scale[layer], self.v_scale[layer]
+
+    def set_scales(self, layer: int, k_scale, v_scale=None) -> None:
+        """Set a layer's fp8 scales: a float (scalar) or a `[H]` tensor (per head), > 0."""
+        self._check_layer(layer)
+        for name, target, value in (("k_scale", self.k_scale, k_scale),
+                                    ("v_scale", self.v_scale, k_scale if v_scale is None else v_scale)):
+            t = torch.as_tensor(value, dtype=torch.float32, device=self.device)
+            if t.dim() > 1 or (t.dim() == 1 and t.numel() not in (1, self.spec.num_kv_heads)):
+                raise ValueError(f"{name}: expected a float or a [{self.spec.num_kv_heads}] "
+                                 f"(num_kv_heads) tensor, got shape {tuple(t.shape)}")
+            if not bool((t > 0).all()) or not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name}: scales must be finite and > 0, got {t.tolist()}")
+            target[layer] = t
+
+    def _check_layer(self, layer: int) -> None:
+        if not isinstance(layer, int) or not 0 <= layer < self.spec.num_layers:
+            raise IndexError(f"layer={layer!r}: this cache has layers 0..{self.spec.num_layers - 1}; "
+                             f"register draft-head layers by counting them in KVCacheSpec.num_layers")
+
+    # -- reading back ------------------------------------------------------------------------
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantised `(key, value)` `[n, H, D]` in the model dtype at `slots` (no -1 allowed)."""
+        k_cache, v_cache = self.layer(layer)
+        bs = self.spec.block_size
+        slots = slots.to(device=self.device, dtype=torch.long)
+        k = k_cache[slots // bs, slots % bs]
+        v = v_cache[slots // bs, slots % bs]
+        if not self.is_fp8:
+            return k, v
+        ks, vs = self.layer_scales(layer)
+        dtype = self.spec.dtype
+        return (k.float() * ks[:, None]).to(dtype), (v.float() * vs[:, None]).to(dtype)
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the whole key/value storage (for tests and teaching: before/after diffs)."""
+        return self.key.clone(), self.value.clone()
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"PagedKVCache(layers={s.num_layers}, blocks={s.num_blocks}x{s.block_size}, "
+                f"kv_heads={s.num_kv_heads}, head_size={s.head_size}, dtype={s.storage_dtype}, "
+                f"layout={s.layout.value}, device={self.device})")

@@ -1,0 +1,61 @@
+"""commit: write the accepted rows of a staged window into every layer's cache, in one launch.
+
+    staged_key, staged_value  [L, Tcap, H, D]     the window's K/V per layer (rows 0..T-1 used)
+    key_cache, value_cache    [L, NB, BS, H, D]   stacked cache, logical NHD
+    slot_mapping              [T]                 the window's slots (-1 = padding)
+    commit_mask               [T] bool            True for tokens to keep (from SCV)
+    k_scale, v_scale          [L, H] float32      fp8 caches only
+
+Masking is done in data (a rejected row behaves like slot -1), so no host sync is needed to
+compact the accepted rows, and the op can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_slots, check_tensor
+from nwor_lab.kv.cache import is_fp8
+from nwor_lab.ops.backend import use_cuda
+from nwor_lab.ops.slots import _check_stacked
+from nwor_lab.ops.write_kv import write_kv_reference
+
+
+def commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+                     k_scale=None, v_scale=None) -> None:
+    t = slot_mapping.numel()
+    slots = torch.where(commit_mask, slot_mapping.long(), torch.full_like(slot_mapping, -1, dtype=torch.long))
+    for layer in range(key_cache.shape[0]):
+        write_kv_reference(staged_key[layer, :t], staged_value[layer, :t], key_cache[layer], value_cache[layer],
+                           slots, None if k_scale is None else k_scale[layer],
+                           None if v_scale is None else v_scale[layer])
+
+
+def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+           k_scale=None, v_scale=None, *, backend: str | None = None, validate: bool = True) -> None:
+    """Write rows `t` with `commit_mask[t]` of every layer into the cache (see module doc)."""
+    num_layers, nb, bs, h, d = _check_stacked(key_cache, value_cache)
+    dev = key_cache.device
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+    t = slot_mapping.numel()
+    check_tensor("staged_key", staged_key, shape=(num_layers, None, h, d), dtypes=FLOAT_DTYPES, device=dev,
+                 what="[num_layers, capacity, num_kv_heads, head_size]")
+    check_tensor("staged_value", staged_value, shape=tuple(staged_key.shape), dtypes=(staged_key.dtype,),
+                 device=dev, what="(same as staged_key)")
+    if staged_key.shape[1] < t:
+        raise ValueError(f"staged_key: holds {staged_key.shape[1]} rows but slot_mapping has {t} tokens")
+    check_tensor("commit_mask", commit_mask, shape=(t,), dtypes=(torch.bool,), device=dev,
+                 what="[num_tokens] bool, one per slot_mapping entry")
+    if is_fp8(key_cache.dtype):
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None:
+                raise ValueError(f"{name}: an fp8 cache needs [num_layers, num_kv_heads] float32 scales "
+                                 f"(PagedKVCache.k_scale / v_scale)")
+            check_tensor(name, scale, shape=(num_layers, h), dtypes=(torch.float32,), device=dev)
+    elif staged_key.dtype != key_cache.dtype:
+        raise TypeError(f"staged_key: dtype {staged_key.dtype} differs from the cache's {key_cache.dtype}")
+    check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
+    if use_cuda(key_cache, backend):
+        torch.ops.nwor_lab.commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+                                  k_scale, v_scale)
+        return
+    commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask, k_scale, v_scale)

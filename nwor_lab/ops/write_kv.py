@@ -1,0 +1,77 @@
+"""write_kv: scatter one layer's K/V rows into the paged cache (vLLM `reshape_and_cache_flash`).
+
+    key, value      [T, H, D]      fp32 / fp16 / bf16, the window's new K/V
+    key_cache, ...  [NB, BS, H, D] one layer, logical NHD view of an NHD or HND cache
+    slot_mapping    [T]            int32/int64; slot -1 = padding, write nothing
+    k_scale, ...    [H] or scalar  float32, required for fp8 caches
+
+Example (block_size 4): slot 9 is block 2, offset 1, so `key_cache[2, 1] = quant(key[t])`.
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_slots, check_tensor
+from nwor_lab.kv.cache import is_fp8
+from nwor_lab.kv.layout import detect_layout
+from nwor_lab.ops.backend import use_cuda
+from nwor_lab.ops.quant import quantize
+
+
+def valid_slot_rows(slot_mapping: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Row indices whose slot is a real cache slot (padding and out-of-range are skipped)."""
+    s = slot_mapping.long()
+    return torch.nonzero((s >= 0) & (s < num_slots)).flatten()
+
+
+def write_kv_reference(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    """The obviously right version: gather valid rows, quantise, index-put."""
+    nb, bs = key_cache.shape[:2]
+    rows = valid_slot_rows(slot_mapping, nb * bs)
+    s = slot_mapping.long()[rows]
+    key_cache[s // bs, s % bs] = quantize(key[rows], key_cache.dtype, k_scale)
+    value_cache[s // bs, s % bs] = quantize(value[rows], value_cache.dtype, v_scale)
+
+
+def check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                     validate: bool = True) -> None:
+    """Raise, naming the argument, before anything is written."""
+    check_tensor("key_cache", key_cache, ndim=4, what="[num_blocks, block_size, num_kv_heads, head_size]")
+    nb, bs, h, d = key_cache.shape
+    dev = key_cache.device
+    check_tensor("value_cache", value_cache, shape=(nb, bs, h, d), dtypes=(key_cache.dtype,), device=dev,
+                 what="(same shape and dtype as key_cache)")
+    detect_layout(key_cache), detect_layout(value_cache)
+    check_tensor("key", key, shape=(None, h, d), dtypes=FLOAT_DTYPES, device=dev,
+                 what="[num_tokens, num_kv_heads, head_size] matching the cache")
+    check_tensor("value", value, shape=tuple(key.shape), dtypes=FLOAT_DTYPES, device=dev,
+                 what="(same shape as key)")
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError("key/value: head_size must be the contiguous dimension; call .contiguous()")
+    check_tensor("slot_mapping", slot_mapping, shape=(key.shape[0],), dtypes=INDEX_DTYPES, device=dev,
+                 what="[num_tokens], one slot per key row")
+    if is_fp8(key_cache.dtype):
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None:
+                raise ValueError(f"{name}: an fp8 cache needs a float32 scale (scalar or [num_kv_heads]); "
+                                 f"use PagedKVCache.layer_scales(layer)")
+            check_tensor(name, scale, dtypes=(torch.float32,), device=dev)
+            if scale.numel() not in (1, h):
+                raise ValueError(f"{name}: expected 1 or num_kv_heads={h} values, got shape {tuple(scale.shape)}")
+    elif key_cache.dtype != key.dtype:
+        raise TypeError(f"key: dtype {key.dtype} differs from key_cache dtype {key_cache.dtype}; a "
+                        f"non-fp8 cache stores the model dtype ('auto'): cast with key.to({key_cache.dtype})")
+    check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
+
+
+def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None, *,
+             backend: str | None = None, validate: bool = True) -> None:
+    """Write `key`/`value` `[T,H,D]` into one layer's cache at `slot_mapping` (see module doc)."""
+    check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, validate)
+    if use_cuda(key_cache, backend):
+        h = key_cache.shape[2]
+        ks = k_scale.reshape(-1).expand(h) if k_scale is not None else None
+        vs = v_scale.reshape(-1).expand(h) if v_scale is not None else None
+        torch.ops.nwor_lab.write_kv(key, value, key_cache, value_cache, slot_mapping, ks, vs)
+        return
+    write_kv_reference(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)

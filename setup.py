@@ -1,0 +1,35 @@
+"""nwor_lab: the reference lab for KV-cache write discipline (NWOR) in EAGLE speculative decoding.
+
+The CUDA extension is NOT built here: it is JIT-compiled on first use (or by `nwor-lab build`)
+from `csrc/`, so `pip install -e .` stays fast and works on machines without a GPU.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="nwor_lab",
+    version="0.1.0",
+    description="No-Write-On-Reject KV-cache write policies, SCV and an EAGLE engine, for teaching and measuring",
+    python_requires=">=3.10",
+    packages=find_packages(include=["nwor_lab", "nwor_lab.*"]),
+    include_package_data=True,
+    package_data={"nwor_lab": ["checkpoints/*/*"]},
+    install_requires=[
+        "torch>=2.4",
+        "numpy",
+        "safetensors",
+        "tokenizers",
+        "prometheus_client",
+        "tqdm",
+        "jupyterlab>=4",
+        "ipykernel",
+        "ipywidgets>=8",
+        "plotly",
+        "anywidget",
+        "papermill",
+    ],
+    extras_require={
+        "dev": ["pytest", "hypothesis", "nbval", "ninja"],
+        "vllm": ["vllm"],
+    },
+    entry_points={"console_scripts": ["nwor-lab=nwor_lab.cli:main"]},
+)
