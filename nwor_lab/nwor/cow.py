@@ -1,0 +1,39 @@
+"""`cow` (copy-on-write, the seed's PR #8): log the draft slots' old contents, write every token
+like `off`, then restore the rejected drafts' slots from the log.
+
+Logging happens once at `begin` for ALL layers (one launch over the stacked cache) and restoring
+once at `commit` (one launch), instead of the seed's extra kernels per layer. After commit every
+rejected slot is bit-identical to its content before the window.
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab.nwor.off import OffPolicy
+from nwor_lab.ops import log_slots, restore_slots
+
+
+class CowPolicy(OffPolicy):
+    mode = "cow"
+
+    def _begin(self) -> None:
+        self._log = log_slots(self.cache.key, self.cache.value, self.window.draft_slots,
+                              backend=self.config.backend, validate=False)
+
+    def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
+        slots = self.window.draft_slots
+        rejected = torch.where(draft_mask, torch.full_like(slots, -1), slots)
+        restore_slots(self.cache.key, self.cache.value, rejected, *self._log,
+                      backend=self.config.backend, validate=False)
+        self._log = None
+
+    def _cancel(self) -> None:
+        self._log = None  # every written row stays, exactly as `off` leaves it
+
+    def _bytes(self, draft_mask, kept) -> dict:
+        w, bpt, layers = self.window, self.cache.spec.bytes_per_token_layer, self.cache.num_layers
+        real_drafts = (w.draft_slots >= 0)
+        logged = int(real_drafts.sum()) * layers * bpt
+        restored = 0 if draft_mask is None else int((real_drafts & ~draft_mask).sum()) * layers * bpt
+        return {"bytes_written": self._valid_rows_written() * bpt, "bytes_logged": logged,
+                "bytes_restored": restored}

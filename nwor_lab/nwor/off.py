@@ -1,0 +1,21 @@
+"""`off`: vLLM today. Every scheduled token's K/V goes straight into the paged cache; rejected
+drafts stay there as garbage until later tokens overwrite their slots."""
+from __future__ import annotations
+
+from nwor_lab.nwor.policy import WritePolicy
+from nwor_lab.ops import write_kv
+
+
+class OffPolicy(WritePolicy):
+    mode = "off"
+
+    def _write(self, layer, key, value, token_offset) -> None:
+        n = key.shape[0]
+        k_cache, v_cache = self.cache.layer(layer)
+        k_scale, v_scale = self.cache.layer_scales(layer) if self.cache.is_fp8 else (None, None)
+        # slots were validated once at begin(); no per-layer host sync here
+        write_kv(key, value, k_cache, v_cache, self.window.slot_mapping[token_offset:token_offset + n],
+                 k_scale, v_scale, backend=self.config.backend, validate=False)
+
+    def _bytes(self, draft_mask, kept) -> dict:
+        return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}

@@ -1,0 +1,97 @@
+"""`stage`: the window's K/V wait in a staging buffer; only accepted tokens reach the cache.
+
+    staged_key, staged_value  [L, capacity, H, D]  model dtype, one pair per cache (= per device)
+
+`write` copies a layer's rows into the staging buffer; attention reads the window from
+`window_kv(layer)` and the prefix from the cache; `commit` writes the accepted rows of every
+layer in ONE launch (`ops.commit`), masking rejected rows in data (no host sync). Rejected slots
+are never touched. The buffer grows when a window needs more rows, before anything is written;
+under CUDA-graph capture it cannot grow, so `reserve(max_tokens)` first.
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab._checks import capturing
+from nwor_lab.nwor.policy import WritePolicy
+from nwor_lab.ops import commit
+
+
+class StagePolicy(WritePolicy):
+    mode = "stage"
+
+    def __init__(self, *args, initial_capacity: int = 64, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.staged_key = self.staged_value = None
+        self.reserve(initial_capacity)
+
+    @property
+    def capacity(self) -> int:
+        return self.staged_key.shape[1]
+
+    def reserve(self, num_tokens: int) -> None:
+        """Make room for windows of up to `num_tokens` tokens (rounded up to a power of two)."""
+        if self.staged_key is not None and num_tokens <= self.capacity:
+            return
+        if capturing():
+            raise RuntimeError(f"stage: a window of {num_tokens} tokens needs a bigger staging buffer "
+                               f"(capacity {self.capacity}) but a CUDA graph is being captured; call "
+                               f"policy.reserve(max_tokens) before capture")
+        cap = 1 << max(0, int(num_tokens) - 1).bit_length()
+        s = self.cache.spec
+        shape = (s.num_layers, cap, s.num_kv_heads, s.head_size)
+        self.staged_key = torch.zeros(shape, dtype=s.dtype, device=self.cache.device)
+        self.staged_value = torch.zeros_like(self.staged_key)
+
+    def _begin(self) -> None:
+        self.reserve(self.window.num_tokens)
+
+    def _write(self, layer, key, value, token_offset) -> None:
+        n = key.shape[0]
+        self.staged_key[layer, token_offset:token_offset + n].copy_(key)
+        self.staged_value[layer, token_offset:token_offset + n].copy_(value)
+
+    def window_kv(self, layer: int):
+        t = self._need_window("window_kv").num_tokens
+        self.cache._check_layer(layer)
+        return self.staged_key[layer, :t], self.staged_value[layer, :t]
+
+    def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
+        for a, b in _runs(sorted(self._rows)):
+            self._commit_layers(a, b, commit_mask)
+
+    def _cancel(self) -> None:
+        # `off` would have written every row that arrived: flush those, layer by layer.
+        t, dev = self.window.num_tokens, self.cache.device
+        for layer, ranges in self._rows.items():
+            written = torch.zeros(t, dtype=torch.bool)
+            for a, b in ranges:
+                written[a:b] = True
+            self._commit_layers(layer, layer + 1, written.to(dev))
+
+    def _commit_layers(self, a: int, b: int, mask: torch.Tensor) -> None:
+        c = self.cache
+        ks, vs = (c.k_scale[a:b], c.v_scale[a:b]) if c.is_fp8 else (None, None)
+        commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
+               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, validate=False)
+
+    def _bytes(self, draft_mask, kept) -> dict:
+        bpt, layers = self.cache.spec.bytes_per_token_layer, self._layers_written()
+        valid = self._valid_rows_written()
+        written = int(kept.sum()) * layers if draft_mask is not None else valid
+        return {"bytes_written": written * bpt, "bytes_skipped": (valid - written) * bpt}
+
+
+def _runs(layers: list[int]):
+    """Contiguous runs `[a, b)` of sorted layer ids: each run is one commit launch."""
+    start = prev = None
+    for layer in layers:
+        if start is None:
+            start = prev = layer
+        elif layer == prev + 1:
+            prev = layer
+        else:
+            yield start, prev + 1
+            start = prev = layer
+    if start is not None:
+        yield start, prev + 1

@@ -1,0 +1,114 @@
+"""The verify window: which scheduled token is which draft of which request.
+
+For a speculative request the scheduled tokens are `[t_last, d_1 .. d_k]`; its drafts are the
+LAST `num_draft_tokens[r]` tokens of its span (vLLM's order). Prefill and plain-decode requests
+have no drafts: all their tokens always commit. Per token we keep
+
+    token_req       [T] int32  request index
+    token_draft_pos [T] int32  0 = always commits (prefill, decode, t_last); j = draft d_j
+
+so the commit mask is one gather and a compare on the device:
+`commit_mask = token_draft_pos <= accepted_len[token_req]`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nwor_lab._checks import INDEX_DTYPES, check_tensor
+
+
+@dataclass
+class Window:
+    slot_mapping: torch.Tensor        # [T] int64, -1 = padding
+    token_req: torch.Tensor           # [T] int32
+    token_draft_pos: torch.Tensor     # [T] int32
+    draft_rows: torch.Tensor          # [Dtot] int64: token index of each draft, request-major
+    num_scheduled_tokens: list[int]   # [R] host
+    num_draft_tokens: list[int]       # [R] host
+    draft_token_ids: torch.Tensor | None = None  # [Dtot], when known (needed for sampled-ids commits)
+
+    @classmethod
+    def from_counts(cls, num_scheduled_tokens, num_draft_tokens, slot_mapping: torch.Tensor,
+                    draft_token_ids: torch.Tensor | None = None) -> "Window":
+        """Build from per-request counts (host lists) and the window's slot mapping `[T]`."""
+        sched, drafts = [int(x) for x in num_scheduled_tokens], [int(x) for x in num_draft_tokens]
+        if len(sched) != len(drafts):
+            raise ValueError(f"num_draft_tokens: {len(drafts)} entries but num_scheduled_tokens has "
+                             f"{len(sched)}; give one count per request")
+        for r, (s, d) in enumerate(zip(sched, drafts)):
+            if d < 0 or s < 1 or (d > 0 and s < d + 1):
+                raise ValueError(f"request {r}: {s} scheduled tokens cannot hold {d} drafts "
+                                 f"(a speculative request schedules t_last plus its drafts)")
+        check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, what="[num_tokens]")
+        if slot_mapping.numel() != sum(sched):
+            raise ValueError(f"slot_mapping: {slot_mapping.numel()} entries but the requests schedule "
+                             f"{sum(sched)} tokens")
+        req, pos, rows = [], [], []
+        start = 0
+        for r, (s, d) in enumerate(zip(sched, drafts)):
+            req += [r] * s
+            pos += [0] * (s - d) + list(range(1, d + 1))
+            rows += range(start + s - d, start + s)
+            start += s
+        dev = slot_mapping.device
+        if draft_token_ids is not None:
+            check_tensor("draft_token_ids", draft_token_ids, shape=(sum(drafts),), dtypes=INDEX_DTYPES,
+                         device=dev, what="[total drafts] (SpecDecodeMetadata.draft_token_ids)")
+        return cls(slot_mapping=slot_mapping.long(),
+                   token_req=torch.tensor(req, dtype=torch.int32).to(dev),
+                   token_draft_pos=torch.tensor(pos, dtype=torch.int32).to(dev),
+                   draft_rows=torch.tensor(rows, dtype=torch.int64).to(dev),
+                   num_scheduled_tokens=sched, num_draft_tokens=drafts, draft_token_ids=draft_token_ids)
+
+    @classmethod
+    def from_metadata(cls, metadata, cu_num_scheduled_tokens, slot_mapping: torch.Tensor) -> "Window":
+        """From vLLM-style `SpecDecodeMetadata` and inclusive `cu_num_scheduled_tokens` `[R]`."""
+        cu = [int(x) for x in (cu_num_scheduled_tokens.tolist() if torch.is_tensor(cu_num_scheduled_tokens)
+                               else cu_num_scheduled_tokens)]
+        sched = [b - a for a, b in zip([0] + cu[:-1], cu)]
+        return cls.from_counts(sched, list(metadata.num_draft_tokens), slot_mapping,
+                               metadata.draft_token_ids.to(slot_mapping.device))
+
+    # -- sizes ---------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_req)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.num_draft_tokens)
+
+    @property
+    def num_drafts(self) -> int:
+        return sum(self.num_draft_tokens)
+
+    @property
+    def max_spec_len(self) -> int:
+        return max(self.num_draft_tokens, default=0)
+
+    @property
+    def draft_slots(self) -> torch.Tensor:
+        """[Dtot] slots of the drafts (what CoW logs and may restore)."""
+        return self.slot_mapping[self.draft_rows]
+
+    @property
+    def draft_req(self) -> torch.Tensor:
+        """[Dtot] request index of each draft."""
+        return self.token_req[self.draft_rows]
+
+    @property
+    def cu_num_draft_tokens(self) -> torch.Tensor:
+        """[R] int32 inclusive cumulative draft counts (vLLM's cu_num_draft_tokens)."""
+        c = torch.tensor(self.num_draft_tokens, dtype=torch.int32).cumsum(0).to(torch.int32)
+        return c.to(self.slot_mapping.device)
+
+    def commit_mask_from(self, accepted_len: torch.Tensor) -> torch.Tensor:
+        """[T] bool: keep a token iff it is not a draft or its draft index <= accepted_len."""
+        return self.token_draft_pos <= accepted_len.to(self.token_req.device)[self.token_req.long()]
+
+    def accepted_len_from(self, draft_mask: torch.Tensor) -> torch.Tensor:
+        """[R] int32 accepted lengths from a prefix-closed draft mask `[Dtot]` (no host sync)."""
+        acc = torch.zeros(self.num_reqs, dtype=torch.int32, device=draft_mask.device)
+        return acc.index_add_(0, self.draft_req.long().to(draft_mask.device), draft_mask.to(torch.int32))

@@ -1,0 +1,118 @@
+"""Input generators for the kernels: shapes, dtypes, layouts, scales and slot patterns.
+
+Every kernel test (torch reference on CPU, CUDA kernel vs reference on the GPU) draws its cases
+from here, so both see the same corner cases: slot -1 padding, block_size == num_kv_heads (where
+only strides tell NHD from HND), fp8 with scalar and per-head scales, head sizes that break
+16-byte vectorisation, and windows of more than 512 tokens.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
+
+SRC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")
+
+
+@dataclass
+class KVCase:
+    """One generated case: a filled stacked cache plus a window of new K/V and its slots.
+
+    key/value:    [L, T, H, D] new K/V per layer (model dtype)
+    slot_mapping: [T] unique slots, -1 where padded
+    commit_mask:  [T] bool (a random accepted subset, for commit)
+    """
+
+    name: str
+    cache: PagedKVCache
+    key: torch.Tensor
+    value: torch.Tensor
+    slot_mapping: torch.Tensor
+    commit_mask: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+
+def random_slots(num_tokens: int, num_slots: int, pad_frac: float, gen: torch.Generator,
+                 dtype=torch.int64) -> torch.Tensor:
+    """`[num_tokens]` distinct slots in [0, num_slots) with about `pad_frac` of them set to -1."""
+    if num_tokens > num_slots:
+        raise ValueError(f"num_tokens={num_tokens} exceeds num_slots={num_slots}")
+    slots = torch.randperm(num_slots, generator=gen)[:num_tokens]
+    pad = torch.rand(num_tokens, generator=gen) < pad_frac
+    return torch.where(pad, torch.full_like(slots, -1), slots).to(dtype)
+
+
+def make_case(*, num_layers=2, num_tokens=16, num_kv_heads=4, head_size=64, block_size=16,
+              num_blocks=None, dtype=torch.bfloat16, cache_dtype="auto", layout="NHD",
+              scale_kind="per_head", pad_frac=0.2, accept_frac=0.5, slot_dtype=torch.int64,
+              seed=0, device="cpu", fill=True) -> KVCase:
+    """Build a case. `fill` puts random old contents in the cache (so 'untouched' is checkable)."""
+    gen = torch.Generator().manual_seed(seed)
+    if num_blocks is None:
+        num_blocks = max(2, -(-2 * num_tokens // block_size))
+    spec = KVCacheSpec(num_layers, num_blocks, block_size, num_kv_heads, head_size, dtype, cache_dtype, layout)
+    cache = PagedKVCache(spec, device="cpu")
+    if cache.is_fp8:
+        for layer in range(num_layers):
+            if scale_kind == "scalar":
+                cache.set_scales(layer, 0.05 + 0.1 * torch.rand((), generator=gen).item(),
+                                 0.05 + 0.1 * torch.rand((), generator=gen).item())
+            else:
+                cache.set_scales(layer, 0.05 + 0.1 * torch.rand(num_kv_heads, generator=gen),
+                                 0.05 + 0.1 * torch.rand(num_kv_heads, generator=gen))
+    if fill:
+        old = torch.randn(cache.key.shape, generator=gen)
+        cache.key.copy_(old.to(spec.storage_dtype))
+        cache.value.copy_((old * 0.5 + 1).to(spec.storage_dtype))
+    shape = (num_layers, num_tokens, num_kv_heads, head_size)
+    key = (torch.randn(shape, generator=gen) * 2).to(dtype)
+    value = (torch.randn(shape, generator=gen) * 2).to(dtype)
+    slots = random_slots(num_tokens, spec.num_slots, pad_frac, gen, slot_dtype)
+    mask = torch.rand(num_tokens, generator=gen) < accept_frac
+    case = KVCase(
+        name=(f"L{num_layers}-T{num_tokens}-H{num_kv_heads}-D{head_size}-BS{block_size}-{layout}-"
+              f"{str(dtype).replace('torch.', '')}-{cache_dtype}-{scale_kind}-s{seed}"),
+        cache=cache, key=key, value=value, slot_mapping=slots, commit_mask=mask,
+        meta=dict(layout=layout, cache_dtype=cache_dtype, dtype=dtype))
+    return to_device(case, device)
+
+
+def to_device(case: KVCase, device) -> KVCase:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return case
+    cache = PagedKVCache(case.cache.spec, device=device)
+    cache.key.copy_(case.cache.key), cache.value.copy_(case.cache.value)
+    cache.k_scale.copy_(case.cache.k_scale), cache.v_scale.copy_(case.cache.v_scale)
+    return KVCase(case.name, cache, case.key.to(device), case.value.to(device),
+                  case.slot_mapping.to(device), case.commit_mask.to(device), dict(case.meta))
+
+
+def standard_cases(device="cpu", big: bool = True):
+    """The matrix every kernel must pass: layouts × source dtypes × cache dtypes × scale kinds,
+    plus shape corner cases (block_size == num_kv_heads, head sizes 80/72, > 512 tokens)."""
+    seed = itertools.count()
+    for layout, dtype, cache_dtype in itertools.product(("NHD", "HND"), SRC_DTYPES, CACHE_DTYPE_NAMES):
+        scale_kinds = ("scalar", "per_head") if cache_dtype != "auto" else ("per_head",)
+        for scale_kind in scale_kinds:
+            yield make_case(layout=layout, dtype=dtype, cache_dtype=cache_dtype, scale_kind=scale_kind,
+                            seed=next(seed), device=device)
+    # block_size == num_kv_heads: only strides tell the layouts apart
+    for layout in ("NHD", "HND"):
+        yield make_case(num_kv_heads=8, block_size=8, head_size=32, layout=layout, seed=next(seed), device=device)
+    # head sizes that are not a multiple of 16 bytes / 8 elements: scalar (non-vectorised) paths
+    for head_size, dtype in ((80, torch.float16), (72, torch.bfloat16), (36, torch.float32), (24, torch.float16)):
+        yield make_case(head_size=head_size, dtype=dtype, cache_dtype="fp8_e4m3", seed=next(seed), device=device)
+        yield make_case(head_size=head_size, dtype=dtype, seed=next(seed), device=device, slot_dtype=torch.int32)
+    if big:
+        yield make_case(num_layers=3, num_tokens=700, num_kv_heads=8, head_size=128, block_size=16,
+                        dtype=torch.bfloat16, layout="HND", seed=next(seed), device=device)
+        yield make_case(num_layers=2, num_tokens=1100, num_kv_heads=2, head_size=64, block_size=32,
+                        dtype=torch.float16, cache_dtype="fp8_e5m2", seed=next(seed), device=device)
+    # all padding, and no padding
+    yield make_case(pad_frac=1.0, seed=next(seed), device=device)
+    yield make_case(pad_frac=0.0, accept_frac=1.0, seed=next(seed), device=device)
