@@ -147,7 +147,7 @@ class WritePolicy:
             if w.draft_token_ids is None:
                 raise ValueError("sampled_token_ids: the window has no draft_token_ids; build it with "
                                  "Window.from_metadata or pass draft_token_ids to Window.from_counts")
-            acceptance = self._scv_runner().compute(w.draft_token_ids, w.cu_num_draft_tokens, sampled_token_ids,
+            acceptance = self._scv_runner()(w.draft_token_ids, w.cu_num_draft_tokens, sampled_token_ids,
                                                     token_req=w.token_req, token_draft_pos=w.token_draft_pos)
             if self.config.debug:
                 self._debug_check_sampler(w, acceptance, sampled_token_ids)
