@@ -1,0 +1,49 @@
+"""The `nwor-lab` command: doctor and selfcheck print JSON; selfcheck fails loudly on violations."""
+import json
+
+import pytest
+import torch
+
+from nwor_lab.cli import main
+from nwor_lab.ops import write_kv
+from nwor_lab.ops.generators import make_case
+from nwor_lab.selfcheck import selfcheck
+
+
+def test_doctor_reports_backend_and_reason(capsys):
+    assert main(["doctor"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["backend"] in ("torch", "cuda") and report["backend_reason"]
+    assert report["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("cache_dtype,layout,scv", [("auto", "HND", "off"), ("fp8_e4m3", "NHD", "adaptive")])
+def test_selfcheck_passes_and_writes_json(tmp_path, capsys, cache_dtype, layout, scv):
+    out = tmp_path / "sc.json"
+    code = main(["selfcheck", "--cache-dtype", cache_dtype, "--layout", layout, "--scv", scv, "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["ok"]
+    assert set(result["modes"]) == {"off", "cow", "stage"}
+    recs = [m["record"] for m in result["modes"].values()]
+    assert len({r["num_accepted"] for r in recs}) == 1
+    assert result["modes"]["stage"]["record"]["bytes_skipped"] > 0 or sum(result["window"]["num_draft_tokens"]) == \
+        sum(result["window"]["accepted_len"])
+
+
+def test_selfcheck_detects_a_broken_policy(monkeypatch):
+    """The checker must be able to fail: make stage commit every row (i.e. behave like off)."""
+    from nwor_lab.nwor import stage
+    original = stage.StagePolicy._commit
+
+    def leaky_commit(self, draft_mask, accepted_len, commit_mask):
+        original(self, draft_mask, accepted_len, torch.ones_like(commit_mask))
+    monkeypatch.setattr(stage.StagePolicy, "_commit", leaky_commit)
+    result = selfcheck(seed=1)
+    assert not result["ok"]
+    assert any("rejected" in p for p in result["modes"]["stage"]["problems"])
+
+
+def test_device_mismatch_names_the_argument():
+    case = make_case(num_layers=1, num_tokens=4)
+    with pytest.raises(ValueError, match="key: is on meta but must be on cpu"):
+        write_kv(case.key[0].to("meta"), case.value[0], *case.cache.layer(0), case.slot_mapping)
