@@ -1,0 +1,193 @@
+"""SCV: which drafts of a window were accepted, as masks the write policies can commit with.
+
+Three modes (LabConfig.scv_mode):
+  off       the seed's plain per-request host loop: reads ids back to the host (one sync), walks each
+            request's drafts until the first mismatch. Obviously right; the reference for the rest.
+  graph     the vectorised op (`nwor_lab.ops.scv.scv_mask`); on CUDA, `ScvRunner` replays it as a
+            CUDA graph per shape (`nwor_lab.spec.scv_graph.GraphedScv`).
+  adaptive  like graph, but when capture is impossible it falls back to the eager vectorised op
+            (logged once) instead of raising.
+
+Words: draft j (1-based) of request r is accepted iff every draft <= j is in bounds (column j-1
+exists in the sampled ids) and equals `sampled_token_ids[r, j-1]`; the accepted length a_r counts
+them; the commit mask keeps window token t iff `token_draft_pos[t] <= a_{token_req[t]}`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from nwor_lab.config import SCV_MODES
+from nwor_lab.ops.scv import check_scv_args, scv_mask
+
+logger = logging.getLogger("nwor_lab.scv")
+
+
+@dataclass
+class Acceptance:
+    """One window's acceptance, on the device of the sampled ids.
+
+    draft_mask:   [Dtot] bool, prefix-closed per request (request-major like draft_token_ids).
+    accepted_len: [R] int32, accepted drafts per request, in [0, num_draft_tokens[r]].
+    commit_mask:  [T] bool over the window's tokens, or None when no token map was given.
+    """
+
+    draft_mask: torch.Tensor
+    accepted_len: torch.Tensor
+    commit_mask: torch.Tensor | None = None
+
+    @property
+    def num_reqs(self) -> int:
+        return self.accepted_len.shape[0]
+
+    @property
+    def num_drafts(self) -> int:
+        """Dtot, from the shape (no sync)."""
+        return self.draft_mask.shape[0]
+
+    @property
+    def num_accepted(self) -> torch.Tensor:
+        """Total accepted drafts as a 0-d device tensor (no sync until you call int() on it)."""
+        return self.accepted_len.sum()
+
+    def accepted_per_request(self) -> list[int]:
+        """Accepted length of each request as host ints (one sync on CUDA)."""
+        return [int(a) for a in self.accepted_len.tolist()]
+
+    def to(self, device) -> "Acceptance":
+        cm = None if self.commit_mask is None else self.commit_mask.to(device)
+        return Acceptance(self.draft_mask.to(device), self.accepted_len.to(device), cm)
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in SCV_MODES:
+        raise ValueError(f"mode={mode!r}: choose one of {', '.join(SCV_MODES)} (LabConfig.scv_mode)")
+    return mode
+
+
+def acceptance_loop(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req=None,
+                    token_draft_pos=None, on_clamp=None) -> Acceptance:
+    """Mode `off`: the per-request host loop. `on_clamp(r, n_r, num_cols)` is called when a
+    request has more drafts than the sampled ids have columns (those drafts are rejected)."""
+    check_scv_args(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos)
+    device = sampled_token_ids.device
+    drafts = draft_token_ids.tolist()
+    ends = cu_num_draft_tokens.tolist()
+    sampled = sampled_token_ids.tolist()
+    num_cols = sampled_token_ids.shape[1]
+    # The host lists make the cumsum check free here (check_scv_args only checks it on CPU).
+    if any(b < a for a, b in zip([0] + ends, ends)) or (ends[-1] if ends else 0) != len(drafts):
+        raise ValueError(f"cu_num_draft_tokens={ends[:8]}: must be a non-decreasing inclusive cumsum "
+                         f"of drafts per request ending at len(draft_token_ids) = {len(drafts)}")
+
+    draft_mask = [False] * len(drafts)
+    accepted_len = []
+    start = 0
+    for r, end in enumerate(ends):
+        if end - start > num_cols and on_clamp is not None:
+            on_clamp(r, end - start, num_cols)
+        a = 0
+        for j in range(end - start):          # j = column of draft d_{j+1}
+            if j >= num_cols or sampled[r][j] != drafts[start + j]:
+                break                         # first mismatch (or no column): the rest are rejected
+            draft_mask[start + j] = True
+            a += 1
+        accepted_len.append(a)
+        start = end
+
+    commit_mask = None
+    if token_req is not None:
+        commit_mask = torch.tensor([p <= accepted_len[r] for r, p in
+                                    zip(token_req.tolist(), token_draft_pos.tolist())],
+                                   dtype=torch.bool, device=device)
+    return Acceptance(torch.tensor(draft_mask, dtype=torch.bool, device=device),
+                      torch.tensor(accepted_len, dtype=torch.int32, device=device), commit_mask)
+
+
+def compute_acceptance(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                       sampled_token_ids: torch.Tensor, *, token_req: torch.Tensor | None = None,
+                       token_draft_pos: torch.Tensor | None = None, mode: str = "off") -> Acceptance:
+    """Stateless acceptance: `off` runs the host loop, `graph`/`adaptive` the vectorised op (eager;
+    use `ScvRunner` to get CUDA graphs).
+
+    draft_token_ids [Dtot], cu_num_draft_tokens [R] inclusive, sampled_token_ids [R, C] with -1
+    placeholders, token_req / token_draft_pos [T] (both or neither) from the Window.
+    """
+    if _check_mode(mode) == "off":
+        return acceptance_loop(draft_token_ids, cu_num_draft_tokens, sampled_token_ids,
+                               token_req, token_draft_pos)
+    return Acceptance(*scv_mask(draft_token_ids, cu_num_draft_tokens, sampled_token_ids,
+                                token_req, token_draft_pos))
+
+
+class ScvRunner:
+    """Computes Acceptance in one mode and keeps that mode's state across windows.
+
+    State: the CUDA-graph runner (graph/adaptive on CUDA), whether adaptive fell back to eager,
+    and whether the bounds-clamping warning was already logged. `how` says what ran last.
+    """
+
+    def __init__(self, mode: str = "off"):
+        self.mode = _check_mode(mode)
+        self.how = "not run yet"
+        self._graphed = None
+        self._fallback_reason: str | None = None
+        self._warned_clamp = False
+
+    def _warn_clamp(self, detail: str) -> None:
+        if not self._warned_clamp:
+            self._warned_clamp = True
+            logger.warning("SCV: %s; drafts without a sampled column are rejected (bounds clamp). "
+                           "The rejection sampler should return max_spec_len + 1 columns.", detail)
+
+    def _check_bounds(self, cu_num_draft_tokens, sampled_token_ids, total, max_spec_len) -> None:
+        """Warn (once) when some request has more drafts than sampled columns, without a sync:
+        from shapes, the caller's max_spec_len, or the CPU values (free on the host)."""
+        if self._warned_clamp:
+            return
+        num_reqs, num_cols = sampled_token_ids.shape
+        if max_spec_len is None and cu_num_draft_tokens.device.type == "cpu" and num_reqs:
+            n = torch.diff(cu_num_draft_tokens, prepend=cu_num_draft_tokens.new_zeros(1))
+            max_spec_len = int(n.max())
+        if max_spec_len is not None and max_spec_len > num_cols:
+            self._warn_clamp(f"a request has {max_spec_len} drafts but sampled_token_ids has "
+                             f"{num_cols} columns")
+        elif total > num_reqs * num_cols:
+            self._warn_clamp(f"{total} drafts cannot fit {num_reqs} x {num_cols} sampled ids")
+
+    def __call__(self, draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                 sampled_token_ids: torch.Tensor, *, token_req: torch.Tensor | None = None,
+                 token_draft_pos: torch.Tensor | None = None, max_spec_len: int | None = None) -> Acceptance:
+        """Acceptance of one window (arguments as `compute_acceptance`; `max_spec_len` from the
+        metadata lets the bounds warning work on CUDA without a sync)."""
+        if self.mode == "off":
+            self.how = "per-request host loop"
+            return acceptance_loop(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req,
+                                   token_draft_pos,
+                                   on_clamp=lambda r, n, c: self._warn_clamp(
+                                       f"request {r} has {n} drafts but sampled_token_ids has {c} columns"))
+        check_scv_args(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos)
+        self._check_bounds(cu_num_draft_tokens, sampled_token_ids, draft_token_ids.shape[0], max_spec_len)
+        args = (draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos)
+        if not sampled_token_ids.is_cuda:
+            self.how = "vectorised (CPU: no CUDA graphs)"
+            return Acceptance(*scv_mask(*args))
+        if self._fallback_reason is None:
+            try:
+                if self._graphed is None:
+                    # Lazy: only CUDA runs need the graph machinery.
+                    from nwor_lab.spec.scv_graph import GraphedScv
+                    self._graphed = GraphedScv()
+                out = self._graphed(*args)
+                self.how = "CUDA graph (GraphedScv)"
+                return out if isinstance(out, Acceptance) else Acceptance(*out)
+            except Exception as err:  # noqa: BLE001 - adaptive means "any capture failure -> eager"
+                if self.mode != "adaptive":
+                    raise
+                self._fallback_reason = f"{type(err).__name__}: {err}"
+                logger.warning("SCV adaptive: CUDA graph unavailable (%s); using the eager vectorised "
+                               "op from now on", self._fallback_reason)
+        self.how = f"vectorised eager (adaptive fallback: {self._fallback_reason})"
+        return Acceptance(*scv_mask(*args))
