@@ -243,3 +243,39 @@ def test_metrics_registries_are_independent():
     a.windows.labels("off").inc()
     assert a.value("windows", "off") == 1 and b.value("windows", "off") == 0
     assert "nwor_windows_total" in a.exposition()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_committed_equals_rejection_sampler_accepted(mode, temperature):
+    """Metadata -> window -> sampler on target logits -> commit(sampled ids): counts agree."""
+    from nwor_lab.spec import SpecDecodeMetadata, rejection_sample
+    gen = torch.Generator().manual_seed(5)
+    num_draft = [3, 0, 2, 0, 4, 1]
+    sched = [n + 1 if n else 5 for n in num_draft]
+    cu = torch.tensor(sched).cumsum(0)
+    vocab = 6  # a small vocabulary so that drafts are often accepted
+    drafts = torch.randint(0, vocab, (sum(num_draft),), generator=gen)
+    md = SpecDecodeMetadata.build(num_draft, cu, drafts)
+    logits = torch.randn(len(md.logits_indices), vocab, generator=gen) * 3
+    sampled = rejection_sample(md, None, logits, temperature=temperature, generator=gen)
+    # the sampler's accepted count, read off its output: leading entries equal to the drafts
+    want, start = [], 0
+    for r, n in enumerate(num_draft):
+        a = 0
+        while a < n and int(sampled[r, a]) == int(drafts[start + a]):
+            a += 1
+        want.append(a)
+        start += n
+    spec = KVCacheSpec(2, 16, 4, 2, 8)
+    cache = build_cache(spec, gen)
+    window = Window.from_metadata(md, cu, torch.randperm(64, generator=gen)[: int(cu[-1])])
+    policy = make_policy(LabConfig(nwor_mode=mode, debug=True), cache)
+    policy.begin(window)
+    for layer in range(2):
+        kv = torch.randn(window.num_tokens, 2, 8, generator=gen)
+        policy.write(layer, kv, kv)
+    rec = policy.commit(sampled_token_ids=sampled)
+    assert rec.per_request_accepted == want
+    assert rec.drafts_committed == rec.num_accepted == sum(want)
+    assert rec.tokens_committed == window.num_tokens - (sum(num_draft) - sum(want))
