@@ -258,6 +258,10 @@ def test_committed_equals_rejection_sampler_accepted(mode, temperature):
     drafts = torch.randint(0, vocab, (sum(num_draft),), generator=gen)
     md = SpecDecodeMetadata.build(num_draft, cu, drafts)
     logits = torch.randn(len(md.logits_indices), vocab, generator=gen) * 3
+    # a drafter that is right ~70% of the time: propose the target's argmax at most positions
+    good = logits[md.target_logits_indices.long()].argmax(-1)
+    drafts = torch.where(torch.rand(len(drafts), generator=gen) < 0.7, good, drafts)
+    md = SpecDecodeMetadata.build(num_draft, cu, drafts)
     sampled = rejection_sample(md, None, logits, temperature=temperature, generator=gen)
     # the sampler's accepted count, read off its output: leading entries equal to the drafts
     want, start = [], 0
@@ -277,5 +281,6 @@ def test_committed_equals_rejection_sampler_accepted(mode, temperature):
         policy.write(layer, kv, kv)
     rec = policy.commit(sampled_token_ids=sampled)
     assert rec.per_request_accepted == want
+    assert 0 < sum(want) < sum(num_draft), "the seed must give a mix of accepted and rejected drafts"
     assert rec.drafts_committed == rec.num_accepted == sum(want)
     assert rec.tokens_committed == window.num_tokens - (sum(num_draft) - sum(want))
