@@ -51,7 +51,7 @@ def _selfcheck(args) -> int:
 
 def _build(args) -> int:
     from nwor_lab.ops import _ext
-    _ext.load(verbose=args.verbose)
+    _ext.load(verbose=args.verbose or None)
     print(json.dumps(_ext.build_info(), indent=2, default=str))
     return 0
 

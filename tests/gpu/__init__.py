@@ -1,0 +1,1 @@
+"""GPU tests: CUDA kernels vs torch references (skipped without CUDA)."""

@@ -1,0 +1,22 @@
+"""GPU test set-up: every test here needs CUDA and the built extension.
+
+`ext` builds/loads `nwor_lab.ops._ext` once per session; a build failure fails the tests (it is
+never a skip on a GPU machine). NWOR_LAB_SANITIZE=1 shrinks the case matrix for runs under
+compute-sanitizer, which is slow.
+"""
+import os
+
+import pytest
+import torch
+
+SANITIZE = os.environ.get("NWOR_LAB_SANITIZE", "") == "1"
+
+
+@pytest.fixture(scope="session")
+def ext():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from nwor_lab.ops import _ext
+
+    _ext.load()
+    return torch.ops.nwor_lab

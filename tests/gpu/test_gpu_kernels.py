@@ -1,0 +1,319 @@
+"""Every CUDA kernel against its torch reference, bit for bit (raw-byte comparison).
+
+Cases come from `nwor_lab.ops.generators.standard_cases` (layouts NHD/HND incl. block_size ==
+num_kv_heads, fp32/fp16/bf16 sources, auto/fp8 e4m3/e5m2 caches with scalar and per-head scales,
+-1 padding, head sizes that disable 16-byte vectorisation, windows > 512 tokens), plus layouts of
+the source the generator does not make (misaligned, strided slices of a fused QKV tensor).
+"""
+import pytest
+import torch
+
+from nwor_lab.ops.commit import commit_reference
+from nwor_lab.ops.generators import make_case, standard_cases
+from nwor_lab.ops.quant import raw
+from nwor_lab.ops.scv import scv_mask_reference
+from nwor_lab.ops.slots import log_slots_reference, restore_slots_reference
+from nwor_lab.ops.write_kv import write_kv_reference
+
+from .conftest import SANITIZE
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+CASES = list(standard_cases(device="cpu", big=not SANITIZE)) if torch.cuda.is_available() else []
+IDS = [c.name for c in CASES]
+
+
+def assert_same_bytes(got, want, what=""):
+    g, w = raw(got).cpu(), raw(want).cpu()
+    if not torch.equal(g, w):
+        bad = (g != w).nonzero()
+        first = tuple(bad[0].tolist())
+        raise AssertionError(f"{what}: {bad.shape[0]} elements differ, first at {first}: "
+                             f"got {g[first].item():#x} want {w[first].item():#x}")
+
+
+def cuda_case(case):
+    from nwor_lab.ops.generators import to_device
+
+    return to_device(case, "cuda")
+
+
+def cpu(*xs):
+    """References run on the CPU (the obviously right path; fp8 indexing is complete there)."""
+    out = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in xs)
+    return out[0] if len(out) == 1 else out
+
+
+def layer_scales(cache, layer, form):
+    """The layer's scales in one of the forms the op must honour."""
+    if not cache.is_fp8:
+        return None, None
+    ks, vs = cache.layer_scales(layer)
+    if form == "per_head":
+        return ks, vs
+    if form == "expanded":  # stride-0 view of one value
+        return ks[:1].expand(ks.shape[0]), vs[:1].expand(vs.shape[0])
+    return ks[0], vs[0]  # 0-d
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_write_kv_matches_reference(ext, case):
+    case = cuda_case(case)
+    cache = case.cache
+    forms = ("per_head", "expanded", "scalar") if cache.is_fp8 else ("per_head",)
+    for layer in range(cache.num_layers):
+        for form in forms:
+            ks, vs = layer_scales(cache, layer, form)
+            got_k, got_v = cache.key.clone(), cache.value.clone()
+            want_k, want_v = cache.key.clone(), cache.value.clone()
+            ext.write_kv(case.key[layer], case.value[layer], got_k[layer], got_v[layer], case.slot_mapping, ks, vs)
+            want_k, want_v = cpu(want_k, want_v)
+            write_kv_reference(*cpu(case.key[layer], case.value[layer]), want_k[layer], want_v[layer],
+                               *cpu(case.slot_mapping, ks, vs))
+            assert_same_bytes(got_k, want_k, f"key layer {layer} scales {form}")
+            assert_same_bytes(got_v, want_v, f"value layer {layer} scales {form}")
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_write_kv_chunked_and_strided_sources(ext, layout, cache_dtype):
+    """Chunks of a window written separately equal one write; sources that are slices of a fused
+    QKV output (token stride > H*D) or start misaligned (scalar path) give the same bytes."""
+    case = cuda_case(make_case(num_layers=1, num_tokens=600, num_kv_heads=8, head_size=128, layout=layout,
+                               cache_dtype=cache_dtype, dtype=torch.bfloat16, seed=11))
+    cache = case.cache
+    ks, vs = layer_scales(cache, 0, "per_head")
+    key, value, slots = case.key[0], case.value[0], case.slot_mapping
+    want_k, want_v = cpu(cache.key.clone(), cache.value.clone())
+    write_kv_reference(*cpu(key, value), want_k[0], want_v[0], *cpu(slots, ks, vs))
+
+    got_k, got_v = cache.key.clone(), cache.value.clone()
+    for lo, hi in ((0, 1), (1, 77), (77, 600)):
+        ext.write_kv(key[lo:hi], value[lo:hi], got_k[0], got_v[0], slots[lo:hi], ks, vs)
+    assert_same_bytes(got_k, want_k, "chunked key")
+    assert_same_bytes(got_v, want_v, "chunked value")
+
+    t, h, d = key.shape
+    qkv = torch.randn(t, (16 + 2 * h) * d, device="cuda").to(key.dtype)  # [T, (Hq + 2 Hkv) * D]
+    qkv[:, 16 * d:(16 + h) * d] = key.flatten(1)
+    qkv[:, (16 + h) * d:] = value.flatten(1)
+    k_view = qkv[:, 16 * d:(16 + h) * d].unflatten(1, (h, d))
+    v_view = qkv[:, (16 + h) * d:].unflatten(1, (h, d))
+    got_k, got_v = cache.key.clone(), cache.value.clone()
+    ext.write_kv(k_view, v_view, got_k[0], got_v[0], slots, ks, vs)
+    assert_same_bytes(got_k, want_k, "qkv-slice key")
+    assert_same_bytes(got_v, want_v, "qkv-slice value")
+
+    buf_k = torch.empty(key.numel() + 1, dtype=key.dtype, device="cuda")
+    buf_v = torch.empty(value.numel() + 1, dtype=key.dtype, device="cuda")
+    k_mis, v_mis = buf_k[1:].view(key.shape), buf_v[1:].view(key.shape)  # 2-byte aligned only
+    k_mis.copy_(key), v_mis.copy_(value)
+    got_k, got_v = cache.key.clone(), cache.value.clone()
+    ext.write_kv(k_mis, v_mis, got_k[0], got_v[0], slots.int(), ks, vs)
+    assert_same_bytes(got_k, want_k, "misaligned key")
+    assert_same_bytes(got_v, want_v, "misaligned value")
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                     (torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_write_kv_converts_like_torch(ext, src, dst):
+    """A non-fp8 cache of another dtype stores `x.to(cache dtype)` (round to nearest even)."""
+    case = cuda_case(make_case(num_layers=1, num_tokens=64, dtype=dst, seed=3))
+    key = (case.key[0].float() * 3.3).to(src)
+    value = (case.value[0].float() * 0.7).to(src)
+    got_k, got_v = case.cache.key.clone(), case.cache.value.clone()
+    want_k, want_v = cpu(case.cache.key.clone(), case.cache.value.clone())
+    ext.write_kv(key, value, got_k[0], got_v[0], case.slot_mapping, None, None)
+    write_kv_reference(*cpu(key, value), want_k[0], want_v[0], cpu(case.slot_mapping))
+    assert_same_bytes(got_k, want_k, "key")
+    assert_same_bytes(got_v, want_v, "value")
+
+
+def test_write_kv_skips_out_of_range_slots(ext):
+    case = cuda_case(make_case(num_layers=1, num_tokens=32, pad_frac=0.0, seed=5))
+    n = case.cache.num_slots
+    slots = case.slot_mapping.clone()
+    slots[::4] = n + 7      # never written (host validation would reject these; the kernel skips)
+    slots[1::4] = -5
+    got_k, got_v = case.cache.key.clone(), case.cache.value.clone()
+    want_k, want_v = cpu(case.cache.key.clone(), case.cache.value.clone())
+    ext.write_kv(case.key[0], case.value[0], got_k[0], got_v[0], slots, None, None)
+    write_kv_reference(*cpu(case.key[0], case.value[0]), want_k[0], want_v[0], cpu(slots))
+    assert_same_bytes(got_k, want_k, "key")
+    assert_same_bytes(got_v, want_v, "value")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_commit_matches_reference(ext, case):
+    case = cuda_case(case)
+    cache = case.cache
+    num_layers, t = case.key.shape[:2]
+    # Staging buffer with spare capacity: rows t.. hold junk that must never reach the cache.
+    junk = torch.randn(num_layers, 5, *case.key.shape[2:], device="cuda").to(case.key.dtype)
+    staged_k = torch.cat([case.key, junk], dim=1)
+    staged_v = torch.cat([case.value, junk * 2], dim=1)
+    scale_forms = [(cache.k_scale, cache.v_scale)]
+    if cache.is_fp8:
+        scale_forms.append((cache.k_scale[:, :1].expand_as(cache.k_scale),   # stride-0 heads
+                            cache.v_scale[:, :1].expand_as(cache.v_scale)))
+    for ks, vs in scale_forms:
+        ks, vs = (ks, vs) if cache.is_fp8 else (None, None)
+        got_k, got_v = cache.key.clone(), cache.value.clone()
+        want_k, want_v = cpu(cache.key.clone(), cache.value.clone())
+        ext.commit(staged_k, staged_v, got_k, got_v, case.slot_mapping, case.commit_mask, ks, vs)
+        commit_reference(*cpu(staged_k, staged_v), want_k, want_v,
+                         *cpu(case.slot_mapping, case.commit_mask, ks, vs))
+        assert_same_bytes(got_k, want_k, "key")
+        assert_same_bytes(got_v, want_v, "value")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_log_and_restore_match_reference(ext, case):
+    case = cuda_case(case)
+    cache = case.cache
+    slots = case.slot_mapping
+    num_layers, _, _, h, d = cache.key.shape
+    log_k = torch.empty((num_layers, slots.numel(), h, d), dtype=cache.key.dtype, device="cuda")
+    log_v = torch.empty_like(log_k)
+    raw(log_k).fill_(0x5A), raw(log_v).fill_(0x3C)  # poison: every row must be written
+    ext.log_slots(cache.key, cache.value, slots, log_k, log_v)
+    want_k, want_v = log_slots_reference(*cpu(cache.key, cache.value, slots))
+    assert_same_bytes(log_k, want_k, "log_k")
+    assert_same_bytes(log_v, want_v, "log_v")
+
+    # Scribble over the whole cache, then restore the logged slots.
+    got_k, got_v = cache.key.clone(), cache.value.clone()
+    for t in (got_k, got_v):
+        r = raw(t)
+        r.copy_(torch.randint(-100, 100, r.shape, device="cuda").to(r.dtype))
+    ref_k, ref_v = cpu(got_k.clone(), got_v.clone())
+    ext.restore_slots(got_k, got_v, slots, log_k, log_v)
+    restore_slots_reference(ref_k, ref_v, cpu(slots), want_k, want_v)
+    assert_same_bytes(got_k, ref_k, "restored key")
+    assert_same_bytes(got_v, ref_v, "restored value")
+
+
+# ---------------------------------------------------------------------------------------------
+# SCV
+
+def scv_case(num_reqs, max_k, num_cols, vocab=5, seed=0, dtype=torch.int32, structured=True,
+             with_prefill=True):
+    """Drafts, cu, sampled ids like the rejection sampler's, and a window token map.
+
+    structured: sampled[r] copies an accepted prefix of the drafts, then a recovered token that
+    differs from the next draft, then -1 placeholders. Otherwise sampled ids are random.
+    """
+    g = torch.Generator().manual_seed(seed)
+    n = torch.randint(0, max_k + 1, (num_reqs,), generator=g)
+    cu = n.cumsum(0)
+    total = int(cu[-1]) if num_reqs else 0
+    drafts = torch.randint(0, vocab, (total,), generator=g)
+    sampled = torch.full((num_reqs, num_cols), -1, dtype=torch.long)
+    start = 0
+    for r in range(num_reqs):
+        k = int(n[r])
+        if structured:
+            a = int(torch.randint(0, k + 1, (1,), generator=g))
+            m = min(a, num_cols)
+            sampled[r, :m] = drafts[start:start + m]
+            if m < num_cols:
+                nxt = int(drafts[start + a]) if a < k else -2
+                sampled[r, m] = (nxt + 1 + int(torch.randint(0, vocab - 1, (1,), generator=g))) % vocab
+        else:
+            sampled[r] = torch.randint(-1, vocab, (num_cols,), generator=g)
+        start += k
+    token_req, token_pos = [], []
+    for r in range(num_reqs):
+        extra = int(torch.randint(0, 3, (1,), generator=g)) if with_prefill else 0
+        token_req += [r] * (1 + int(n[r]) + extra)
+        token_pos += [0] * (1 + extra) + list(range(1, int(n[r]) + 1))
+    perm = torch.randperm(len(token_req), generator=g)
+    token_req = torch.tensor(token_req, dtype=torch.long)[perm]
+    token_pos = torch.tensor(token_pos, dtype=torch.long)[perm]
+    return [x.to(dtype) for x in (drafts, cu, sampled, token_req, token_pos)]
+
+
+def run_scv(ext, drafts, cu, sampled, token_req, token_pos):
+    dm = torch.ones(drafts.shape[0], dtype=torch.bool, device="cuda")
+    acc = torch.full((cu.shape[0],), -7, dtype=torch.int32, device="cuda")
+    cm = torch.ones(token_req.shape[0], dtype=torch.bool, device="cuda")
+    ext.scv_mask(drafts, cu, sampled, token_req, token_pos, dm, acc, cm)
+    return dm, acc, cm
+
+
+SCV_SHAPES = [(1, 1, 2), (4, 3, 4), (64, 8, 9), (64, 8, 5), (7, 4, 0), (300, 6, 7), (3000, 8, 9)]
+
+
+@pytest.mark.parametrize("structured", [True, False])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", SCV_SHAPES, ids=[f"R{r}-k{k}-C{c}" for r, k, c in SCV_SHAPES])
+def test_scv_mask_matches_reference(ext, shape, dtype, structured):
+    num_reqs, max_k, num_cols = shape
+    for seed in range(2 if SANITIZE else 4):
+        args = [x.cuda() for x in scv_case(num_reqs, max_k, num_cols, seed=seed, dtype=dtype, structured=structured)]
+        want = scv_mask_reference(*cpu(*args))
+        got = run_scv(ext, *args)
+        for name, g, w in zip(("draft_mask", "accepted_len", "commit_mask"), got, want):
+            assert torch.equal(g.cpu(), w.cpu()), f"{name} differs (seed {seed})"
+
+
+def test_scv_mask_mixed_dtypes_and_no_token_map(ext):
+    drafts, cu, sampled, token_req, token_pos = [x.cuda() for x in scv_case(50, 6, 7, seed=9)]
+    want = scv_mask_reference(*cpu(drafts.long(), cu, sampled.long(), token_req, token_pos.long()))
+    got = run_scv(ext, drafts.long(), cu, sampled.long(), token_req, token_pos.long())
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+    # Empty token map: commit_mask untouched (it has no elements), the rest computed.
+    empty = torch.empty(0, dtype=torch.int32, device="cuda")
+    dm, acc, cm = run_scv(ext, drafts, cu, sampled, empty, empty)
+    assert torch.equal(dm.cpu(), want[0]) and torch.equal(acc.cpu(), want[1]) and cm.numel() == 0
+
+
+def test_scv_mask_strided_sampled_ids(ext):
+    drafts, cu, sampled, token_req, token_pos = [x.cuda() for x in scv_case(40, 5, 6, seed=2)]
+    wide = torch.full((sampled.shape[0], 2 * sampled.shape[1]), -9, dtype=sampled.dtype, device="cuda")
+    wide[:, ::2] = sampled
+    want = scv_mask_reference(*cpu(drafts, cu, sampled, token_req, token_pos))
+    got = run_scv(ext, drafts, cu, wide[:, ::2], token_req, token_pos)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library.opcheck: schema (mutation annotations), fake impls, autograd registration, AOT
+
+def _opcheck(op, args, fp8=False):
+    # test_schema compares tensors before/after with allclose, which has no fp8 CUDA kernel in
+    # torch; for fp8 caches run the other checks (the auto-dtype case covers the schema).
+    tests = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic") if fp8 else None
+    if tests is None:
+        torch.library.opcheck(op, args)
+    else:
+        torch.library.opcheck(op, args, test_utils=tests)
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+def test_opcheck_cache_ops(ext, cache_dtype):
+    case = cuda_case(make_case(num_layers=2, num_tokens=12, cache_dtype=cache_dtype, seed=21, pad_frac=0.2))
+    c = case.cache
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    lks, lvs = (c.k_scale[0], c.v_scale[0]) if c.is_fp8 else (None, None)
+    k0, v0 = c.key[0].clone(), c.value[0].clone()
+    fp8 = c.is_fp8
+    _opcheck(ext.write_kv.default, (case.key[0], case.value[0], k0, v0, case.slot_mapping, lks, lvs), fp8)
+    _opcheck(ext.commit.default, (case.key, case.value, c.key.clone(), c.value.clone(), case.slot_mapping,
+                                  case.commit_mask, ks, vs), fp8)
+    n = case.slot_mapping.numel()
+    log_k = torch.empty((2, n, *c.key.shape[3:]), dtype=c.key.dtype, device="cuda")
+    log_v = torch.empty_like(log_k)
+    _opcheck(ext.log_slots.default, (c.key, c.value, case.slot_mapping, log_k, log_v), fp8)
+    _opcheck(ext.restore_slots.default, (c.key.clone(), c.value.clone(), case.slot_mapping, log_k, log_v), fp8)
+
+
+def test_opcheck_scv_and_noop(ext):
+    drafts, cu, sampled, token_req, token_pos = [x.cuda() for x in scv_case(8, 4, 5, seed=4)]
+    outs = (torch.empty(drafts.shape[0], dtype=torch.bool, device="cuda"),
+            torch.empty(cu.shape[0], dtype=torch.int32, device="cuda"),
+            torch.empty(token_req.shape[0], dtype=torch.bool, device="cuda"))
+    _opcheck(ext.scv_mask.default, (drafts, cu, sampled, token_req, token_pos, *outs))
+    _opcheck(ext.noop.default, (drafts,))
