@@ -1,0 +1,107 @@
+"""Benchmark (not a test): tokens/s of target-only vs EAGLE speculative decoding, shipped pair.
+
+    python -m nwor_lab.engine.bench --device cpu --out benchmarks/results/engine_cpu.json
+
+Prompts are held-out text (modules the pair never saw, `nwor_lab.train.corpus.HELD_OUT`): from
+`runs/corpus/eval.bin` when present, else tokenised from this interpreter's stdlib. Each
+configuration runs once to warm up, then is timed end to end (scheduling, sampling, drafting
+included; model load excluded). Greedy, float32 weights and cache.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nwor_lab.config import LabConfig
+from nwor_lab.engine.generate import generate
+from nwor_lab.model.shipped import load_tiny
+from nwor_lab.ops import backend
+
+
+def held_out_stream(tokenizer) -> np.ndarray:
+    packed = Path("runs/corpus/eval.bin")
+    if packed.is_file():
+        return np.fromfile(packed, dtype=np.uint16)
+    # tokenizers' thread pool would keep competing with torch for the CPU during the timing
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from nwor_lab.train.corpus import encode_files, split
+    return encode_files(tokenizer, split()[1])
+
+
+def prompts_from(stream: np.ndarray, n: int, length: int, seed: int = 7) -> list[list[int]]:
+    gen = np.random.default_rng(seed)
+    return [stream[s:s + length].astype(np.int64).tolist() for s in gen.integers(0, stream.size - length, n)]
+
+
+def timed(fn, device) -> tuple[object, float]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m nwor_lab.engine.bench")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=96)
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    target, head, tok = load_tiny(device=device, head=args.head)
+    prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
+    configs = [("target-only", 0, LabConfig())] + [
+        (f"{args.head} k={args.k} nwor={m} scv={s}", args.k, LabConfig(nwor_mode=m, scv_mode=s))
+        for m, s in [("off", "off"), ("cow", "off"), ("stage", "off"), ("stage", "graph")]]
+    rows = []
+    for bs in [int(b) for b in args.batch_sizes.split(",")]:
+        ps = prompts[:max(bs, 2)] if bs == 1 else prompts[:bs]
+        base_ids, base_tps = None, None
+        for name, k, cfg in configs:
+            def go(n=args.new_tokens):
+                return generate(ps, n, k, cfg, target=target, head=head, tokenizer=tok, device=device,
+                                max_num_seqs=bs)
+            go(8)  # warm-up
+            res, secs = timed(go, device)
+            ntok = sum(len(t) for t in res.token_ids)
+            tps = ntok / secs
+            if k == 0:
+                base_ids, base_tps = res.token_ids, tps
+            row = {"batch_size": bs, "config": name, "k": k, "nwor": cfg.nwor_mode, "scv": cfg.scv_mode,
+                   "requests": len(ps), "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(tps, 2),
+                   "speedup_vs_target_only": round(tps / base_tps, 3), "target_forwards": res.target_forwards,
+                   "mean_acceptance_length": round(res.mean_acceptance_length, 3) if k else None,
+                   "acceptance_by_position": [round(a, 3) for a in res.acceptance_by_position] if k else None,
+                   "same_tokens_as_target_only": res.token_ids == base_ids}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = {"command": "python -m nwor_lab.engine.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "torch": torch.__version__, "python": platform.python_version(), "dtype": "float32",
+           "ops_backend": vars(backend(device)),
+           "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
+           "results": rows}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()

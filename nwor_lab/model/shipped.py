@@ -1,0 +1,27 @@
+"""The pair shipped with the lab (`nwor_lab/checkpoints/tiny`, see its TRAINING.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny"
+
+
+HEADS = {"eagle1": ("eagle_config.json", "eagle.safetensors"),
+         "eagle3": ("eagle3_config.json", "eagle3.safetensors")}
+
+
+def load_tiny(device="cpu", dtype=torch.float32, directory=None, head: str = "eagle1"):
+    """-> (target LlamaForCausalLM, draft head, tokenizers.Tokenizer), weights upcast to `dtype`.
+
+    head: `eagle1` (EagleHead, the default) or `eagle3` (Eagle3Head, draft vocabulary of 1024).
+    """
+    from nwor_lab.model.loader import load_eagle, load_llama, load_tokenizer
+    if head not in HEADS:
+        raise ValueError(f"head={head!r}: the shipped heads are {', '.join(HEADS)}")
+    d = Path(directory or TINY_DIR)
+    target = load_llama(d, device=device, dtype=dtype)
+    cfg, weights = HEADS[head]
+    draft = load_eagle(d / cfg, d / weights, target, device=device, dtype=dtype)
+    return target, draft, load_tokenizer(d / "tokenizer.json")
