@@ -21,8 +21,10 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 run: $(STAMP)
+	mkdir -p runs
 	$(VENV)/bin/nwor-lab doctor
 	$(VENV)/bin/nwor-lab selfcheck --out runs/selfcheck.json > /dev/null && echo "selfcheck ok: runs/selfcheck.json"
+	$(VENV)/bin/nwor-lab generate "def parse_args(argv):" --k 4 --nwor stage --max-new-tokens 64
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -66,6 +66,9 @@ def _bench(args, rest) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["generate"]:  # its own parser (nwor_lab.engine.cli), --help included
+        from nwor_lab.engine import cli_generate
+        return cli_generate(argv[1:]) or 0
     p = argparse.ArgumentParser(prog="nwor-lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="python, torch, CUDA, nvcc, and which backend runs and why")
@@ -85,9 +88,6 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help='speculative decoding with the shipped model: generate "PROMPT" --k 4 --nwor stage')
     g.add_argument("rest", nargs=argparse.REMAINDER)
     args, rest = p.parse_known_args(argv)
-    if args.cmd == "generate":
-        from nwor_lab.engine import cli_generate
-        return cli_generate(args.rest + rest) or 0
     if args.cmd == "bench":
         return _bench(args, rest)
     if rest:

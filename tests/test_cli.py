@@ -47,3 +47,10 @@ def test_device_mismatch_names_the_argument():
     case = make_case(num_layers=1, num_tokens=4)
     with pytest.raises(ValueError, match="key: is on meta but must be on cpu"):
         write_kv(case.key[0].to("meta"), case.value[0], *case.cache.layer(0), case.slot_mapping)
+
+
+def test_generate_subcommand_runs_the_shipped_pair(capsys):
+    assert main(["generate", "def f(x):", "--k", "3", "--nwor", "cow", "--max-new-tokens", "12", "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])
+    assert result["mean_acceptance_length"] >= 1.0
