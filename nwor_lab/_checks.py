@@ -36,10 +36,21 @@ def check_tensor(name: str, t, *, ndim: int | None = None, shape: Sequence | Non
             names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
             raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; "
                             f"use one of {names} (e.g. {name}.to({dtypes[0]}))")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not same_device(t.device, device):
         raise ValueError(f"{name}: is on {t.device} but must be on {device} with the cache; "
                          f"move it with {name}.to({str(device)!r})")
     return t
+
+
+def same_device(a, b) -> bool:
+    """`cuda` and `cuda:0` are the same device when 0 is current (torch.device compares them unequal)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 
 def capturing() -> bool:

@@ -82,6 +82,7 @@ class PagedKVCache:
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
         self.key = allocate(shape, spec.layout, spec.storage_dtype, self.device)
         self.value = allocate(shape, spec.layout, spec.storage_dtype, self.device)
+        self.device = self.key.device  # with its index: "cuda" -> "cuda:0"
         self.k_scale = torch.ones(spec.num_layers, spec.num_kv_heads, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones_like(self.k_scale)
 

@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from nwor_lab._checks import FLOAT_DTYPES, capturing, check_slots, check_tensor
+from nwor_lab._checks import FLOAT_DTYPES, capturing, check_slots, check_tensor, same_device
 from nwor_lab.config import LabConfig
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics, WindowRecord
@@ -52,7 +52,7 @@ class WritePolicy:
             raise WindowStateError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
             raise TypeError(f"window: expected nwor_lab.nwor.Window, got {type(window).__name__}")
-        if window.slot_mapping.device != self.cache.device:
+        if not same_device(window.slot_mapping.device, self.cache.device):
             raise ValueError(f"window: slot_mapping is on {window.slot_mapping.device}, the cache on "
                              f"{self.cache.device}; build the window on the cache's device")
         check_slots("window.slot_mapping", window.slot_mapping, self.cache.num_slots,
