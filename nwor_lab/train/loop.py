@@ -68,6 +68,31 @@ def _optimizer(params, lr):
                              lr=lr, betas=(0.9, 0.95))
 
 
+def _optimise(params, loss_fn, *, train, steps, batch_size, seq, lr, warmup, device, log, gen,
+              time_limit, tag):
+    """The one training loop: AdamW with warm-up + cosine lr, clip 1.0, `_fit_steps` time budget.
+
+    loss_fn(x `[B, S+1]`) -> (loss, note for the log line). Returns (steps run, last loss tensor,
+    seconds)."""
+    opt = _optimizer(params, lr)
+    t0, step, loss = time.time(), 0, None
+    while step < steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        x = batch(train, batch_size, seq, gen, device)
+        with _autocast(device):
+            loss, note = loss_fn(x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % 100 == 1 or step == steps:
+            log(f"{tag} step {step} loss {loss.item():.4f} {note} t {time.time() - t0:.0f}s")
+        steps = _fit_steps(step, steps, t0, time_limit, log, tag)
+    return step, loss, time.time() - t0
+
+
 @torch.no_grad()
 def eval_target(model, data, seq, device, batches=8, batch_size=32) -> float:
     model.eval()
@@ -87,29 +112,16 @@ def train_target(cfg: LlamaConfig, train, evald, *, steps, batch_size, seq, lr, 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(device)
     init_weights(model, cfg.num_hidden_layers)
-    opt = _optimizer(list(model.parameters()), lr)
-    gen = np.random.default_rng(seed)
-    t0, loss = time.time(), float("nan")
-    step = 0
-    while step < steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        x = batch(train, batch_size, seq, gen, device)
-        with _autocast(device):
-            logits = model.compute_logits(model.forward_dense(x[:, :-1]))
-        loss_t = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss_t.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 100 == 1 or step == steps:
-            loss = loss_t.item()
-            log(f"target step {step} loss {loss:.4f} lr {lr_at(step, steps, lr, warmup):.2e} t {time.time() - t0:.0f}s")
-        steps = _fit_steps(step, steps, t0, time_limit, log, "target")
+    def loss_fn(x):
+        logits = model.compute_logits(model.forward_dense(x[:, :-1]))
+        return F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()), ""
+    step, loss_t, seconds = _optimise(list(model.parameters()), loss_fn, train=train, steps=steps,
+                                      batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
+                                      log=log, gen=np.random.default_rng(seed), time_limit=time_limit,
+                                      tag="target")
     loss = loss_t.item()
     ev = eval_target(model, evald, seq, device)
-    stats = {"steps": step, "final_train_loss": loss, "eval_loss": ev, "seconds": time.time() - t0}
+    stats = {"steps": step, "final_train_loss": loss, "eval_loss": ev, "seconds": seconds}
     log(f"target done: {stats}")
     return model.eval(), stats
 
@@ -144,30 +156,19 @@ def train_head(target: LlamaForCausalLM, cfg: LlamaConfig, train, evald, *, step
     init_weights(head, 1)
     for p in target.parameters():
         p.requires_grad_(False)
-    opt = _optimizer(list(head.parameters()), lr)
-    gen = np.random.default_rng(seed + 1)
-    t0 = time.time()
-    step = 0
-    while step < steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        x = batch(train, batch_size, seq, gen, device)
-        with _autocast(device):
-            loss, agree = head_losses(head, target, x, noise, ce_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 100 == 1 or step == steps:
-            log(f"head step {step} loss {loss.item():.4f} top1 {[round(a, 3) for a in agree]} t {time.time() - t0:.0f}s")
-        steps = _fit_steps(step, steps, t0, time_limit, log, "head")
+    def loss_fn(x):
+        loss, agree = head_losses(head, target, x, noise, ce_weight)
+        return loss, f"top1 {[round(a, 3) for a in agree]}"
+    step, loss, seconds = _optimise(list(head.parameters()), loss_fn, train=train, steps=steps,
+                                    batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
+                                    log=log, gen=np.random.default_rng(seed + 1), time_limit=time_limit,
+                                    tag="head")
     head.eval()
     with torch.no_grad(), _autocast(device):
         x = batch(evald, 32, seq, np.random.default_rng(4321), device)
         ev_loss, ev_agree = head_losses(head, target, x, 0.0, ce_weight)
     stats = {"steps": step, "final_train_loss": loss.item(), "eval_loss": ev_loss.item(),
-             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": time.time() - t0}
+             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": seconds}
     log(f"head done: {stats}")
     return head, stats
 
@@ -211,29 +212,19 @@ def train_eagle3(target: LlamaForCausalLM, cfg: LlamaConfig, train, evald, *, dr
     init_weights(head, 1)
     for p in target.parameters():
         p.requires_grad_(False)
-    opt = _optimizer(list(head.parameters()), lr)
-    gen = np.random.default_rng(seed + 2)
-    t0, step = time.time(), 0
-    while step < steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        x = batch(train, batch_size, seq, gen, device)
-        with _autocast(device):
-            loss, agree = eagle3_losses(head, target, x, draft_ids)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 100 == 1 or step == steps:
-            log(f"eagle3 step {step} loss {loss.item():.4f} top1 {[round(a, 3) for a in agree]} t {time.time() - t0:.0f}s")
-        steps = _fit_steps(step, steps, t0, time_limit, log, "eagle3")
+    def loss_fn(x):
+        loss, agree = eagle3_losses(head, target, x, draft_ids)
+        return loss, f"top1 {[round(a, 3) for a in agree]}"
+    step, loss, seconds = _optimise(list(head.parameters()), loss_fn, train=train, steps=steps,
+                                    batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
+                                    log=log, gen=np.random.default_rng(seed + 2), time_limit=time_limit,
+                                    tag="eagle3")
     head.eval()
     with torch.no_grad(), _autocast(device):
         x = batch(evald, 32, seq, np.random.default_rng(4321), device)
         ev_loss, ev_agree = eagle3_losses(head, target, x, draft_ids)
     stats = {"steps": step, "final_train_loss": loss.item(), "eval_loss": ev_loss.item(),
-             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": time.time() - t0,
+             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": seconds,
              "draft_vocab_size": draft_vocab_size, "aux_layers": list(head.aux_layers)}
     log(f"eagle3 done: {stats}")
     return head, stats
