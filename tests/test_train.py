@@ -30,3 +30,23 @@ def test_target_head_and_eagle3_training_loops_learn():
         assert stats["steps"] == 20 and np.isfinite(stats["eval_loss"])
     assert any(line.startswith("head step 1 ") for line in logs)
     assert any(line.startswith("eagle3 step 20 ") for line in logs)
+
+
+def test_train_command_end_to_end_at_toy_scale(tmp_path):
+    """`python -m nwor_lab.train corpus` then `pair`, tiny: files written, log says what ran.
+    Subprocesses: the tokenizer trainer's thread pool would slow later tests in this process."""
+    import json
+    import subprocess
+    import sys
+    run = lambda *a: subprocess.run([sys.executable, "-m", "nwor_lab.train", *a], check=True,  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    run("corpus", "--limit-files", "6", "--vocab-size", "300", "--out", str(tmp_path / "c"))
+    cfg = json.dumps({"vocab_size": 300, "num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64,
+                      "head_dim": 16})
+    run("pair", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--device", "cpu", "--config", cfg,
+        "--target-steps", "2", "--head-steps", "2", "--batch", "2", "--seq", "16", "--eval-prompts", "1",
+        "--eval-new-tokens", "4")
+    names = {p.name for p in (tmp_path / "o").iterdir()}
+    assert {"model.safetensors", "eagle.safetensors", "tokenizer.json", "train_log.json"} <= names
+    log = json.loads((tmp_path / "o" / "train_log.json").read_text())
+    assert log["stats"]["target"]["steps"] == 2 and log["stats"]["head"]["steps"] == 2

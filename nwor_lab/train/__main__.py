@@ -37,7 +37,8 @@ def cmd_corpus(args) -> None:
     print(json.dumps({k: v for k, v in info.items() if k != "eval_file_list"}), f"{time.time() - t0:.0f}s")
 
 
-def cmd_pair(args) -> None:
+def _setup_run(args):
+    """Output folder, a logger that also keeps its lines, and the packed train / eval token ids."""
     out, data = Path(args.out), Path(args.data)
     out.mkdir(parents=True, exist_ok=True)
     log_lines = []
@@ -48,6 +49,11 @@ def cmd_pair(args) -> None:
 
     train = np.fromfile(data / "train.bin", dtype=np.uint16)
     evald = np.fromfile(data / "eval.bin", dtype=np.uint16)
+    return out, log, log_lines, train, evald
+
+
+def cmd_pair(args) -> None:
+    out, log, log_lines, train, evald = _setup_run(args)
     cfg = LlamaConfig.from_dict({**TINY, **json.loads(args.config or "{}")})
     log(f"command: {' '.join(sys.argv)}; torch {torch.__version__}; device {args.device} "
         f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else ''}; "
@@ -61,8 +67,8 @@ def cmd_pair(args) -> None:
                                time_limit=args.head_seconds)
     save_llama(target, out)
     save_eagle(head, out / "eagle_config.json", out / "eagle.safetensors")
-    if (data / "tokenizer.json").is_file():
-        shutil.copy(data / "tokenizer.json", out / "tokenizer.json")
+    if (Path(args.data) / "tokenizer.json").is_file():
+        shutil.copy(Path(args.data) / "tokenizer.json", out / "tokenizer.json")
     # Acceptance in the weights' shipped precision (bf16 round trip), evaluated in float32.
     from nwor_lab.model.loader import load_eagle, load_llama
     t32 = load_llama(out, device=args.device)
@@ -84,16 +90,7 @@ def cmd_eagle3(args) -> None:
     """An EAGLE-3 head for an already trained target (e.g. the shipped one)."""
     from nwor_lab.model.loader import load_eagle, load_llama
     from nwor_lab.train.loop import train_eagle3
-    out, data = Path(args.out), Path(args.data)
-    out.mkdir(parents=True, exist_ok=True)
-    log_lines = []
-
-    def log(msg):
-        print(msg, flush=True)
-        log_lines.append(msg)
-
-    train = np.fromfile(data / "train.bin", dtype=np.uint16)
-    evald = np.fromfile(data / "eval.bin", dtype=np.uint16)
+    out, log, log_lines, train, evald = _setup_run(args)
     target = load_llama(args.target, device=args.device).eval()
     log(f"command: {' '.join(sys.argv)}; torch {torch.__version__}; device {args.device}; target {args.target}")
     head_cfg = LlamaConfig.from_dict({**target.config.to_dict(), "num_hidden_layers": 1})
