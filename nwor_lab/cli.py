@@ -64,8 +64,22 @@ def _bench(args, rest) -> int:
     return bench_main(rest) or 0
 
 
+def _debug_logging() -> None:
+    """NWOR_LAB_DEBUG=1: show the lab's window lifecycle log (begin, accepted, commit/restore)."""
+    import logging
+
+    from nwor_lab.config import LabConfig
+    if LabConfig.from_env().debug:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        lab = logging.getLogger("nwor_lab")
+        lab.setLevel(logging.INFO)
+        lab.addHandler(handler)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _debug_logging()
     if argv[:1] == ["generate"]:  # its own parser (nwor_lab.engine.cli), --help included
         from nwor_lab.engine import cli_generate
         return cli_generate(argv[1:]) or 0

@@ -284,3 +284,31 @@ def test_committed_equals_rejection_sampler_accepted(mode, temperature):
     assert 0 < sum(want) < sum(num_draft), "the seed must give a mix of accepted and rejected drafts"
     assert rec.drafts_committed == rec.num_accepted == sum(want)
     assert rec.tokens_committed == window.num_tokens - (sum(num_draft) - sum(want))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_window_over_a_layer_subset(mode):
+    """A draft-chain window writes only the head's layer: CoW logs/restores that layer alone."""
+    spec = KVCacheSpec(4, 16, 4, 2, 8)
+    gen = torch.Generator().manual_seed(2)
+    cache = build_cache(spec, gen)
+    before = cache.snapshot()
+    p = make_policy(LabConfig(nwor_mode=mode), cache)
+    w = Window.from_counts([4], [3], torch.tensor([5, 6, 7, 8]))
+    with pytest.raises(ValueError, match="layers=range\\(0, 5\\)"):
+        p.begin(w, layers=range(0, 5))
+    p.begin(w, layers=range(3, 4))
+    kv = torch.randn(4, 2, 8, generator=gen)
+    with pytest.raises(ValueError, match="layer=0: this window was opened for layers 3..3"):
+        p.write(0, kv, kv)
+    p.write(3, kv, kv)
+    rec = p.commit(torch.tensor([True, False, False]))
+    bpt = spec.bytes_per_token_layer
+    if mode == "cow":
+        assert rec.bytes_logged == 3 * bpt and rec.bytes_restored == 2 * bpt
+    assert torch.equal(cache.key[:3], before[0][:3]), "layers outside the window are untouched"
+    kept = torch.tensor([5, 6])
+    assert torch.equal(cache.gather(3, kept)[0], kv[:2])
+    rejected = torch.tensor([7, 8])
+    same = torch.equal(cache.gather(3, rejected)[0], before[0][3][rejected // 4, rejected % 4])
+    assert same == (mode != "off")

@@ -64,7 +64,7 @@ def draft(engine, reqs, g: torch.Tensor) -> None:
     window, rows_of = chain_window(creqs, cn, dev)
     policy = engine.draft_policy
     engine._notify_begin("draft", window)
-    policy.begin(window)
+    policy.begin(window, layers=range(head.layer_index, head.layer_index + 1))  # the chain writes the head only
     try:
         offset = 0
         for s in range(1, max(cn)):

@@ -1,8 +1,9 @@
 """`cow` (copy-on-write, the seed's PR #8): log the draft slots' old contents, write every token
 like `off`, then restore the rejected drafts' slots from the log.
 
-Logging happens once at `begin` for ALL layers (one launch over the stacked cache) and restoring
-once at `commit` (one launch), instead of the seed's extra kernels per layer. After commit every
+Logging happens once at `begin` for all the window's layers (one launch over the stacked cache,
+`cache.key[layers]` is a view) and restoring once at `commit` (one launch), instead of the seed's
+extra kernels per layer. After commit every
 rejected slot is bit-identical to its content before the window.
 """
 from __future__ import annotations
@@ -16,22 +17,25 @@ from nwor_lab.ops import log_slots, restore_slots
 class CowPolicy(OffPolicy):
     mode = "cow"
 
+    def _stacked(self):
+        a, b = self.layers.start, self.layers.stop
+        return self.cache.key[a:b], self.cache.value[a:b]
+
     def _begin(self) -> None:
-        self._log = log_slots(self.cache.key, self.cache.value, self.window.draft_slots,
-                              backend=self.config.backend, validate=False)
+        self._log = log_slots(*self._stacked(), self.window.draft_slots, backend=self.config.backend,
+                              validate=False)
 
     def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
         slots = self.window.draft_slots
         rejected = torch.where(draft_mask, torch.full_like(slots, -1), slots)
-        restore_slots(self.cache.key, self.cache.value, rejected, *self._log,
-                      backend=self.config.backend, validate=False)
+        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, validate=False)
         self._log = None
 
     def _cancel(self) -> None:
         self._log = None  # every written row stays, exactly as `off` leaves it
 
     def _bytes(self, draft_mask, kept) -> dict:
-        w, bpt, layers = self.window, self.cache.spec.bytes_per_token_layer, self.cache.num_layers
+        w, bpt, layers = self.window, self.cache.spec.bytes_per_token_layer, len(self.layers)
         real_drafts = (w.draft_slots >= 0)
         logged = int(real_drafts.sum()) * layers * bpt
         restored = 0 if draft_mask is None else int((real_drafts & ~draft_mask).sum()) * layers * bpt

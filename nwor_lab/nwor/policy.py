@@ -42,12 +42,16 @@ class WritePolicy:
         self.metrics = metrics if metrics is not None else LabMetrics()
         self.records = records
         self.window: Window | None = None
+        self.layers = range(cache.num_layers)   # layers the open window may write
         self.windows_done = 0
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
         self._scv = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def begin(self, window: Window) -> None:
+    def begin(self, window: Window, layers: range | None = None) -> None:
+        """Open a window. `layers`: the contiguous cache layers it will write (default: all), e.g.
+        `range(N, N + 1)` for an EAGLE draft chain that only runs the head; CoW logs and restores
+        just those, and a write to any other layer is an error."""
         if self.window is not None:
             raise WindowStateError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
@@ -57,7 +61,14 @@ class WritePolicy:
                              f"{self.cache.device}; build the window on the cache's device")
         check_slots("window.slot_mapping", window.slot_mapping, self.cache.num_slots,
                     self.config.validate, unique=True)
+        n = self.cache.num_layers
+        layers = range(n) if layers is None else layers
+        if not isinstance(layers, range) or layers.step != 1 or len(layers) == 0 or layers.start < 0 \
+                or layers.stop > n:
+            raise ValueError(f"layers={layers!r}: give a non-empty range(start, stop) within the cache's "
+                             f"{n} layers (contiguous, so one launch covers them)")
         self.window = window
+        self.layers = layers
         self._rows = {}
         self._begin()
         if self.config.debug:
@@ -69,6 +80,9 @@ class WritePolicy:
         """Rows `token_offset .. token_offset + n - 1` of the window's K/V `[n, H, D]` for `layer`."""
         w = self._need_window("write")
         self.cache._check_layer(layer)
+        if layer not in self.layers:
+            raise ValueError(f"layer={layer}: this window was opened for layers {self.layers.start}.."
+                             f"{self.layers.stop - 1} (begin(window, layers=...))")
         spec = self.cache.spec
         shape = (None, spec.num_kv_heads, spec.head_size)
         check_tensor("key", key, shape=shape, dtypes=FLOAT_DTYPES, device=self.cache.device,
