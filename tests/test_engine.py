@@ -32,8 +32,9 @@ def prompts(n=7, seed=1):
 def run(pair, k=4, mode="off", scv="off", observers=(), **kw):
     target, head = pair
     kw = {"max_new_tokens": 16, "max_num_seqs": 3, "block_size": 4, **kw}
-    return generate(prompts(), k=k, config=LabConfig(nwor_mode=mode, scv_mode=scv), target=target, head=head,
-                    observers=observers, **kw)
+    # debug: every window asserts committed == accepted by the sampler (host loop cross-check)
+    cfg = LabConfig(nwor_mode=mode, scv_mode=scv, debug=True)
+    return generate(prompts(), k=k, config=cfg, target=target, head=head, observers=observers, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -165,8 +165,6 @@ def test_lifecycle_errors(mode):
         p.commit(torch.tensor([True, False, False]))
     with pytest.raises(ValueError, match="not prefix-closed"):
         p.commit(torch.tensor([False, True]))
-    with pytest.raises(ValueError, match="either acceptance or sampled_token_ids"):
-        p.commit(torch.tensor([True, True]), sampled_token_ids=torch.tensor([[5, 6, 7]]))
     rec = p.commit(sampled_token_ids=torch.tensor([[5, 9, -1]]))
     assert rec.num_accepted == 1
     with pytest.raises(WindowStateError, match="commit: no window is open"):
@@ -312,3 +310,21 @@ def test_window_over_a_layer_subset(mode):
     rejected = torch.tensor([7, 8])
     same = torch.equal(cache.gather(3, rejected)[0], before[0][3][rejected // 4, rejected % 4])
     assert same == (mode != "off")
+
+
+def test_debug_cross_checks_acceptance_against_the_sampler():
+    """Given both, debug mode checks the caller's acceptance against the sampler's output."""
+    cache = PagedKVCache(KVCacheSpec(1, 8, 4, 1, 4))
+    w = Window.from_counts([3], [2], torch.tensor([0, 1, 2]), torch.tensor([5, 6]))
+    kv = torch.zeros(3, 1, 4)
+    for debug, acceptance, ok in ((True, [True, False], True), (True, [True, True], False), (False, [True, True], True)):
+        p = make_policy(LabConfig(nwor_mode="stage", debug=debug), cache)
+        p.begin(w)
+        p.write(0, kv, kv)
+        if ok:
+            rec = p.commit(torch.tensor(acceptance), sampled_token_ids=torch.tensor([[5, 9, -1]]))
+            assert rec.num_accepted == sum(acceptance)
+        else:
+            with pytest.raises(AssertionError, match="sampler's output says \\[1\\]"):
+                p.commit(torch.tensor(acceptance), sampled_token_ids=torch.tensor([[5, 9, -1]]))
+            p.cancel()

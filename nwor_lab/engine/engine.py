@@ -163,7 +163,7 @@ class SpecEngine:
             g = self.head(torch.tensor(nxt, dtype=torch.long, device=dev),
                           self.head.features_from_target(hidden, aux), md)
             g_last = g[torch.tensor(last_rows, device=dev)]
-        record = self.policy.commit(acceptance)
+        record = self.policy.commit(acceptance, sampled_token_ids=sampled)  # sampled: debug cross-check
         return acc, new_tok, record, g_last
 
     def _emit(self, r: Request, tokens: list[int]) -> list[int]:

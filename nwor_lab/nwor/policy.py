@@ -111,6 +111,8 @@ class WritePolicy:
 
         acceptance: an `Acceptance` (from SCV), or a prefix-closed draft mask `[Dtot]` bool;
         or pass `sampled_token_ids` `[R, max_spec_len+1]` and SCV runs with `config.scv_mode`.
+        Given both, `acceptance` is used and, in debug mode, checked against the sampler's output
+        with the plain host loop (committed == accepted by the sampler, every window).
         A window without drafts may be committed with no argument.
         """
         w = self._need_window("commit")
@@ -155,9 +157,11 @@ class WritePolicy:
 
     def _acceptance(self, w: Window, acceptance, sampled_token_ids):
         dev = self.cache.device
-        if sampled_token_ids is not None:
-            if acceptance is not None:
-                raise ValueError("commit: pass either acceptance or sampled_token_ids, not both")
+        if sampled_token_ids is not None and acceptance is not None:
+            # both: the caller already ran SCV; the sampler's output only serves the debug check
+            if self.config.debug:
+                self._debug_check_sampler(w, acceptance, sampled_token_ids)
+        elif sampled_token_ids is not None:
             if w.draft_token_ids is None:
                 raise ValueError("sampled_token_ids: the window has no draft_token_ids; build it with "
                                  "Window.from_metadata or pass draft_token_ids to Window.from_counts")
@@ -201,13 +205,18 @@ class WritePolicy:
         return self._scv
 
     def _debug_check_sampler(self, w, acceptance, sampled_token_ids) -> None:
-        """Debug: the SCV result must equal the plain host loop over the sampler's output."""
+        """Debug: the acceptance must equal the plain host loop over the sampler's output."""
         from nwor_lab.spec.scv import compute_acceptance
-        ref = compute_acceptance(w.draft_token_ids.cpu(), w.cu_num_draft_tokens.cpu(), sampled_token_ids.cpu(), mode="off")
-        got = acceptance.accepted_len.cpu().to(torch.int32)
+        if w.draft_token_ids is None:
+            raise ValueError("sampled_token_ids: the window has no draft_token_ids to check them against; "
+                             "build it with Window.from_metadata")
+        ref = compute_acceptance(w.draft_token_ids.cpu(), w.cu_num_draft_tokens.cpu(), sampled_token_ids.cpu(),
+                                 mode="off")
+        mask = acceptance if isinstance(acceptance, torch.Tensor) else acceptance.draft_mask
+        got = w.accepted_len_from(mask).cpu().to(torch.int32)
         if not torch.equal(got, ref.accepted_len.to(torch.int32)):
-            raise AssertionError(f"NWOR debug: SCV ({self.config.scv_mode}) accepted {got.tolist()} but the "
-                                 f"sampler's output says {ref.accepted_len.tolist()}")
+            raise AssertionError(f"NWOR debug: the acceptance ({self.config.scv_mode}) says {got.tolist()} "
+                                 f"accepted but the sampler's output says {ref.accepted_len.tolist()}")
 
     def _finish(self, draft_mask, accepted_len, commit_mask, cancelled: bool) -> WindowRecord | None:
         w = self.window
