@@ -77,3 +77,24 @@ def check_slots(name: str, slots: torch.Tensor, num_slots: int, validate: bool =
         if real.numel() != torch.unique(real).numel():
             raise ValueError(f"{name}: the same slot appears twice; each token needs its own slot "
                              f"(which write wins would be undefined)")
+
+
+def check_cache_source(src_name: str, src: torch.Tensor, cache: torch.Tensor, k_scale, v_scale,
+                       scale_ok, scale_shape: str, scale_hint: str) -> None:
+    """The source/cache dtype rule every cache-writing op shares.
+
+    fp8 cache: float32 scales are required, `scale_ok(t) -> bool` says if a scale's shape fits
+    (`scale_shape` describes it). Any other cache stores the model dtype: the source must match.
+    """
+    from nwor_lab.kv.cache import is_fp8
+    if not is_fp8(cache.dtype):
+        if src.dtype != cache.dtype:
+            raise TypeError(f"{src_name}: dtype {src.dtype} differs from the cache's {cache.dtype}; a non-fp8 "
+                            f"cache stores the model dtype ('auto'): cast with {src_name}.to({cache.dtype})")
+        return
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            raise ValueError(f"{name}: an fp8 cache needs float32 scales {scale_shape}; use {scale_hint}")
+        check_tensor(name, scale, dtypes=(torch.float32,), device=cache.device)
+        if not scale_ok(scale):
+            raise ValueError(f"{name}: expected {scale_shape}, got shape {tuple(scale.shape)}")

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_slots, check_tensor
-from nwor_lab.kv.cache import is_fp8
+from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_cache_source, check_slots, check_tensor
 from nwor_lab.ops.backend import use_cuda
 from nwor_lab.ops.slots import _check_stacked
 from nwor_lab.ops.write_kv import write_kv_reference
@@ -45,14 +44,9 @@ def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commi
         raise ValueError(f"staged_key: holds {staged_key.shape[1]} rows but slot_mapping has {t} tokens")
     check_tensor("commit_mask", commit_mask, shape=(t,), dtypes=(torch.bool,), device=dev,
                  what="[num_tokens] bool, one per slot_mapping entry")
-    if is_fp8(key_cache.dtype):
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if scale is None:
-                raise ValueError(f"{name}: an fp8 cache needs [num_layers, num_kv_heads] float32 scales "
-                                 f"(PagedKVCache.k_scale / v_scale)")
-            check_tensor(name, scale, shape=(num_layers, h), dtypes=(torch.float32,), device=dev)
-    elif staged_key.dtype != key_cache.dtype:
-        raise TypeError(f"staged_key: dtype {staged_key.dtype} differs from the cache's {key_cache.dtype}")
+    check_cache_source("staged_key", staged_key, key_cache, k_scale, v_scale,
+                       lambda sc: tuple(sc.shape) == (num_layers, h), f"[num_layers={num_layers}, num_kv_heads={h}]",
+                       "PagedKVCache.k_scale / v_scale")
     check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
     if use_cuda(key_cache, backend):
         torch.ops.nwor_lab.commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,

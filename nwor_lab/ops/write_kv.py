@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_slots, check_tensor
-from nwor_lab.kv.cache import is_fp8
+from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_cache_source, check_slots, check_tensor
 from nwor_lab.kv.layout import detect_layout
 from nwor_lab.ops.backend import use_cuda
 from nwor_lab.ops.quant import quantize
@@ -50,17 +49,8 @@ def check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, 
         raise ValueError("key/value: head_size must be the contiguous dimension; call .contiguous()")
     check_tensor("slot_mapping", slot_mapping, shape=(key.shape[0],), dtypes=INDEX_DTYPES, device=dev,
                  what="[num_tokens], one slot per key row")
-    if is_fp8(key_cache.dtype):
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if scale is None:
-                raise ValueError(f"{name}: an fp8 cache needs a float32 scale (scalar or [num_kv_heads]); "
-                                 f"use PagedKVCache.layer_scales(layer)")
-            check_tensor(name, scale, dtypes=(torch.float32,), device=dev)
-            if scale.numel() not in (1, h):
-                raise ValueError(f"{name}: expected 1 or num_kv_heads={h} values, got shape {tuple(scale.shape)}")
-    elif key_cache.dtype != key.dtype:
-        raise TypeError(f"key: dtype {key.dtype} differs from key_cache dtype {key_cache.dtype}; a "
-                        f"non-fp8 cache stores the model dtype ('auto'): cast with key.to({key_cache.dtype})")
+    check_cache_source("key", key, key_cache, k_scale, v_scale, lambda sc: sc.numel() in (1, h),
+                       f"(a scalar or [num_kv_heads={h}])", "PagedKVCache.layer_scales(layer)")
     check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
 
 
