@@ -1,7 +1,6 @@
 """The engine on the GPU (CUDA extension): every NWOR x SCV mode gives the target-only tokens,
 with debug on (committed == accepted by the sampler, every window)."""
 import pytest
-import torch
 
 from nwor_lab import LabConfig
 from nwor_lab.engine import generate
