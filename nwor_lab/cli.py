@@ -61,7 +61,8 @@ def _bench(args, rest) -> int:
         from nwor_lab.bench.kernels import main as bench_main
     else:
         from nwor_lab.engine.bench import main as bench_main
-    return bench_main(rest) or 0
+    result = bench_main(rest)
+    return result if isinstance(result, int) else 0  # the benchmarks return their JSON dict
 
 
 def _debug_logging() -> None:
