@@ -56,8 +56,8 @@ def _build(args) -> int:
     return 0
 
 
-def _bench(args, rest) -> int:
-    if args.what == "kernels":
+def _bench(what: str, rest) -> int:
+    if what == "kernels":
         from nwor_lab.bench.kernels import main as bench_main
     else:
         from nwor_lab.engine.bench import main as bench_main
@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     if argv[:1] == ["generate"]:  # its own parser (nwor_lab.engine.cli), --help included
         from nwor_lab.engine import cli_generate
         return cli_generate(argv[1:]) or 0
+    if argv[:1] == ["bench"] and argv[1:2] in (["kernels"], ["engine"]):  # their own parsers too
+        return _bench(argv[1], argv[2:])
     p = argparse.ArgumentParser(prog="nwor-lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="python, torch, CUDA, nvcc, and which backend runs and why")
@@ -103,8 +105,6 @@ def main(argv=None) -> int:
     g = sub.add_parser("generate", help='speculative decoding with the shipped model: generate "PROMPT" --k 4 --nwor stage')
     g.add_argument("rest", nargs=argparse.REMAINDER)
     args, rest = p.parse_known_args(argv)
-    if args.cmd == "bench":
-        return _bench(args, rest)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     return {"doctor": _doctor, "selfcheck": _selfcheck, "build": _build}[args.cmd](args)
