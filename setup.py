@@ -10,9 +10,9 @@ setup(
     version="0.1.0",
     description="No-Write-On-Reject KV-cache write policies, SCV and an EAGLE engine, for teaching and measuring",
     python_requires=">=3.10",
-    packages=find_packages(include=["nwor_lab", "nwor_lab.*"]),
-    include_package_data=True,
-    package_data={"nwor_lab": ["checkpoints/*/*"]},
+    # the shipped checkpoints are data folders, listed as packages so their files install
+    packages=find_packages(include=["nwor_lab", "nwor_lab.*"]) + ["nwor_lab.checkpoints.tiny"],
+    package_data={"nwor_lab.checkpoints.tiny": ["*.json", "*.safetensors", "*.md"]},
     install_requires=[
         "torch>=2.4",
         "numpy",
