@@ -19,27 +19,31 @@ def check_tensor(name: str, t, *, ndim: int | None = None, shape: Sequence | Non
     """Raise TypeError/ValueError naming `name` unless `t` is a tensor of the given form.
 
     `shape` may hold None for "any size" in a dimension; `what` describes the expected shape in
-    domain words for the message (e.g. "[num_tokens, num_kv_heads, head_size]").
+    domain words for the message (e.g. "[num_tokens, num_kv_heads, head_size]"). This runs on every
+    op call, so the passing path does no string work (messages are built only on failure).
     """
-    hint = f" {what}" if what else ""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor{hint}, got {type(t).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor{_hint(what)}, got {type(t).__name__}")
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D tensor{hint}, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected a {ndim}-D tensor{_hint(what)}, got shape {tuple(t.shape)}")
     if shape is not None:
-        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        got = t.shape
+        if len(got) != len(shape) or any(s is not None and s != d for s, d in zip(shape, got)):
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-            raise ValueError(f"{name}: expected shape {want}{hint}, got {tuple(t.shape)}")
-    if dtypes is not None:
+            raise ValueError(f"{name}: expected shape {want}{_hint(what)}, got {tuple(got)}")
+    if dtypes is not None and t.dtype not in dtypes:
         dtypes = tuple(dtypes)
-        if t.dtype not in dtypes:
-            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-            raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; "
-                            f"use one of {names} (e.g. {name}.to({dtypes[0]}))")
-    if device is not None and not same_device(t.device, device):
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; "
+                        f"use one of {names} (e.g. {name}.to({dtypes[0]}))")
+    if device is not None and t.device != device and not same_device(t.device, device):
         raise ValueError(f"{name}: is on {t.device} but must be on {device} with the cache; "
                          f"move it with {name}.to({str(device)!r})")
     return t
+
+
+def _hint(what: str) -> str:
+    return f" {what}" if what else ""
 
 
 def same_device(a, b) -> bool:

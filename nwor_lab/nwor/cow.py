@@ -23,12 +23,12 @@ class CowPolicy(OffPolicy):
 
     def _begin(self) -> None:
         self._log = log_slots(*self._stacked(), self.window.draft_slots, backend=self.config.backend,
-                              validate=False)
+                              checked=True)
 
     def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
         slots = self.window.draft_slots
         rejected = torch.where(draft_mask, torch.full_like(slots, -1), slots)
-        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, validate=False)
+        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, checked=True)
         self._log = None
 
     def _cancel(self) -> None:

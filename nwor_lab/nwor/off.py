@@ -13,9 +13,9 @@ class OffPolicy(WritePolicy):
         n = key.shape[0]
         k_cache, v_cache = self.cache.layer(layer)
         k_scale, v_scale = self.cache.layer_scales(layer) if self.cache.is_fp8 else (None, None)
-        # slots were validated once at begin(); no per-layer host sync here
+        # begin() checked the slots and write() the tensors: skip the op's own checks (host time)
         write_kv(key, value, k_cache, v_cache, self.window.slot_mapping[token_offset:token_offset + n],
-                 k_scale, v_scale, backend=self.config.backend, validate=False)
+                 k_scale, v_scale, backend=self.config.backend, checked=True)
 
     def _bytes(self, draft_mask, kept) -> dict:
         return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}

@@ -73,7 +73,7 @@ class StagePolicy(WritePolicy):
         c = self.cache
         ks, vs = (c.k_scale[a:b], c.v_scale[a:b]) if c.is_fp8 else (None, None)
         commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
-               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, validate=False)
+               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, checked=True)
 
     def _bytes(self, draft_mask, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, self._layers_written()

@@ -30,8 +30,22 @@ def commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapp
 
 
 def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
-           k_scale=None, v_scale=None, *, backend: str | None = None, validate: bool = True) -> None:
-    """Write rows `t` with `commit_mask[t]` of every layer into the cache (see module doc)."""
+           k_scale=None, v_scale=None, *, backend: str | None = None, validate: bool = True,
+           checked: bool = False) -> None:
+    """Write rows `t` with `commit_mask[t]` of every layer into the cache (see module doc).
+    `validate` / `checked` as in `write_kv`."""
+    if not checked:
+        _check_commit_args(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+                           k_scale, v_scale, validate)
+    if use_cuda(key_cache, backend):
+        torch.ops.nwor_lab.commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+                                  k_scale, v_scale)
+        return
+    commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask, k_scale, v_scale)
+
+
+def _check_commit_args(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
+                       k_scale, v_scale, validate) -> None:
     num_layers, nb, bs, h, d = _check_stacked(key_cache, value_cache)
     dev = key_cache.device
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=INDEX_DTYPES, device=dev)
@@ -48,8 +62,3 @@ def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commi
                        lambda sc: tuple(sc.shape) == (num_layers, h), f"[num_layers={num_layers}, num_kv_heads={h}]",
                        "PagedKVCache.k_scale / v_scale")
     check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
-    if use_cuda(key_cache, backend):
-        torch.ops.nwor_lab.commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
-                                  k_scale, v_scale)
-        return
-    commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask, k_scale, v_scale)

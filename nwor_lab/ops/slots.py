@@ -46,11 +46,15 @@ def restore_slots_reference(key_cache, value_cache, slots, log_k, log_v) -> None
     raw(value_cache)[:, s // bs, s % bs] = raw(log_v)[:, rows]
 
 
-def log_slots(key_cache, value_cache, slots, *, backend: str | None = None, validate: bool = True):
-    """Return `(log_k, log_v)` `[L, n, H, D]`: raw contents of `slots` in every layer."""
-    num_layers, nb, bs, h, d = _check_stacked(key_cache, value_cache)
-    check_tensor("slots", slots, ndim=1, dtypes=INDEX_DTYPES, device=key_cache.device)
-    check_slots("slots", slots, nb * bs, validate)
+def log_slots(key_cache, value_cache, slots, *, backend: str | None = None, validate: bool = True,
+              checked: bool = False):
+    """Return `(log_k, log_v)` `[L, n, H, D]`: raw contents of `slots` in every layer.
+    `validate` / `checked` as in `write_kv`."""
+    num_layers, nb, bs, h, d = key_cache.shape
+    if not checked:
+        _check_stacked(key_cache, value_cache)
+        check_tensor("slots", slots, ndim=1, dtypes=INDEX_DTYPES, device=key_cache.device)
+        check_slots("slots", slots, nb * bs, validate)
     if use_cuda(key_cache, backend):
         log_k = torch.empty((num_layers, slots.numel(), h, d), dtype=key_cache.dtype, device=key_cache.device)
         log_v = torch.empty_like(log_k)
@@ -60,8 +64,18 @@ def log_slots(key_cache, value_cache, slots, *, backend: str | None = None, vali
 
 
 def restore_slots(key_cache, value_cache, slots, log_k, log_v, *, backend: str | None = None,
-                  validate: bool = True) -> None:
-    """Copy `log_k`/`log_v` back into `slots` of every layer (slot -1 skipped)."""
+                  validate: bool = True, checked: bool = False) -> None:
+    """Copy `log_k`/`log_v` back into `slots` of every layer (slot -1 skipped).
+    `validate` / `checked` as in `write_kv`."""
+    if not checked:
+        _check_restore_args(key_cache, value_cache, slots, log_k, log_v, validate)
+    if use_cuda(key_cache, backend):
+        torch.ops.nwor_lab.restore_slots(key_cache, value_cache, slots, log_k.contiguous(), log_v.contiguous())
+        return
+    restore_slots_reference(key_cache, value_cache, slots, log_k, log_v)
+
+
+def _check_restore_args(key_cache, value_cache, slots, log_k, log_v, validate) -> None:
     num_layers, nb, bs, h, d = _check_stacked(key_cache, value_cache)
     check_tensor("slots", slots, ndim=1, dtypes=INDEX_DTYPES, device=key_cache.device)
     shape = (num_layers, slots.numel(), h, d)
@@ -69,7 +83,3 @@ def restore_slots(key_cache, value_cache, slots, log_k, log_v, *, backend: str |
         check_tensor(name, log, shape=shape, dtypes=(key_cache.dtype,), device=key_cache.device,
                      what="[num_layers, num_slots_logged, num_kv_heads, head_size] from log_slots")
     check_slots("slots", slots, nb * bs, validate, unique=True)
-    if use_cuda(key_cache, backend):
-        torch.ops.nwor_lab.restore_slots(key_cache, value_cache, slots, log_k.contiguous(), log_v.contiguous())
-        return
-    restore_slots_reference(key_cache, value_cache, slots, log_k, log_v)
