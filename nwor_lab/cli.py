@@ -59,6 +59,8 @@ def _build(args) -> int:
 def _bench(what: str, rest) -> int:
     if what == "kernels":
         from nwor_lab.bench.kernels import main as bench_main
+    elif what == "policies":
+        from nwor_lab.bench.policies import main as bench_main
     else:
         from nwor_lab.engine.bench import main as bench_main
     result = bench_main(rest)
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["generate"]:  # its own parser (nwor_lab.engine.cli), --help included
         from nwor_lab.engine import cli_generate
         return cli_generate(argv[1:]) or 0
-    if argv[:1] == ["bench"] and argv[1:2] in (["kernels"], ["engine"]):  # their own parsers too
+    if argv[:1] == ["bench"] and argv[1:2] in (["kernels"], ["policies"], ["engine"]):  # their own parsers too
         return _bench(argv[1], argv[2:])
     p = argparse.ArgumentParser(prog="nwor-lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -100,8 +102,8 @@ def main(argv=None) -> int:
     s.add_argument("--out", default=None, help="also write the JSON here")
     b = sub.add_parser("build", help="JIT-build the CUDA extension now (normally built on first use)")
     b.add_argument("--verbose", action="store_true")
-    be = sub.add_parser("bench", help="benchmarks: `kernels` or `engine` (further flags pass through)")
-    be.add_argument("what", choices=["kernels", "engine"])
+    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies` or `engine` (each has its own --help)")
+    be.add_argument("what", choices=["kernels", "policies", "engine"])
     g = sub.add_parser("generate", help='speculative decoding with the shipped model: generate "PROMPT" --k 4 --nwor stage')
     g.add_argument("rest", nargs=argparse.REMAINDER)
     args, rest = p.parse_known_args(argv)

@@ -85,6 +85,9 @@ class PagedKVCache:
         self.device = self.key.device  # with its index: "cuda" -> "cuda:0"
         self.k_scale = torch.ones(spec.num_layers, spec.num_kv_heads, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones_like(self.k_scale)
+        # per-layer views made once: layer() runs for every layer of every window (host time)
+        self._layers = [(self.key[l], self.value[l]) for l in range(spec.num_layers)]
+        self._scales = [(self.k_scale[l], self.v_scale[l]) for l in range(spec.num_layers)]
 
     # -- shape facts -------------------------------------------------------------------------
     @property
@@ -102,12 +105,12 @@ class PagedKVCache:
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views `(key [NB,BS,H,D], value [NB,BS,H,D])` of one layer (same storage)."""
         self._check_layer(layer)
-        return self.key[layer], self.value[layer]
+        return self._layers[layer]
 
     def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`(k_scale [H], v_scale [H])` of one layer."""
         self._check_layer(layer)
-        return self.k_scale[layer], self.v_scale[layer]
+        return self._scales[layer]
 
     def set_scales(self, layer: int, k_scale, v_scale=None) -> None:
         """Set a layer's fp8 scales: a float (scalar) or a `[H]` tensor (per head), > 0."""

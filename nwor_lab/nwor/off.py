@@ -13,9 +13,11 @@ class OffPolicy(WritePolicy):
         n = key.shape[0]
         k_cache, v_cache = self.cache.layer(layer)
         k_scale, v_scale = self.cache.layer_scales(layer) if self.cache.is_fp8 else (None, None)
+        slots = self.window.slot_mapping
+        if token_offset or n != slots.shape[0]:   # a chunk; a whole window needs no slicing op
+            slots = slots[token_offset:token_offset + n]
         # begin() checked the slots and write() the tensors: skip the op's own checks (host time)
-        write_kv(key, value, k_cache, v_cache, self.window.slot_mapping[token_offset:token_offset + n],
-                 k_scale, v_scale, backend=self.config.backend, checked=True)
+        write_kv(key, value, k_cache, v_cache, slots, k_scale, v_scale, backend=self.config.backend, checked=True)
 
     def _bytes(self, draft_mask, kept) -> dict:
         return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}

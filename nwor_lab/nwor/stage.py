@@ -14,7 +14,7 @@ import torch
 
 from nwor_lab._checks import capturing
 from nwor_lab.nwor.policy import WritePolicy
-from nwor_lab.ops import commit
+from nwor_lab.ops import commit, use_cuda, write_kv
 
 
 class StagePolicy(WritePolicy):
@@ -42,14 +42,22 @@ class StagePolicy(WritePolicy):
         shape = (s.num_layers, cap, s.num_kv_heads, s.head_size)
         self.staged_key = torch.zeros(shape, dtype=s.dtype, device=self.cache.device)
         self.staged_value = torch.zeros_like(self.staged_key)
+        # On CUDA a layer's staging rows are written by the write_kv kernel, K and V in ONE launch:
+        # each layer's buffer is a one-block "cache" [1, capacity, H, D] and the slots are row ids.
+        self._row_ids = torch.arange(cap, device=self.cache.device)
+        self._as_cache = [(self.staged_key[l][None], self.staged_value[l][None]) for l in range(s.num_layers)]
 
     def _begin(self) -> None:
         self.reserve(self.window.num_tokens)
 
     def _write(self, layer, key, value, token_offset) -> None:
         n = key.shape[0]
-        self.staged_key[layer, token_offset:token_offset + n].copy_(key)
-        self.staged_value[layer, token_offset:token_offset + n].copy_(value)
+        if use_cuda(key, self.config.backend):
+            write_kv(key, value, *self._as_cache[layer], self._row_ids[token_offset:token_offset + n],
+                     backend=self.config.backend, checked=True)
+        else:
+            self.staged_key[layer, token_offset:token_offset + n].copy_(key)
+            self.staged_value[layer, token_offset:token_offset + n].copy_(value)
 
     def window_kv(self, layer: int):
         t = self._need_window("window_kv").num_tokens

@@ -78,6 +78,8 @@ def use_cuda(t: torch.Tensor, backend: str | None = None) -> bool:
     global _warned
     if not t.is_cuda:
         return False
+    if _loaded and backend in ("auto", "cuda"):  # hot path: explicit choice, extension loaded
+        return True
     info = globals()["backend"](t.device, backend)
     if info.name == "torch" and resolve(backend) == "auto" and not _warned:
         _warned = True

@@ -1,0 +1,130 @@
+"""Write-policy benchmark: what one verify window's KV write path costs in each NWOR mode.
+
+`nwor-lab bench policies --json [--out PATH]` (CUDA only). A Llama-3-8B-shaped cache (32 layers,
+8 KV heads x 128, bf16, block 16); R requests each scheduling `t_last + k` drafts (k = 4), about
+half the drafts accepted. One window = begin -> 32 per-layer writes -> commit, timed
+  eager_us  CUDA events around back-to-back windows driven from Python (host included), median
+  graph_us  the same window captured once in a CUDA graph and replayed (GPU time only)
+next to the baseline the design brief measured: two torch `index_copy_` calls per layer (K, V).
+Records and host validation are off (LabConfig(validate=False), records=False): this is the
+hot path a serving engine would run. Numbers are reported, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from nwor_lab.bench.kernels import time_us
+from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.kv import KVCacheSpec, PagedKVCache
+from nwor_lab.nwor import Window, make_policy
+
+LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
+K = 4
+
+
+def _setup(num_reqs: int, gen: torch.Generator):
+    t = num_reqs * (K + 1)
+    num_blocks = max(64, 4 * t // BLOCK)
+    spec = KVCacheSpec(LAYERS, num_blocks, BLOCK, HEADS, HEAD_SIZE, torch.bfloat16)
+    slots = torch.randperm(num_blocks * BLOCK, generator=gen)[:t].cuda()
+    drafts = torch.randint(0, 1000, (num_reqs * K,), generator=gen).cuda()
+    window = Window.from_counts([K + 1] * num_reqs, [K] * num_reqs, slots, drafts)
+    acc = torch.randint(0, K + 1, (num_reqs,), generator=gen)
+    mask = (torch.arange(1, K + 1)[None, :] <= acc[:, None]).flatten().cuda()   # prefix-closed
+    key = torch.randn(LAYERS, t, HEADS, HEAD_SIZE, generator=gen).to(torch.bfloat16).cuda()
+    return spec, window, mask, key
+
+
+def _window_fn(policy, window, mask, key):
+    def run():
+        policy.begin(window)
+        for layer in range(LAYERS):
+            policy.write(layer, key[layer], key[layer])
+        policy.commit(mask)
+    return run
+
+
+def _graph_us(fn, reps: int = 20) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up outside capture (allocations, extension load)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_us(graph.replay, iters=10, reps=reps)
+
+
+def _index_copy_fn(cache: PagedKVCache, window: Window, key):
+    flat_k = cache.key.view(LAYERS, -1, HEADS, HEAD_SIZE)
+    flat_v = cache.value.view(LAYERS, -1, HEADS, HEAD_SIZE)
+    slots = window.slot_mapping
+
+    def run():
+        for layer in range(LAYERS):
+            flat_k[layer].index_copy_(0, slots, key[layer])
+            flat_v[layer].index_copy_(0, slots, key[layer])
+    return run
+
+
+def run(batches=(1, 8, 64), backend: str = "cuda") -> dict:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for num_reqs in batches:
+        spec, window, mask, key = _setup(num_reqs, gen)
+        base_cache = PagedKVCache(spec, "cuda")
+        base = _index_copy_fn(base_cache, window, key)
+        row = {"requests": num_reqs, "tokens": window.num_tokens, "drafts": window.num_drafts,
+               "accepted": int(mask.sum()),
+               "index_copy_baseline": {"eager_us": round(time_us(base), 1), "graph_us": round(_graph_us(base), 1)}}
+        for mode in NWOR_MODES:
+            cache = PagedKVCache(spec, "cuda")
+            policy = make_policy(LabConfig(nwor_mode=mode, backend=backend, validate=False), cache, records=False)
+            if mode == "stage":
+                policy.reserve(window.num_tokens)
+            fn = _window_fn(policy, window, mask, key)
+            row[mode] = {"eager_us": round(time_us(fn, iters=5, reps=15), 1), "graph_us": round(_graph_us(fn), 1)}
+        for mode in NWOR_MODES:
+            for kind in ("eager_us", "graph_us"):
+                row[mode][f"{kind[:-3]}_vs_off"] = round(row[mode][kind] / row["off"][kind], 3)
+        rows.append(row)
+    from nwor_lab.ops import backend as backend_info
+    info = backend_info("cuda", backend)
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "backend": info.name, "backend_reason": info.reason, "shape": f"{LAYERS} layers x {HEADS} KV heads x "
+            f"{HEAD_SIZE}, bf16, block {BLOCK}, k={K}", "command": "nwor-lab bench policies " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": rows}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nwor-lab bench policies", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--batches", default="1,8,64", help="requests per window, comma separated")
+    p.add_argument("--backend", default="cuda", choices=["cuda", "torch"])
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench policies needs a CUDA device", file=sys.stderr)
+        return 2
+    result = run(tuple(int(b) for b in args.batches.split(",")), args.backend)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    else:
+        for r in result["results"]:
+            print(f"R={r['requests']:3d} T={r['tokens']:4d}: index_copy {r['index_copy_baseline']['eager_us']} us | " +
+                  " | ".join(f"{m} {r[m]['eager_us']} us (graph {r[m]['graph_us']})" for m in NWOR_MODES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
