@@ -73,7 +73,7 @@ def _index_copy_fn(cache: PagedKVCache, window: Window, key):
     return run
 
 
-def run(batches=(1, 8, 64), backend: str = "cuda") -> dict:
+def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab bench policies") -> dict:
     gen = torch.Generator().manual_seed(0)
     rows = []
     for num_reqs in batches:
@@ -98,7 +98,7 @@ def run(batches=(1, 8, 64), backend: str = "cuda") -> dict:
     info = backend_info("cuda", backend)
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "backend": info.name, "backend_reason": info.reason, "shape": f"{LAYERS} layers x {HEADS} KV heads x "
-            f"{HEAD_SIZE}, bf16, block {BLOCK}, k={K}", "command": "nwor-lab bench policies " + " ".join(sys.argv[1:]),
+            f"{HEAD_SIZE}, bf16, block {BLOCK}, k={K}", "command": command,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": rows}
 
 
@@ -112,7 +112,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench policies needs a CUDA device", file=sys.stderr)
         return 2
-    result = run(tuple(int(b) for b in args.batches.split(",")), args.backend)
+    argv = sys.argv[1:] if argv is None else argv
+    result = run(tuple(int(b) for b in args.batches.split(",")), args.backend,
+                 "nwor-lab bench policies " + " ".join(argv))
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:
