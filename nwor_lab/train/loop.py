@@ -149,27 +149,37 @@ def head_losses(head: EagleHead, target: LlamaForCausalLM, x: torch.Tensor, nois
     return total, agree
 
 
+def _fit_head(head, target, losses, noise, *, train, evald, steps, batch_size, seq, lr, warmup, device, log,
+              seed, time_limit, tag, extra=None) -> dict:
+    """Train a draft head against a frozen target: `losses(x, noise) -> (loss, per-step top-1
+    agreement)`; evaluate on held-out batches without noise. Returns the stats dict."""
+    init_weights(head, 1)
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    def loss_fn(x):
+        loss, agree = losses(x, noise)
+        return loss, f"top1 {[round(a, 3) for a in agree]}"
+    step, loss, seconds = _optimise(list(head.parameters()), loss_fn, train=train, steps=steps,
+                                    batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
+                                    log=log, gen=np.random.default_rng(seed), time_limit=time_limit, tag=tag)
+    head.eval()
+    with torch.no_grad(), _autocast(device):
+        x = batch(evald, 32, seq, np.random.default_rng(4321), device)
+        ev_loss, ev_agree = losses(x, 0.0)
+    stats = {"steps": step, "final_train_loss": loss.item(), "eval_loss": ev_loss.item(),
+             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": seconds, **(extra or {})}
+    log(f"{tag} done: {stats}")
+    return stats
+
+
 def train_head(target: LlamaForCausalLM, cfg: LlamaConfig, train, evald, *, steps, batch_size, seq, lr,
                device, log, seed=0, warmup=100, noise=0.2, ce_weight=0.5, time_limit=None):
     torch.manual_seed(seed + 1)
     head = EagleHead(cfg, fc_bias=True).to(device).attach(target)
-    init_weights(head, 1)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    def loss_fn(x):
-        loss, agree = head_losses(head, target, x, noise, ce_weight)
-        return loss, f"top1 {[round(a, 3) for a in agree]}"
-    step, loss, seconds = _optimise(list(head.parameters()), loss_fn, train=train, steps=steps,
-                                    batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
-                                    log=log, gen=np.random.default_rng(seed + 1), time_limit=time_limit,
-                                    tag="head")
-    head.eval()
-    with torch.no_grad(), _autocast(device):
-        x = batch(evald, 32, seq, np.random.default_rng(4321), device)
-        ev_loss, ev_agree = head_losses(head, target, x, 0.0, ce_weight)
-    stats = {"steps": step, "final_train_loss": loss.item(), "eval_loss": ev_loss.item(),
-             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": seconds}
-    log(f"head done: {stats}")
+    stats = _fit_head(head, target, lambda x, noise: head_losses(head, target, x, noise, ce_weight), noise,
+                      train=train, evald=evald, steps=steps, batch_size=batch_size, seq=seq, lr=lr,
+                      warmup=warmup, device=device, log=log, seed=seed + 1, time_limit=time_limit, tag="head")
     return head, stats
 
 
@@ -209,22 +219,8 @@ def train_eagle3(target: LlamaForCausalLM, cfg: LlamaConfig, train, evald, *, dr
     head = Eagle3Head(cfg, default_aux_layers(target.config.num_hidden_layers), draft_vocab_size).to(device)
     head.d2t.copy_(draft_ids - torch.arange(draft_vocab_size, device=device))
     head.attach(target)
-    init_weights(head, 1)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    def loss_fn(x):
-        loss, agree = eagle3_losses(head, target, x, draft_ids)
-        return loss, f"top1 {[round(a, 3) for a in agree]}"
-    step, loss, seconds = _optimise(list(head.parameters()), loss_fn, train=train, steps=steps,
-                                    batch_size=batch_size, seq=seq, lr=lr, warmup=warmup, device=device,
-                                    log=log, gen=np.random.default_rng(seed + 2), time_limit=time_limit,
-                                    tag="eagle3")
-    head.eval()
-    with torch.no_grad(), _autocast(device):
-        x = batch(evald, 32, seq, np.random.default_rng(4321), device)
-        ev_loss, ev_agree = eagle3_losses(head, target, x, draft_ids)
-    stats = {"steps": step, "final_train_loss": loss.item(), "eval_loss": ev_loss.item(),
-             "eval_top1_agreement_by_chain_step": ev_agree, "seconds": seconds,
-             "draft_vocab_size": draft_vocab_size, "aux_layers": list(head.aux_layers)}
-    log(f"eagle3 done: {stats}")
+    stats = _fit_head(head, target, lambda x, noise: eagle3_losses(head, target, x, draft_ids), 0.0,
+                      train=train, evald=evald, steps=steps, batch_size=batch_size, seq=seq, lr=lr,
+                      warmup=warmup, device=device, log=log, seed=seed + 2, time_limit=time_limit, tag="eagle3",
+                      extra={"draft_vocab_size": draft_vocab_size, "aux_layers": list(head.aux_layers)})
     return head, stats
