@@ -22,11 +22,12 @@ class CowPolicy(OffPolicy):
         return self.cache.key[a:b], self.cache.value[a:b]
 
     def _begin(self) -> None:
-        self._log = log_slots(*self._stacked(), self.window.draft_slots, backend=self.config.backend,
+        self._draft_slots = self.window.draft_slots  # one gather per window, reused at commit
+        self._log = log_slots(*self._stacked(), self._draft_slots, backend=self.config.backend,
                               checked=True)
 
     def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
-        slots = self.window.draft_slots
+        slots = self._draft_slots
         rejected = torch.where(draft_mask, torch.full_like(slots, -1), slots)
         restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, checked=True)
         self._log = None
@@ -35,8 +36,8 @@ class CowPolicy(OffPolicy):
         self._log = None  # every written row stays, exactly as `off` leaves it
 
     def _bytes(self, draft_mask, kept) -> dict:
-        w, bpt, layers = self.window, self.cache.spec.bytes_per_token_layer, len(self.layers)
-        real_drafts = (w.draft_slots >= 0)
+        bpt, layers = self.cache.spec.bytes_per_token_layer, len(self.layers)
+        real_drafts = (self._draft_slots >= 0)
         logged = int(real_drafts.sum()) * layers * bpt
         restored = 0 if draft_mask is None else int((real_drafts & ~draft_mask).sum()) * layers * bpt
         return {"bytes_written": self._valid_rows_written() * bpt, "bytes_logged": logged,
