@@ -3,12 +3,10 @@ like `off`, then restore the rejected drafts' slots from the log.
 
 Logging happens once at `begin` for all the window's layers (one launch over the stacked cache,
 `cache.key[layers]` is a view) and restoring once at `commit` (one launch), instead of the seed's
-extra kernels per layer. After commit every
-rejected slot is bit-identical to its content before the window.
+extra kernels per layer. After commit every rejected slot is bit-identical to its content
+before the window.
 """
 from __future__ import annotations
-
-import torch
 
 from nwor_lab.nwor.off import OffPolicy
 from nwor_lab.ops import log_slots, restore_slots
@@ -27,8 +25,7 @@ class CowPolicy(OffPolicy):
                               checked=True)
 
     def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
-        slots = self._draft_slots
-        rejected = torch.where(draft_mask, torch.full_like(slots, -1), slots)
+        rejected = self._draft_slots.masked_fill(draft_mask, -1)  # accepted drafts: nothing to restore
         restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, checked=True)
         self._log = None
 

@@ -49,12 +49,14 @@ class StagePolicy(WritePolicy):
 
     def _begin(self) -> None:
         self.reserve(self.window.num_tokens)
+        self._window_rows = self._row_ids[:self.window.num_tokens]  # reused by every whole-window write
 
     def _write(self, layer, key, value, token_offset) -> None:
         n = key.shape[0]
         if use_cuda(key, self.config.backend):
-            write_kv(key, value, *self._as_cache[layer], self._row_ids[token_offset:token_offset + n],
-                     backend=self.config.backend, checked=True)
+            rows = self._window_rows if n == self._window_rows.shape[0] else \
+                self._row_ids[token_offset:token_offset + n]
+            write_kv(key, value, *self._as_cache[layer], rows, backend=self.config.backend, checked=True)
         else:
             self.staged_key[layer, token_offset:token_offset + n].copy_(key)
             self.staged_value[layer, token_offset:token_offset + n].copy_(value)
