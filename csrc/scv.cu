@@ -23,16 +23,13 @@
 #include <climits>
 #include <cstdint>
 
+#include "device_util.cuh"
 #include "nwor_kernels.h"
 
 namespace nwor {
 namespace {
 
 constexpr int kThreads = 1024;
-
-__device__ __forceinline__ int64_t load_index(const void* p, int is64, int64_t i) {
-  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
 
 // First r in [0, R) with end[r] > i, or R when none.
 __device__ __forceinline__ int find_request(const int* end, int R, int i) {

@@ -1,17 +1,18 @@
 // slot_log.cu: copy-on-write support: log cache rows at given slots, and restore them.
 //
 // Kernels
-//   slot_copy_kernel<Chunk, kRestore>  raw-byte copy of rows (l, i) between a stacked cache
+//   slot_copy_kernel<kBytes, kRestore>  raw-byte copy of rows (l, i) between a stacked cache
 //       [L, NB, BS, H, D] (logical NHD, any strides, D contiguous) and a contiguous log
 //       [L, n, H, D] of the same storage dtype. kRestore = false (log_slots): log <- cache, rows of
 //       invalid slots (-1, out of range) become zeros. kRestore = true (restore_slots):
 //       cache <- log, invalid slots skipped. Both K and V in one launch, all layers.
-//       Chunk is the widest of 16/8/4/2/1 bytes that divides the head row's bytes, every stride
+//       kBytes (one RawBits access) is the widest of 16/8/4/2/1 bytes that divides the head row's bytes, every stride
 //       and both base pointers, so fp8 and odd head sizes stay exact and as wide as alignment allows.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "device_util.cuh"
 #include "nwor_kernels.h"
 
 namespace nwor {
@@ -19,21 +20,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <int N> struct Chunk;
-template <> struct Chunk<16> { using T = uint4; };
-template <> struct Chunk<8> { using T = uint2; };
-template <> struct Chunk<4> { using T = uint32_t; };
-template <> struct Chunk<2> { using T = uint16_t; };
-template <> struct Chunk<1> { using T = uint8_t; };
-
-__device__ __forceinline__ int64_t load_index(const void* p, int is64, int64_t i) {
-  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
 template <int kBytes, bool kRestore>
 __global__ void __launch_bounds__(kThreads)
 slot_copy_kernel(const SlotCopyParams p, int threads_per_row, int rows_per_block) {
-  using T = typename Chunk<kBytes>::T;
+  using T = typename RawBits<kBytes>::T;
   const int r = threadIdx.x / threads_per_row;
   const int lane = threadIdx.x - r * threads_per_row;
   const int64_t row = int64_t(blockIdx.x) * rows_per_block + r;

@@ -24,19 +24,13 @@
 
 #include <cstdint>
 
+#include "device_util.cuh"
 #include "nwor_kernels.h"
 
 namespace nwor {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <int N> struct Bits;
-template <> struct Bits<16> { using T = uint4; };
-template <> struct Bits<8> { using T = uint2; };
-template <> struct Bits<4> { using T = uint32_t; };
-template <> struct Bits<2> { using T = uint16_t; };
-template <> struct Bits<1> { using T = uint8_t; };
 
 // Formats: Storage is the raw bits; to_float / from_float convert like torch.
 struct F32 {
@@ -78,17 +72,13 @@ template <class Dst> __host__ __device__ constexpr bool is_fp8() {
   return Dst::kElem == Elem::E4M3 || Dst::kElem == Elem::E5M2;
 }
 
-__device__ __forceinline__ int64_t load_index(const void* p, int is64, int64_t i) {
-  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
 template <class Src, class Dst, int VEC>
 __global__ void __launch_bounds__(kThreads)
 write_rows_kernel(const RowWriteParams p, int threads_per_row, int rows_per_block) {
   using SrcS = typename Src::Storage;
   using DstS = typename Dst::Storage;
-  using LoadT = typename Bits<VEC * sizeof(SrcS)>::T;
-  using StoreT = typename Bits<VEC * sizeof(DstS)>::T;
+  using LoadT = typename RawBits<VEC * sizeof(SrcS)>::T;
+  using StoreT = typename RawBits<VEC * sizeof(DstS)>::T;
   constexpr bool kRaw = Src::kElem == Dst::kElem;
 
   const int r = threadIdx.x / threads_per_row;
