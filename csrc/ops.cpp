@@ -8,7 +8,8 @@
 //   restore_slots  -> slot_log.cu    launch_slot_copy (restore = 1)
 //   scv_mask       -> scv.cu         launch_scv_mask
 //   noop           -> scv.cu         launch_noop (an empty kernel: launch-cost floor)
-// Only light headers here (no torch/extension.h, no ATen/cuda/CUDAContext.h): see DESIGN.md.
+// Only light headers here (no torch/extension.h, no ATen/cuda/CUDAContext.h): those pull in
+// cuSPARSE/cuBLAS headers and cost minutes of compile time on 2 cores (see _ext.py).
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

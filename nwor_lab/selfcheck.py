@@ -12,8 +12,8 @@ import torch
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.nwor import make_policy
-from nwor_lab.nwor.invariants import check_invariants, random_window, run_window
+from nwor_lab.policies import make_policy
+from nwor_lab.policies.invariants import check_invariants, random_window, run_window
 from nwor_lab.ops.backend import backend
 
 

@@ -32,7 +32,7 @@ def test_selfcheck_passes_and_writes_json(tmp_path, capsys, cache_dtype, layout,
 
 def test_selfcheck_detects_a_broken_policy(monkeypatch):
     """The checker must be able to fail: make stage commit every row (i.e. behave like off)."""
-    from nwor_lab.nwor import stage
+    from nwor_lab.policies import stage
     original = stage.StagePolicy._commit
 
     def leaky_commit(self, draft_mask, accepted_len, commit_mask):

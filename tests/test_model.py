@@ -9,7 +9,7 @@ from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.model import AttentionMetadata, LlamaConfig, LlamaForCausalLM
 from nwor_lab.model.rope import inv_frequencies
 from nwor_lab.model.toy import toy_config, toy_pair
-from nwor_lab.nwor import Window, make_policy
+from nwor_lab.policies import Window, make_policy
 
 
 def make_cache(cfg, num_layers, num_blocks=32, block_size=4, layout="NHD", cache_dtype="auto"):

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from nwor_lab import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.nwor import Window, WindowStateError, make_policy
-from nwor_lab.nwor.invariants import check_invariants, random_window, run_window
+from nwor_lab.policies import Window, WindowStateError, make_policy
+from nwor_lab.policies.invariants import check_invariants, random_window, run_window
 
 MODES = ("off", "cow", "stage")
 
@@ -212,7 +212,7 @@ def test_stage_grows_and_window_kv_reads_staging():
 def test_debug_logs_lifecycle(caplog):
     cache = PagedKVCache(KVCacheSpec(1, 8, 4, 1, 4))
     p = make_policy(LabConfig(nwor_mode="cow", debug=True), cache)
-    with caplog.at_level(logging.INFO, logger="nwor_lab.nwor"):
+    with caplog.at_level(logging.INFO, logger="nwor_lab.policies"):
         p.begin(Window.from_counts([3], [2], torch.tensor([0, 1, 2])))
         p.write(0, torch.zeros(3, 1, 4), torch.zeros(3, 1, 4))
         p.commit(torch.tensor([True, False]))
@@ -247,7 +247,7 @@ def test_metrics_registries_are_independent():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_committed_equals_rejection_sampler_accepted(mode, temperature):
     """Metadata -> window -> sampler on target logits -> commit(sampled ids): counts agree."""
-    from nwor_lab.spec import SpecDecodeMetadata, rejection_sample
+    from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
     gen = torch.Generator().manual_seed(5)
     num_draft = [3, 0, 2, 0, 4, 1]
     sched = [n + 1 if n else 5 for n in num_draft]

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nwor_lab.spec.metadata import SpecDecodeMetadata
-from nwor_lab.spec.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from nwor_lab.speculative.metadata import SpecDecodeMetadata
+from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
 
 
 def greedy_naive(metadata, target_logits):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nwor_lab.ops.scv import scv_mask, scv_mask_reference
-from nwor_lab.spec.scv import Acceptance, ScvRunner, compute_acceptance
+from nwor_lab.speculative.scv import Acceptance, ScvRunner, compute_acceptance
 
 I32 = torch.int32
 
@@ -219,7 +219,7 @@ def test_cuda_op_matches_reference(w):
 @pytest.mark.parametrize("mode", ["graph", "adaptive"])
 def test_runner_on_cuda_equals_off(mode):
     if mode == "graph":                                   # graph mode needs the graph runner
-        pytest.importorskip("nwor_lab.spec.scv_graph")
+        pytest.importorskip("nwor_lab.speculative.scv_graph")
     drafts, cu, sampled, tr, tp = (t.cuda() for t in example())
     ref = compute_acceptance(drafts, cu, sampled, token_req=tr, token_draft_pos=tp, mode="off")
     runner = ScvRunner(mode)

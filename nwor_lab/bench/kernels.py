@@ -219,7 +219,7 @@ def bench_window_commit(quick: bool) -> dict:
 def bench_scv(quick: bool) -> dict:
     """64 requests x k = 8 drafts: the eager op, the torch reference, and a CUDA-graph replay."""
     from nwor_lab.ops.scv import scv_mask_reference
-    from nwor_lab.spec.scv_graph import GraphedScv
+    from nwor_lab.speculative.scv_graph import GraphedScv
 
     scv_mask = torch.ops.nwor_lab.scv_mask.default
     num_reqs, k = 64, 8

@@ -21,7 +21,7 @@ import torch
 from nwor_lab.bench.kernels import time_us
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
-from nwor_lab.nwor import Window, make_policy
+from nwor_lab.policies import Window, make_policy
 
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 K = 4

@@ -13,7 +13,7 @@ import torch
 
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.model.attention import AttentionMetadata
-from nwor_lab.nwor import Window
+from nwor_lab.policies import Window
 
 
 def propose(head, g: torch.Tensor, temperature: float, generator):

@@ -26,8 +26,8 @@ from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.model.attention import AttentionMetadata
-from nwor_lab.nwor import Window, make_policy
-from nwor_lab.spec import ScvRunner, SpecDecodeMetadata, rejection_sample
+from nwor_lab.policies import Window, make_policy
+from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, rejection_sample
 
 
 class SpecEngine:

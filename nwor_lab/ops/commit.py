@@ -31,10 +31,10 @@ def commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapp
 
 def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
            k_scale=None, v_scale=None, *, backend: str | None = None, validate: bool = True,
-           checked: bool = False) -> None:
+           trusted: bool = False) -> None:
     """Write rows `t` with `commit_mask[t]` of every layer into the cache (see module doc).
-    `validate` / `checked` as in `write_kv`."""
-    if not checked:
+    `validate` / `trusted` as in `write_kv`."""
+    if not trusted:
         _check_commit_args(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
                            k_scale, v_scale, validate)
     if use_cuda(key_cache, backend):

@@ -47,11 +47,11 @@ def restore_slots_reference(key_cache, value_cache, slots, log_k, log_v) -> None
 
 
 def log_slots(key_cache, value_cache, slots, *, backend: str | None = None, validate: bool = True,
-              checked: bool = False):
+              trusted: bool = False):
     """Return `(log_k, log_v)` `[L, n, H, D]`: raw contents of `slots` in every layer.
-    `validate` / `checked` as in `write_kv`."""
+    `validate` / `trusted` as in `write_kv`."""
     num_layers, nb, bs, h, d = key_cache.shape
-    if not checked:
+    if not trusted:
         _check_stacked(key_cache, value_cache)
         check_tensor("slots", slots, ndim=1, dtypes=INDEX_DTYPES, device=key_cache.device)
         check_slots("slots", slots, nb * bs, validate)
@@ -64,10 +64,10 @@ def log_slots(key_cache, value_cache, slots, *, backend: str | None = None, vali
 
 
 def restore_slots(key_cache, value_cache, slots, log_k, log_v, *, backend: str | None = None,
-                  validate: bool = True, checked: bool = False) -> None:
+                  validate: bool = True, trusted: bool = False) -> None:
     """Copy `log_k`/`log_v` back into `slots` of every layer (slot -1 skipped).
-    `validate` / `checked` as in `write_kv`."""
-    if not checked:
+    `validate` / `trusted` as in `write_kv`."""
+    if not trusted:
         _check_restore_args(key_cache, value_cache, slots, log_k, log_v, validate)
     if use_cuda(key_cache, backend):
         torch.ops.nwor_lab.restore_slots(key_cache, value_cache, slots, log_k.contiguous(), log_v.contiguous())

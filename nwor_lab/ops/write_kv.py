@@ -55,14 +55,14 @@ def check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, 
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None, *,
-             backend: str | None = None, validate: bool = True, checked: bool = False) -> None:
+             backend: str | None = None, validate: bool = True, trusted: bool = False) -> None:
     """Write `key`/`value` `[T,H,D]` into one layer's cache at `slot_mapping` (see module doc).
 
     validate: also check slot ranges on the host (a device sync on GPU).
-    checked:  the caller (a write policy) already checked every argument: skip the Python checks,
+    trusted:  the caller (a write policy) already checked every argument: skip the Python checks,
               which cost more host time than the launch itself (the CUDA op still checks shapes).
     """
-    if not checked:
+    if not trusted:
         check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, validate)
     if use_cuda(key_cache, backend):
         h = key_cache.shape[2]

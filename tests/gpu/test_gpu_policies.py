@@ -6,8 +6,8 @@ import torch
 
 from nwor_lab import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
-from nwor_lab.nwor import Window, make_policy
-from nwor_lab.nwor.invariants import RandomWindow, random_window, run_window
+from nwor_lab.policies import Window, make_policy
+from nwor_lab.policies.invariants import RandomWindow, random_window, run_window
 from nwor_lab.ops.quant import raw
 from nwor_lab.selfcheck import selfcheck
 

@@ -114,7 +114,7 @@ def test_window_graph_replays_match_reference(ext, layout, cache_dtype):
 # GraphedScv and ScvRunner
 
 def test_graphed_scv_replays_and_recaptures(ext):
-    from nwor_lab.spec.scv_graph import GraphedScv
+    from nwor_lab.speculative.scv_graph import GraphedScv
 
     g = GraphedScv()
     for seed in range(4):
@@ -146,8 +146,8 @@ def test_graphed_scv_replays_and_recaptures(ext):
 
 
 def test_graphed_scv_forced_failure_and_adaptive_fallback(ext, monkeypatch):
-    from nwor_lab.spec.scv import ScvRunner
-    from nwor_lab.spec.scv_graph import FORCE_FAIL_ENV, GraphedScv, ScvGraphCaptureError
+    from nwor_lab.speculative.scv import ScvRunner
+    from nwor_lab.speculative.scv_graph import FORCE_FAIL_ENV, GraphedScv, ScvGraphCaptureError
 
     args = [x.cuda() for x in scv_case(8, 4, 5, seed=3)]
     with pytest.raises(ScvGraphCaptureError, match="forced"):

@@ -4,11 +4,11 @@ from __future__ import annotations
 from nwor_lab.config import LabConfig
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.nwor.cow import CowPolicy
-from nwor_lab.nwor.off import OffPolicy
-from nwor_lab.nwor.policy import WindowStateError, WritePolicy
-from nwor_lab.nwor.stage import StagePolicy
-from nwor_lab.nwor.window import Window
+from nwor_lab.policies.cow import CowPolicy
+from nwor_lab.policies.off import OffPolicy
+from nwor_lab.policies.policy import WindowStateError, WritePolicy
+from nwor_lab.policies.stage import StagePolicy
+from nwor_lab.window import Window
 
 POLICIES = {"off": OffPolicy, "cow": CowPolicy, "stage": StagePolicy}
 

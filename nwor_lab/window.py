@@ -1,4 +1,4 @@
-"""The verify window: which scheduled token is which draft of which request.
+"""The verify window (which scheduled token is which draft of which request) and its acceptance.
 
 For a speculative request the scheduled tokens are `[t_last, d_1 .. d_k]`; its drafts are the
 LAST `num_draft_tokens[r]` tokens of its span (vLLM's order). Prefill and plain-decode requests
@@ -112,3 +112,39 @@ class Window:
         """[R] int32 accepted lengths from a prefix-closed draft mask `[Dtot]` (no host sync)."""
         acc = torch.zeros(self.num_reqs, dtype=torch.int32, device=draft_mask.device)
         return acc.index_add_(0, self.draft_req.long().to(draft_mask.device), draft_mask.to(torch.int32))
+
+
+@dataclass
+class Acceptance:
+    """One window's acceptance, on the device of the sampled ids.
+
+    draft_mask:   [Dtot] bool, prefix-closed per request (request-major like draft_token_ids).
+    accepted_len: [R] int32, accepted drafts per request, in [0, num_draft_tokens[r]].
+    commit_mask:  [T] bool over the window's tokens, or None when no token map was given.
+    """
+
+    draft_mask: torch.Tensor
+    accepted_len: torch.Tensor
+    commit_mask: torch.Tensor | None = None
+
+    @property
+    def num_reqs(self) -> int:
+        return self.accepted_len.shape[0]
+
+    @property
+    def num_drafts(self) -> int:
+        """Dtot, from the shape (no sync)."""
+        return self.draft_mask.shape[0]
+
+    @property
+    def num_accepted(self) -> torch.Tensor:
+        """Total accepted drafts as a 0-d device tensor (no sync until you call int() on it)."""
+        return self.accepted_len.sum()
+
+    def accepted_per_request(self) -> list[int]:
+        """Accepted length of each request as host ints (one sync on CUDA)."""
+        return [int(a) for a in self.accepted_len.tolist()]
+
+    def to(self, device) -> "Acceptance":
+        cm = None if self.commit_mask is None else self.commit_mask.to(device)
+        return Acceptance(self.draft_mask.to(device), self.accepted_len.to(device), cm)

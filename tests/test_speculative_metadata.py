@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nwor_lab.spec.metadata import SpecDecodeMetadata
+from nwor_lab.speculative.metadata import SpecDecodeMetadata
 
 
 def naive_indices(num_draft, cu_sched):

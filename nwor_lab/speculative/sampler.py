@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab._checks import FLOAT_DTYPES, check_tensor
-from nwor_lab.spec.metadata import SpecDecodeMetadata
+from nwor_lab.speculative.metadata import SpecDecodeMetadata
 
 PLACEHOLDER_TOKEN_ID = -1
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab._checks import capturing
-from nwor_lab.nwor.policy import WritePolicy
+from nwor_lab.policies.policy import WritePolicy
 from nwor_lab.ops import commit, use_cuda, write_kv
 
 
@@ -56,7 +56,7 @@ class StagePolicy(WritePolicy):
         if use_cuda(key, self.config.backend):
             rows = self._window_rows if n == self._window_rows.shape[0] else \
                 self._row_ids[token_offset:token_offset + n]
-            write_kv(key, value, *self._as_cache[layer], rows, backend=self.config.backend, checked=True)
+            write_kv(key, value, *self._as_cache[layer], rows, backend=self.config.backend, trusted=True)
         else:
             self.staged_key[layer, token_offset:token_offset + n].copy_(key)
             self.staged_value[layer, token_offset:token_offset + n].copy_(value)
@@ -83,7 +83,7 @@ class StagePolicy(WritePolicy):
         c = self.cache
         ks, vs = (c.k_scale[a:b], c.v_scale[a:b]) if c.is_fp8 else (None, None)
         commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
-               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, checked=True)
+               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, trusted=True)
 
     def _bytes(self, draft_mask, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, self._layers_written()

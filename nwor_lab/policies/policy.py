@@ -21,9 +21,9 @@ from nwor_lab._checks import FLOAT_DTYPES, capturing, check_slots, check_tensor,
 from nwor_lab.config import LabConfig
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics, WindowRecord
-from nwor_lab.nwor.window import Window
+from nwor_lab.window import Window
 
-log = logging.getLogger("nwor_lab.nwor")
+log = logging.getLogger("nwor_lab.policies")
 
 
 class WindowStateError(RuntimeError):
@@ -55,7 +55,7 @@ class WritePolicy:
         if self.window is not None:
             raise WindowStateError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
-            raise TypeError(f"window: expected nwor_lab.nwor.Window, got {type(window).__name__}")
+            raise TypeError(f"window: expected nwor_lab.policies.Window, got {type(window).__name__}")
         if not same_device(window.slot_mapping.device, self.cache.device):
             raise ValueError(f"window: slot_mapping is on {window.slot_mapping.device}, the cache on "
                              f"{self.cache.device}; build the window on the cache's device")
@@ -200,13 +200,13 @@ class WritePolicy:
 
     def _scv_runner(self):
         if self._scv is None:
-            from nwor_lab.spec.scv import ScvRunner
+            from nwor_lab.speculative.scv import ScvRunner
             self._scv = ScvRunner(self.config.scv_mode)
         return self._scv
 
     def _debug_check_sampler(self, w, acceptance, sampled_token_ids) -> None:
         """Debug: the acceptance must equal the plain host loop over the sampler's output."""
-        from nwor_lab.spec.scv import compute_acceptance
+        from nwor_lab.speculative.scv import compute_acceptance
         if w.draft_token_ids is None:
             raise ValueError("sampled_token_ids: the window has no draft_token_ids to check them against; "
                              "build it with Window.from_metadata")

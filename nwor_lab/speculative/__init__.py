@@ -5,9 +5,9 @@
   compute_acceptance   draft_mask / accepted_len / commit_mask from sampled ids (`scv`)
   ScvRunner            the same per SCV mode, keeping CUDA-graph state between windows
 """
-from nwor_lab.spec.metadata import SpecDecodeMetadata
-from nwor_lab.spec.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
-from nwor_lab.spec.scv import Acceptance, ScvRunner, acceptance_loop, compute_acceptance
+from nwor_lab.speculative.metadata import SpecDecodeMetadata
+from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from nwor_lab.speculative.scv import Acceptance, ScvRunner, acceptance_loop, compute_acceptance
 
 __all__ = ["SpecDecodeMetadata", "PLACEHOLDER_TOKEN_ID", "rejection_sample", "Acceptance",
            "ScvRunner", "acceptance_loop", "compute_acceptance"]

@@ -8,7 +8,7 @@ before the window.
 """
 from __future__ import annotations
 
-from nwor_lab.nwor.off import OffPolicy
+from nwor_lab.policies.off import OffPolicy
 from nwor_lab.ops import log_slots, restore_slots
 
 
@@ -22,11 +22,11 @@ class CowPolicy(OffPolicy):
     def _begin(self) -> None:
         self._draft_slots = self.window.draft_slots  # one gather per window, reused at commit
         self._log = log_slots(*self._stacked(), self._draft_slots, backend=self.config.backend,
-                              checked=True)
+                              trusted=True)
 
     def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
         rejected = self._draft_slots.masked_fill(draft_mask, -1)  # accepted drafts: nothing to restore
-        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, checked=True)
+        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, trusted=True)
         self._log = None
 
     def _cancel(self) -> None:

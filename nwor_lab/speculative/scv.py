@@ -4,7 +4,7 @@ Three modes (LabConfig.scv_mode):
   off       the seed's plain per-request host loop: reads ids back to the host (one sync), walks each
             request's drafts until the first mismatch. Obviously right; the reference for the rest.
   graph     the vectorised op (`nwor_lab.ops.scv.scv_mask`); on CUDA, `ScvRunner` replays it as a
-            CUDA graph per shape (`nwor_lab.spec.scv_graph.GraphedScv`).
+            CUDA graph per shape (`nwor_lab.speculative.scv_graph.GraphedScv`).
   adaptive  like graph, but when capture is impossible it falls back to the eager vectorised op
             (logged once) instead of raising.
 
@@ -15,50 +15,13 @@ them; the commit mask keeps window token t iff `token_draft_pos[t] <= a_{token_r
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-
 import torch
 
 from nwor_lab.config import SCV_MODES
 from nwor_lab.ops.scv import check_scv_args, scv_mask
+from nwor_lab.window import Acceptance
 
 logger = logging.getLogger("nwor_lab.scv")
-
-
-@dataclass
-class Acceptance:
-    """One window's acceptance, on the device of the sampled ids.
-
-    draft_mask:   [Dtot] bool, prefix-closed per request (request-major like draft_token_ids).
-    accepted_len: [R] int32, accepted drafts per request, in [0, num_draft_tokens[r]].
-    commit_mask:  [T] bool over the window's tokens, or None when no token map was given.
-    """
-
-    draft_mask: torch.Tensor
-    accepted_len: torch.Tensor
-    commit_mask: torch.Tensor | None = None
-
-    @property
-    def num_reqs(self) -> int:
-        return self.accepted_len.shape[0]
-
-    @property
-    def num_drafts(self) -> int:
-        """Dtot, from the shape (no sync)."""
-        return self.draft_mask.shape[0]
-
-    @property
-    def num_accepted(self) -> torch.Tensor:
-        """Total accepted drafts as a 0-d device tensor (no sync until you call int() on it)."""
-        return self.accepted_len.sum()
-
-    def accepted_per_request(self) -> list[int]:
-        """Accepted length of each request as host ints (one sync on CUDA)."""
-        return [int(a) for a in self.accepted_len.tolist()]
-
-    def to(self, device) -> "Acceptance":
-        cm = None if self.commit_mask is None else self.commit_mask.to(device)
-        return Acceptance(self.draft_mask.to(device), self.accepted_len.to(device), cm)
 
 
 def _check_mode(mode: str) -> str:
@@ -178,7 +141,7 @@ class ScvRunner:
             try:
                 if self._graphed is None:
                     # Lazy: only CUDA runs need the graph machinery.
-                    from nwor_lab.spec.scv_graph import GraphedScv
+                    from nwor_lab.speculative.scv_graph import GraphedScv
                     self._graphed = GraphedScv()
                 out = self._graphed(*args)
                 self.how = "CUDA graph (GraphedScv)"

@@ -2,7 +2,7 @@
 drafts stay there as garbage until later tokens overwrite their slots."""
 from __future__ import annotations
 
-from nwor_lab.nwor.policy import WritePolicy
+from nwor_lab.policies.policy import WritePolicy
 from nwor_lab.ops import write_kv
 
 
@@ -17,7 +17,7 @@ class OffPolicy(WritePolicy):
         if token_offset or n != slots.shape[0]:   # a chunk; a whole window needs no slicing op
             slots = slots[token_offset:token_offset + n]
         # begin() checked the slots and write() the tensors: skip the op's own checks (host time)
-        write_kv(key, value, k_cache, v_cache, slots, k_scale, v_scale, backend=self.config.backend, checked=True)
+        write_kv(key, value, k_cache, v_cache, slots, k_scale, v_scale, backend=self.config.backend, trusted=True)
 
     def _bytes(self, draft_mask, kept) -> dict:
         return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.window import Acceptance
+
 FORCE_FAIL_ENV = "NWOR_LAB_SCV_GRAPH_FAIL"
 
 
@@ -127,8 +129,6 @@ class GraphedScv:
     def __call__(self, draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req=None,
                  token_draft_pos=None):
         """Acceptance of one window, by graph replay (capturing first for a new shape)."""
-        from nwor_lab.spec.scv import Acceptance  # lazy: spec.scv imports this module lazily too
-
         args, has_tokens = self._normalise(draft_token_ids, cu_num_draft_tokens, sampled_token_ids,
                                            token_req, token_draft_pos)
         entry = self._entry(args, has_tokens)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from nwor_lab.kv.cache import PagedKVCache
-from nwor_lab.nwor.window import Window
+from nwor_lab.window import Window
 from nwor_lab.ops.quant import raw
 
 
