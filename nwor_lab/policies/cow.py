@@ -20,6 +20,10 @@ class CowPolicy(OffPolicy):
         self._draft_slots = None   # [Dtot] slots of the open window's drafts
         self._log = None           # (key rows, value rows) saved at begin
 
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        return num_layers + 2   # the writes, one log at begin, one restore at commit (all layers each)
+
     def _stacked(self):
         a, b = self.layers.start, self.layers.stop
         return self.cache.key[a:b], self.cache.value[a:b]

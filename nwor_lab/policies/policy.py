@@ -59,6 +59,13 @@ class WritePolicy:
         self.windows_done = 0
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
 
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        """Kernel launches the policy issues for a window over `num_layers` layers on the CUDA
+        backend (what decides its cost at decode sizes: the write path is launch-bound).
+        Default: one K+V write per layer."""
+        return num_layers
+
     def reserve(self, num_tokens: int) -> None:
         """Make room for windows of up to `num_tokens` tokens now (before a CUDA graph capture,
         where nothing may be allocated). Policies without buffers have nothing to do."""

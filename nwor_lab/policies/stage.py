@@ -29,6 +29,10 @@ class StagePolicy(WritePolicy):
         self._window_rows = None    # [T] the open window's rows (whole-window writes reuse it)
         self.reserve(initial_capacity)
 
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        return num_layers + 1   # a copy into the staging buffer per layer, one commit of all layers
+
     @property
     def capacity(self) -> int:
         return self.staged_key.shape[1]
