@@ -16,12 +16,13 @@ import torch
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import STATE_MEANING, SlotState, declared, layer_states, occupancy
-from nwor_lab.viz.theme import CELL_FONT, HIGHLIGHT, STATE_COLOURS, base_layout, discrete_colorscale
+from nwor_lab.viz.theme import wrap, CELL_FONT, HIGHLIGHT, STATE_COLOURS, base_layout, discrete_colorscale
 
 __all__ = ["SlotState", "STATE_MEANING", "cache_grid", "cache_grids", "layer_states", "declared",
-           "occupancy", "state_grid"]
+           "occupancy", "state_grid", "grid_cells"]
 
 _STATES = list(SlotState)
+_MEANING = {int(s): STATE_MEANING[s] for s in SlotState}
 
 
 def state_grid(states, block_size: int) -> torch.Tensor:
@@ -72,7 +73,7 @@ def cache_grids(panels: Sequence[Mapping], *, title: str, block_size: int,
     _add_legend(fig, any(len(p.get("highlight", ())) for p in panels))
     cell_w = 46 if block_size <= 16 else 22
     fig.update_layout(**base_layout(title, subtitle),
-                      height=150 + 30 * len(rows) + (30 if n > 1 else 0),
+                      height=grid_height(len(rows), subtitle) + (30 if n > 1 else 0),
                       width=max(560, 100 + n * (cell_w * block_size + 30)))
     fig.update_xaxes(title_text="offset in block", showgrid=False, zeroline=False,
                      tickmode="linear" if block_size <= 32 else "auto", dtick=1 if block_size <= 32 else None,
@@ -82,17 +83,28 @@ def cache_grids(panels: Sequence[Mapping], *, title: str, block_size: int,
     return fig
 
 
-def _add_grid(fig, grid, rows, block_size, annotations, cell_text, highlight, col):
+def grid_cells(grid: torch.Tensor, rows: Sequence[int], block_size: int, annotations=None,
+               cell_text=None) -> dict:
+    """The heatmap's per-cell arrays for `rows` of a `[NB, BS]` state grid: `z`, `y`, `text`,
+    `customdata` (slot, state meaning, label). The stepper updates a live figure with these."""
     annotations, cell_text = annotations or {}, cell_text or {}
     z, text, custom = [], [], []
     for b in rows:
         z.append([int(s) for s in grid[b].tolist()])
         slots = range(b * block_size, (b + 1) * block_size)
         text.append([cell_text.get(s, "") for s in slots])
-        custom.append([[s, STATE_MEANING[SlotState(int(grid[b, o]))], annotations.get(s, "")]
-                       for o, s in enumerate(slots)])
+        custom.append([[s, _MEANING[v], annotations.get(s, "")] for v, s in zip(z[-1], slots)])
+    return dict(z=z, y=[f"{b}" for b in rows], text=text, customdata=custom)
+
+
+def grid_height(num_rows: int, subtitle: str | None = None) -> int:
+    """Figure height in px for `num_rows` block rows (cells about 30 px tall)."""
+    return 150 + 30 * num_rows + (17 * (wrap(subtitle).count("<br>") + 1) if subtitle else 0)
+
+
+def _add_grid(fig, grid, rows, block_size, annotations, cell_text, highlight, col):
     fig.add_trace(go.Heatmap(
-        z=z, x=list(range(block_size)), y=[f"{b}" for b in rows], text=text, customdata=custom,
+        **grid_cells(grid, rows, block_size, annotations, cell_text), x=list(range(block_size)),
         texttemplate="%{text}", textfont=CELL_FONT, xgap=2, ygap=2, showscale=False,
         colorscale=discrete_colorscale([STATE_COLOURS[s] for s in _STATES]),
         zmin=-0.5, zmax=len(_STATES) - 0.5, name="slots",

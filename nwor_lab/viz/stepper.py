@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 import plotly.graph_objects as go
 
-from nwor_lab.viz.cache import cache_grid
+from nwor_lab.viz.cache import cache_grid, grid_cells, grid_height
 from nwor_lab.viz.states import SlotState
 
 __all__ = ["Stepper", "frame_figure", "show_frames", "used_blocks"]
@@ -154,15 +154,20 @@ class Stepper:
 
     def _draw(self) -> None:
         f, n = self.frame, len(self.frames)
-        new = frame_figure(f, self.layer_dropdown.value, blocks=self._blocks, with_caption=False)
+        layer = self.layer_dropdown.value
+        title = f"{f.title} · layer {layer}"
+        if not self.figure.data:       # first draw: the full figure once (layout, legend)
+            new = frame_figure(f, layer, blocks=self._blocks, with_caption=False)
+            self.figure.add_traces(new.data)
+            self.figure.layout = new.layout
+        # later draws touch only what a frame changes: the cells, the title, the height
+        # (validating a whole layout per click costs seconds)
+        rows = self._blocks if self._blocks is not None else range(f.grid(layer).shape[0])
+        cells = grid_cells(f.grid(layer), rows, f.block_size, f.labels, f.marks)
         with self.figure.batch_update():
-            if not self.figure.data:
-                self.figure.add_traces(new.data)
-            else:
-                heat = new.data[0]
-                self.figure.data[0].update(z=heat.z, y=heat.y, x=heat.x, text=heat.text,
-                                           customdata=heat.customdata)
-            self.figure.layout.update(new.layout.to_plotly_json())
+            self.figure.data[0].update(cells)
+            self.figure.layout.title.text = title
+            self.figure.layout.height = grid_height(len(rows))
         self.position.value = (f"window {f.window_index} · <b>{f.phase}</b> · frame {self.index + 1} of {n}")
         self.caption.value = f"<p style='margin:4px 0'>{html.escape(f.caption)}</p>"
         last, first = self.index >= n - 1, self.index == 0
