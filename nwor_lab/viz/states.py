@@ -1,0 +1,167 @@
+"""Slot states: what one layer's paged cache holds at each phase of a window (no plotting here).
+
+A state is decided per window row from what the bits say (did the row's slot change since the
+window began?) and from what the policy declares (`window_in_buffer`: the window's K/V wait in a
+staging buffer; `preserves_rejected_slots`: rejected slots end bit-identical to before). The
+declaration says what to expect; the bits show whether it happened: a rejected slot that a
+preserving policy left changed is drawn REJECTED, not RESTORED.
+
+Shapes: `T` window rows, `NB` blocks, `BS` block size; slot = block * BS + offset.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+
+from nwor_lab.ops.quant import raw
+
+
+class SlotState(IntEnum):
+    """What a cache slot of one layer holds. There is no PADDING state: a padding token has slot
+    -1 and no cell (window_timeline draws it)."""
+
+    EMPTY = 0       # no token's K/V
+    COMMITTED = 1   # K/V of a kept token
+    STAGED = 2      # this window's token waits in the staging buffer; the slot is untouched
+    WRITTEN = 3     # written this window, fate not decided yet
+    REJECTED = 4    # written, then rejected: the rejected K/V stays (garbage until overwritten)
+    LOGGED = 5      # old contents saved to the CoW log before the window writes the slot
+    RESTORED = 6    # written, rejected, and bit-restored from the log
+
+
+STATE_MEANING = {
+    SlotState.EMPTY: "empty",
+    SlotState.COMMITTED: "committed: K/V of a kept token",
+    SlotState.STAGED: "staged: waits in the staging buffer, cache untouched",
+    SlotState.WRITTEN: "written this window, fate not decided",
+    SlotState.REJECTED: "rejected K/V left in the cache",
+    SlotState.LOGGED: "old contents saved to the log",
+    SlotState.RESTORED: "rejected, bits restored from the log",
+}
+
+
+def occupancy(key_layer: torch.Tensor, value_layer: torch.Tensor) -> torch.Tensor:
+    """`[NB * BS]` int8 first guess of a layer's states: COMMITTED where any K/V bit is set, else
+    EMPTY (caches are allocated zeroed). key/value_layer: `[NB, BS, H, D]`, any layout/dtype."""
+    nb, bs = key_layer.shape[:2]
+    used = (raw(key_layer) != 0).flatten(2).any(-1) | (raw(value_layer) != 0).flatten(2).any(-1)
+    out = torch.full((nb * bs,), int(SlotState.EMPTY), dtype=torch.int8)
+    out[used.reshape(-1).cpu()] = int(SlotState.COMMITTED)
+    return out
+
+
+def slot_rows(key_layer: torch.Tensor, value_layer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Raw bits of K and V at `slots` (`[T]`, -1 allowed, read as zeros): `[T, 2, H*D]` on the host,
+    what a phase compares against the window's start to see which slots changed."""
+    bs = key_layer.shape[1]
+    s = slots.long().to(key_layer.device).clamp(min=0)
+    k, v = raw(key_layer)[s // bs, s % bs], raw(value_layer)[s // bs, s % bs]
+    rows = torch.stack([k.flatten(1), v.flatten(1)], dim=1).cpu()
+    rows[(slots < 0).cpu()] = 0
+    return rows
+
+
+def row_states(base: torch.Tensor, *, delivered: torch.Tensor, changed: torch.Tensor,
+               logged: torch.Tensor, kept: torch.Tensor | None, finished: bool,
+               window_in_buffer: bool, preserves_rejected_slots: bool) -> torch.Tensor:
+    """State of each window row's slot in one layer. All arguments `[T]`, on the host.
+
+    base:      int8 state of the slot before the window
+    delivered: bool, the row's K/V for this layer reached the policy (write phase passed it)
+    changed:   bool, the slot's bits differ from the window's start
+    logged:    bool, the slot's old contents are in the CoW log (for this layer)
+    kept:      bool commit mask (None before the acceptance is known, or for a cancelled window)
+    finished:  the window is committed (or cancelled): the cache holds its final state
+    """
+    s = base.clone()
+    s[logged] = SlotState.LOGGED
+    s[delivered] = SlotState.WRITTEN
+    if window_in_buffer:
+        s[delivered & ~changed] = SlotState.STAGED      # in the buffer; the cache has not moved
+    if not finished:
+        return s
+    if kept is None:                                    # cancelled: rows stay as `off` leaves them
+        s = base.clone()
+        s[changed] = SlotState.WRITTEN
+        return s
+    rejected = ~kept
+    reached_cache = delivered & (changed | torch.tensor(not window_in_buffer))
+    s = base.clone()
+    s[kept & delivered] = SlotState.COMMITTED
+    s[rejected & reached_cache] = SlotState.RESTORED if preserves_rejected_slots else SlotState.REJECTED
+    s[rejected & changed] = SlotState.REJECTED          # bits differ: whatever was declared
+    return s                                            # rejected, never reached the cache: base
+
+
+def settle(final: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """The states a finished window leaves as the next window's "before" (`[N]` int8 both): a
+    restored slot holds its old contents again; an undecided one (cancelled window) is stale
+    until rewritten, like rejected K/V."""
+    out = final.clone()
+    restored = final == SlotState.RESTORED
+    out[restored] = before[restored]
+    out[final == SlotState.WRITTEN] = SlotState.REJECTED
+    return out
+
+
+def token_labels(window) -> list[tuple[str, str]]:
+    """Per window row `(short, long)` names: ("1:d2", "req 1 · d2"), ("1:t", "req 1 · t_last"),
+    ("0:p3", "req 0 · token 3") for prefill / plain-decode tokens."""
+    req = window.token_req.tolist()
+    pos = window.token_draft_pos.tolist()
+    out, seen = [], {}
+    for r, j in zip(req, pos):
+        i = seen[r] = seen.get(r, -1) + 1
+        if j > 0:
+            out.append((f"{r}:d{j}", f"req {r} · d{j}"))
+        elif window.num_draft_tokens[r] > 0:
+            out.append((f"{r}:t", f"req {r} · t_last"))
+        else:
+            out.append((f"{r}:p{i}", f"req {r} · token {i}"))
+    return out
+
+
+def layer_states(before, after, window, acceptance, *, layer: int, window_in_buffer: bool,
+                 preserves_rejected_slots: bool, base: torch.Tensor | None = None) -> torch.Tensor:
+    """`[NB, BS]` int8 states of one layer after a committed window, from the bits.
+
+    before, after: stacked `(key, value)` `[L, NB, BS, H, D]` (e.g. `cache.snapshot()` before the
+        window, and the cache's `(key, value)` after it; a `PagedKVCache` is accepted for either)
+    window:     the `Window` that ran
+    acceptance: its `Acceptance` (or None for a window without drafts: everything kept)
+    base:       `[NB * BS]` states before the window; default: `occupancy(before)`
+    The two flags are the policy's declaration (`policy.window_in_buffer`,
+    `policy.preserves_rejected_slots`).
+    """
+    bk, bv = _stacked(before)
+    ak, av = _stacked(after)
+    nb, bs = bk.shape[1:3]
+    if base is None:
+        base = occupancy(bk[layer], bv[layer])
+    slots = window.slot_mapping.cpu()
+    valid = slots >= 0
+    changed = (slot_rows(bk[layer], bv[layer], slots) != slot_rows(ak[layer], av[layer], slots)).flatten(1).any(1)
+    if acceptance is None:
+        kept = torch.ones(window.num_tokens, dtype=torch.bool)
+    elif getattr(acceptance, "commit_mask", None) is not None:
+        kept = acceptance.commit_mask.cpu()
+    else:
+        kept = window.commit_mask_from(acceptance.accepted_len).cpu()
+    rows = row_states(base[slots.clamp(min=0)], delivered=torch.ones_like(valid), changed=changed,
+                      logged=torch.zeros_like(valid), kept=kept, finished=True,
+                      window_in_buffer=window_in_buffer, preserves_rejected_slots=preserves_rejected_slots)
+    out = base.clone()
+    out[slots[valid]] = rows[valid]
+    return out.view(nb, bs)
+
+
+def declared(policy) -> tuple[bool, bool]:
+    """`(window_in_buffer, preserves_rejected_slots)` as the policy declares them."""
+    return bool(policy.window_in_buffer), bool(policy.preserves_rejected_slots)
+
+
+def _stacked(cache_or_pair):
+    if hasattr(cache_or_pair, "key") and hasattr(cache_or_pair, "value"):
+        return cache_or_pair.key, cache_or_pair.value
+    return cache_or_pair
