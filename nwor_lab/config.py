@@ -10,21 +10,43 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-NWOR_MODES = ("off", "cow", "stage")
+NWOR_MODES = ("off", "cow", "stage")   # the built-in write policies (nwor_lab.policies registers them)
 SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
+
+# Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
+# accepts their names too. Kept here, not in policies/, so the config needs nothing above it.
+_extra_nwor_modes: list[str] = []
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _parse_bool(name: str, text: str) -> bool:
+def parse_bool(name: str, text: str) -> bool:
+    """`1/0, true/false, yes/no, on/off` (any case) -> bool; anything else names `name` and fails."""
     low = text.strip().lower()
     if low in _TRUE:
         return True
     if low in _FALSE:
         return False
     raise ValueError(f"{name}={text!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def env_bool(name: str, default: bool = False, environ=None) -> bool:
+    """The boolean environment switch `name` (unset: `default`); the lab's one env-bool parser."""
+    env = os.environ if environ is None else environ
+    return default if name not in env else parse_bool(name, env[name])
+
+
+def nwor_modes() -> tuple[str, ...]:
+    """Every write-policy name LabConfig accepts: the built-ins, then registered ones."""
+    return NWOR_MODES + tuple(_extra_nwor_modes)
+
+
+def add_nwor_mode(name: str) -> None:
+    """Called by `register_policy` so that `LabConfig(nwor_mode=name)` is accepted."""
+    if name not in nwor_modes():
+        _extra_nwor_modes.append(name)
 
 
 @dataclass(frozen=True)
@@ -49,7 +71,7 @@ class LabConfig:
     validate: bool = True
 
     def __post_init__(self) -> None:
-        for field, allowed in (("nwor_mode", NWOR_MODES), ("scv_mode", SCV_MODES), ("backend", BACKENDS)):
+        for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
@@ -69,7 +91,7 @@ class LabConfig:
                 changes[field] = env[var].strip().lower()
         for var, field in (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate")):
             if var in env:
-                changes[field] = _parse_bool(var, env[var])
+                changes[field] = parse_bool(var, env[var])
         try:
             return cfg.replace(**changes)
         except ValueError as err:

@@ -9,11 +9,12 @@ import copy
 
 import torch
 
-from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.policies import make_policy
-from nwor_lab.policies.invariants import check_invariants, random_window, run_window
+from nwor_lab.policies.invariants import check_invariants, off_reference, random_window, run_window
+from nwor_lab.speculative import ScvRunner, check_against_sampler
 from nwor_lab.ops.backend import backend
 
 
@@ -40,16 +41,18 @@ def selfcheck(config: LabConfig | None = None, *, device=None, seed: int = 0, nu
     rw = random_window(_fresh_cache(spec, device, before), gen, num_reqs=num_reqs, max_k=max_k)
 
     metrics = LabMetrics()
-    results, off_after = {}, None
-    for mode in NWOR_MODES:
+    results = {}
+    for mode in nwor_modes():
         cache = _fresh_cache(spec, device, before)
         if scales is not None:
             cache.k_scale.copy_(scales), cache.v_scale.copy_(scales * 0.5)
+        off_after = off_reference(cache, before, rw)
         policy = make_policy(config.replace(nwor_mode=mode), cache, metrics)
-        rec = run_window(policy, copy.copy(rw), chunks=2, acceptance="sampled")
-        if mode == "off":
-            off_after = (cache.key.clone(), cache.value.clone())
-        problems = check_invariants(mode, cache, before, off_after, rw)
+        # SCV turns the sampler's output into the acceptance, as in the engine
+        acceptance = ScvRunner(config.scv_mode).accept(rw.window, rw.sampled_token_ids)
+        check_against_sampler(rw.window, acceptance, rw.sampled_token_ids, config.scv_mode)
+        rec = run_window(policy, copy.copy(rw), chunks=2, acceptance=acceptance)
+        problems = check_invariants(policy, cache, before, off_after, rw)
         if rec.drafts_committed != rec.num_accepted or rec.num_accepted != sum(rw.accepted_len):
             problems.append(f"{mode}: committed {rec.drafts_committed} drafts, SCV accepted {rec.num_accepted}, "
                             f"the sampler accepted {sum(rw.accepted_len)}")

@@ -27,7 +27,8 @@ class Window:
     draft_rows: torch.Tensor          # [Dtot] int64: token index of each draft, request-major
     num_scheduled_tokens: list[int]   # [R] host
     num_draft_tokens: list[int]       # [R] host
-    draft_token_ids: torch.Tensor | None = None  # [Dtot], when known (needed for sampled-ids commits)
+    draft_token_ids: torch.Tensor | None = None  # [Dtot], when known (SCV needs them)
+    cu_draft: torch.Tensor | None = None           # [R] int32 inclusive cumsum, when the metadata has it
 
     @classmethod
     def from_counts(cls, num_scheduled_tokens, num_draft_tokens, slot_mapping: torch.Tensor,
@@ -64,12 +65,16 @@ class Window:
 
     @classmethod
     def from_metadata(cls, metadata, cu_num_scheduled_tokens, slot_mapping: torch.Tensor) -> "Window":
-        """From vLLM-style `SpecDecodeMetadata` and inclusive `cu_num_scheduled_tokens` `[R]`."""
+        """From vLLM-style `SpecDecodeMetadata` and inclusive `cu_num_scheduled_tokens` `[R]`: the
+        draft counts, draft ids and their cumsum are the metadata's own tensors, not recounted."""
         cu = [int(x) for x in (cu_num_scheduled_tokens.tolist() if torch.is_tensor(cu_num_scheduled_tokens)
                                else cu_num_scheduled_tokens)]
         sched = [b - a for a, b in zip([0] + cu[:-1], cu)]
-        return cls.from_counts(sched, list(metadata.num_draft_tokens), slot_mapping,
-                               metadata.draft_token_ids.to(slot_mapping.device))
+        dev = slot_mapping.device
+        window = cls.from_counts(sched, metadata.num_draft_tokens, slot_mapping,
+                                 metadata.draft_token_ids.to(dev))
+        window.cu_draft = metadata.cu_num_draft_tokens.to(dev)
+        return window
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -101,8 +106,10 @@ class Window:
     @property
     def cu_num_draft_tokens(self) -> torch.Tensor:
         """[R] int32 inclusive cumulative draft counts (vLLM's cu_num_draft_tokens)."""
-        c = torch.tensor(self.num_draft_tokens, dtype=torch.int32).cumsum(0).to(torch.int32)
-        return c.to(self.slot_mapping.device)
+        if self.cu_draft is None:
+            c = torch.tensor(self.num_draft_tokens, dtype=torch.int32).cumsum(0).to(torch.int32)
+            self.cu_draft = c.to(self.slot_mapping.device)
+        return self.cu_draft
 
     def commit_mask_from(self, accepted_len: torch.Tensor) -> torch.Tensor:
         """[T] bool: keep a token iff it is not a draft or its draft index <= accepted_len."""
@@ -144,6 +151,29 @@ class Acceptance:
     def accepted_per_request(self) -> list[int]:
         """Accepted length of each request as host ints (one sync on CUDA)."""
         return [int(a) for a in self.accepted_len.tolist()]
+
+    @classmethod
+    def from_draft_mask(cls, window: Window, draft_mask: torch.Tensor) -> "Acceptance":
+        """From a prefix-closed draft mask `[Dtot]` bool: accepted lengths and the commit mask
+        follow from the window's token map (no host sync)."""
+        check_tensor("draft_mask", draft_mask, shape=(window.num_drafts,), dtypes=(torch.bool,),
+                     what="[num_drafts] bool, one per draft token")
+        accepted_len = window.accepted_len_from(draft_mask)
+        return cls(draft_mask, accepted_len, window.commit_mask_from(accepted_len))
+
+    @classmethod
+    def from_accepted_len(cls, window: Window, accepted_len) -> "Acceptance":
+        """From accepted lengths `[R]` (ints or a tensor): drafts 1..a_r of request r accepted."""
+        acc = torch.as_tensor(accepted_len, dtype=torch.int32, device=window.token_req.device)
+        check_tensor("accepted_len", acc, shape=(window.num_reqs,), what="[num_reqs]")
+        draft_pos = window.token_draft_pos[window.draft_rows]
+        draft_mask = draft_pos <= acc[window.draft_req.long()]
+        return cls(draft_mask, acc, window.commit_mask_from(acc))
+
+    @classmethod
+    def rejecting_all(cls, window: Window) -> "Acceptance":
+        """Every draft rejected, every non-draft token kept (e.g. an EAGLE draft chain)."""
+        return cls.from_accepted_len(window, [0] * window.num_reqs)
 
     def to(self, device) -> "Acceptance":
         cm = None if self.commit_mask is None else self.commit_mask.to(device)

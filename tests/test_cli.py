@@ -35,8 +35,10 @@ def test_selfcheck_detects_a_broken_policy(monkeypatch):
     from nwor_lab.policies import stage
     original = stage.StagePolicy._commit
 
-    def leaky_commit(self, draft_mask, accepted_len, commit_mask):
-        original(self, draft_mask, accepted_len, torch.ones_like(commit_mask))
+    def leaky_commit(self, acceptance):
+        from nwor_lab.window import Acceptance
+        original(self, Acceptance(acceptance.draft_mask, acceptance.accepted_len,
+                                  torch.ones_like(acceptance.commit_mask)))
     monkeypatch.setattr(stage.StagePolicy, "_commit", leaky_commit)
     result = selfcheck(seed=1)
     assert not result["ok"]

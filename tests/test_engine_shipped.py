@@ -38,7 +38,7 @@ def test_shipped_pair_accepts(tiny):
 
 
 def test_cli_generate(capsys):
-    from nwor_lab.engine import cli_generate
+    from nwor_lab.cli.generate import cli_generate
     assert cli_generate(["def area(r):\n", "--k", "4", "--nwor", "stage", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("def area(r):\n") and "mean acceptance length" in out and "d1=" in out

@@ -40,7 +40,7 @@ def test_gqa_config_checks():
         toy_config(num_attention_heads=4, num_key_value_heads=3)
 
 
-def paged_forward(model, seqs, cache, chunks, policy=None, stage=False):
+def paged_forward(model, seqs, cache, chunks, policy=None):
     """Run `seqs` through the paged model in windows of `chunks[i]` tokens per request; return the
     hidden states of every position, per request."""
     bs = cache.spec.block_size
@@ -58,13 +58,9 @@ def paged_forward(model, seqs, cache, chunks, policy=None, stage=False):
                               for p in range(ctx[s], ctx[s] + qlens[s])])
         if policy is not None:
             policy.begin(Window.from_counts(qlens, [0] * len(seqs), slots))
+        # the writer (policy) declares where attention reads the window: cache or its buffer
         starts = torch.tensor([0] + qlens).cumsum(0).tolist()
-        if stage:
-            md = AttentionMetadata.build(cache, pos, qlens, tables, ctx,
-                                         window_rows=[range(starts[s], starts[s + 1]) for s in range(len(seqs))],
-                                         policy=policy)
-        else:
-            md = AttentionMetadata.build(cache, pos, qlens, tables, [c + q for c, q in zip(ctx, qlens)], policy=policy)
+        md = AttentionMetadata.build(cache, policy, pos, qlens, tables, ctx)
         h = model(torch.tensor(ids), md)
         if policy is not None:
             policy.commit()
@@ -83,7 +79,7 @@ def test_paged_equals_dense(mode, layout):
     cache = make_cache(target.config, target.num_layers, layout=layout)
     policy = None if mode is None else make_policy(LabConfig(nwor_mode=mode), cache)
     with torch.no_grad():
-        got = paged_forward(target, seqs, cache, [5, 1, 3, 3], policy, stage=mode == "stage")
+        got = paged_forward(target, seqs, cache, [5, 1, 3, 3], policy)
         for s, seq in enumerate(seqs):
             want = target.forward_dense(torch.tensor([seq]))[0]
             torch.testing.assert_close(got[s], want, atol=1e-5, rtol=1e-5)
@@ -101,8 +97,7 @@ def test_fp8_stage_reads_the_window_as_the_cache_would(cache_dtype):
         for layer in range(target.num_layers):
             cache.set_scales(layer, 0.05)
         with torch.no_grad():
-            out[mode] = paged_forward(target, seqs, cache, [4, 5], make_policy(LabConfig(nwor_mode=mode), cache),
-                                      stage=mode == "stage")
+            out[mode] = paged_forward(target, seqs, cache, [4, 5], make_policy(LabConfig(nwor_mode=mode), cache))
     assert all(torch.equal(a, b) for a, b in zip(out["off"], out["stage"]))
 
 
@@ -124,7 +119,7 @@ def test_eagle_head_paged_equals_dense():
     with torch.no_grad():
         f = target.forward_dense(seq[None])[0]
         want = head.forward_dense(seq[None, 1:], f[None, :-1])[0]
-        md = AttentionMetadata.build(cache, list(range(9)), [9], [list(range(8))], [9])
+        md = AttentionMetadata.build(cache, None, list(range(9)), [9], [list(range(8))], [0])
         got = head(seq[1:], f[:-1], md)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert head.layer_index == target.num_layers

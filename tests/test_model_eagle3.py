@@ -18,7 +18,7 @@ def test_aux_features_paged_equal_dense(target):
     cache = PagedKVCache(KVCacheSpec(5, 8, 4, 2, 8))
     with torch.no_grad():
         hidden, aux = target.forward_dense(seq[None], aux_layers=(2, 2, 1))
-        md = AttentionMetadata.build(cache, list(range(7)), [7], [[0, 1]], [7])
+        md = AttentionMetadata.build(cache, None, list(range(7)), [7], [[0, 1]], [0])
         h2, aux2 = target.forward_with_aux(seq, md, (2, 2, 1))
     assert aux.shape == (1, 7, 96)
     torch.testing.assert_close(aux2, aux[0], atol=1e-5, rtol=1e-5)
@@ -33,7 +33,7 @@ def test_eagle3_paged_equals_dense(target):
     with torch.no_grad():
         _, aux = target.forward_dense(seq[None], aux_layers=head.aux_layers)
         want = head.forward_dense(seq[None, 1:], aux[:, :-1])[0]
-        md = AttentionMetadata.build(cache, list(range(8)), [8], [[0, 1]], [8])
+        md = AttentionMetadata.build(cache, None, list(range(8)), [8], [[0, 1]], [0])
         got = head(seq[1:], aux[0, :-1], md)
         # a chain step reads the head's own output g (width h, no fc)
         step = head.forward_dense(seq[None, 1:3], want[None, :2])

@@ -9,8 +9,15 @@ from hypothesis import strategies as st
 from nwor_lab import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.policies import Window, WindowStateError, make_policy
-from nwor_lab.policies.invariants import check_invariants, random_window, run_window
+from nwor_lab.policies import WindowStateError, make_policy
+from nwor_lab.policies.invariants import check_invariants, off_reference, random_window, run_window
+from nwor_lab.speculative import ScvRunner, check_against_sampler
+from nwor_lab.window import Acceptance, Window
+
+
+def accept(window, mask):
+    """The Acceptance of a host draft-mask list."""
+    return Acceptance.from_draft_mask(window, torch.tensor(mask, dtype=torch.bool))
 
 MODES = ("off", "cow", "stage")
 
@@ -31,15 +38,17 @@ def run_all_modes(spec, seed, *, num_reqs, max_k, chunks, acceptance="mask", scv
     base = build_cache(spec, gen, scales)
     before = base.snapshot()
     rw = random_window(base, gen, num_reqs=num_reqs, max_k=max_k, spec_frac=spec_frac, pad_frac=pad_frac)
-    out, off_after = {}, None
+    out = {}
     for mode in MODES:
         cache = build_cache(spec, torch.Generator().manual_seed(seed), scales)
         metrics = LabMetrics()
         policy = make_policy(LabConfig(nwor_mode=mode, scv_mode=scv_mode, debug=True), cache, metrics)
-        rec = run_window(policy, rw, chunks=chunks, acceptance=acceptance)
-        if mode == "off":
-            off_after = cache.snapshot()
-        assert check_invariants(mode, cache, before, off_after, rw) == []
+        acc = None
+        if acceptance == "sampled":   # SCV from the sampler's output, cross-checked as in debug mode
+            acc = ScvRunner(scv_mode).accept(rw.window, rw.sampled_token_ids)
+            check_against_sampler(rw.window, acc, rw.sampled_token_ids)
+        rec = run_window(policy, rw, chunks=chunks, acceptance=acc)
+        assert check_invariants(policy, cache, before, off_reference(cache, before, rw), rw) == []
         out[mode] = (cache, rec, metrics)
     return out, rw
 
@@ -88,7 +97,7 @@ def test_more_than_512_drafts_and_bytes_accounting():
 
 def test_all_rejected_and_all_accepted():
     spec = KVCacheSpec(2, 16, 4, 2, 8)
-    for accept in (0, 3):
+    for n_acc in (0, 3):
         for mode in MODES:
             gen = torch.Generator().manual_seed(3)
             cache = build_cache(spec, gen)
@@ -100,13 +109,13 @@ def test_all_rejected_and_all_accepted():
             k = torch.randn(2, 8, 2, 8, generator=gen)
             for layer in range(2):
                 p.write(layer, k[layer], -k[layer])
-            rec = p.commit(torch.tensor([j < accept for j in range(3)] * 2))
-            assert rec.num_accepted == 2 * accept
+            rec = p.commit(accept(w, [j < n_acc for j in range(3)] * 2))
+            assert rec.num_accepted == 2 * n_acc
             drafts = slots[w.draft_rows]
-            rejected = drafts[[j >= accept for j in range(3)] * 2]
+            rejected = drafts[[j >= n_acc for j in range(3)] * 2]
             bs = spec.block_size
             same = torch.equal(cache.key[:, rejected // bs, rejected % bs], before[0][:, rejected // bs, rejected % bs])
-            assert same == (mode != "off" or accept == 3)
+            assert same == (mode != "off" or n_acc == 3)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -139,7 +148,7 @@ def test_lifecycle_errors(mode):
     w = Window.from_counts([3], [2], torch.tensor([0, 1, 2]), torch.tensor([5, 6]))
     k = torch.zeros(3, 2, 8)
     with pytest.raises(WindowStateError, match="commit: no window is open"):
-        p.commit(torch.tensor([True, False]))
+        p.commit(accept(w, [True, False]))
     with pytest.raises(WindowStateError, match="write: no window"):
         p.write(0, k, k)
     p.begin(w)
@@ -159,16 +168,39 @@ def test_lifecycle_errors(mode):
     p.write(0, k[2:], k[2:], token_offset=2)
     p.write(1, k[:1], k[:1])
     with pytest.raises(WindowStateError, match=r"layers \[1\] received only part"):
-        p.commit(torch.tensor([True, False]))
+        p.commit(accept(w, [True, False]))
     p.write(1, k[1:], k[1:], token_offset=1)
-    with pytest.raises(ValueError, match="draft_mask: shape"):
-        p.commit(torch.tensor([True, False, False]))
-    with pytest.raises(ValueError, match="not prefix-closed"):
-        p.commit(torch.tensor([False, True]))
-    rec = p.commit(sampled_token_ids=torch.tensor([[5, 9, -1]]))
+    one = torch.tensor([1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="acceptance.draft_mask: expected shape"):
+        p.commit(Acceptance(torch.tensor([True, False, False]), one))
+    with pytest.raises(TypeError, match="Acceptance.from_draft_mask"):
+        p.commit(torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="prefix rule"):
+        p.commit(accept(w, [False, True]))
+    with pytest.raises(ValueError, match="accepted_len=\\[3\\]"):
+        p.commit(Acceptance(torch.tensor([True, True]), torch.tensor([3], dtype=torch.int32)))
+    rec = p.commit(ScvRunner("off").accept(w, torch.tensor([[5, 9, -1]])))
     assert rec.num_accepted == 1
     with pytest.raises(WindowStateError, match="commit: no window is open"):
-        p.commit(torch.tensor([True, False]))  # double commit
+        p.commit(accept(w, [True, False]))  # double commit
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_contradictory_acceptance_is_refused_before_any_write(mode):
+    """A commit mask that keeps drafts the draft mask rejects would make the modes diverge."""
+    cache = build_cache(KVCacheSpec(1, 8, 4, 1, 4), torch.Generator().manual_seed(0))
+    p = make_policy(LabConfig(nwor_mode=mode), cache)
+    w = Window.from_counts([4], [3], torch.tensor([0, 1, 2, 3]))
+    p.begin(w)
+    p.write(0, torch.ones(4, 1, 4), torch.ones(4, 1, 4))
+    written = cache.snapshot()
+    bad = Acceptance(torch.zeros(3, dtype=torch.bool), torch.zeros(1, dtype=torch.int32),
+                     torch.ones(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="acceptance.commit_mask"):
+        p.commit(bad)
+    assert torch.equal(cache.key, written[0]), "nothing committed or restored by a refused commit"
+    p.cancel()
+    assert p.window is None
 
 
 def test_begin_rejects_bad_slots_before_writing():
@@ -215,7 +247,7 @@ def test_debug_logs_lifecycle(caplog):
     with caplog.at_level(logging.INFO, logger="nwor_lab.policies"):
         p.begin(Window.from_counts([3], [2], torch.tensor([0, 1, 2])))
         p.write(0, torch.zeros(3, 1, 4), torch.zeros(3, 1, 4))
-        p.commit(torch.tensor([True, False]))
+        p.commit(accept(p.window, [True, False]))
     text = caplog.text
     assert "window 0 begin: 3 tokens, 2 drafts" in text and "1/2 drafts accepted (per request [1])" in text
 
@@ -277,7 +309,9 @@ def test_committed_equals_rejection_sampler_accepted(mode, temperature):
     for layer in range(2):
         kv = torch.randn(window.num_tokens, 2, 8, generator=gen)
         policy.write(layer, kv, kv)
-    rec = policy.commit(sampled_token_ids=sampled)
+    acceptance = ScvRunner("off").accept(window, sampled)
+    check_against_sampler(window, acceptance, sampled)
+    rec = policy.commit(acceptance)
     assert rec.per_request_accepted == want
     assert 0 < sum(want) < sum(num_draft), "the seed must give a mix of accepted and rejected drafts"
     assert rec.drafts_committed == rec.num_accepted == sum(want)
@@ -300,7 +334,7 @@ def test_window_over_a_layer_subset(mode):
     with pytest.raises(ValueError, match="layer=0: this window was opened for layers 3..3"):
         p.write(0, kv, kv)
     p.write(3, kv, kv)
-    rec = p.commit(torch.tensor([True, False, False]))
+    rec = p.commit(accept(w, [True, False, False]))
     bpt = spec.bytes_per_token_layer
     if mode == "cow":
         assert rec.bytes_logged == 3 * bpt and rec.bytes_restored == 2 * bpt
@@ -313,18 +347,9 @@ def test_window_over_a_layer_subset(mode):
 
 
 def test_debug_cross_checks_acceptance_against_the_sampler():
-    """Given both, debug mode checks the caller's acceptance against the sampler's output."""
-    cache = PagedKVCache(KVCacheSpec(1, 8, 4, 1, 4))
+    """The engine's debug check: an Acceptance must say what the sampler's output says."""
     w = Window.from_counts([3], [2], torch.tensor([0, 1, 2]), torch.tensor([5, 6]))
-    kv = torch.zeros(3, 1, 4)
-    for debug, acceptance, ok in ((True, [True, False], True), (True, [True, True], False), (False, [True, True], True)):
-        p = make_policy(LabConfig(nwor_mode="stage", debug=debug), cache)
-        p.begin(w)
-        p.write(0, kv, kv)
-        if ok:
-            rec = p.commit(torch.tensor(acceptance), sampled_token_ids=torch.tensor([[5, 9, -1]]))
-            assert rec.num_accepted == sum(acceptance)
-        else:
-            with pytest.raises(AssertionError, match="sampler's output says \\[1\\]"):
-                p.commit(torch.tensor(acceptance), sampled_token_ids=torch.tensor([[5, 9, -1]]))
-            p.cancel()
+    sampled = torch.tensor([[5, 9, -1]])
+    check_against_sampler(w, accept(w, [True, False]), sampled)
+    with pytest.raises(AssertionError, match="sampler's output says \\[1\\]"):
+        check_against_sampler(w, accept(w, [True, True]), sampled)

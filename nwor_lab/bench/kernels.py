@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from nwor_lab.ops.graphs import capture_graph
+
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHAPES = {
     "llama3-8b": dict(num_kv_heads=8, head_size=128, block_size=16, dtype=torch.bfloat16),
@@ -63,16 +65,10 @@ def time_us(fn, *, iters: int = 20, reps: int = 25, warmup: int = 3) -> float:
 def graph_time_us(fns, *, per_graph: int = 40, reps: int = 15) -> float:
     """GPU time per call: `per_graph` calls (cycling through `fns`) captured in one CUDA graph,
     replayed; median over repeats, divided by `per_graph`."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def calls():
         for i in range(per_graph):
             fns[i % len(fns)]()
+    graph = capture_graph(calls)
     us = time_us(graph.replay, iters=3, reps=reps) / per_graph
     del graph
     return us
@@ -239,10 +235,10 @@ def bench_scv(quick: bool) -> dict:
     static = graphed.static_inputs(drafts, cu, sampled, token_req, token_pos)
     replay = time_us(lambda: graphed(*static), reps=reps)
     # The kernel alone, many replays of a graph holding 20 copies (launch gaps removed).
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    def twenty():
         for _ in range(20):
             scv_mask(drafts, cu, sampled, token_req, token_pos, dm, acc, cm)
+    g = capture_graph(twenty)
     in_graph = time_us(g.replay, iters=5, reps=reps) / 20
     return dict(num_reqs=num_reqs, k=k, eager_us=round(eager, 2), reference_us=round(ref, 2),
                 graph_replay_us=round(replay, 2), kernel_in_graph_us=round(in_graph, 2))

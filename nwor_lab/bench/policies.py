@@ -18,10 +18,13 @@ import time
 
 import torch
 
+from nwor_lab.ops.graphs import capture_graph
+
 from nwor_lab.bench.kernels import time_us
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
-from nwor_lab.policies import Window, make_policy
+from nwor_lab.policies import make_policy
+from nwor_lab.window import Acceptance, Window
 
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 K = 4
@@ -41,24 +44,18 @@ def _setup(num_reqs: int, gen: torch.Generator):
 
 
 def _window_fn(policy, window, mask, key):
+    acceptance = Acceptance.from_draft_mask(window, mask)   # what SCV hands the policy
+
     def run():
         policy.begin(window)
         for layer in range(LAYERS):
             policy.write(layer, key[layer], key[layer])
-        policy.commit(mask)
+        policy.commit(acceptance)
     return run
 
 
 def _graph_us(fn, reps: int = 20) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up outside capture (allocations, extension load)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_us(graph.replay, iters=10, reps=reps)
+    return time_us(capture_graph(fn).replay, iters=10, reps=reps)
 
 
 def _index_copy_fn(cache: PagedKVCache, window: Window, key):
@@ -86,8 +83,7 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
         for mode in NWOR_MODES:
             cache = PagedKVCache(spec, "cuda")
             policy = make_policy(LabConfig(nwor_mode=mode, backend=backend, validate=False), cache, records=False)
-            if mode == "stage":
-                policy.reserve(window.num_tokens)
+            policy.reserve(window.num_tokens)   # buffers allocated before the graph capture
             fn = _window_fn(policy, window, mask, key)
             row[mode] = {"eager_us": round(time_us(fn, iters=5, reps=15), 1), "graph_us": round(_graph_us(fn), 1)}
         for mode in NWOR_MODES:

@@ -1,98 +1,113 @@
 """EAGLE drafting after a verify window: the first draft, then the chain d_2..d_n in one window.
 
 The chain's K/V (head layer only) comes from *predicted* features, so none of it is ever kept:
-its window marks every row as a draft and is committed with nothing accepted. `off` leaves the
-rows in the cache, as vLLM does (the next verify window's head pass overwrites them), `cow`
-restores them, `stage` never writes them. Rows are step-major: step s (1-based) holds one row
-per request still drafting, at position `num_computed + s - 1`, input `(d_s, g_{s-1})`; its
-output `g_s` proposes `d_{s+1}`.
+its window marks every row as a draft and is committed with nothing accepted. A policy that
+preserves rejected slots leaves the cache as it was (`cow` restores, `stage` never writes);
+`off` leaves the rows in the cache, as vLLM does (the next verify window's head pass overwrites
+them). Rows are step-major: step s (1-based) holds one row per request still drafting, at
+position `num_computed + s - 1`, input `(d_s, g_{s-1})`; its output `g_s` proposes `d_{s+1}`.
 """
 from __future__ import annotations
 
 import torch
 
+from nwor_lab.engine.request import Request
 from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.kv import block_table_tensor, build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata
-from nwor_lab.policies import Window
+from nwor_lab.speculative import sample_from_probs
+from nwor_lab.window import Acceptance, Window
 
 
-def propose(head, g: torch.Tensor, temperature: float, generator):
-    """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy)."""
-    logits = head.compute_logits(g).float()
-    if temperature == 0:
-        return logits.argmax(-1), None
-    q = torch.softmax(logits / temperature, -1)
-    race = torch.empty_like(q).exponential_(generator=generator)   # exponential race = sample from q
-    return (q / race).argmax(-1), q
+class Drafter:
+    """Proposes each request's drafts with an EAGLE head writing cache layer `head.layer_index`
+    through its own write policy (`policy`, never open at the same time as the verify policy)."""
+
+    def __init__(self, head, cache, policy, k: int, temperature: float, generator: torch.Generator):
+        self.head, self.cache, self.policy = head, cache, policy
+        self.k, self.temperature, self.generator = k, temperature, generator
+
+    def propose(self, g: torch.Tensor):
+        """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy)."""
+        logits = self.head.compute_logits(g).float()
+        if self.temperature == 0:
+            return logits.argmax(-1), None
+        q = torch.softmax(logits / self.temperature, -1)
+        return sample_from_probs(q, self.generator), q
+
+    def draft(self, requests: list[Request], g: torch.Tensor, step: int):
+        """Give every request its drafts for the next window. g `[len(requests), h]`: the head's
+        output at each request's last committed row. -> (WindowTrace, Window) of the chain, or None
+        when no request drafts more than one token."""
+        n_drafts = [min(self.k, r.remaining - 1) for r in requests]
+        ids, probs = self.propose(g)
+        for j, r in enumerate(requests):
+            if n_drafts[j] > 0:
+                r.drafts = [int(ids[j])]
+                r.draft_probs = None if probs is None else probs[j:j + 1]
+                r.block_table.ensure(r.num_computed + 1, lookahead=n_drafts[j])   # the next window's slots
+        chained = [j for j in range(len(requests)) if n_drafts[j] > 1]
+        if not chained:
+            return None
+        return self._chain([requests[j] for j in chained], [n_drafts[j] for j in chained], g[chained], step)
+
+    def _chain(self, requests: list[Request], n_drafts: list[int], g: torch.Tensor, step: int):
+        """Drafts d_2..d_n of every request, one head pass per chain step, in one policy window."""
+        window, rows_of = chain_window(requests, n_drafts, self.cache)
+        layer = self.head.layer_index
+        self.policy.begin(window, layers=range(layer, layer + 1), kind="draft")   # the head's layer only
+        try:
+            offset = 0
+            for s in range(1, max(n_drafts)):
+                live = [j for j in range(len(requests)) if n_drafts[j] > s]
+                out = self._chain_step(requests, live, [rows_of[j][:s] for j in live], g[live], s, offset)
+                g = g.clone()
+                g[live] = out
+                offset += len(live)
+            record = self.policy.commit(Acceptance.rejecting_all(window))
+        except BaseException:
+            if self.policy.window is not None:
+                self.policy.cancel()
+            raise
+        entry = WindowTrace(step, "draft", [r.req_id for r in requests], ["draft"] * len(requests),
+                            [n - 1 for n in n_drafts], [0] * len(requests), [[] for _ in requests], record)
+        return entry, window
+
+    def _chain_step(self, requests, live, window_rows, g_live, s: int, offset: int) -> torch.Tensor:
+        """Chain step s for requests `live`: one row each at position num_computed + s - 1, reading
+        the committed prefix from the cache and the chain rows so far where the policy keeps them."""
+        reqs = [requests[j] for j in live]
+        md = AttentionMetadata.build(self.cache, self.policy, [r.num_computed + s - 1 for r in reqs],
+                                     [1] * len(reqs), [r.block_table.blocks for r in reqs],
+                                     [r.num_computed for r in reqs], window_rows=window_rows,
+                                     write_offset=offset,
+                                     slot_mapping=self.policy.window.slot_mapping[offset:offset + len(reqs)])
+        out = self.head(torch.tensor([r.drafts[-1] for r in reqs], dtype=torch.long, device=self.cache.device),
+                        g_live, md)
+        ids, probs = self.propose(out)
+        for i, r in enumerate(reqs):
+            r.drafts.append(int(ids[i]))
+            if probs is not None:
+                r.draft_probs = torch.cat([r.draft_probs, probs[i:i + 1]])
+        return out
 
 
-def chain_window(reqs, n_drafts: list[int], device) -> tuple[Window, list[list[int]]]:
-    """The chain window of requests drafting `n_drafts[j] >= 2` tokens -> (window, rows per request)."""
-    steps = max(n_drafts) - 1
-    rows_of = [[] for _ in reqs]
-    token_req, draft_pos, slots = [], [], []
-    for s in range(1, steps + 1):
-        for j, r in enumerate(reqs):
+def chain_window(requests: list[Request], n_drafts: list[int], cache) -> tuple[Window, list[list[int]]]:
+    """The chain window of requests drafting `n_drafts[j] >= 2` tokens -> (window, rows per request).
+    Every row is a draft (d_2..d_n of its request); slots from the one slot-mapping builder."""
+    dev = cache.device
+    rows_of: list[list[int]] = [[] for _ in requests]
+    token_req, draft_pos, positions = [], [], []
+    for s in range(1, max(n_drafts)):
+        for j, r in enumerate(requests):
             if n_drafts[j] > s:
                 rows_of[j].append(len(token_req))
-                token_req.append(j), draft_pos.append(s)
-                slots += r.block_table.slots([r.num_computed + s - 1])
+                token_req.append(j), draft_pos.append(s), positions.append(r.num_computed + s - 1)
+    tables = block_table_tensor([r.block_table.blocks for r in requests], dev)
+    token_req_t = torch.tensor(token_req, dtype=torch.int32, device=dev)
+    slots = build_slot_mapping(tables, token_req_t, torch.tensor(positions, device=dev), cache.spec.block_size)
     counts = [n - 1 for n in n_drafts]
     draft_rows = [row for rows in rows_of for row in rows]         # request-major, as Window wants
-    window = Window(torch.tensor(slots, dtype=torch.long, device=device),
-                    torch.tensor(token_req, dtype=torch.int32, device=device),
-                    torch.tensor(draft_pos, dtype=torch.int32, device=device),
-                    torch.tensor(draft_rows, dtype=torch.long, device=device), counts, counts)
+    window = Window(slots, token_req_t, torch.tensor(draft_pos, dtype=torch.int32, device=dev),
+                    torch.tensor(draft_rows, dtype=torch.long, device=dev), counts, counts)
     return window, rows_of
-
-
-def draft(engine, reqs, g: torch.Tensor) -> None:
-    """Give every request in `reqs` its drafts for the next window. g `[len(reqs), h]`: the head
-    output at each request's last committed row (from the verify window's head pass)."""
-    head, dev = engine.head, engine.device
-    n_d = [min(engine.k, r.remaining - 1) for r in reqs]
-    d, q = propose(head, g, engine.temperature, engine.generator)
-    for j, r in enumerate(reqs):
-        if n_d[j] > 0:
-            r.drafts = [int(d[j])]
-            r.draft_probs = None if q is None else q[j:j + 1]
-            r.block_table.ensure(r.num_computed + 1, lookahead=n_d[j])   # slots of the next window
-    chain = [j for j in range(len(reqs)) if n_d[j] > 1]
-    if not chain:
-        return
-    creqs, cn, g = [reqs[j] for j in chain], [n_d[j] for j in chain], g[chain]
-    window, rows_of = chain_window(creqs, cn, dev)
-    policy = engine.draft_policy
-    engine._notify_begin("draft", window)
-    policy.begin(window, layers=range(head.layer_index, head.layer_index + 1))  # the chain writes the head only
-    try:
-        offset = 0
-        for s in range(1, max(cn)):
-            live = [j for j in range(len(creqs)) if cn[j] > s]
-            rs = [creqs[j] for j in live]
-            # stage: committed prefix from the cache, chain rows so far from the staging buffer
-            md = AttentionMetadata.build(
-                engine.cache, [r.num_computed + s - 1 for r in rs], [1] * len(rs), [r.block_table.blocks for r in rs],
-                [r.num_computed if engine.stage else r.num_computed + s for r in rs],
-                slot_mapping=window.slot_mapping[offset:offset + len(rs)],
-                window_rows=[rows_of[j][:s] for j in live] if engine.stage else None,
-                policy=policy, write_offset=offset)
-            ids = torch.tensor([r.drafts[-1] for r in rs], dtype=torch.long, device=dev)
-            out = head(ids, g[live], md)
-            d, q = propose(head, out, engine.temperature, engine.generator)
-            g = g.clone()
-            g[live] = out
-            for i, r in enumerate(rs):
-                r.drafts.append(int(d[i]))
-                if q is not None:
-                    r.draft_probs = torch.cat([r.draft_probs, q[i:i + 1]])
-            offset += len(rs)
-        record = policy.commit(torch.zeros(window.num_drafts, dtype=torch.bool, device=dev))
-    except BaseException:
-        if policy.window is not None:
-            policy.cancel()
-        raise
-    entry = WindowTrace(engine.step_index, "draft", [r.req_id for r in creqs], ["draft"] * len(creqs),
-                        [n - 1 for n in cn], [0] * len(creqs), [[] for _ in creqs], record)
-    engine.trace.append(entry)
-    engine._notify_end(entry, window)

@@ -1,41 +1,41 @@
 """The speculative decoding loop: one verify window per step, then the EAGLE head drafts.
 
-Per step (every running request in one flattened window; prefills, plain decodes and
-speculative requests mixed):
-  1. `policy.begin(window)`; target forward: every layer writes K/V through the policy and
-     attends (stage: prefix from the cache, window from the staging buffer).
-  2. rejection sampler -> sampled ids `[R, k+1]`; SCV (`config.scv_mode`) -> Acceptance.
-  3. EAGLE head first pass over the SAME window rows (cache layer N, same slots): row p reads
-     (x[p+1], f[p]) with the freshly sampled token at the last accepted row (f: the final-norm
-     hidden state for EAGLE-1, the fc-fused low/middle/high streams for EAGLE-3).
-  4. `policy.commit(acceptance)`: target and head rows of t_last, d_1..d_a kept, the rest dropped.
-     `num_computed` advances by a + 1 (the rollback of rejected drafts is just not advancing).
-  5. Draft chain d_2..d_n in its own window (`draft_policy`, all rows speculative, committed
-     with nothing accepted: `off` leaves them in the cache like vLLM, `cow` restores, `stage`
-     never writes them).
+    step():  schedule -> prepare the verify batch -> target forward -> sample + accept
+             -> head pass over the same rows -> commit -> advance the requests -> draft
+
+All of a window's cache writes (target layers 0..N-1 and the head's layer N) go through one write
+policy, opened before the target forward and committed after the head pass: `t_last, d_1..d_a`
+kept, the rest dropped the policy's way. `num_computed` advances by a + 1 (the rollback of rejected
+drafts is just not advancing). The draft chain d_2..d_n then runs in its own window (`Drafter`).
+
+Observers (`engine.observers`) see every phase of every window through the policies
+(`on_phase(PhaseEvent)`, nwor_lab.policies.observer); one that also has
+`on_window_end(engine, trace, window)` is called once the engine has advanced its requests.
 """
 from __future__ import annotations
 
 import torch
 
 from nwor_lab.config import LabConfig
-from nwor_lab.engine.drafter import draft
+from nwor_lab.engine.batch import Verdict, VerifyBatch
+from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.request import Request
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.model.attention import AttentionMetadata
-from nwor_lab.policies import Window, make_policy
-from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, rejection_sample
+from nwor_lab.policies import make_policy
+from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.window import Window
 
 
 class SpecEngine:
     """Target + optional EAGLE-1 / EAGLE-3 head over one PagedKVCache (layers: target 0..N-1, head N).
 
-    `policy` (records in `metrics`) handles verify windows, `draft_policy` (`draft_metrics`) the
-    draft-chain windows: two policies of the same mode on the same cache, never open at once.
-    `trace` lists every window (`WindowTrace`); `observers` see each window's begin and end.
+    `policy` (records in `metrics`) handles verify windows, the drafter's policy (`draft_metrics`)
+    the draft-chain windows: two policies of the same mode on the same cache, never open at once.
+    `trace` lists every window (`WindowTrace`).
     """
 
     def __init__(self, target, head=None, config: LabConfig | None = None, *, k: int = 4,
@@ -49,122 +49,134 @@ class SpecEngine:
             raise ValueError(f"k={k}: must be >= 0")
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
-        tc = target.config
-        if head is not None:
-            hc = head.config
-            if (hc.num_key_value_heads, hc.head_dim) != (tc.num_key_value_heads, tc.head_dim):
-                raise ValueError(f"draft head KV shape ({hc.num_key_value_heads} heads x {hc.head_dim}) differs "
-                                 f"from the target's ({tc.num_key_value_heads} x {tc.head_dim}); one stacked "
-                                 f"cache holds both")
-        n_layers = tc.num_hidden_layers + (1 if head is not None else 0)
-        self.cache = PagedKVCache(KVCacheSpec(n_layers, num_blocks, block_size, tc.num_key_value_heads,
-                                              tc.head_dim, dtype=self.dtype, cache_dtype=cache_dtype),
+        self.cache = PagedKVCache(_cache_spec(target, head, num_blocks, block_size, self.dtype, cache_dtype),
                                   device=self.device)
-        self.metrics = LabMetrics()
-        self.draft_metrics = LabMetrics()
-        self.policy = make_policy(self.config, self.cache, self.metrics)
-        self.draft_policy = make_policy(self.config, self.cache, self.draft_metrics)
+        self.observers: list = []          # shared with both policies: see the module docstring
+        self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
+        self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
         self.temperature = float(temperature)
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.drafter = None
+        if head is not None:
+            draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
+            self.drafter = Drafter(head, self.cache, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
         self.trace: list[WindowTrace] = []
-        self.observers = []   # objects with begin(engine, kind, window) / end(engine, trace, window)
         self.step_index = 0
         self.target_forwards = 0
 
     @property
     def drafting(self) -> bool:
-        return self.head is not None and self.k > 0
-
-    @property
-    def stage(self) -> bool:
-        return self.config.nwor_mode == "stage"
+        return self.drafter is not None and self.k > 0
 
     def add_request(self, prompt: list[int], max_new_tokens: int) -> Request:
         return self.scheduler.add(prompt, max_new_tokens)
+
+    def run(self) -> None:
+        while self.scheduler.has_work:
+            self.step()
 
     # -- one step ------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
         """One verify window over every scheduled request, then drafting for the next one."""
-        batch = self.scheduler.schedule()
-        if not batch:
+        requests = self.scheduler.schedule()
+        if not requests:
             return
-        ids, positions, qlens, ndrafts, ctx, drafts, kinds = [], [], [], [], [], [], []
-        for r in batch:
+        batch = self._prepare(requests)
+        self.policy.begin(batch.window, kind="verify")
+        try:
+            hidden, aux = self._target_forward(batch)
+            verdict = self._sample_and_accept(batch, hidden)
+            features = self._head_pass(batch, verdict, hidden, aux)
+            record = self.policy.commit(verdict.acceptance)
+        except BaseException:
+            if self.policy.window is not None:
+                self.policy.cancel()        # the cache ends as `off` would leave it
+            raise
+        live = self._advance(batch, verdict, record)
+        if self.drafting and live:
+            self._draft([batch.requests[i] for i in live], features[live])
+        self.step_index += 1
+
+    def _prepare(self, requests: list[Request]) -> VerifyBatch:
+        """Flatten every request's scheduled tokens into one window (slots, metadata, Window)."""
+        ids, positions, qlens, ctx, ndrafts, drafts, kinds = [], [], [], [], [], [], []
+        for r in requests:
             toks, start, n = r.scheduled()
             r.block_table.ensure(start + len(toks))
             ids += toks
             positions += range(start, start + len(toks))
-            qlens.append(len(toks)), ndrafts.append(n), ctx.append(start)
+            qlens.append(len(toks)), ctx.append(start), ndrafts.append(n)
             drafts += r.drafts[:n]
             kinds.append("prefill" if r.is_prefill else ("spec" if n else "decode"))
         cu = torch.tensor(qlens).cumsum(0).tolist()
-        starts = [c - q for c, q in zip(cu, qlens)]
-        md = self._metadata(positions, qlens, [r.block_table.blocks for r in batch], ctx,
-                            [range(s, c) for s, c in zip(starts, cu)])
-        spec_md = SpecDecodeMetadata.build(ndrafts, cu, torch.tensor(drafts, dtype=torch.int32), device=self.device)
-        window = Window.from_metadata(spec_md, cu, md.slot_mapping)
-        self._notify_begin("verify", window)
-        self.policy.begin(window)
-        try:
-            acc, new_tok, record, g_last = self._verify(batch, ids, md, spec_md, window, cu)
-        except BaseException:
-            if self.policy.window is not None:
-                self.policy.cancel()    # the cache ends as `off` would leave it
-            raise
-        entry = WindowTrace(self.step_index, "verify", [r.req_id for r in batch], kinds, ndrafts, acc, [], record)
-        for i, r in enumerate(batch):
-            # rollback = not advancing: only t_last (or the prompt) and the accepted drafts count
-            r.num_computed = ctx[i] + (qlens[i] - ndrafts[i]) + acc[i]
-            entry.emitted.append(self._emit(r, r.drafts[:acc[i]] + [new_tok[i]]))
+        attention = AttentionMetadata.build(self.cache, self.policy, positions, qlens,
+                                            [r.block_table.blocks for r in requests], ctx)
+        spec = SpecDecodeMetadata.build(ndrafts, cu, torch.tensor(drafts, dtype=torch.int32), device=self.device)
+        window = Window.from_metadata(spec, cu, attention.slot_mapping)
+        return VerifyBatch(requests, ids, qlens, ctx, ndrafts, kinds, cu, attention, spec, window)
+
+    def _target_forward(self, batch: VerifyBatch):
+        """-> (final hidden states `[T, h]`, the aux streams EAGLE-3 reads or None)."""
+        aux_layers = self.head.aux_layers if self.drafting else ()
+        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)
+        self.target_forwards += 1
+        return self.target.forward_with_aux(ids, batch.attention, aux_layers)
+
+    def _sample_and_accept(self, batch: VerifyBatch, hidden: torch.Tensor) -> Verdict:
+        """Rejection sampling against the drafts, then SCV turns the sampler's output into an
+        Acceptance (debug mode cross-checks it with the host loop)."""
+        logits = self.target.compute_logits(hidden[batch.spec.logits_indices.long()]).float()
+        probs = [r.draft_probs for r in batch.requests if r.draft_probs is not None and r.drafts]
+        draft_probs = torch.cat(probs) if probs and self.temperature > 0 else None
+        sampled = rejection_sample(batch.spec, draft_probs, logits, temperature=self.temperature,
+                                   generator=self.generator)                   # [R, k + 1]
+        acceptance = self.scv.accept(batch.window, sampled, max_spec_len=batch.spec.max_spec_len)
+        if self.config.debug:
+            check_against_sampler(batch.window, acceptance, sampled, self.config.scv_mode)
+        accepted = acceptance.accepted_per_request()
+        sampled_host = sampled.tolist()
+        return Verdict(sampled, acceptance, accepted, [sampled_host[i][a] for i, a in enumerate(accepted)])
+
+    def _head_pass(self, batch: VerifyBatch, verdict: Verdict, hidden, aux) -> torch.Tensor | None:
+        """The head over the window's rows (its layer N, same slots, same policy window) ->
+        head output `[R, h]` at each request's last kept row, or None without drafting.
+
+        Row p reads x[p+1]: the next scheduled token of its request, except at the request's last
+        kept row, where x[p+1] is the token just sampled. Rows after it are rejected drafts."""
+        if not self.drafting:
+            return None
+        kept = verdict.kept_rows(batch)
+        next_ids = batch.token_ids[1:] + [0]
+        for last, row, token in zip(batch.last_rows, kept, verdict.next_tokens):
+            next_ids[last] = next_ids[row] = token
+        g = self.head(torch.tensor(next_ids, dtype=torch.long, device=self.device),
+                      self.head.features_from_target(hidden, aux), batch.attention)
+        return g[torch.tensor(kept, device=self.device)]
+
+    def _advance(self, batch: VerifyBatch, verdict: Verdict, record) -> list[int]:
+        """Emit each request's accepted drafts + next token, advance `num_computed` by what was
+        committed, finish what is done; trace the window. -> indices of requests still running."""
+        entry = WindowTrace(self.step_index, "verify", [r.req_id for r in batch.requests], batch.kinds,
+                            batch.num_drafts, verdict.accepted, [], record)
+        for i, r in enumerate(batch.requests):
+            a = verdict.accepted[i]
+            r.num_computed = batch.context_lens[i] + (batch.query_lens[i] - batch.num_drafts[i]) + a
+            entry.emitted.append(self._emit(r, r.drafts[:a] + [verdict.next_tokens[i]]))
             r.drafts, r.draft_probs = [], None
-        self.trace.append(entry)
-        self._notify_end(entry, window)
-        for r in batch:
+        self._end_window(entry, batch.window)
+        for r in batch.requests:
             if r.remaining <= 0:
                 self.scheduler.finish(r)
-        live = [i for i, r in enumerate(batch) if not r.finished]
-        if self.drafting and live:
-            draft(self, [batch[i] for i in live], g_last[live])
-        self.step_index += 1
+        return [i for i, r in enumerate(batch.requests) if not r.finished]
 
-    def _verify(self, batch, ids, md, spec_md, window, cu):
-        """Target forward, rejection sampling, SCV, the head's pass over the same rows, commit.
-        -> (accepted lengths, the token sampled after each accepted prefix, WindowRecord,
-        head output `[R, h]` at each request's last kept row, or None without a head)."""
-        dev = self.device
-        aux_layers = self.head.aux_layers if self.drafting else ()                      # EAGLE-3 only
-        hidden, aux = self.target.forward_with_aux(torch.tensor(ids, dtype=torch.long, device=dev), md,
-                                                   aux_layers)                        # [T, h]
-        self.target_forwards += 1
-        logits = self.target.compute_logits(hidden[spec_md.logits_indices.long()]).float()
-        probs = [r.draft_probs for r in batch if r.draft_probs is not None and r.drafts]
-        draft_probs = torch.cat(probs) if probs and self.temperature > 0 else None
-        sampled = rejection_sample(spec_md, draft_probs, logits, temperature=self.temperature,
-                                   generator=self.generator)                          # [R, k+1]
-        acceptance = self.scv(spec_md.draft_token_ids, spec_md.cu_num_draft_tokens, sampled,
-                              token_req=window.token_req, token_draft_pos=window.token_draft_pos,
-                              max_spec_len=spec_md.max_spec_len)
-        acc = acceptance.accepted_per_request()
-        sampled_host = sampled.tolist()
-        new_tok = [sampled_host[i][a] for i, a in enumerate(acc)]
-        g_last = None
-        if self.drafting:
-            # Head row p reads x[p+1]: the next scheduled token of its request, except at the
-            # request's last kept row (t_last + a_r for a speculative request), where x[p+1] is
-            # the token just sampled. Rows after it are rejected drafts: their input is moot.
-            last_rows = [c - 1 - n + a for c, n, a in zip(cu, spec_md.num_draft_tokens, acc)]
-            nxt = ids[1:] + [0]
-            for i, row in enumerate(last_rows):
-                nxt[cu[i] - 1] = nxt[row] = new_tok[i]
-            g = self.head(torch.tensor(nxt, dtype=torch.long, device=dev),
-                          self.head.features_from_target(hidden, aux), md)
-            g_last = g[torch.tensor(last_rows, device=dev)]
-        record = self.policy.commit(acceptance, sampled_token_ids=sampled)  # sampled: debug cross-check
-        return acc, new_tok, record, g_last
+    def _draft(self, requests: list[Request], features: torch.Tensor) -> None:
+        chain = self.drafter.draft(requests, features, self.step_index)
+        if chain is not None:
+            self._end_window(*chain)
 
     def _emit(self, r: Request, tokens: list[int]) -> list[int]:
         """Append `tokens` to the output, cut at max_new_tokens and after an end-of-sequence token."""
@@ -175,24 +187,23 @@ class SpecEngine:
         r.output += tokens
         return tokens
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _metadata(self, positions, qlens, tables, ctx, rows) -> AttentionMetadata:
-        """Verify window: stage reads the prefix (positions < ctx) from the cache and the request's
-        window rows from the staging buffer; off / cow read every position from the cache."""
-        if self.stage:
-            return AttentionMetadata.build(self.cache, positions, qlens, tables, ctx, window_rows=rows,
-                                           policy=self.policy)
-        seq_lens = [c + q for c, q in zip(ctx, qlens)]
-        return AttentionMetadata.build(self.cache, positions, qlens, tables, seq_lens, policy=self.policy)
-
-    def _notify_begin(self, kind, window) -> None:
+    def _end_window(self, entry: WindowTrace, window: Window) -> None:
+        self.trace.append(entry)
         for o in self.observers:
-            o.begin(self, kind, window)
+            end = getattr(o, "on_window_end", None)
+            if end is not None:
+                end(self, entry, window)
 
-    def _notify_end(self, entry, window) -> None:
-        for o in self.observers:
-            o.end(self, entry, window)
 
-    def run(self) -> None:
-        while self.scheduler.has_work:
-            self.step()
+def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVCacheSpec:
+    """One stacked cache for the target's layers and (as layer N) the head's."""
+    tc = target.config
+    if head is not None:
+        hc = head.config
+        if (hc.num_key_value_heads, hc.head_dim) != (tc.num_key_value_heads, tc.head_dim):
+            raise ValueError(f"draft head KV shape ({hc.num_key_value_heads} heads x {hc.head_dim}) differs "
+                             f"from the target's ({tc.num_key_value_heads} x {tc.head_dim}); one stacked "
+                             f"cache holds both")
+    n_layers = tc.num_hidden_layers + (1 if head is not None else 0)
+    return KVCacheSpec(n_layers, num_blocks, block_size, tc.num_key_value_heads, tc.head_dim, dtype=dtype,
+                       cache_dtype=cache_dtype)

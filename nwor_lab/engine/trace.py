@@ -26,14 +26,6 @@ class WindowTrace:
     emitted: list[list[int]] = field(default_factory=list)
     record: WindowRecord | None = None
 
-    @property
-    def written(self) -> int:
-        return 0 if self.record is None else self.record.bytes_written
-
-    @property
-    def restored(self) -> int:
-        return 0 if self.record is None else self.record.bytes_restored
-
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("step", "kind", "req_ids", "kinds", "drafted", "accepted", "emitted")}
         d["record"] = None if self.record is None else self.record.to_dict()

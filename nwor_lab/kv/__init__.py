@@ -1,7 +1,9 @@
 """Paged KV cache: layouts (NHD/HND from strides), block tables, slot mapping, fp8 scales."""
 from nwor_lab.kv.layout import KVLayout, detect_layout
 from nwor_lab.kv.cache import CACHE_DTYPES, KVCacheSpec, PagedKVCache
-from nwor_lab.kv.blocks import BlockAllocator, BlockTable, NoFreeBlocksError, build_slot_mapping
+from nwor_lab.kv.blocks import (BlockAllocator, BlockTable, NoFreeBlocksError, block_table_tensor,
+                                build_slot_mapping, slot_to_block_offset)
 
 __all__ = ["KVLayout", "detect_layout", "CACHE_DTYPES", "KVCacheSpec", "PagedKVCache",
-           "BlockAllocator", "BlockTable", "NoFreeBlocksError", "build_slot_mapping"]
+           "BlockAllocator", "BlockTable", "NoFreeBlocksError", "block_table_tensor", "build_slot_mapping",
+           "slot_to_block_offset"]

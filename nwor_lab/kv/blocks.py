@@ -80,6 +80,21 @@ class BlockTable:
         self.blocks = []
 
 
+def slot_to_block_offset(slots, block_size: int):
+    """slot -> (block, offset within the block): `slot = block * block_size + offset`. Works on ints
+    and index tensors alike (padding slots -1 must be filtered out first)."""
+    return slots // block_size, slots % block_size
+
+
+def block_table_tensor(tables, device=None) -> torch.Tensor:
+    """Per-request block lists -> `[R, max_blocks]` int64, short rows padded with -1."""
+    width = max((len(t) for t in tables), default=0)
+    out = torch.full((len(tables), max(width, 1)), -1, dtype=torch.long)
+    for r, table in enumerate(tables):
+        out[r, :len(table)] = torch.as_tensor(list(table), dtype=torch.long)
+    return out.to(device) if device is not None else out
+
+
 def build_slot_mapping(block_tables: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
                        block_size: int) -> torch.Tensor:
     """Vectorised slot mapping, as the model runner builds it on the device.

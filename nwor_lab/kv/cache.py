@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.kv.blocks import slot_to_block_offset
+
 from nwor_lab.kv.layout import KVLayout, allocate
 
 # cache_dtype name -> storage dtype (None: the model dtype) and largest finite value.
@@ -134,10 +136,9 @@ class PagedKVCache:
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantised `(key, value)` `[n, H, D]` in the model dtype at `slots` (no -1 allowed)."""
         k_cache, v_cache = self.layer(layer)
-        bs = self.spec.block_size
-        slots = slots.to(device=self.device, dtype=torch.long)
-        k = k_cache[slots // bs, slots % bs]
-        v = v_cache[slots // bs, slots % bs]
+        block, offset = slot_to_block_offset(slots.to(device=self.device, dtype=torch.long), self.spec.block_size)
+        k = k_cache[block, offset]
+        v = v_cache[block, offset]
         if not self.is_fp8:
             return k, v
         ks, vs = self.layer_scales(layer)

@@ -1,10 +1,10 @@
-"""Paged attention, torch reference: write the window's K/V, then read the request's keys.
+"""Paged attention, torch reference: write the pass's K/V through a `KVWriter`, then read keys.
 
-Where the keys come from depends on the write policy (see docs/architecture.md):
-  off / cow / no policy  every position 0..seq_len-1 from the paged cache (the window's rows
-                         were just written there);
-  stage                  the prefix (positions before the window) from the cache, the window
-                         from `policy.window_kv(layer)`, rows `window_rows[r]` (causal inside).
+Where a request's keys come from is what the writer declares (nwor_lab.model.writer):
+  positions before the window          always from the paged cache;
+  the window's own positions           from the cache (where `write` just put them), or, when
+                                       `writer.window_in_buffer`, from `writer.window_kv(layer)`,
+                                       rows `window_rows[r]` (causal inside the window).
 `AttentionMetadata.build` fixes both per forward pass, once for all layers.
 """
 from __future__ import annotations
@@ -14,22 +14,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
+from nwor_lab.kv.blocks import block_table_tensor, build_slot_mapping
+from nwor_lab.model.writer import DirectWriter, KVWriter
 
 
 @dataclass
 class AttentionMetadata:
     """One forward pass over a flattened variable-length batch of `R` requests, `T` tokens.
 
-    positions      [T] int64   position of each token in its request
-    slot_mapping   [T] int64   where its K/V is written (-1: write nothing)
-    query_start_loc list[int]  R+1 offsets of each request's rows (vLLM `query_start_loc`)
-    read_slots     list[[n_r]] cache slots of positions 0..cache_len_r-1, read from the cache
-    window_rows    list[[w_r]] | None   rows of `policy.window_kv(layer)` holding positions
-                   cache_len_r .. cache_len_r+w_r-1 (stage); None reads everything from the cache
-    masks          list[[q_r, n_r+w_r]] bool, True where a query may attend (key pos <= query pos)
-    policy         write policy (begin() already called) or None for a plain `write_kv`
-    write_offset   row of this pass's first token inside the policy's window
+    positions       [T] int64   position of each token in its request
+    slot_mapping    [T] int64   where its K/V belongs in the cache (-1: nowhere)
+    query_start_loc list[int]   R+1 offsets of each request's rows (vLLM `query_start_loc`)
+    read_slots      list[[n_r]] cache slots of the positions read from the cache
+    window_rows     list[[w_r]] | None   rows of `writer.window_kv(layer)` holding the request's
+                    window positions after the cached ones (None: everything from the cache)
+    masks           list[[q_r, n_r + w_r]] bool, True where a query may attend (key pos <= query pos)
+    writer          the KVWriter this pass writes through (a write policy with an open window,
+                    or a DirectWriter)
+    write_offset    row of this pass's first token inside the writer's window
     """
 
     positions: torch.Tensor
@@ -39,72 +41,74 @@ class AttentionMetadata:
     window_rows: list | None
     masks: list
     cache: object
-    policy: object = None
+    writer: KVWriter
     write_offset: int = 0
 
     @classmethod
-    def build(cls, cache, positions, query_lens, block_tables, cache_lens, slot_mapping=None,
-              window_rows=None, policy=None, write_offset: int = 0) -> "AttentionMetadata":
-        """positions [T]; query_lens, cache_lens: ints per request; block_tables: lists of block ids.
+    def build(cls, cache, writer: KVWriter | None, positions, query_lens, block_tables, context_lens, *,
+              window_rows=None, write_offset: int = 0, slot_mapping=None) -> "AttentionMetadata":
+        """positions [T]; query_lens, context_lens: ints per request; block_tables: block-id lists.
 
-        A request's keys are positions 0..cache_len-1 (cache) then its window rows; its queries
-        are the last `query_len` of those keys. slot_mapping defaults to the block tables'.
+        context_lens[r]: positions of request r committed before the window (always read from
+        the cache). window_rows[r]: the window's rows holding request r's tokens so far, this
+        pass's included (default: this pass's rows, `write_offset + query_start_loc[r] ..`).
+        writer None: a DirectWriter writing to `slot_mapping` (default: from the block tables).
         """
         dev = cache.device
         bs = cache.spec.block_size
         positions = torch.as_tensor(positions, dtype=torch.long, device=dev)
-        qsl = [0]
-        for n in query_lens:
-            qsl.append(qsl[-1] + int(n))
+        qlens = torch.as_tensor([int(n) for n in query_lens], dtype=torch.long)
+        qsl = [0] + qlens.cumsum(0).tolist()
         if qsl[-1] != positions.numel():
             raise ValueError(f"positions: {positions.numel()} tokens but query_lens sum to {qsl[-1]}")
-        pos_host = positions.tolist()
-        read_slots, masks = [], []
-        for r, table in enumerate(block_tables):
-            n_cache = int(cache_lens[r])
-            n_win = 0 if window_rows is None else len(window_rows[r])
-            if -(-n_cache // bs) > len(table):
-                raise ValueError(f"request {r}: {n_cache} cached positions need "
-                                 f"{-(-n_cache // bs)} blocks, its block table has {len(table)}")
-            p = torch.arange(n_cache)
-            tab = torch.as_tensor(list(table), dtype=torch.long)
-            read_slots.append((tab[p // bs] * bs + p % bs).to(dev) if n_cache else
-                              torch.empty(0, dtype=torch.long, device=dev))
-            qpos = torch.tensor(pos_host[qsl[r]:qsl[r + 1]], dtype=torch.long)
-            kpos = torch.arange(n_cache + n_win)
-            masks.append((kpos[None, :] <= qpos[:, None]).to(dev))
+        num_reqs = len(qlens)
+        if window_rows is None:
+            window_rows = [range(write_offset + qsl[r], write_offset + qsl[r + 1]) for r in range(num_reqs)]
+        tables = block_table_tensor(block_tables, dev)
+        token_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), qlens.to(dev))
         if slot_mapping is None:
-            slot_mapping = []
-            for r, table in enumerate(block_tables):
-                for p in pos_host[qsl[r]:qsl[r + 1]]:
-                    slot_mapping.append(table[p // bs] * bs + p % bs)
+            slot_mapping = build_slot_mapping(tables, token_req, positions, bs)
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.long, device=dev)
+        if writer is None:
+            writer = DirectWriter(cache, slot_mapping)
+        in_buffer = writer.window_in_buffer
+        n_win = [len(w) for w in window_rows]
+        n_cache = [int(c) + (0 if in_buffer else w) for c, w in zip(context_lens, n_win)]
+        for r, table in enumerate(block_tables):
+            if -(-n_cache[r] // bs) > len(table):
+                raise ValueError(f"request {r}: {n_cache[r]} cached positions need {-(-n_cache[r] // bs)} "
+                                 f"blocks, its block table has {len(table)}")
+        # every cached position of every request in one slot-mapping call, then split per request
+        counts = torch.tensor(n_cache, dtype=torch.long)
+        starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        read_pos = (torch.arange(int(counts.sum())) - starts).to(dev)
+        read_req = torch.repeat_interleave(torch.arange(num_reqs), counts).to(dev)
+        read_slots = list(build_slot_mapping(tables, read_req, read_pos, bs).split(n_cache))
+        pos_host = positions.cpu()
+        n_keys = [c + (w if in_buffer else 0) for c, w in zip(n_cache, n_win)]
+        masks = [(torch.arange(n_keys[r])[None, :] <= pos_host[qsl[r]:qsl[r + 1], None]).to(dev)
+                 for r in range(num_reqs)]
         rows = None
-        if window_rows is not None:
+        if in_buffer:
             rows = [torch.as_tensor(list(w), dtype=torch.long, device=dev) for w in window_rows]
-        return cls(positions, slot_mapping, qsl, read_slots, rows, masks, cache, policy, write_offset)
+        return cls(positions, slot_mapping, qsl, read_slots, rows, masks, cache, writer, write_offset)
 
 
 def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      md: AttentionMetadata, scale: float) -> torch.Tensor:
     """q `[T, Hq, D]`, k/v `[T, H, D]` (RoPE applied) -> attention output `[T, Hq, D]`.
 
-    The write goes through the policy (or plain `write_kv`), then each request attends to its
-    keys as described in the module docstring. Grouped-query: Hq // H query heads share a KV head.
+    The write goes through `md.writer`, then each request attends to its keys as described in
+    the module docstring. Grouped-query: Hq // H query heads share a KV head.
     """
     cache = md.cache
-    if md.policy is not None:
-        md.policy.write(layer, k, v, token_offset=md.write_offset)
-    else:
-        from nwor_lab.ops import write_kv  # lazy: training never touches the paged cache
-        ks, vs = cache.layer_scales(layer)
-        write_kv(k, v, *cache.layer(layer), md.slot_mapping, ks, vs)
+    md.writer.write(layer, k, v, token_offset=md.write_offset)
     win_k = win_v = None
     if md.window_rows is not None:
-        win = md.policy.window_kv(layer)
+        win = md.writer.window_kv(layer)
         if win is None:
-            raise RuntimeError(f"layer {layer}: attention expects a staged window but the "
-                               f"policy returned none (window_kv is for mode 'stage')")
+            raise RuntimeError(f"layer {layer}: the writer declares window_in_buffer but window_kv() "
+                               f"returned None; a policy with window_in_buffer must return its window")
         win_k, win_v = win
         if cache.is_fp8:
             # read the window exactly as the cache would hand it back (quantised, then scaled), so

@@ -13,49 +13,30 @@ from torch import nn
 
 from nwor_lab.model.attention import AttentionMetadata
 from nwor_lab.model.config import LlamaConfig
+from nwor_lab.model.draft_head import DraftHead
 from nwor_lab.model.llama import LlamaDecoderLayer, LlamaForCausalLM
-from nwor_lab.model.rope import Rotary
 
 
-class EagleHead(nn.Module):
+class EagleHead(DraftHead):
     """Parameters as in published EAGLE-1 checkpoints: `fc.weight` (`fc.bias`), `layers.0.*`,
     optionally `embed_tokens.weight` (else the target's embedding is used)."""
 
     def __init__(self, cfg: LlamaConfig, fc_bias: bool = True, own_embedding: bool = False):
-        super().__init__()
+        super().__init__(cfg)
         if cfg.num_hidden_layers != 1:
             raise ValueError(f"EAGLE-1 heads have one decoder layer, config says {cfg.num_hidden_layers}")
-        self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=fc_bias)
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, input_norm=False)])
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if own_embedding else None
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.target: LlamaForCausalLM | None = None  # attached, not a submodule (not in state_dict)
 
-    def attach(self, target: LlamaForCausalLM) -> "EagleHead":
-        t = target.config
-        if t.hidden_size != self.config.hidden_size:
-            raise ValueError(f"draft hidden_size {self.config.hidden_size} != target hidden_size "
-                             f"{t.hidden_size}: the head consumes the target's hidden states")
-        if t.vocab_size != self.config.vocab_size:
-            raise ValueError(f"draft vocab_size {self.config.vocab_size} != target {t.vocab_size}")
-        object.__setattr__(self, "target", target)
-        return self
-
-    aux_layers: tuple = ()   # EAGLE-1 reads the final-norm hidden state only
+    def _check_target(self, target: LlamaForCausalLM) -> None:
+        if target.config.vocab_size != self.config.vocab_size:
+            raise ValueError(f"draft vocab_size {self.config.vocab_size} != target {target.config.vocab_size}")
 
     def features_from_target(self, hidden: torch.Tensor, aux) -> torch.Tensor:
-        """What the first pass reads as f[p]: the target's final-norm hidden state."""
+        """What the first pass reads as f[p]: the target's final-norm hidden state (EAGLE-1
+        reads no aux layers)."""
         return hidden
-
-    @property
-    def layer_index(self) -> int:
-        """Cache layer of this head: one after the target's layers."""
-        return self.target.num_layers
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        emb = self.embed_tokens if self.embed_tokens is not None else self.target.model.embed_tokens
-        return emb(ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.compute_logits(hidden)

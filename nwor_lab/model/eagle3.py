@@ -17,8 +17,8 @@ from torch import nn
 
 from nwor_lab.model.attention import AttentionMetadata
 from nwor_lab.model.config import LlamaConfig
+from nwor_lab.model.draft_head import DraftHead
 from nwor_lab.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
-from nwor_lab.model.rope import Rotary
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -42,12 +42,11 @@ class Eagle3Layer(nn.Module):
         return g + self.mlp(self.post_attention_layernorm(g))
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHead):
     def __init__(self, cfg: LlamaConfig, aux_layers, draft_vocab_size: int | None = None,
                  own_embedding: bool = False):
-        super().__init__()
+        super().__init__(cfg)
         h = cfg.hidden_size
-        self.config = cfg
         self.aux_layers = tuple(int(i) for i in aux_layers)
         self.draft_vocab_size = draft_vocab_size or cfg.vocab_size
         self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False)
@@ -56,26 +55,12 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(h, self.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long))
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if own_embedding else None
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        self.target: LlamaForCausalLM | None = None
 
-    def attach(self, target: LlamaForCausalLM) -> "Eagle3Head":
-        t = target.config
-        if t.hidden_size != self.config.hidden_size:
-            raise ValueError(f"draft hidden_size {self.config.hidden_size} != target hidden_size "
-                             f"{t.hidden_size}: the head consumes the target's hidden states")
-        bad = [i for i in self.aux_layers if not 0 <= i < t.num_hidden_layers]
+    def _check_target(self, target: LlamaForCausalLM) -> None:
+        bad = [i for i in self.aux_layers if not 0 <= i < target.config.num_hidden_layers]
         if bad:
-            raise ValueError(f"aux_layers {bad} are not layers of the target (0..{t.num_hidden_layers - 1})")
-        object.__setattr__(self, "target", target)
-        return self
-
-    @property
-    def layer_index(self) -> int:
-        return self.target.num_layers
-
-    def embed(self, ids):
-        return (self.embed_tokens if self.embed_tokens is not None else self.target.model.embed_tokens)(ids)
+            raise ValueError(f"aux_layers {bad} are not layers of the target "
+                             f"(0..{target.config.num_hidden_layers - 1})")
 
     def features_from_target(self, hidden, aux) -> torch.Tensor:
         """What the first pass reads: the aux streams `[T, 3h]` fused by fc -> `[T, h]` (the same

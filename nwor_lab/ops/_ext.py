@@ -39,7 +39,10 @@ EXTRA_CFLAGS = ["-O3"]
 EXTRA_CUDA_CFLAGS = ["-O3", "-lineinfo"]  # line info for compute-sanitizer reports; no fast math (fp8 exactness)
 DEFAULT_CPU_ARCH_LIST = "9.0"
 
+# The process's one record of the extension (a shared library loads once per process):
+# loaded, or the error of the one build/load attempt (not retried: a failed build is slow).
 _loaded = False
+_load_error: Exception | None = None
 _info: dict = {}
 
 
@@ -48,7 +51,19 @@ class ExtensionBuildError(RuntimeError):
 
 
 def is_loaded() -> bool:
+    """True once `load()` succeeded in this process (the ops' hot path asks this)."""
     return _loaded
+
+
+def try_load() -> Exception | None:
+    """Load once per process; None when loaded, else the remembered build/load error."""
+    global _load_error
+    if not _loaded and _load_error is None:
+        try:
+            load()
+        except Exception as err:  # noqa: BLE001 - any failure means "fall back"; callers report it
+            _load_error = err
+    return None if _loaded else _load_error
 
 
 def build_info() -> dict:
@@ -89,7 +104,9 @@ def build_dir(archs: str | None = None) -> Path:
 def _verbose(verbose: bool | None) -> bool:
     if verbose is not None:
         return verbose
-    return os.environ.get("NWOR_LAB_VERBOSE_BUILD", "").strip().lower() in {"1", "true", "yes", "on"}
+    from nwor_lab.config import env_bool
+
+    return env_bool("NWOR_LAB_VERBOSE_BUILD")
 
 
 def _prepare_toolchain() -> None:

@@ -1,23 +1,48 @@
-"""NWOR write policies: `off`, `cow`, `stage` behind one interface (see policy.py)."""
+"""The write policies behind one interface (policy.py): which K/V reach the paged cache, and when.
+
+A new policy is one file (a `WritePolicy` subclass declaring its behaviour) plus one
+`register_policy` line; the engine, the model, the invariants and the benchmarks only read what a
+policy declares, never its name.
+"""
 from __future__ import annotations
 
-from nwor_lab.config import LabConfig
+from nwor_lab.config import LabConfig, add_nwor_mode
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.policies.cow import CowPolicy
+from nwor_lab.policies.observer import LogObserver, PhaseEvent, WindowObserver
 from nwor_lab.policies.off import OffPolicy
 from nwor_lab.policies.policy import WindowStateError, WritePolicy
 from nwor_lab.policies.stage import StagePolicy
-from nwor_lab.window import Window
+from nwor_lab.window import Acceptance, Window
 
-POLICIES = {"off": OffPolicy, "cow": CowPolicy, "stage": StagePolicy}
+POLICIES: dict[str, type[WritePolicy]] = {}
+
+
+def register_policy(name: str, cls: type[WritePolicy]) -> type[WritePolicy]:
+    """Make `cls` the policy `LabConfig(nwor_mode=name)` selects."""
+    if not (isinstance(cls, type) and issubclass(cls, WritePolicy)):
+        raise TypeError(f"register_policy({name!r}, ...): expected a WritePolicy subclass, got {cls!r}")
+    cls.name = name
+    POLICIES[name] = cls
+    add_nwor_mode(name)
+    return cls
+
+
+register_policy("off", OffPolicy)
+register_policy("cow", CowPolicy)
+register_policy("stage", StagePolicy)
 
 
 def make_policy(config: LabConfig, cache: PagedKVCache, metrics: LabMetrics | None = None,
-                records: bool = True) -> WritePolicy:
+                records: bool = True, observers: list | None = None) -> WritePolicy:
     """The write policy `config.nwor_mode` for `cache` (one policy per cache, i.e. per device)."""
-    return POLICIES[config.nwor_mode](cache, config, metrics, records=records)
+    if config.nwor_mode not in POLICIES:
+        raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: "
+                         f"{', '.join(POLICIES)}")
+    return POLICIES[config.nwor_mode](cache, config, metrics, records=records, observers=observers)
 
 
-__all__ = ["make_policy", "POLICIES", "WritePolicy", "OffPolicy", "CowPolicy", "StagePolicy", "Window",
-           "WindowStateError"]
+__all__ = ["make_policy", "register_policy", "POLICIES", "WritePolicy", "OffPolicy", "CowPolicy",
+           "StagePolicy", "Window", "Acceptance", "WindowStateError", "PhaseEvent", "WindowObserver",
+           "LogObserver"]

@@ -13,7 +13,16 @@ from nwor_lab.ops import log_slots, restore_slots
 
 
 class CowPolicy(OffPolicy):
-    mode = "cow"
+    preserves_rejected_slots = True   # restored from the log at commit
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._draft_slots = None   # [Dtot] slots of the open window's drafts
+        self._log = None           # (key rows, value rows) saved at begin
+
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        return num_layers + 2   # the writes, one log at begin, one restore at commit (all layers each)
 
     def _stacked(self):
         a, b = self.layers.start, self.layers.stop
@@ -24,18 +33,21 @@ class CowPolicy(OffPolicy):
         self._log = log_slots(*self._stacked(), self._draft_slots, backend=self.config.backend,
                               trusted=True)
 
-    def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
-        rejected = self._draft_slots.masked_fill(draft_mask, -1)  # accepted drafts: nothing to restore
+    def _logged_slots(self):
+        return self._draft_slots
+
+    def _commit(self, acceptance) -> None:
+        rejected = self._draft_slots.masked_fill(acceptance.draft_mask, -1)  # accepted: nothing to restore
         restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, trusted=True)
         self._log = None
 
     def _cancel(self) -> None:
         self._log = None  # every written row stays, exactly as `off` leaves it
 
-    def _bytes(self, draft_mask, kept) -> dict:
+    def _bytes(self, acceptance, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, len(self.layers)
         real_drafts = (self._draft_slots >= 0)
         logged = int(real_drafts.sum()) * layers * bpt
-        restored = 0 if draft_mask is None else int((real_drafts & ~draft_mask).sum()) * layers * bpt
+        restored = 0 if acceptance is None else int((real_drafts & ~acceptance.draft_mask).sum()) * layers * bpt
         return {"bytes_written": self._valid_rows_written() * bpt, "bytes_logged": logged,
                 "bytes_restored": restored}

@@ -2,12 +2,12 @@
 
 After a committed window, with `before` the cache before it and `off_after` what `off` leaves:
   - every committed (kept, non-padding) slot equals what `off` wrote, in every written layer;
-  - `off`:   every non-padding slot of the window was written;
-  - `cow`:   every rejected draft slot is bit-identical to `before`;
-  - `stage`: every rejected draft slot is bit-identical to `before` (never touched);
+  - a policy that preserves rejected slots (`cow`, `stage`): every rejected draft slot is
+    bit-identical to `before`; any other (`off`): every non-padding slot of the window was written;
   - no slot outside the window changed;
   - committed drafts == accepted drafts.
-Used by the tests, `nwor-lab selfcheck` and the notebooks.
+Which of these apply is read from what the policy declares (`preserves_rejected_slots`), never
+from its name. Used by the tests and `nwor-lab selfcheck`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from nwor_lab.kv.cache import PagedKVCache
-from nwor_lab.window import Window
+from nwor_lab.kv.blocks import slot_to_block_offset
+from nwor_lab.window import Acceptance, Window
 from nwor_lab.ops.quant import raw
 
 
@@ -70,10 +71,9 @@ def random_window(cache: PagedKVCache, gen: torch.Generator, *, num_reqs: int = 
                         sampled.to(dev))
 
 
-def run_window(policy, rw: RandomWindow, chunks: int = 1, acceptance="mask"):
-    """Drive one window through `policy`: begin, write every layer (in `chunks` pieces), commit.
-
-    acceptance: "mask" commits the draft mask, "sampled" commits the sampled ids (SCV runs)."""
+def run_window(policy, rw: RandomWindow, chunks: int = 1, acceptance: Acceptance | None = None):
+    """Drive one window through `policy`: begin, write every layer (in `chunks` pieces), commit
+    `acceptance` (default: the random window's own draft mask)."""
     policy.begin(rw.window)
     t = rw.window.num_tokens
     bounds = torch.linspace(0, t, chunks + 1).round().long().tolist()
@@ -81,34 +81,48 @@ def run_window(policy, rw: RandomWindow, chunks: int = 1, acceptance="mask"):
         for a, b in zip(bounds[:-1], bounds[1:]):
             if b > a:
                 policy.write(layer, rw.key[layer, a:b], rw.value[layer, a:b], token_offset=a)
-    if acceptance == "sampled":
-        return policy.commit(sampled_token_ids=rw.sampled_token_ids)
-    return policy.commit(rw.draft_mask)
+    return policy.commit(acceptance or Acceptance.from_draft_mask(rw.window, rw.draft_mask))
 
 
-def check_invariants(mode: str, cache: PagedKVCache, before, off_after, rw: RandomWindow) -> list[str]:
-    """Return the violated invariants (empty list = all hold). `before`/`off_after`: (key, value)."""
+def off_reference(cache: PagedKVCache, before, rw: RandomWindow):
+    """What `off` leaves (every row of every layer written), computed with the reference op on a
+    copy of `before` (key, value) -> (key, value)."""
+    from nwor_lab.ops.write_kv import write_kv_reference
+
+    key, value = before[0].clone(), before[1].clone()
+    for layer in range(cache.num_layers):
+        ks, vs = cache.layer_scales(layer)
+        write_kv_reference(rw.key[layer], rw.value[layer], key[layer], value[layer], rw.window.slot_mapping,
+                           ks, vs)
+    return key, value
+
+
+def check_invariants(policy, cache: PagedKVCache, before, off_after, rw: RandomWindow) -> list[str]:
+    """Return the violated invariants (empty list = all hold). `policy`: the policy (or its class)
+    that ran the window; `before`/`off_after`: (key, value)."""
     w, bs = rw.window, cache.spec.block_size
+    name, preserves = policy.name, policy.preserves_rejected_slots
     problems = []
     slots = w.slot_mapping.cpu()
     commit_mask = w.commit_mask_from(torch.tensor(rw.accepted_len, dtype=torch.int32)).cpu()
     kept = slots[(slots >= 0) & commit_mask]
     rejected = slots[(slots >= 0) & ~commit_mask]
     touched = slots[slots >= 0]
-    for name, now, old, off in (("key", cache.key, before[0], off_after[0]),
+    for what, now, old, off in (("key", cache.key, before[0], off_after[0]),
                                 ("value", cache.value, before[1], off_after[1])):
         now, old, off = raw(now).cpu(), raw(old).cpu(), raw(off).cpu()
         def rows(t, s):
-            return t[:, s // bs, s % bs]
+            block, offset = slot_to_block_offset(s, bs)
+            return t[:, block, offset]
         if not torch.equal(rows(now, kept), rows(off, kept)):
-            problems.append(f"{mode}: a committed {name} slot differs from what off wrote")
-        if mode == "off" and not torch.equal(rows(now, touched), rows(off, touched)):
-            problems.append(f"off: a {name} slot of the window was not written")
-        if mode in ("cow", "stage") and not torch.equal(rows(now, rejected), rows(old, rejected)):
-            problems.append(f"{mode}: a rejected {name} slot is not bit-identical to before the window")
+            problems.append(f"{name}: a committed {what} slot differs from what off wrote")
+        if not preserves and not torch.equal(rows(now, touched), rows(off, touched)):
+            problems.append(f"{name}: a {what} slot of the window was not written")
+        if preserves and not torch.equal(rows(now, rejected), rows(old, rejected)):
+            problems.append(f"{name}: a rejected {what} slot is not bit-identical to before the window")
         outside = torch.ones(cache.num_slots, dtype=torch.bool)
         outside[touched] = False
         idx = torch.nonzero(outside).flatten()
         if not torch.equal(rows(now, idx), rows(old, idx)):
-            problems.append(f"{mode}: a {name} slot outside the window changed")
+            problems.append(f"{name}: a {what} slot outside the window changed")
     return problems

@@ -7,7 +7,7 @@ from nwor_lab.ops import write_kv
 
 
 class OffPolicy(WritePolicy):
-    mode = "off"
+    """Declares the defaults: the window is read from the cache, rejected slots keep garbage."""
 
     def _write(self, layer, key, value, token_offset) -> None:
         n = key.shape[0]
@@ -19,5 +19,5 @@ class OffPolicy(WritePolicy):
         # begin() checked the slots and write() the tensors: skip the op's own checks (host time)
         write_kv(key, value, k_cache, v_cache, slots, k_scale, v_scale, backend=self.config.backend, trusted=True)
 
-    def _bytes(self, draft_mask, kept) -> dict:
+    def _bytes(self, acceptance, kept) -> dict:
         return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}

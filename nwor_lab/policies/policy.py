@@ -1,19 +1,27 @@
-"""The write-policy interface shared by `off`, `cow` and `stage`.
+"""The write-policy interface shared by every mode (`off`, `cow`, `stage`, and any registered one).
 
-Lifecycle of one verify window (per cache, i.e. per device):
+Lifecycle of one window (per cache, i.e. per device):
 
-    policy.begin(window)                      # slots known, nothing written yet
-    for layer in layers:                      # target layers and draft-head layers alike
+    policy.begin(window, kind="verify")           # slots known, nothing written yet
+    for layer in layers:                          # target layers and draft-head layers alike
         policy.write(layer, k, v, token_offset)   # [n, H, D] rows, in chunks if you like
-        k_win, v_win = policy.window_kv(layer) or (None, None)   # stage: attention reads here
-    record = policy.commit(acceptance)        # or commit(draft_mask) / commit(sampled_token_ids=...)
-    # on failure instead: policy.cancel()     # cache as `off` would have left it
+        policy.window_kv(layer)                   # attention reads the window here when
+                                                  #   policy.window_in_buffer, else from the cache
+    record = policy.commit(acceptance)            # an Acceptance (nwor_lab.window); None: no drafts
+    # on failure instead: policy.cancel()         # cache as `off` would have left it
 
+A policy declares its behaviour in class attributes, so nothing outside the policies compares
+mode names:
+    window_in_buffer          the window's K/V wait in a buffer until commit: attention reads the
+                              prefix from the cache and the window from `window_kv(layer)`
+    preserves_rejected_slots  after commit every rejected slot is bit-identical to before the window
 Every argument is checked before anything is written; slot checks run once, at `begin`.
+Observers (`policy.observers`) see every phase (nwor_lab.policies.observer).
 """
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import torch
 
@@ -21,7 +29,8 @@ from nwor_lab._checks import FLOAT_DTYPES, capturing, check_slots, check_tensor,
 from nwor_lab.config import LabConfig
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics, WindowRecord
-from nwor_lab.window import Window
+from nwor_lab.policies.observer import PhaseEvent
+from nwor_lab.window import Acceptance, Window
 
 log = logging.getLogger("nwor_lab.policies")
 
@@ -31,27 +40,42 @@ class WindowStateError(RuntimeError):
 
 
 class WritePolicy:
-    """Base class: window bookkeeping, argument checks, acceptance handling, records."""
+    """Base class: window bookkeeping, argument checks, acceptance checks, records, events."""
 
-    mode = "?"
+    name: ClassVar[str] = "?"                       # the registry key (set by register_policy)
+    window_in_buffer: ClassVar[bool] = False
+    preserves_rejected_slots: ClassVar[bool] = False
 
     def __init__(self, cache: PagedKVCache, config: LabConfig | None = None,
-                 metrics: LabMetrics | None = None, records: bool = True):
+                 metrics: LabMetrics | None = None, records: bool = True, observers: list | None = None):
         self.cache = cache
-        self.config = config or LabConfig(nwor_mode=self.mode)
+        self.config = config or LabConfig(nwor_mode=self.name)
         self.metrics = metrics if metrics is not None else LabMetrics()
         self.records = records
+        self.observers = observers if observers is not None else []   # WindowObserver objects
         self.window: Window | None = None
+        self.kind = ""                           # what the open window is ("verify", "draft", ...)
         self.layers = range(cache.num_layers)   # layers the open window may write
         self.windows_done = 0
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
-        self._scv = None
+
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        """Kernel launches the policy issues for a window over `num_layers` layers on the CUDA
+        backend (what decides its cost at decode sizes: the write path is launch-bound).
+        Default: one K+V write per layer."""
+        return num_layers
+
+    def reserve(self, num_tokens: int) -> None:
+        """Make room for windows of up to `num_tokens` tokens now (before a CUDA graph capture,
+        where nothing may be allocated). Policies without buffers have nothing to do."""
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def begin(self, window: Window, layers: range | None = None) -> None:
+    def begin(self, window: Window, layers: range | None = None, *, kind: str = "") -> None:
         """Open a window. `layers`: the contiguous cache layers it will write (default: all), e.g.
         `range(N, N + 1)` for an EAGLE draft chain that only runs the head; CoW logs and restores
-        just those, and a write to any other layer is an error."""
+        just those, and a write to any other layer is an error. `kind` labels the window for
+        observers and logs ("verify", "draft")."""
         if self.window is not None:
             raise WindowStateError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
@@ -69,12 +93,15 @@ class WritePolicy:
                              f"{n} layers (contiguous, so one launch covers them)")
         self.window = window
         self.layers = layers
+        self.kind = kind
         self._rows = {}
         self._begin()
         if self.config.debug:
-            log.info("NWOR[%s] window %d begin: %d tokens, %d drafts over %d requests (drafts per request %s)",
-                     self.mode, self.windows_done, window.num_tokens, window.num_drafts, window.num_reqs,
-                     window.num_draft_tokens)
+            log.info("NWOR[%s] %s window %d begin: %d tokens, %d drafts over %d requests (drafts per "
+                     "request %s)", self.name, kind or "a", self.windows_done, window.num_tokens,
+                     window.num_drafts, window.num_reqs, window.num_draft_tokens)
+        if self.observers:
+            self._emit("begin", logged_slots=self._logged_slots())
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, token_offset: int = 0) -> None:
         """Rows `token_offset .. token_offset + n - 1` of the window's K/V `[n, H, D]` for `layer`."""
@@ -101,28 +128,31 @@ class WritePolicy:
                              f"written in this window; each row is written once")
         ranges.append((token_offset, token_offset + n))
         self._write(layer, key, value, token_offset)
+        if self.observers:
+            self._emit("write", layer=layer, rows=range(token_offset, token_offset + n))
 
     def window_kv(self, layer: int):
-        """`(key, value)` `[T, H, D]` of the window for attention, or None: read the cache."""
+        """`(key, value)` `[T, H, D]` of the window for attention when `window_in_buffer`, else None
+        (attention reads the window from the cache, where `write` put it)."""
         return None
 
-    def commit(self, acceptance=None, *, sampled_token_ids: torch.Tensor | None = None) -> WindowRecord | None:
-        """Keep the accepted drafts (and every non-draft token); drop the rejected ones.
+    def commit(self, acceptance: Acceptance | None = None) -> WindowRecord | None:
+        """Keep every non-draft token and the accepted drafts; drop the rejected ones.
 
-        acceptance: an `Acceptance` (from SCV), or a prefix-closed draft mask `[Dtot]` bool;
-        or pass `sampled_token_ids` `[R, max_spec_len+1]` and SCV runs with `config.scv_mode`.
-        Given both, `acceptance` is used and, in debug mode, checked against the sampler's output
-        with the plain host loop (committed == accepted by the sampler, every window).
-        A window without drafts may be committed with no argument.
+        acceptance: the window's `Acceptance` (from SCV, `Acceptance.from_draft_mask`, ...);
+        None only for a window without drafts. Checked for consistency (draft mask prefix-closed,
+        accepted lengths and commit mask agreeing with it) before anything is written.
         """
         w = self._need_window("commit")
-        draft_mask, accepted_len, commit_mask = self._acceptance(w, acceptance, sampled_token_ids)
+        acceptance = self._check_acceptance(w, acceptance)
         partial = [l for l, r in self._rows.items() if sum(b - a for a, b in r) != w.num_tokens]
         if partial:
             raise WindowStateError(f"commit: layers {partial} received only part of the window's "
                                    f"{w.num_tokens} rows; write the rest or cancel()")
-        self._commit(draft_mask, accepted_len, commit_mask)
-        rec = self._finish(draft_mask, accepted_len, commit_mask, cancelled=False)
+        if self.observers:
+            self._emit("acceptance", acceptance=acceptance)
+        self._commit(acceptance)
+        rec = self._finish(acceptance, cancelled=False)
         return rec
 
     def cancel(self) -> WindowRecord | None:
@@ -130,20 +160,29 @@ class WritePolicy:
         w = self._need_window("cancel")
         self._cancel()
         if self.config.debug:
-            log.info("NWOR[%s] window %d cancelled (layers written: %s)", self.mode, self.windows_done,
+            log.info("NWOR[%s] window %d cancelled (layers written: %s)", self.name, self.windows_done,
                      sorted(self._rows))
-        all_kept = torch.ones(w.num_tokens, dtype=torch.bool, device=self.cache.device)
-        return self._finish(None, None, all_kept, cancelled=True)
+        return self._finish(None, cancelled=True)
 
     # -- hooks for the modes -----------------------------------------------------------------
     def _begin(self) -> None: ...
     def _write(self, layer, key, value, token_offset) -> None: raise NotImplementedError
-    def _commit(self, draft_mask, accepted_len, commit_mask) -> None: ...
+    def _commit(self, acceptance: Acceptance) -> None: ...
     def _cancel(self) -> None: ...
 
-    def _bytes(self, draft_mask, commit_mask) -> dict:
-        """Bytes moved this window; modes override. Host counts (one sync)."""
+    def _logged_slots(self) -> torch.Tensor | None:
+        """Slots whose old contents this policy saved at begin (for observers); None: no log."""
+        return None
+
+    def _bytes(self, acceptance: Acceptance | None, kept: torch.Tensor) -> dict:
+        """Bytes moved this window; modes override. Host counts (one sync). `acceptance` is None
+        for a cancelled window; `kept` [T] marks the non-padding tokens the cache keeps."""
         return {}
+
+    def _emit(self, phase: str, **fields) -> None:
+        event = PhaseEvent(phase, self.kind, self, self.window, self.layers, **fields)
+        for observer in self.observers:
+            observer.on_phase(event)
 
     # -- helpers -----------------------------------------------------------------------------
     def _need_window(self, what: str) -> Window:
@@ -152,109 +191,85 @@ class WritePolicy:
                                    f"(a window is committed or cancelled once)")
         return self.window
 
-    def _scale_args(self):
-        return (self.cache.k_scale, self.cache.v_scale) if self.cache.is_fp8 else (None, None)
-
-    def _acceptance(self, w: Window, acceptance, sampled_token_ids):
+    def _check_acceptance(self, w: Window, acceptance: Acceptance | None) -> Acceptance:
+        """Shapes always; on the host under `validate` (one sync, skipped while capturing) that
+        the three masks tell one story: prefix-closed drafts, lengths within each request's
+        drafts, and the commit mask keeping exactly non-drafts and accepted drafts."""
         dev = self.cache.device
-        if sampled_token_ids is not None and acceptance is not None:
-            # both: the caller already ran SCV; the sampler's output only serves the debug check
-            if self.config.debug:
-                self._debug_check_sampler(w, acceptance, sampled_token_ids)
-        elif sampled_token_ids is not None:
-            if w.draft_token_ids is None:
-                raise ValueError("sampled_token_ids: the window has no draft_token_ids; build it with "
-                                 "Window.from_metadata or pass draft_token_ids to Window.from_counts")
-            acceptance = self._scv_runner()(w.draft_token_ids, w.cu_num_draft_tokens, sampled_token_ids,
-                                                    token_req=w.token_req, token_draft_pos=w.token_draft_pos)
-            if self.config.debug:
-                self._debug_check_sampler(w, acceptance, sampled_token_ids)
         if acceptance is None:
             if w.num_drafts:
-                raise ValueError(f"commit: the window has {w.num_drafts} drafts; pass their acceptance "
-                                 f"(Acceptance, draft mask or sampled_token_ids)")
-            draft_mask = torch.zeros(0, dtype=torch.bool, device=dev)
-        elif isinstance(acceptance, torch.Tensor):
-            draft_mask = acceptance
-        elif hasattr(acceptance, "draft_mask"):
-            draft_mask = acceptance.draft_mask
-        else:
-            raise TypeError(f"acceptance: expected an Acceptance or a [num_drafts] bool tensor, "
-                            f"got {type(acceptance).__name__}")
-        check_tensor("acceptance.draft_mask", draft_mask, dtypes=(torch.bool,), device=dev)
-        if draft_mask.dim() != 1 or draft_mask.numel() != w.num_drafts:
-            raise ValueError(f"acceptance.draft_mask: shape {tuple(draft_mask.shape)} but the window has "
-                             f"{w.num_drafts} drafts; the mask must be [num_drafts] (one per draft token)")
-        accepted_len = w.accepted_len_from(draft_mask)
-        if self.config.validate and not capturing() and w.num_drafts:
-            # prefix-closed: draft j accepted => drafts 1..j-1 accepted, i.e. pos <= accepted_len
+                raise ValueError(f"commit: the window has {w.num_drafts} drafts; pass their Acceptance "
+                                 f"(from SCV, or Acceptance.from_draft_mask(window, mask))")
+            return Acceptance.from_accepted_len(w, [0] * w.num_reqs)
+        if not isinstance(acceptance, Acceptance):
+            raise TypeError(f"acceptance: expected nwor_lab.window.Acceptance, got {type(acceptance).__name__}"
+                            f"; wrap a draft mask with Acceptance.from_draft_mask(window, mask)")
+        check_tensor("acceptance.draft_mask", acceptance.draft_mask, shape=(w.num_drafts,),
+                     dtypes=(torch.bool,), device=dev, what="[num_drafts] bool, one per draft token")
+        check_tensor("acceptance.accepted_len", acceptance.accepted_len, shape=(w.num_reqs,), device=dev,
+                     what="[num_reqs]")
+        if acceptance.commit_mask is None:
+            acceptance = Acceptance(acceptance.draft_mask, acceptance.accepted_len,
+                                    w.commit_mask_from(acceptance.accepted_len))
+        check_tensor("acceptance.commit_mask", acceptance.commit_mask, shape=(w.num_tokens,),
+                     dtypes=(torch.bool,), device=dev, what="[num_tokens] bool")
+        if self.config.validate and not capturing():
+            acc = acceptance.accepted_len.long()
+            n_drafts = torch.tensor(w.num_draft_tokens, device=dev)
+            if bool(((acc < 0) | (acc > n_drafts)).any()):
+                raise ValueError(f"acceptance.accepted_len={acc.tolist()}: each must lie in 0..num_draft_tokens "
+                                 f"{w.num_draft_tokens}")
             draft_pos = w.token_draft_pos[w.draft_rows]
-            if not bool((draft_mask == (draft_pos <= accepted_len[w.draft_req.long()])).all()):
-                raise ValueError("acceptance.draft_mask: not prefix-closed; a draft can only be accepted "
-                                 "if every earlier draft of its request was (the prefix rule)")
-        commit_mask = getattr(acceptance, "commit_mask", None) if acceptance is not None else None
-        if commit_mask is None:
-            commit_mask = w.commit_mask_from(accepted_len)
-        check_tensor("acceptance.commit_mask", commit_mask, shape=(w.num_tokens,), dtypes=(torch.bool,), device=dev)
-        return draft_mask, accepted_len, commit_mask
+            if not bool((acceptance.draft_mask == (draft_pos <= acc[w.draft_req.long()])).all()):
+                raise ValueError("acceptance.draft_mask: not the prefix d_1..d_a of each request's drafts "
+                                 "that accepted_len says; a draft is accepted only if every earlier one "
+                                 "was (the prefix rule)")
+            if not bool((acceptance.commit_mask == w.commit_mask_from(acc)).all()):
+                raise ValueError("acceptance.commit_mask: does not keep exactly the non-draft tokens and "
+                                 "the accepted drafts; build it with Window.commit_mask_from(accepted_len)")
+        return acceptance
 
-    def _scv_runner(self):
-        if self._scv is None:
-            from nwor_lab.speculative.scv import ScvRunner
-            self._scv = ScvRunner(self.config.scv_mode)
-        return self._scv
-
-    def _debug_check_sampler(self, w, acceptance, sampled_token_ids) -> None:
-        """Debug: the acceptance must equal the plain host loop over the sampler's output."""
-        from nwor_lab.speculative.scv import compute_acceptance
-        if w.draft_token_ids is None:
-            raise ValueError("sampled_token_ids: the window has no draft_token_ids to check them against; "
-                             "build it with Window.from_metadata")
-        ref = compute_acceptance(w.draft_token_ids.cpu(), w.cu_num_draft_tokens.cpu(), sampled_token_ids.cpu(),
-                                 mode="off")
-        mask = acceptance if isinstance(acceptance, torch.Tensor) else acceptance.draft_mask
-        got = w.accepted_len_from(mask).cpu().to(torch.int32)
-        if not torch.equal(got, ref.accepted_len.to(torch.int32)):
-            raise AssertionError(f"NWOR debug: the acceptance ({self.config.scv_mode}) says {got.tolist()} "
-                                 f"accepted but the sampler's output says {ref.accepted_len.tolist()}")
-
-    def _finish(self, draft_mask, accepted_len, commit_mask, cancelled: bool) -> WindowRecord | None:
-        w = self.window
+    def _finish(self, acceptance: Acceptance | None, cancelled: bool) -> WindowRecord | None:
         rec = None
-        if self.records or self.config.debug:
-            rec = self._record(w, draft_mask, accepted_len, commit_mask, cancelled)
+        if self.records or self.config.debug or self.observers:
+            rec = self._record(self.window, acceptance)
             if self.config.debug and not cancelled:
                 if rec.drafts_committed != rec.num_accepted:
                     raise AssertionError(f"NWOR debug: committed {rec.drafts_committed} drafts but the "
-                                         f"sampler accepted {rec.num_accepted}")
+                                         f"acceptance says {rec.num_accepted}")
                 log.info("NWOR[%s] window %d commit: %d/%d drafts accepted (per request %s), %d tokens kept, "
-                         "bytes written %d skipped %d logged %d restored %d", self.mode, rec.index,
+                         "bytes written %d skipped %d logged %d restored %d", self.name, rec.index,
                          rec.num_accepted, rec.num_drafts, rec.per_request_accepted, rec.tokens_committed,
                          rec.bytes_written, rec.bytes_skipped, rec.bytes_logged, rec.bytes_restored)
-            self.metrics.observe(rec)
+            if self.records or self.config.debug:
+                self.metrics.observe(rec)
+        if self.observers:
+            self._emit("cancel" if cancelled else "commit", acceptance=acceptance, record=rec)
         self.window = None
+        self.kind = ""
         self._rows = {}
         self.windows_done += 1
-        return rec
+        return rec if (self.records or self.config.debug) else None
 
-    def _record(self, w, draft_mask, accepted_len, commit_mask, cancelled) -> WindowRecord:
+    def _record(self, w: Window, acceptance: Acceptance | None) -> WindowRecord:
+        """What the window did, as host numbers. A cancelled window (`acceptance` None) keeps every
+        row it wrote, as `off` would."""
         real = (w.slot_mapping >= 0)
+        commit_mask = torch.ones_like(real) if acceptance is None else acceptance.commit_mask
         kept = commit_mask & real
         k = w.max_spec_len
-        if cancelled or draft_mask is None:
-            acc = [0] * w.num_reqs
-            drafts_committed = int(kept[w.draft_rows].sum()) if w.num_drafts else 0
-        else:
-            acc = accepted_len.cpu().tolist()
-            drafts_committed = int(commit_mask[w.draft_rows].sum()) if w.num_drafts else 0
+        acc = [0] * w.num_reqs if acceptance is None else acceptance.accepted_per_request()
+        drafts_committed = int(kept[w.draft_rows].sum()) if w.num_drafts else 0
+        if acceptance is not None and w.num_drafts:
+            drafts_committed = int(commit_mask[w.draft_rows].sum())
         drafts_by_pos = [sum(1 for n in w.num_draft_tokens if n >= j) for j in range(1, k + 1)]
         acc_by_pos = [sum(1 for a in acc if a >= j) for j in range(1, k + 1)]
-        return WindowRecord(mode=self.mode, index=self.windows_done, num_reqs=w.num_reqs,
+        return WindowRecord(mode=self.name, index=self.windows_done, num_reqs=w.num_reqs,
                             num_tokens=w.num_tokens, num_drafts=w.num_drafts, num_accepted=sum(acc),
                             tokens_committed=int(kept.sum()), drafts_committed=drafts_committed,
                             per_request_accepted=acc, drafts_by_position=drafts_by_pos,
-                            accepted_by_position=acc_by_pos, cancelled=cancelled,
-                            **self._bytes(draft_mask, kept))
+                            accepted_by_position=acc_by_pos, cancelled=acceptance is None,
+                            **self._bytes(acceptance, kept))
 
     def _layers_written(self) -> int:
         return len(self._rows)

@@ -18,12 +18,20 @@ from nwor_lab.ops import commit, use_cuda, write_kv
 
 
 class StagePolicy(WritePolicy):
-    mode = "stage"
+    window_in_buffer = True           # attention reads the window from window_kv(layer)
+    preserves_rejected_slots = True   # rejected rows are never written to the cache
 
     def __init__(self, *args, initial_capacity: int = 64, **kwargs):
         super().__init__(*args, **kwargs)
-        self.staged_key = self.staged_value = None
+        self.staged_key = self.staged_value = None   # [L, capacity, H, D]
+        self._row_ids = None        # [capacity] int64: staging rows as slots of a one-block cache
+        self._as_cache = []         # per layer: the staging buffers viewed as [1, capacity, H, D]
+        self._window_rows = None    # [T] the open window's rows (whole-window writes reuse it)
         self.reserve(initial_capacity)
+
+    @classmethod
+    def launches_per_window(cls, num_layers: int) -> int:
+        return num_layers + 1   # a copy into the staging buffer per layer, one commit of all layers
 
     @property
     def capacity(self) -> int:
@@ -66,9 +74,9 @@ class StagePolicy(WritePolicy):
         self.cache._check_layer(layer)
         return self.staged_key[layer, :t], self.staged_value[layer, :t]
 
-    def _commit(self, draft_mask, accepted_len, commit_mask) -> None:
+    def _commit(self, acceptance) -> None:
         for a, b in _runs(sorted(self._rows)):
-            self._commit_layers(a, b, commit_mask)
+            self._commit_layers(a, b, acceptance.commit_mask)
 
     def _cancel(self) -> None:
         # `off` would have written every row that arrived: flush those, layer by layer.
@@ -85,10 +93,10 @@ class StagePolicy(WritePolicy):
         commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
                self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, trusted=True)
 
-    def _bytes(self, draft_mask, kept) -> dict:
+    def _bytes(self, acceptance, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, self._layers_written()
         valid = self._valid_rows_written()
-        written = int(kept.sum()) * layers if draft_mask is not None else valid
+        written = int(kept.sum()) * layers if acceptance is not None else valid
         return {"bytes_written": written * bpt, "bytes_skipped": (valid - written) * bpt}
 
 

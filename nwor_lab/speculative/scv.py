@@ -85,6 +85,18 @@ def compute_acceptance(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch
                                 token_req, token_draft_pos))
 
 
+def check_against_sampler(window, acceptance: Acceptance, sampled_token_ids: torch.Tensor,
+                          mode: str = "?") -> None:
+    """Debug: `acceptance` must say what the plain host loop says about the sampler's output
+    (committed == accepted by the sampler, every window). One sync; raises AssertionError."""
+    ref = acceptance_loop(window.draft_token_ids.cpu(), window.cu_num_draft_tokens.cpu(),
+                          sampled_token_ids.cpu())
+    got = acceptance.accepted_len.cpu().to(torch.int32)
+    if not torch.equal(got, ref.accepted_len.to(torch.int32)):
+        raise AssertionError(f"NWOR debug: the acceptance (SCV {mode}) says {got.tolist()} accepted but "
+                             f"the sampler's output says {ref.accepted_len.tolist()}")
+
+
 class ScvRunner:
     """Computes Acceptance in one mode and keeps that mode's state across windows.
 
@@ -120,6 +132,16 @@ class ScvRunner:
         elif total > num_reqs * num_cols:
             self._warn_clamp(f"{total} drafts cannot fit {num_reqs} x {num_cols} sampled ids")
 
+    def accept(self, window, sampled_token_ids: torch.Tensor, *, max_spec_len: int | None = None) -> Acceptance:
+        """The `Acceptance` of `window` (a `nwor_lab.window.Window` with draft ids) from the
+        rejection sampler's output `[R, max_spec_len + 1]`, commit mask included."""
+        if window.draft_token_ids is None:
+            raise ValueError("window: it has no draft_token_ids to compare with sampled_token_ids; build it "
+                             "with Window.from_metadata or pass draft_token_ids to Window.from_counts")
+        return self(window.draft_token_ids, window.cu_num_draft_tokens, sampled_token_ids,
+                    token_req=window.token_req, token_draft_pos=window.token_draft_pos,
+                    max_spec_len=max_spec_len)
+
     def __call__(self, draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                  sampled_token_ids: torch.Tensor, *, token_req: torch.Tensor | None = None,
                  token_draft_pos: torch.Tensor | None = None, max_spec_len: int | None = None) -> Acceptance:
@@ -145,7 +167,7 @@ class ScvRunner:
                     self._graphed = GraphedScv()
                 out = self._graphed(*args)
                 self.how = "CUDA graph (GraphedScv)"
-                return out if isinstance(out, Acceptance) else Acceptance(*out)
+                return out
             except Exception as err:  # noqa: BLE001 - adaptive means "any capture failure -> eager"
                 if self.mode != "adaptive":
                     raise

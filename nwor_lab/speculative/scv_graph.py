@@ -17,12 +17,13 @@ For tests, `force_capture_failure=True` or env `NWOR_LAB_SCV_GRAPH_FAIL=1` makes
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.config import env_bool
+from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.window import Acceptance
 
 FORCE_FAIL_ENV = "NWOR_LAB_SCV_GRAPH_FAIL"
@@ -59,7 +60,7 @@ class GraphedScv:
     def _forced(self) -> bool:
         if self.force_capture_failure is not None:
             return self.force_capture_failure
-        return os.environ.get(FORCE_FAIL_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+        return env_bool(FORCE_FAIL_ENV)
 
     @staticmethod
     def _normalise(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos):
@@ -109,15 +110,7 @@ class GraphedScv:
                 outputs = (torch.zeros(args[0].shape[0], dtype=torch.bool, device=device),
                            torch.zeros(args[2].shape[0], dtype=torch.int32, device=device),
                            torch.zeros(args[3].shape[0], dtype=torch.bool, device=device))
-                # Warm up on a side stream (module load, lazy kernel loading), then capture.
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    op(*inputs, *outputs)
-                torch.cuda.current_stream(device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    op(*inputs, *outputs)
+                graph = capture_graph(lambda: op(*inputs, *outputs), device=device)
         except ScvGraphCaptureError:
             raise
         except Exception as err:  # noqa: BLE001 - every capture problem becomes one error type

@@ -6,7 +6,9 @@ import torch
 
 from nwor_lab import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
-from nwor_lab.policies import Window, make_policy
+from nwor_lab.policies import make_policy
+from nwor_lab.speculative import ScvRunner
+from nwor_lab.window import Window
 from nwor_lab.policies.invariants import RandomWindow, random_window, run_window
 from nwor_lab.ops.quant import raw
 from nwor_lab.selfcheck import selfcheck
@@ -42,7 +44,9 @@ def test_gpu_policy_equals_cpu_reference(mode, layout, cache_dtype, scv_mode):
             if dev == "cpu":
                 rw = random_window(cache, gen, num_reqs=16, max_k=8)
             policy = make_policy(LabConfig(nwor_mode=mode, scv_mode=scv_mode, backend=backend), cache)
-            rec = run_window(policy, rw if dev == "cpu" else _to(rw, dev), chunks=2, acceptance="sampled")
+            rw_dev = rw if dev == "cpu" else _to(rw, dev)
+            acceptance = ScvRunner(scv_mode).accept(rw_dev.window, rw_dev.sampled_token_ids)
+            rec = run_window(policy, rw_dev, chunks=2, acceptance=acceptance)
             results[dev] = (cache, rec)
         (ccpu, rcpu), (cgpu, rgpu) = results["cpu"], results["cuda"]
         assert torch.equal(raw(ccpu.key), raw(cgpu.key).cpu()) and torch.equal(raw(ccpu.value), raw(cgpu.value).cpu())

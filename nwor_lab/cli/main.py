@@ -1,4 +1,4 @@
-"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate."""
+"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate (and the workshop commands)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+
+from nwor_lab.config import BACKENDS, SCV_MODES
+from nwor_lab.kv.cache import CACHE_DTYPES
+from nwor_lab.kv.layout import KVLayout
 
 
 def _doctor(args) -> int:
@@ -56,14 +60,13 @@ def _build(args) -> int:
     return 0
 
 
+BENCHMARKS = ("kernels", "policies", "engine")   # nwor_lab/bench/<name>.py, each with its own parser
+
+
 def _bench(what: str, rest) -> int:
-    if what == "kernels":
-        from nwor_lab.bench.kernels import main as bench_main
-    elif what == "policies":
-        from nwor_lab.bench.policies import main as bench_main
-    else:
-        from nwor_lab.engine.bench import main as bench_main
-    result = bench_main(rest)
+    import importlib
+
+    result = importlib.import_module(f"nwor_lab.bench.{what}").main(rest)
     return result if isinstance(result, int) else 0  # the benchmarks return their JSON dict
 
 
@@ -83,27 +86,27 @@ def _debug_logging() -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _debug_logging()
-    if argv[:1] == ["generate"]:  # its own parser (nwor_lab.engine.cli), --help included
-        from nwor_lab.engine import cli_generate
+    if argv[:1] == ["generate"]:  # its own parser (nwor_lab.cli.generate), --help included
+        from nwor_lab.cli.generate import cli_generate
         return cli_generate(argv[1:]) or 0
-    if argv[:1] == ["bench"] and argv[1:2] in (["kernels"], ["policies"], ["engine"]):  # their own parsers too
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCHMARKS:  # their own parsers too
         return _bench(argv[1], argv[2:])
     p = argparse.ArgumentParser(prog="nwor-lab", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="python, torch, CUDA, nvcc, and which backend runs and why")
-    d.add_argument("--backend", choices=["auto", "cuda", "torch"], default=None)
+    d.add_argument("--backend", choices=BACKENDS, default=None)
     s = sub.add_parser("selfcheck", help="one random mixed batch through every mode, invariants checked (JSON)")
     s.add_argument("--device", default=None)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--scv", choices=["off", "graph", "adaptive"], default="off")
-    s.add_argument("--backend", choices=["auto", "cuda", "torch"], default=None)
-    s.add_argument("--cache-dtype", choices=["auto", "fp8_e4m3", "fp8_e5m2"], default="auto")
-    s.add_argument("--layout", choices=["NHD", "HND"], default="HND")
+    s.add_argument("--scv", choices=SCV_MODES, default="off")
+    s.add_argument("--backend", choices=BACKENDS, default=None)
+    s.add_argument("--cache-dtype", choices=list(CACHE_DTYPES), default="auto")
+    s.add_argument("--layout", choices=[layout.name for layout in KVLayout], default="HND")
     s.add_argument("--out", default=None, help="also write the JSON here")
     b = sub.add_parser("build", help="JIT-build the CUDA extension now (normally built on first use)")
     b.add_argument("--verbose", action="store_true")
     be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies` or `engine` (each has its own --help)")
-    be.add_argument("what", choices=["kernels", "policies", "engine"])
+    be.add_argument("what", choices=BENCHMARKS)
     g = sub.add_parser("generate", help='speculative decoding with the shipped model: generate "PROMPT" --k 4 --nwor stage')
     g.add_argument("rest", nargs=argparse.REMAINDER)
     args, rest = p.parse_known_args(argv)

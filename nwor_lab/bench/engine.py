@@ -1,6 +1,6 @@
 """Benchmark (not a test): tokens/s of target-only vs EAGLE speculative decoding, shipped pair.
 
-    python -m nwor_lab.engine.bench --device cpu --out benchmarks/results/engine_cpu.json
+    nwor-lab bench engine --device cpu --out benchmarks/results/engine_cpu.json
 
 Prompts are held-out text (modules the pair never saw, `nwor_lab.train.corpus.HELD_OUT`): from
 `runs/corpus/eval.bin` when present, else tokenised from this interpreter's stdlib. Each
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nwor_lab.config import LabConfig
+from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab.engine.generate import generate
 from nwor_lab.model.shipped import load_tiny
 from nwor_lab.ops import backend
@@ -52,7 +52,7 @@ def timed(fn, device) -> tuple[object, float]:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m nwor_lab.engine.bench")
+    p = argparse.ArgumentParser(prog="nwor-lab bench engine")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=64)
@@ -60,6 +60,8 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1")
+    p.add_argument("--scv", default="off,graph",
+                   help=f"SCV modes to pair with every write policy, comma-separated ({', '.join(SCV_MODES)})")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -67,7 +69,7 @@ def main(argv=None) -> dict:
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
     configs = [("target-only", 0, LabConfig())] + [
         (f"{args.head} k={args.k} nwor={m} scv={s}", args.k, LabConfig(nwor_mode=m, scv_mode=s))
-        for m, s in [("off", "off"), ("cow", "off"), ("stage", "off"), ("stage", "graph")]]
+        for m in NWOR_MODES for s in args.scv.split(",")]
     rows = []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
         ps = prompts[:max(bs, 2)] if bs == 1 else prompts[:bs]
@@ -90,7 +92,7 @@ def main(argv=None) -> dict:
                    "same_tokens_as_target_only": res.token_ids == base_ids}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = {"command": "python -m nwor_lab.engine.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
            "torch": torch.__version__, "python": platform.python_version(), "dtype": "float32",

@@ -1,0 +1,28 @@
+"""CUDA-graph capture, written once: warm up on a side stream, then record `fn` into a graph.
+
+Why a side stream: the first call of an op loads modules, allocates and may sync; none of that
+may happen during capture. torch's own capture also runs on a side stream, so the warm-up does
+the same and the capture replays exactly what the warm-up did.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None) -> torch.cuda.CUDAGraph:
+    """Run `fn` `warmup` times on a side stream, then capture one call of it; returns the graph
+    (replay it with `graph.replay()`; `fn`'s tensors are its static inputs and outputs)."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    return graph

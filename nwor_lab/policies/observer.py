@@ -1,0 +1,57 @@
+"""Watching a window's lifecycle: one event per phase, for pictures, steppers and logs.
+
+A policy calls `observer.on_phase(event)` for each phase of each window:
+
+    begin       the window is open; CoW has saved its log (`logged_slots`): the cache is "before"
+    write       one layer's rows `rows` were written (to the cache, or to the window buffer)
+    acceptance  the acceptance was checked; nothing committed or restored yet
+    commit      the cache holds its final state for the window (`record` says what moved)
+    cancel      the window was abandoned; the cache is as `off` would have left it
+
+Observers only read. With no observer attached a policy builds no event (one list check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from nwor_lab.metrics import WindowRecord
+from nwor_lab.window import Acceptance, Window
+
+if TYPE_CHECKING:
+    from nwor_lab.policies.policy import WritePolicy
+
+PHASES = ("begin", "write", "acceptance", "commit", "cancel")
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    phase: str                               # one of PHASES
+    kind: str                                # what begin() was told: "verify", "draft", or ""
+    policy: "WritePolicy"                    # .name, .cache, .window_in_buffer, .preserves_rejected_slots
+    window: Window
+    layers: range                            # the layers the window may write
+    layer: int | None = None                 # write: the layer written
+    rows: range | None = None                # write: window rows written
+    acceptance: Acceptance | None = None     # acceptance, commit
+    record: WindowRecord | None = None       # commit, cancel
+    logged_slots: torch.Tensor | None = None  # begin: slots whose old contents were saved (CoW)
+
+
+class WindowObserver(Protocol):
+    def on_phase(self, event: PhaseEvent) -> None: ...
+
+
+class LogObserver:
+    """Collects one line per phase (`lines`); handy in a notebook or a test."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def on_phase(self, e: PhaseEvent) -> None:
+        what = {"write": f" layer {e.layer} rows {e.rows.start}..{e.rows.stop - 1}" if e.rows else "",
+                "acceptance": f" accepted {e.acceptance.accepted_per_request()}" if e.acceptance else "",
+                "commit": f" {e.record.tokens_committed} tokens kept" if e.record else ""}.get(e.phase, "")
+        self.lines.append(f"{e.policy.name} {e.kind or 'window'} {e.phase}{what}")

@@ -1,0 +1,94 @@
+"""`sweep` and `report` subcommands: `add_parsers(subparsers)` for `nwor-lab`, `main(argv)` for
+`python -m nwor_lab.sweep`.
+
+    nwor-lab sweep NOTEBOOK --grid name=v1,v2 [--grid other=a,b] --out runs/NAME
+                   [--workers N] [--timeout S] [--set name=value ...] [--kernel NAME]
+    nwor-lab report runs/NAME [--out FILE]
+
+Exit codes: 0 every run ok; 1 some run failed (ids and errors printed); 2 bad input (one line
+on stderr, nothing run); 130 interrupted by Ctrl-C (143 by SIGTERM), finished runs kept.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from nwor_lab.sweep.grid import SweepInputError, parse_grid, parse_set
+
+
+
+def _resume_command(args) -> str:
+    parts = [args.notebook]
+    for spec in args.grid:
+        parts += ["--grid", spec]
+    for spec in args.set:
+        parts += ["--set", spec]
+    parts += ["--out", args.out, "--workers", str(args.workers)]
+    if args.timeout is not None:
+        parts += ["--timeout", f"{args.timeout:g}"]
+    if args.kernel:
+        parts += ["--kernel", args.kernel]
+    return f"{args.prog_name} {shlex.join(parts)}"  # the prog is a command prefix, not one word
+
+
+def _input_error(args, err: SweepInputError) -> int:
+    print(f"{args.prog_name}: error: {err}", file=sys.stderr)
+    return 2
+
+
+def cmd_sweep(args) -> int:
+    from nwor_lab.sweep.runner import run_sweep
+
+    try:
+        grid = parse_grid(args.grid)
+        fixed = parse_set(args.set, grid)
+        outcome = run_sweep(args.notebook, grid, args.out, fixed=fixed, workers=args.workers,
+                            timeout=args.timeout, kernel_name=args.kernel, progress=not args.no_progress,
+                            resume_hint=_resume_command(args))
+    except SweepInputError as err:
+        return _input_error(args, err)
+    return outcome.exit_code
+
+
+def cmd_report(args) -> int:
+    from nwor_lab.sweep.report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.out)
+    except SweepInputError as err:
+        return _input_error(args, err)
+    print(f"wrote {path}")
+    return 0
+
+
+def add_parsers(subparsers) -> None:
+    """Add `sweep` and `report` to an argparse subparsers object; `args.func(args)` -> exit code."""
+    s = subparsers.add_parser(
+        "sweep", help="run a notebook over a parameter grid with papermill (rows in OUT/results.jsonl)",
+        description="Run NOTEBOOK once per combination of the --grid values. Values are typed like Python "
+                    "literals: 8 int, 0.5 float, true/false, none; quote to force a string. Re-running skips "
+                    "runs already ok and retries failed ones.")
+    s.add_argument("notebook", metavar="NOTEBOOK", help="notebook with a cell tagged 'parameters'")
+    s.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                   help="a swept parameter and its values (repeat for more; every combination runs)")
+    s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a parameter fixed for every run")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for results.jsonl, notebooks/ and logs/, e.g. runs/NAME")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="runs at once (each pinned to one GPU via CUDA_VISIBLE_DEVICES when several exist)")
+    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock) before it is killed")
+    s.add_argument("--kernel", default=None, metavar="NAME", help="Jupyter kernel (default: the notebook's own)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sweep, prog_name=s.prog)
+    r = subparsers.add_parser("report", help="one self-contained HTML page of a sweep's runs and metrics",
+                              description="Table of every run and one figure per numeric metric, plotly inline.")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="the sweep's --out folder (holds results.jsonl)")
+    r.add_argument("--out", default=None, metavar="FILE", help="HTML file (default RUN_DIR/report.html)")
+    r.set_defaults(func=cmd_report, prog_name=r.prog)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep", description=__doc__.split("\n\n")[0])
+    add_parsers(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,118 @@
+"""The grid of a sweep: `--grid name=v1,v2` / `--set name=value` parsing, combinations, run ids.
+
+Values are typed the way one would write them in the `parameters` cell:
+`8` -> int, `0.5` / `1e-3` -> float, `true`/`false` -> bool, `none`/`null` -> None (any case),
+anything else -> str; quote a value (`'8'` or `"8"`) to keep it a string.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from typing import Any
+
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")  # safe in file names on Linux, macOS and Windows
+MAX_RUN_ID = 120  # well under the 255-byte file name limit, with ".ipynb" / ".log" added
+
+
+class SweepInputError(ValueError):
+    """Bad sweep input; the message is one line naming the argument and the fix."""
+
+
+def parse_value(text: str) -> Any:
+    """Type one command-line value: int, float, bool, None, else str (quotes force str)."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def _split_assignment(flag: str, text: str, shape: str, example: str) -> tuple[str, str]:
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not _NAME.fullmatch(name):
+        raise SweepInputError(f"{flag} {text!r}: expected {shape} with NAME a Python identifier, e.g. {flag} {example}")
+    return name, rest
+
+
+def parse_grid(specs: list[str]) -> dict[str, list[Any]]:
+    """`["batch=1,8", "mode=off,stage"]` -> `{"batch": [1, 8], "mode": ["off", "stage"]}`."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, rest = _split_assignment("--grid", spec, "NAME=V1,V2,...", "batch=1,8")
+        texts = [t.strip() for t in rest.split(",")]
+        if not rest.strip() or any(t == "" for t in texts):
+            raise SweepInputError(f"--grid {spec!r}: empty value; give comma-separated values, e.g. --grid {name}=1,8")
+        if name in grid:
+            raise SweepInputError(f"--grid {name} given twice; put all its values in one flag: --grid {name}=v1,v2")
+        values = [parse_value(t) for t in texts]
+        keys = [json.dumps(v) for v in values]
+        if len(set(keys)) != len(keys):
+            raise SweepInputError(f"--grid {spec!r}: a value is repeated; list each value once")
+        grid[name] = values
+    return grid
+
+
+def parse_set(specs: list[str], grid: dict[str, list[Any]]) -> dict[str, Any]:
+    """`["max_new_tokens=64"]` -> `{"max_new_tokens": 64}`: parameters fixed for every run."""
+    fixed: dict[str, Any] = {}
+    for spec in specs:
+        name, rest = _split_assignment("--set", spec, "NAME=VALUE", "max_new_tokens=64")
+        if name in grid:
+            raise SweepInputError(f"--set {name} is also a --grid parameter; give it in one of the two")
+        if name in fixed:
+            raise SweepInputError(f"--set {name} given twice; give it once")
+        fixed[name] = parse_value(rest.strip())
+    return fixed
+
+
+def check_parameters(grid: dict[str, list[Any]], fixed: dict[str, Any], declared: dict[str, Any], notebook: str) -> None:
+    """Every swept or set name must be declared in the notebook's `parameters` cell."""
+    if not declared:
+        raise SweepInputError(f"{notebook} has no cell tagged 'parameters'; tag the cell that assigns "
+                              "the defaults (cell toolbar > Tags > parameters)")
+    for flag, names in (("--grid", grid), ("--set", fixed)):
+        for name in names:
+            if name not in declared:
+                raise SweepInputError(f"{flag} {name}: not a parameter of {notebook}; "
+                                      f"its parameters cell declares: {', '.join(declared)}")
+
+
+def expand_grid(grid: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every combination, in `--grid` order (the last name varies fastest), `fixed` added to each."""
+    names = list(grid)
+    return [{**dict(zip(names, combo)), **(fixed or {})} for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def _token(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    safe = _UNSAFE.sub("-", text)
+    if safe != text:  # keep ids of different values apart after the substitution
+        safe += "~" + hashlib.sha1(text.encode()).hexdigest()[:6]
+    return safe
+
+
+def run_id(params: dict[str, Any], names: list[str] | None = None) -> str:
+    """A readable, file-system-safe id from the swept values: `batch=8,mode=stage`.
+
+    Names are sorted, so the id does not depend on the order of the `--grid` flags; only the
+    swept names take part (`names`), so fixed `--set` values do not lengthen every id (the
+    runner refuses to mix runs of the same id with different parameters in one folder).
+    """
+    names = sorted(params if names is None else names)
+    rid = ",".join(f"{n}={_token(params[n])}" for n in names) or "defaults"
+    if len(rid) > MAX_RUN_ID:
+        rid = rid[: MAX_RUN_ID - 9] + "~" + hashlib.sha1(rid.encode()).hexdigest()[:8]
+    return rid

@@ -1,0 +1,74 @@
+"""What a sweep will run: the notebook and grid checked up front, combinations, what is already done."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nwor_lab.sweep.grid import SweepInputError, check_parameters, expand_grid, run_id
+from nwor_lab.sweep.results import latest_rows
+
+
+@dataclass(frozen=True)
+class Run:
+    """One combination: its id and every parameter injected (swept, then fixed)."""
+
+    run_id: str
+    params: dict[str, Any]
+
+
+def notebook_parameters(notebook: str | Path) -> dict[str, Any]:
+    """The names declared in the notebook's `parameters` cell (papermill's own inspection)."""
+    import papermill
+
+    path = Path(notebook)
+    if not path.is_file():
+        raise SweepInputError(f"NOTEBOOK {notebook}: no such file; give the path of an .ipynb")
+    if path.suffix != ".ipynb":
+        raise SweepInputError(f"NOTEBOOK {notebook}: not an .ipynb file; give a Jupyter notebook")
+    try:
+        return papermill.inspect_notebook(str(path))
+    except Exception as err:  # noqa: BLE001 - any parse failure is bad input here
+        raise SweepInputError(f"NOTEBOOK {notebook}: cannot be read as a notebook ({type(err).__name__}: {err})") from None
+
+
+def check_out_dir(out: str | Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SweepInputError(f"--out {out}: is a file; give a folder (created if missing), e.g. --out runs/{out.stem}")
+    return out
+
+
+def plan_runs(notebook: str | Path, grid: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> list[Run]:
+    """Every combination of `grid` (plus `fixed`), each checked against the notebook's parameters."""
+    fixed = fixed or {}
+    check_parameters(grid, fixed, notebook_parameters(notebook), str(notebook))
+    names = list(grid)
+    runs = [Run(run_id(params, names), params) for params in expand_grid(grid, fixed)]
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):  # only possible through the length cap; say so rather than overwrite
+        raise SweepInputError("--grid: two combinations map to one run id; shorten the values")
+    return runs
+
+
+def split_done(runs: list[Run], out: Path) -> tuple[list[Run], list[Run]]:
+    """(runs with an "ok" row already, runs to execute); failed and missing runs are (re)run.
+
+    Refuses a folder whose row for a run id carries other parameters (a changed `--set`):
+    skipping it would report results of parameters that were not asked for.
+    """
+    latest = latest_rows(out)
+    done, todo = [], []
+    for run in runs:
+        row = latest.get(run.run_id)
+        if row is not None and _canon(row.get("params")) != _canon(run.params):
+            raise SweepInputError(
+                f"--out {out}: run {run.run_id} there has parameters {json.dumps(row.get('params'))}, "
+                f"not {json.dumps(run.params)}; use a new --out, or the --set values of that sweep")
+        (done if row is not None and row.get("status") == "ok" else todo).append(run)
+    return done, todo
+
+
+def _canon(params: Any) -> str:
+    return json.dumps(params, sort_keys=True)

@@ -1,0 +1,133 @@
+"""`nwor-lab report runs/NAME`: one self-contained HTML page of a sweep.
+
+The page holds a table of every run (newest row per run id: parameters, status, duration,
+metrics, links to the executed notebook and log), the failures with their errors, and one
+figure per numeric metric (`nwor_lab.sweep.figures`). plotly.js is embedded once, inline,
+so the file opens offline and can be mailed or attached to a CI run as is.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import os
+from pathlib import Path
+from typing import Any
+
+from nwor_lab.sweep.grid import SweepInputError
+from nwor_lab.sweep.results import RESULTS_FILE, latest_rows
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem; color: #222; }
+h1 { margin-bottom: .2rem; } .meta { color: #555; margin-top: 0; }
+.table-wrap { overflow-x: auto; max-width: 100%; }
+table { border-collapse: collapse; font-size: 0.9rem; }
+th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+td.text, th.text { text-align: left; }
+tr.failed td { background: #fff0f0; }
+.status-failed { color: #b00020; font-weight: 600; } .status-ok { color: #1b5e20; }
+li.failure code { white-space: pre-wrap; }
+"""
+
+
+def _cell(value: Any) -> tuple[str, bool]:
+    """(escaped text, is_text) of a table cell; floats to 4 significant digits."""
+    if value is None:
+        return "–", False
+    if isinstance(value, bool):
+        return str(value).lower(), True
+    if isinstance(value, float):
+        return f"{value:.4g}", False
+    if isinstance(value, int):
+        return str(value), False
+    return html.escape(str(value)), True
+
+
+def _link(target: Path, page: Path, text: str) -> str:
+    rel = os.path.relpath(target, page.parent)
+    return f'<a href="{html.escape(Path(rel).as_posix())}">{html.escape(text)}</a>'
+
+
+def _table(rows: list[dict], run_dir: Path, page: Path) -> str:
+    params = list(dict.fromkeys(k for r in rows for k in r["params"]))
+    metrics = list(dict.fromkeys(k for r in rows for k in (r.get("metrics") or {})))
+    head = (["run", *params, "status", "duration (s)", *metrics, "notebook", "log"])
+    text_cols = {0, len(params) + 1, len(head) - 2, len(head) - 1}
+    out = ['<div class="table-wrap"><table><thead><tr>']
+    out += [f'<th class="{"text" if i in text_cols else ""}">{html.escape(h)}</th>' for i, h in enumerate(head)]
+    out.append("</tr></thead><tbody>")
+    for r in rows:
+        status = r.get("status", "?")
+        cells = [(html.escape(r["run_id"]), True)]
+        cells += [_cell(r["params"].get(p)) for p in params]
+        cells.append((f'<span class="status-{html.escape(status)}">{html.escape(status)}</span>', True))
+        cells.append(_cell(r.get("duration_s")))
+        cells += [_cell((r.get("metrics") or {}).get(m)) for m in metrics]
+        cells.append((_link(run_dir / r.get("notebook", f"notebooks/{r['run_id']}.ipynb"), page, "ipynb"), True))
+        cells.append((_link(run_dir / "logs" / f"{r['run_id']}.log", page, "log"), True))
+        out.append(f'<tr class="{html.escape(status)}" data-run-id="{html.escape(r["run_id"], quote=True)}">')
+        out += [f'<td class="{"text" if is_text else ""}">{text}</td>' for text, is_text in cells]
+        out.append("</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def _failures(rows: list[dict]) -> str:
+    failed = [r for r in rows if r.get("status") != "ok"]
+    if not failed:
+        return "<p>No failed runs.</p>"
+    items = [f'<li class="failure"><b>{html.escape(r["run_id"])}</b>: <code>{html.escape(str(r.get("error")))}</code></li>'
+             for r in failed]
+    return "<ul>" + "\n".join(items) + "</ul>"
+
+
+def _environment(rows: list[dict]) -> str:
+    facts = []
+    for key in ("torch", "device", "python", "host"):
+        values = sorted({str(v) for r in rows if (v := (r.get("env") or {}).get(key)) is not None})
+        if values:
+            facts.append(f"{key}: {', '.join(values)}")
+    return html.escape("; ".join(facts) + ".") if facts else ""
+
+
+def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Write the sweep's HTML page (default `<run_dir>/report.html`) and return its path."""
+    from plotly.offline import get_plotlyjs
+
+    from nwor_lab.sweep.figures import sort_key, sweep_figures, varying_params
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RESULTS_FILE).is_file():
+        raise SweepInputError(f"RUN_DIR {run_dir}: no {RESULTS_FILE} there; give the --out folder of a sweep")
+    page = Path(out) if out is not None else run_dir / "report.html"
+    if page.is_dir():
+        raise SweepInputError(f"--out {page}: is a folder; give an .html file path")
+    rows = list(latest_rows(run_dir).values())
+    varying = varying_params(rows)
+    rows.sort(key=lambda r: [sort_key(r["params"].get(p)) for p in varying] + [r["run_id"]])
+    n_ok = sum(r.get("status") == "ok" for r in rows)
+    figures = sweep_figures(rows)
+    divs = [fig.to_html(full_html=False, include_plotlyjs=False, default_height=f"{fig.layout.height}px")
+            for _, fig in figures]
+    title = f"Sweep {run_dir.resolve().name}"
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>',  # inline: the page must open offline
+        "</head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="meta">{len(rows)} runs: {n_ok} ok, {len(rows) - n_ok} failed; swept: '
+        f'{html.escape(", ".join(varying) or "nothing")}. {_environment(rows)} '
+        f'Report written {_dt.datetime.now().astimezone().isoformat(timespec="seconds")} from '
+        f"{html.escape(str(run_dir / RESULTS_FILE))}.</p>",
+        "<h2>Runs</h2>", _table(rows, run_dir, page),
+        "<h2>Failures</h2>", _failures(rows),
+        "<h2>Metrics</h2>",
+        *(divs or ["<p>No numeric metrics recorded by an ok run.</p>"]),
+        "</body></html>",
+    ]
+    page.parent.mkdir(parents=True, exist_ok=True)
+    tmp = page.with_name(page.name + ".tmp")
+    tmp.write_text("\n".join(parts), encoding="utf-8")
+    os.replace(tmp, page)
+    return page

@@ -1,0 +1,48 @@
+"""No module imports upward: each sub-package imports only the ones below it (lazy imports too).
+
+The order is the one docs/architecture.md gives; a new sub-package must be placed in it."""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
+LAYERS = [
+    {"config"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies"}, {"speculative"},
+    {"model"}, {"engine"}, {"train"},
+    {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "__init__", "__main__",
+     "checkpoints"},
+]
+RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Sub-packages of nwor_lab that `path` imports, anywhere in the file."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        out |= {n.split(".")[1] for n in names if n.startswith("nwor_lab.")}
+    return out
+
+
+def test_every_subpackage_has_a_layer():
+    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}
+    assert tops <= set(RANK), f"place {sorted(tops - set(RANK))} in LAYERS (and docs/architecture.md)"
+
+
+def test_no_module_imports_upward():
+    upward = []
+    for path in PACKAGE.rglob("*.py"):
+        top = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for imported in imports_of(path) - {top}:
+            if RANK.get(imported, len(LAYERS)) >= RANK[top] and RANK[top] < len(LAYERS) - 1:
+                upward.append(f"{path.relative_to(PACKAGE)} imports nwor_lab.{imported}")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_a_lazy_upward_import(tmp_path):
+    bad = tmp_path / "mod.py"
+    bad.write_text("def f():\n    from nwor_lab.speculative import ScvRunner\n")
+    assert imports_of(bad) == {"speculative"}
