@@ -95,11 +95,12 @@ def costs_by_mode(records_by_mode: Mapping[str, object], *, launches: Mapping[st
 
     records_by_mode: mode -> WindowRecords (list, LabMetrics or trace), e.g. the same windows
         replayed through each policy.
-    launches: mode -> kernel launches per verify window. How to count (CUDA backend, L layers
-        written, eager): off = L (one write_kv per layer, K and V together); cow = L + 2 (one log
-        of all layers at begin, one restore at commit); stage = L + 1 (one staging write per layer,
-        one commit of all layers). Without it, policies that declare
-        `launches_per_window(num_layers)` are asked (needs `num_layers`); else the panel is left out.
+    launches: mode -> kernel launches per verify window, to override or for modes that are not
+        registered policies. Without it and with `num_layers`, each policy is asked what it
+        declares, `POLICIES[mode].launches_per_window(num_layers)` (CUDA backend, L layers written:
+        off L = one K+V write per layer; cow L + 2 = plus one log at begin and one restore at
+        commit, all layers each; stage L + 1 = one staging copy per layer plus one commit of all
+        layers). With neither, the launches panel is left out.
     """
     modes = list(records_by_mode)
     recs = {m: _records(records_by_mode[m]) for m in modes}

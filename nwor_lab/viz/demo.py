@@ -19,7 +19,7 @@ from nwor_lab.ops import write_kv
 from nwor_lab.speculative.scv import compute_acceptance
 from nwor_lab.window import Acceptance, Window
 
-__all__ = ["DemoWindow", "demo_cache", "demo_window", "demo_frames", "demo_frames_by_mode"]
+__all__ = ["DemoWindow", "demo_cache", "demo_window", "demo_frames", "demo_frames_by_mode", "record_generate"]
 
 
 @dataclass
@@ -113,3 +113,16 @@ def demo_frames_by_mode(seed: int = 0, modes=None, **kwargs) -> dict:
     """`{mode: demo_frames(mode, seed, ...)}` for every registered write policy (or `modes`)."""
     from nwor_lab.policies import POLICIES
     return {m: demo_frames(m, seed, **kwargs) for m in (modes or POLICIES)}
+
+
+def record_generate(prompts, mode_name: str = "stage", *, layers=None, kinds=None, max_windows: int | None = None,
+                    **generate_kwargs):
+    """Run `nwor_lab.engine.generate` (the shipped pair by default) with a `Recorder` attached to
+    the engine's policies; returns `(frames, generation_result)`. Windows of every kind are
+    recorded: the prefill/verify windows and the EAGLE draft chain ("draft", head layer only)."""
+    from nwor_lab.engine import generate
+    from nwor_lab.viz.recorder import Recorder
+
+    recorder = Recorder(layers, kinds=kinds, max_windows=max_windows)
+    out = generate(prompts, config=LabConfig(nwor_mode=mode_name), observers=[recorder], **generate_kwargs)
+    return recorder.frames, out
