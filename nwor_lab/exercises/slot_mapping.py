@@ -93,7 +93,8 @@ def draw(case, expected, got):
             states[s] = SlotState.WRITTEN
             labels[s] = f"token {t}: req {req[t]} · position {pos[t]}"
             marks[s] = f"{req[t]}:{pos[t]}"
-        high = [int(slots[t]) for t in bad if 0 <= int(slots[t]) < nb * bs] if slots.shape == expected.shape else []
+        same_shape = slots.shape == expected.shape
+        high = [int(slots[t]) for t in bad if 0 <= int(slots[t]) < nb * bs] if same_shape else []
         title += f" (slots outside the cache: {outside})" if outside else ""
         return dict(states=states, title=title, annotations=labels, cell_text=marks, highlight=high)
 

@@ -258,6 +258,8 @@ def _caption(event, st: _Open, states) -> str:
     is_draft = w.token_draft_pos > 0
     kept = st.kept
     rejected = int((valid & is_draft & ~kept).sum())
+    if event.phase == "acceptance" and not w.num_drafts:
+        return head + "acceptance: no drafts in this window, every row is kept"
     if event.phase == "acceptance":
         acc = st.acceptance
         per = ", ".join(str(a) for a, k in zip(acc.accepted_len.tolist(), w.num_draft_tokens) if k)
