@@ -154,3 +154,24 @@ def test_demo_frames_through_the_policy_observer_api():
             assert a.caption == b.caption
             assert all(torch.equal(a.states[l], b.states[l]) for l in a.states)
     assert demo_frames("cow", seed=1, layers=[1])[0].layers == [1]
+
+
+def test_engine_run_recorded_no_rejected_kv_under_nwor():
+    """The engine's windows (verify and EAGLE draft chain) through each policy: only `off` ever
+    leaves rejected K/V in the cache; every mode emits the same tokens."""
+    from nwor_lab.model.toy import toy_pair
+    from nwor_lab.viz import acceptance_by_position
+    from nwor_lab.viz.demo import record_generate
+    target, head = toy_pair(0, noise=0.2)
+    left, tokens = {}, {}
+    for mode in ("off", "cow", "stage"):
+        frames, out = record_generate([[1, 2, 3, 4, 5], [7, 3]], mode, max_new_tokens=6, k=3, max_windows=6,
+                                      target=target, head=head)
+        commits = [f for f in frames if f.phase == "commit"]
+        assert {f.kind for f in commits} == {"verify", "draft"} and len(commits) == 6
+        assert sum(f.record.num_drafts - f.record.num_accepted for f in commits) > 0
+        left[mode] = sum(int((g == S.REJECTED).sum()) for f in commits for g in f.states.values())
+        tokens[mode] = out.token_ids
+        acceptance_by_position(out.trace).to_json()
+    assert left["off"] > 0 and left["cow"] == 0 and left["stage"] == 0
+    assert tokens["off"] == tokens["cow"] == tokens["stage"]

@@ -6,6 +6,7 @@
   costs_by_mode              bytes written / skipped / logged / restored and launches per mode
   Recorder, Frame            a window observer that snapshots every phase of every window
   demo_frames                one random mixed window through a fresh policy, recorded
+  record_generate            a whole engine run (generate) with a Recorder attached
   Stepper, show_frames       step through frames live (widgets) or as static figures
 
 Importing this package imports plotly; `import nwor_lab` does not.
@@ -15,10 +16,10 @@ from nwor_lab.viz.cache import cache_grid, cache_grids
 from nwor_lab.viz.window import window_timeline, window_timelines
 from nwor_lab.viz.costs import acceptance_by_position, costs_by_mode, position_counts
 from nwor_lab.viz.recorder import Frame, Recorder
-from nwor_lab.viz.demo import demo_cache, demo_frames, demo_frames_by_mode, demo_window
+from nwor_lab.viz.demo import demo_cache, demo_frames, demo_frames_by_mode, demo_window, record_generate
 from nwor_lab.viz.stepper import Stepper, frame_figure, show_frames
 
 __all__ = ["SlotState", "STATE_MEANING", "layer_states", "occupancy", "cache_grid", "cache_grids",
            "window_timeline", "window_timelines", "acceptance_by_position", "costs_by_mode",
            "position_counts", "Frame", "Recorder", "demo_cache", "demo_window", "demo_frames",
-           "demo_frames_by_mode", "Stepper", "frame_figure", "show_frames"]
+           "demo_frames_by_mode", "record_generate", "Stepper", "frame_figure", "show_frames"]

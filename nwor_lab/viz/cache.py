@@ -16,7 +16,8 @@ import torch
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import STATE_MEANING, SlotState, declared, layer_states, occupancy
-from nwor_lab.viz.theme import wrap, CELL_FONT, HIGHLIGHT, STATE_COLOURS, base_layout, discrete_colorscale
+from nwor_lab.viz.theme import (CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, base_layout,
+                                discrete_colorscale, wrap)
 
 __all__ = ["SlotState", "STATE_MEANING", "cache_grid", "cache_grids", "layer_states", "declared",
            "occupancy", "state_grid", "grid_cells"]
@@ -99,7 +100,7 @@ def grid_cells(grid: torch.Tensor, rows: Sequence[int], block_size: int, annotat
 
 def grid_height(num_rows: int, subtitle: str | None = None) -> int:
     """Figure height in px for `num_rows` block rows (cells about 30 px tall)."""
-    return 150 + 30 * num_rows + (17 * (wrap(subtitle).count("<br>") + 1) if subtitle else 0)
+    return 150 + LEGEND_PX + 30 * num_rows + (17 * (wrap(subtitle).count("<br>") + 1) if subtitle else 0)
 
 
 def _add_grid(fig, grid, rows, block_size, annotations, cell_text, highlight, col):

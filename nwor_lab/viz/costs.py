@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from nwor_lab.viz.theme import COST_COLOURS, STATE_COLOURS, base_layout
+from nwor_lab.viz.theme import COST_COLOURS, LEGEND_PX, STATE_COLOURS, base_layout
 from nwor_lab.viz.states import SlotState
 
 __all__ = ["acceptance_by_position", "position_counts", "costs_by_mode", "launches_per_window"]
@@ -71,8 +71,9 @@ def acceptance_by_position(records_or_counts, *, title: str = "Acceptance rate p
             marker_color=palette[i % len(palette)], text=[f"{a}/{d}" for d, a in zip(drafted, accepted)],
             textposition="outside", customdata=list(zip(accepted, drafted, cond)), showlegend=bool(name),
             hovertemplate="%{x}: %{customdata[0]} of %{customdata[1]} accepted (%{y:.0%})<br>"
-                          "given the previous draft was accepted: %{customdata[2]:.0%}<extra>%{fullData.name}</extra>"))
-    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420,
+                          "given the previous draft was accepted: %{customdata[2]:.0%}"
+                          "<extra>%{fullData.name}</extra>"))
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420 + LEGEND_PX,
                       width=max(480, 160 + 70 * longest * max(1, len(series))))
     fig.update_xaxes(title_text="draft position j (d_j is verified after d_1 .. d_{j-1})")
     fig.update_yaxes(title_text="accepted / drafted", range=[0, 1.12], tickformat=".0%")
@@ -95,11 +96,12 @@ def costs_by_mode(records_by_mode: Mapping[str, object], *, launches: Mapping[st
 
     records_by_mode: mode -> WindowRecords (list, LabMetrics or trace), e.g. the same windows
         replayed through each policy.
-    launches: mode -> kernel launches per verify window. How to count (CUDA backend, L layers
-        written, eager): off = L (one write_kv per layer, K and V together); cow = L + 2 (one log
-        of all layers at begin, one restore at commit); stage = L + 1 (one staging write per layer,
-        one commit of all layers). Without it, policies that declare
-        `launches_per_window(num_layers)` are asked (needs `num_layers`); else the panel is left out.
+    launches: mode -> kernel launches per verify window, to override or for modes that are not
+        registered policies. Without it and with `num_layers`, each policy is asked what it
+        declares, `POLICIES[mode].launches_per_window(num_layers)` (CUDA backend, L layers written:
+        off L = one K+V write per layer; cow L + 2 = plus one log at begin and one restore at
+        commit, all layers each; stage L + 1 = one staging copy per layer plus one commit of all
+        layers). With neither, the launches panel is left out.
     """
     modes = list(records_by_mode)
     recs = {m: _records(records_by_mode[m]) for m in modes}
@@ -132,7 +134,8 @@ def costs_by_mode(records_by_mode: Mapping[str, object], *, launches: Mapping[st
     n = {m: len(rs) for m, rs in recs.items()}
     note = subtitle or ("windows: " + ", ".join(f"{m} {n[m]}" for m in modes) +
                         ("" if launches else " · launches unknown (pass launches=)"))
-    fig.update_layout(**base_layout(title, note), barmode="group", height=460, width=860 if cols == 2 else 640)
+    fig.update_layout(**base_layout(title, note), barmode="group", height=440 + LEGEND_PX,
+                      width=860 if cols == 2 else 640)
     fig.update_yaxes(title_text=f"{unit} per window", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="write policy", row=1, col=1)
     return fig

@@ -19,7 +19,7 @@ from nwor_lab.ops import write_kv
 from nwor_lab.speculative.scv import compute_acceptance
 from nwor_lab.window import Acceptance, Window
 
-__all__ = ["DemoWindow", "demo_cache", "demo_window", "demo_frames", "demo_frames_by_mode"]
+__all__ = ["DemoWindow", "demo_cache", "demo_window", "demo_frames", "demo_frames_by_mode", "record_generate"]
 
 
 @dataclass
@@ -44,14 +44,15 @@ def demo_window(cache: PagedKVCache, seed: int = 0, *, num_reqs: int = 3, k: int
 
     Requests 0 and 1 are speculative; the others speculative, prefill or plain decode at random.
     pad_tokens > 0 appends a padding request (slot -1, as CUDA-graph padding). Accepted lengths
-    are drawn from 0..k (request 0: 1..k-1, so every demo shows kept and rejected drafts); the sampled ids are consistent with them (a recovered token after the
-    accepted prefix, -1 after that).
+    are drawn from 0..k (request 0: 1..k-1, so every demo shows kept and rejected drafts); the
+    sampled ids are consistent with them (a recovered token after the accepted prefix, then -1).
     """
     gen = torch.Generator().manual_seed(seed)
     def randint(lo, hi):  # inclusive
         return int(torch.randint(lo, hi + 1, (), generator=gen))
     bs, spec = cache.spec.block_size, cache.spec
-    kinds = (["spec", "spec"] + [("spec", "prefill", "decode")[randint(0, 2)] for _ in range(num_reqs - 2)])[:num_reqs]
+    others = [("spec", "prefill", "decode")[randint(0, 2)] for _ in range(num_reqs - 2)]
+    kinds = (["spec", "spec"] + others)[:num_reqs]
     sched = [k + 1 if c == "spec" else randint(2, bs) if c == "prefill" else 1 for c in kinds]
     drafts = [k if c == "spec" else 0 for c in kinds]
     prefix = [0 if c == "prefill" else randint(1, bs + bs // 2) for c in kinds]
@@ -113,3 +114,16 @@ def demo_frames_by_mode(seed: int = 0, modes=None, **kwargs) -> dict:
     """`{mode: demo_frames(mode, seed, ...)}` for every registered write policy (or `modes`)."""
     from nwor_lab.policies import POLICIES
     return {m: demo_frames(m, seed, **kwargs) for m in (modes or POLICIES)}
+
+
+def record_generate(prompts, mode_name: str = "stage", *, layers=None, kinds=None, max_windows: int | None = None,
+                    **generate_kwargs):
+    """Run `nwor_lab.engine.generate` (the shipped pair by default) with a `Recorder` attached to
+    the engine's policies; returns `(frames, generation_result)`. Windows of every kind are
+    recorded: the prefill/verify windows and the EAGLE draft chain ("draft", head layer only)."""
+    from nwor_lab.engine import generate
+    from nwor_lab.viz.recorder import Recorder
+
+    recorder = Recorder(layers, kinds=kinds, max_windows=max_windows)
+    out = generate(prompts, config=LabConfig(nwor_mode=mode_name), observers=[recorder], **generate_kwargs)
+    return recorder.frames, out

@@ -227,6 +227,10 @@ def _span(r: range) -> str:
     return f"{r.start}" if len(r) == 1 else f"{r.start}..{r.stop - 1}"
 
 
+def _layers(r: range) -> str:
+    return f"layer {r.start}" if len(r) == 1 else f"layers {_span(r)}"
+
+
 def _caption(event, st: _Open, states) -> str:
     """One line in plain words: what this phase did to the cache."""
     name, w = event.policy.name, st.window
@@ -238,7 +242,7 @@ def _caption(event, st: _Open, states) -> str:
                 f"{w.num_drafts} of them drafts")
         if st.num_logged:
             text += (f"; the old contents of {st.num_logged} draft slots are saved to the log "
-                     f"(layers {_span(st.window_layers)})")
+                     f"({_layers(st.window_layers)})")
         elif in_buffer:
             text += "; the window's K/V will wait in the staging buffer, the cache is not touched"
         else:
@@ -254,6 +258,8 @@ def _caption(event, st: _Open, states) -> str:
     is_draft = w.token_draft_pos > 0
     kept = st.kept
     rejected = int((valid & is_draft & ~kept).sum())
+    if event.phase == "acceptance" and not w.num_drafts:
+        return head + "acceptance: no drafts in this window, every row is kept"
     if event.phase == "acceptance":
         acc = st.acceptance
         per = ", ".join(str(a) for a, k in zip(acc.accepted_len.tolist(), w.num_draft_tokens) if k)
@@ -264,7 +270,7 @@ def _caption(event, st: _Open, states) -> str:
                        f"(per speculative request: {per or '-'}), {rejected} rejected rows; {nxt}")
     kept_rows = int((valid & kept).sum())
     if in_buffer:
-        text = (f"commit: {kept_rows} kept rows copied into the cache (layers {_span(st.window_layers)}); "
+        text = (f"commit: {kept_rows} kept rows copied into the cache ({_layers(st.window_layers)}); "
                 f"{rejected} rejected rows never reached it")
     elif preserves:
         text = f"commit: {rejected} rejected slots restored bit-exactly from the log; {kept_rows} kept rows stay"

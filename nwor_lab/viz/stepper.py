@@ -160,12 +160,13 @@ class Stepper:
             new = frame_figure(f, layer, blocks=self._blocks, with_caption=False)
             self.figure.add_traces(new.data)
             self.figure.layout = new.layout
-        # later draws touch only what a frame changes: the cells, the title, the height
+        # every draw touches only what a frame changes: the cells, the title, the height
         # (validating a whole layout per click costs seconds)
         rows = self._blocks if self._blocks is not None else range(f.grid(layer).shape[0])
         cells = grid_cells(f.grid(layer), rows, f.block_size, f.labels, f.marks)
         with self.figure.batch_update():
-            self.figure.data[0].update(cells)
+            self.figure.data[0].update(cells, x=list(range(f.block_size)))
+            self.figure.layout.xaxis.range = [-0.5, f.block_size - 0.5]   # modes may differ in block size
             self.figure.layout.title.text = title
             self.figure.layout.height = grid_height(len(rows))
         self.position.value = (f"window {f.window_index} · <b>{f.phase}</b> · frame {self.index + 1} of {n}")

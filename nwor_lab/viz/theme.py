@@ -45,6 +45,7 @@ COST_COLOURS = {
     "launches": "#666666",
 }
 
+LEGEND_PX = 80          # figure height reserved for the legend under the plot
 HIGHLIGHT = "#c00000"   # outline of cells a checker found wrong
 FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=13, color="#222222")
 CELL_FONT = dict(family="Menlo, Consolas, monospace", size=10, color="#111111")
@@ -59,8 +60,11 @@ def base_layout(title: str, subtitle: str | None = None, **extra) -> dict:
         lines = subtitle.count("<br>") + 1
         t["subtitle"] = {"text": subtitle, "font": {"size": 12, "color": "#555555"}}
     layout = dict(title=t, font=FONT, plot_bgcolor="#ffffff", paper_bgcolor="#ffffff",
-                  margin=dict(l=70, r=20, t=64 + 17 * lines, b=50),
-                  legend=dict(orientation="h", yanchor="top", y=-0.08, x=0.0, xanchor="left"))
+                  margin=dict(l=70, r=20, t=64 + 17 * lines, b=50 + LEGEND_PX),
+                  # the legend sits at the bottom of the figure (container coordinates), below the
+                  # x-axis title whatever the plot's height; LEGEND_PX keeps room for ~3 rows of it
+                  legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, x=0.0,
+                              xanchor="left"))
     layout.update(extra)
     return layout
 

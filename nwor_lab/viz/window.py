@@ -13,7 +13,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import token_labels
-from nwor_lab.viz.theme import (CELL_FONT, KEPT, PADDING, PENDING, REJECTED, TOKEN_COLOURS, TOKEN_MEANING,
+from nwor_lab.viz.theme import (CELL_FONT, KEPT, LEGEND_PX, PADDING, PENDING, REJECTED, TOKEN_COLOURS, TOKEN_MEANING,
                                 base_layout, discrete_colorscale)
 
 __all__ = ["window_timeline", "window_timelines", "token_fates"]
@@ -73,7 +73,7 @@ def window_timelines(panels: Sequence[dict], *, title: str, subtitle: str | None
                                  marker=dict(symbol="square", size=13, color=TOKEN_COLOURS[fate],
                                              line=dict(color="#999999", width=1)), hoverinfo="skip"),
                       row=1, col=1)
-    fig.update_layout(**base_layout(title, subtitle), height=170 + 34 * heights + 40 * (n - 1),
+    fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 34 * heights + 40 * (n - 1),
                       width=max(520, 190 + 56 * width))
     fig.update_xaxes(title_text="token in the request's window (t_last, d1, d2, ...)", dtick=1,
                      showgrid=False, zeroline=False, range=[-0.5, width - 0.5])
