@@ -72,7 +72,8 @@ def cache_grids(panels: Sequence[Mapping], *, title: str, block_size: int,
         _add_grid(fig, grid, rows, block_size, panel.get("annotations"), panel.get("cell_text"),
                   panel.get("highlight", ()), col=i)
     _add_legend(fig, any(len(p.get("highlight", ())) for p in panels))
-    cell_w = 46 if block_size <= 16 else 22
+    # cells ~46 px wide, narrower when panels side by side would pass a notebook's ~1050 px
+    cell_w = max(20, min(46 if block_size <= 16 else 22, ((MAX_WIDTH - 100) // n - 30) // block_size))
     fig.update_layout(**base_layout(title, subtitle),
                       height=grid_height(len(rows), subtitle) + (30 if n > 1 else 0),
                       width=max(560, 100 + n * (cell_w * block_size + 30)))
@@ -96,6 +97,9 @@ def grid_cells(grid: torch.Tensor, rows: Sequence[int], block_size: int, annotat
         text.append([cell_text.get(s, "") for s in slots])
         custom.append([[s, _MEANING[v], annotations.get(s, "")] for v, s in zip(z[-1], slots)])
     return dict(z=z, y=[f"{b}" for b in rows], text=text, customdata=custom)
+
+
+MAX_WIDTH = 1050   # px: what a notebook cell shows without a horizontal scrollbar
 
 
 def grid_height(num_rows: int, subtitle: str | None = None) -> int:
