@@ -77,6 +77,8 @@ def cache_grids(panels: Sequence[Mapping], *, title: str, block_size: int,
     fig.update_layout(**base_layout(title, subtitle),
                       height=grid_height(len(rows), subtitle) + (30 if n > 1 else 0),
                       width=max(560, 100 + n * (cell_w * block_size + 30)))
+    if n > 1:   # room for the panel titles under the subtitle
+        fig.update_layout(margin_t=fig.layout.margin.t + 24)
     fig.update_xaxes(title_text="offset in block", showgrid=False, zeroline=False,
                      tickmode="linear" if block_size <= 32 else "auto", dtick=1 if block_size <= 32 else None,
                      range=[-0.5, block_size - 0.5])
