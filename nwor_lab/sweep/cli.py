@@ -48,6 +48,9 @@ def cmd_sweep(args) -> int:
                             resume_hint=_resume_command(args))
     except SweepInputError as err:
         return _input_error(args, err)
+    except KeyboardInterrupt:  # before the runs started (the runner handles Ctrl-C during them)
+        print(f"{args.prog_name}: interrupted before any run started; nothing recorded", file=sys.stderr)
+        return 130
     return outcome.exit_code
 
 
@@ -76,7 +79,7 @@ def add_parsers(subparsers) -> None:
     s.add_argument("--out", required=True, metavar="DIR", help="folder for results.jsonl, notebooks/ and logs/, e.g. runs/NAME")
     s.add_argument("--workers", type=int, default=1, metavar="N",
                    help="runs at once (each pinned to one GPU via CUDA_VISIBLE_DEVICES when several exist)")
-    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock) before it is killed")
+    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock, kernel start included) before it is killed and recorded as failed")
     s.add_argument("--kernel", default=None, metavar="NAME", help="Jupyter kernel (default: the notebook's own)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep, prog_name=s.prog)
