@@ -278,6 +278,7 @@ def test_figure_layout_follows_the_varying_parameters():
     fig = metric_figure(rows, "step_ms", ["x", "mode", "k"])
     assert len(fig.data) == 4 and {t.type for t in fig.data} == {"scatter"}  # 2 modes x 2 panels (k), lines over x
     assert [a.text for a in fig.layout.annotations] == ["k=2", "k=4"]
+    assert [t.name for t in fig.data if t.showlegend] == ["off", "stage"]  # one legend entry per mode
     assert fig.layout.title.text == "step (ms)" and fig.layout.yaxis.title.text == "step (ms)"
     bars = metric_figure(rows[:4], "step_ms", ["x", "mode"])  # x in {1, 2}: too few points for a line
     assert {t.type for t in bars.data} == {"bar"}

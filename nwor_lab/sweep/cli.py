@@ -71,7 +71,9 @@ def add_parsers(subparsers) -> None:
         "sweep", help="run a notebook over a parameter grid with papermill (rows in OUT/results.jsonl)",
         description="Run NOTEBOOK once per combination of the --grid values. Values are typed like Python "
                     "literals: 8 int, 0.5 float, true/false, none; quote to force a string. Re-running skips "
-                    "runs already ok and retries failed ones.")
+                    "runs already ok and retries failed ones.",
+        epilog="exit codes: 0 every run ok, 1 some run failed, 2 bad input (nothing run), 130 interrupted "
+               "(finished runs kept; the same command resumes)")
     s.add_argument("notebook", metavar="NOTEBOOK", help="notebook with a cell tagged 'parameters'")
     s.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                    help="a swept parameter and its values (repeat for more; every combination runs)")
@@ -91,7 +93,8 @@ def add_parsers(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep",
+                                     description="Papermill sweeps of the lab's notebooks, and their HTML report.")
     add_parsers(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
