@@ -43,6 +43,8 @@ def lines_of(path: Path) -> list[dict]:
 def processes_mentioning(text: str) -> list[int]:
     """Live processes whose environment mentions `text` (workers and kernels carry the run's paths)."""
     found = []
+    if not os.path.isdir("/proc"):  # not Linux: nothing to inspect
+        return found
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:

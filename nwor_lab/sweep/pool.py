@@ -73,6 +73,8 @@ class Worker:
         self.current: Dispatch | None = None
 
     def _spawn(self) -> None:
+        # stderr stays the runner's until the first run redirects it to that run's log, so a
+        # worker that cannot start (nwor_lab or papermill not importable) says why on the console
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nwor_lab.sweep.worker"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
             env={**os.environ, **self.extra_env}, start_new_session=True, text=True)

@@ -210,7 +210,8 @@ def _poll(worker: Worker, env, timeout: float | None) -> dict[str, Any] | None:
             worker.kill(signal.SIGKILL)
             error = f"TimeoutError: run exceeded --timeout {timeout:g} s and was killed"
         else:
-            error = f"WorkerDied: exit code {worker.proc.returncode}; see logs/{dispatch.run.run_id}.log"
+            error = (f"WorkerDied: exit code {worker.proc.returncode}; see logs/{dispatch.run.run_id}.log "
+                     "(or the console, if it died starting)")
         worker.reap(time.monotonic() + KILL_GRACE_S)  # a fresh worker takes the slot's next run
         status, duration = "failed", round(elapsed, 3)
     try:
