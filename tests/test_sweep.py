@@ -220,6 +220,17 @@ def test_changed_set_values_are_refused_not_mixed(tmp_path, capsys):
     assert "run x=1 there has parameters" in capsys.readouterr().err
 
 
+def test_a_second_sweep_into_a_busy_folder_is_refused(tmp_path, capsys):
+    from nwor_lab.sweep.guards import FolderLock
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    with FolderLock(out):
+        assert main([*SWEEP, "--grid", "x=1", "--out", str(out)]) == 2
+    assert "another sweep is writing there" in capsys.readouterr().err
+    assert not (out / "results.jsonl").exists()
+
+
 # ---------------------------------------------------------------- pure parts
 
 def test_values_are_typed_like_python_literals():

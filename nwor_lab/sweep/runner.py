@@ -18,13 +18,13 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nwor_lab.sweep.grid import SweepInputError
+from nwor_lab.sweep.guards import FolderLock, StopFlag
 from nwor_lab.sweep.plan import Run, check_kernel, check_out_dir, plan_runs, split_done
 from nwor_lab.sweep.pool import POLL_S, Dispatch, Worker
 from nwor_lab.sweep.record import read_metrics
@@ -51,51 +51,6 @@ class SweepOutcome:
         return 1 if self.failed else 0
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM -> a flag (and a count) while a sweep runs; previous handlers restored after."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-        self.count = 0
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        self.signum, self.count = signum, self.count + 1
-        self.event.set()
-
-    def __enter__(self) -> _StopFlag:
-        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-class _FolderLock:
-    """An exclusive `flock` on `<out>/.lock` for the sweep's lifetime (released if it dies)."""
-
-    def __init__(self, out: Path) -> None:
-        self.path, self._f = out / ".lock", None
-
-    def __enter__(self) -> _FolderLock:
-        import fcntl
-
-        self._f = open(self.path, "w")
-        try:
-            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._f.close()
-            raise SweepInputError(f"--out {self.path.parent}: another sweep is writing there; wait for it or use another --out") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._f.close()
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -120,7 +75,7 @@ def run_sweep(notebook: str | os.PathLike, grid: dict[str, list[Any]], out: str 
     runs = plan_runs(notebook, grid, fixed)
     check_kernel(notebook, kernel_name)
     out.mkdir(parents=True, exist_ok=True)
-    with _FolderLock(out):
+    with FolderLock(out):
         done, todo = split_done(runs, out)
         outcome = SweepOutcome(out, len(runs), skipped=[r.run_id for r in done])
         say = _printer(progress)
@@ -150,7 +105,7 @@ def _execute(notebook: Path, todo: list[Run], out: Path, outcome: SweepOutcome, 
     queue = list(todo)
     pool = [Worker(slot, env.device_env(slot)) for slot in range(min(workers, len(todo)))]
     bar = tqdm(total=len(todo), desc=out.name, unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    with ResultsLog(out) as results, _StopFlag() as stop:
+    with ResultsLog(out) as results, StopFlag() as stop:
         try:
             while (queue or any(w.current for w in pool)) and not stop.event.is_set():
                 for worker in pool:
@@ -226,7 +181,7 @@ def _poll(worker: Worker, env, timeout: float | None) -> dict[str, Any] | None:
             "env": env.row_facts(worker.slot)}
 
 
-def _stop_busy(busy: list[Worker], stop: _StopFlag) -> None:
+def _stop_busy(busy: list[Worker], stop: StopFlag) -> None:
     """Stop runs in flight: SIGTERM, a grace period (cut short by a second Ctrl-C), SIGKILL."""
     for worker in busy:
         worker.kill(signal.SIGTERM)
