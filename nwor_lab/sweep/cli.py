@@ -48,6 +48,9 @@ def cmd_sweep(args) -> int:
                             resume_hint=_resume_command(args))
     except SweepInputError as err:
         return _input_error(args, err)
+    except KeyboardInterrupt:  # before the runs started (the runner handles Ctrl-C during them)
+        print(f"{args.prog_name}: interrupted before any run started; nothing recorded", file=sys.stderr)
+        return 130
     return outcome.exit_code
 
 
@@ -68,7 +71,9 @@ def add_parsers(subparsers) -> None:
         "sweep", help="run a notebook over a parameter grid with papermill (rows in OUT/results.jsonl)",
         description="Run NOTEBOOK once per combination of the --grid values. Values are typed like Python "
                     "literals: 8 int, 0.5 float, true/false, none; quote to force a string. Re-running skips "
-                    "runs already ok and retries failed ones.")
+                    "runs already ok and retries failed ones.",
+        epilog="exit codes: 0 every run ok, 1 some run failed, 2 bad input (nothing run), 130 interrupted "
+               "(finished runs kept; the same command resumes)")
     s.add_argument("notebook", metavar="NOTEBOOK", help="notebook with a cell tagged 'parameters'")
     s.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                    help="a swept parameter and its values (repeat for more; every combination runs)")
@@ -76,7 +81,7 @@ def add_parsers(subparsers) -> None:
     s.add_argument("--out", required=True, metavar="DIR", help="folder for results.jsonl, notebooks/ and logs/, e.g. runs/NAME")
     s.add_argument("--workers", type=int, default=1, metavar="N",
                    help="runs at once (each pinned to one GPU via CUDA_VISIBLE_DEVICES when several exist)")
-    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock) before it is killed")
+    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock, kernel start included) before it is killed and recorded as failed")
     s.add_argument("--kernel", default=None, metavar="NAME", help="Jupyter kernel (default: the notebook's own)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep, prog_name=s.prog)
@@ -88,7 +93,8 @@ def add_parsers(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep",
+                                     description="Papermill sweeps of the lab's notebooks, and their HTML report.")
     add_parsers(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)
     return args.func(args)

@@ -1,18 +1,50 @@
 """Facts about where a sweep runs (recorded in every row) and which GPU each worker gets.
 
-torch is imported here lazily, once per sweep: `import nwor_lab.sweep` stays torch-free so a
-notebook can record metrics, and the sweep command can start, without paying for it.
+torch is imported here lazily, once per sweep, and only where an NVIDIA driver exists (to count
+and name the GPUs): `import nwor_lab.sweep` stays torch-free so a notebook can record metrics,
+and a CPU sweep starts, without paying seconds for it.
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import platform
+import re
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 
+def _no_cuda_driver() -> bool:
+    """True where CUDA surely cannot run: Linux without NVIDIA (or WSL GPU) device nodes."""
+    return sys.platform.startswith("linux") and not glob.glob("/dev/nvidia*") and not os.path.exists("/dev/dxg")
+
+
+def _installed_torch_version() -> str | None:
+    """torch's `__version__` without importing torch: its generated `version.py` holds it with
+    the build tag (`2.14.1+cu130`), which the package metadata drops; None if not found."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = Path(spec.submodule_search_locations[0], "version.py").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def _torch_facts() -> tuple[str | None, list[str]]:
-    """(torch version, names of the CUDA devices this process sees); (None, []) without torch."""
+    """(torch version, names of the CUDA devices this process sees); (None, []) without torch.
+
+    Importing torch costs seconds; on a machine without an NVIDIA driver the installed
+    version (package metadata) is all there is to learn, so torch is not imported there.
+    """
+    version = _installed_torch_version()
+    if version is not None and _no_cuda_driver():
+        return version, []
     try:
         import torch
     except ImportError:

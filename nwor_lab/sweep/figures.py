@@ -99,6 +99,7 @@ def metric_figure(rows: list[dict], metric: str, params: list[str]):
     fig = make_subplots(rows=nrows, cols=ncols, shared_yaxes=True, subplot_titles=panels if panel_names else None,
                         horizontal_spacing=0.06, vertical_spacing=0.18 if nrows > 1 else 0.1)
     palette = qualitative.Plotly
+    in_legend: set[int] = set()  # one legend entry per colour, whichever panel shows it first
     for p_index, panel in enumerate(panels or [""]):
         prow, pcol = divmod(p_index, ncols)
         for c_index, color in enumerate(colors):
@@ -109,8 +110,9 @@ def metric_figure(rows: list[dict], metric: str, params: list[str]):
             x = [value(r, x_name) if as_lines else _label(value(r, x_name)) for r in series] if x_name else ["run"] * len(series)
             common = dict(x=x, y=[r["metrics"][metric] for r in series], customdata=[r["run_id"] for r in series],
                           name=_label(color) if color_name else metric, legendgroup=str(c_index),
-                          showlegend=bool(color_name) and p_index == 0, marker_color=palette[c_index % len(palette)],
+                          showlegend=bool(color_name) and c_index not in in_legend, marker_color=palette[c_index % len(palette)],
                           hovertemplate="%{customdata}<br>%{y}<extra></extra>")
+            in_legend.add(c_index)
             trace = go.Scatter(mode="lines+markers", **common) if as_lines else go.Bar(**common)
             fig.add_trace(trace, row=prow + 1, col=pcol + 1)
     title = axis_title(metric)

@@ -33,6 +33,23 @@ def notebook_parameters(notebook: str | Path) -> dict[str, Any]:
         raise SweepInputError(f"NOTEBOOK {notebook}: cannot be read as a notebook ({type(err).__name__}: {err})") from None
 
 
+def check_kernel(notebook: str | Path, kernel_name: str | None) -> str:
+    """The Jupyter kernel the runs will use (`kernel_name`, else the notebook's), checked to exist:
+    a missing kernel would otherwise fail every run the same way."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    name = kernel_name or nbformat.read(str(notebook), as_version=4).metadata.get("kernelspec", {}).get("name")
+    flag = "--kernel" if kernel_name else f"NOTEBOOK {notebook}"
+    if not name:
+        raise SweepInputError(f"{flag}: the notebook names no kernel (metadata.kernelspec); pass --kernel python3")
+    installed = KernelSpecManager().find_kernel_specs()
+    if name not in installed:
+        raise SweepInputError(f"{flag}: no Jupyter kernel named {name!r} (installed: {', '.join(sorted(installed)) or 'none'}); "
+                              f"pass --kernel NAME or install one: python -m ipykernel install --sys-prefix --name {name}")
+    return name
+
+
 def check_out_dir(out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():

@@ -1,8 +1,9 @@
-"""Run a notebook over a grid with papermill: one worker process per run, rows appended as runs finish.
+"""Run a notebook over a grid with papermill: `--workers N` worker processes, a row per finished run.
 
-The runner's main loop is the only writer of `results.jsonl` (workers write their own
-result and metrics files, which the loop folds into a row), so concurrent workers need no
-shared lock on it; a file lock on the folder keeps a second sweep out.
+The runner's main loop hands runs to workers (`nwor_lab.sweep.pool`) and is the only writer of
+`results.jsonl`: workers write each run's result and metrics files, which the loop folds into
+a row, so concurrent workers need no shared lock on it; a file lock on the folder keeps a
+second sweep out.
 
 Signals: SIGINT / SIGTERM only set a flag (no exception can land inside a write); the loop
 then stops launching, kills the runs in flight (they were not finished, so they get no row
@@ -16,21 +17,20 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nwor_lab.sweep.grid import SweepInputError
-from nwor_lab.sweep.plan import Run, check_out_dir, plan_runs, split_done
-from nwor_lab.sweep.record import METRICS_ENV, read_metrics
+from nwor_lab.sweep.guards import FolderLock, StopFlag
+from nwor_lab.sweep.plan import Run, check_kernel, check_out_dir, plan_runs, split_done
+from nwor_lab.sweep.pool import POLL_S, Dispatch, Worker
+from nwor_lab.sweep.record import read_metrics
 from nwor_lab.sweep.results import ResultsLog
 
 KILL_GRACE_S = 5.0
-POLL_S = 0.1
 
 
 @dataclass
@@ -51,71 +51,8 @@ class SweepOutcome:
         return 1 if self.failed else 0
 
 
-@dataclass
-class _Active:
-    run: Run
-    slot: int
-    proc: subprocess.Popen
-    work: Path
-    log: Any
-    started: float
-    started_at: str
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM -> a flag (and a count) while a sweep runs; previous handlers restored after."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signum: int | None = None
-        self.count = 0
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        self.signum, self.count = signum, self.count + 1
-        self.event.set()
-
-    def __enter__(self) -> _StopFlag:
-        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-class _FolderLock:
-    """An exclusive `flock` on `<out>/.lock` for the sweep's lifetime (released if it dies)."""
-
-    def __init__(self, out: Path) -> None:
-        self.path, self._f = out / ".lock", None
-
-    def __enter__(self) -> _FolderLock:
-        import fcntl
-
-        self._f = open(self.path, "w")
-        try:
-            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._f.close()
-            raise SweepInputError(f"--out {self.path.parent}: another sweep is writing there; wait for it or use another --out") from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._f.close()
-
-
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # the worker leads its own session: this reaches its children too
-    except ProcessLookupError:
-        pass
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def run_sweep(notebook: str | os.PathLike, grid: dict[str, list[Any]], out: str | os.PathLike, *,
@@ -125,8 +62,9 @@ def run_sweep(notebook: str | os.PathLike, grid: dict[str, list[Any]], out: str 
     """Run every combination of `grid` through `notebook`; rows go to `<out>/results.jsonl`.
 
     `grid`: name -> values (swept); `fixed`: name -> value (every run). Runs with an "ok"
-    row in `out` are skipped, failed ones retried. `timeout`: seconds of wall clock per run
-    (kernel start included), after which the run is killed and recorded as failed.
+    row in `out` are skipped, failed ones retried. `timeout`: seconds of wall clock per run,
+    counted from its hand-over to a worker (kernel start included, and for a worker's first
+    run its own start, a few seconds), after which the run is killed and recorded as failed.
     Raises `SweepInputError` for bad input, before anything runs.
     """
     if workers < 1:
@@ -135,13 +73,14 @@ def run_sweep(notebook: str | os.PathLike, grid: dict[str, list[Any]], out: str 
         raise SweepInputError(f"--timeout {timeout}: give a positive number of seconds")
     notebook, out = Path(notebook).resolve(), check_out_dir(out)
     runs = plan_runs(notebook, grid, fixed)
+    check_kernel(notebook, kernel_name)
     out.mkdir(parents=True, exist_ok=True)
-    with _FolderLock(out):
+    with FolderLock(out):
         done, todo = split_done(runs, out)
         outcome = SweepOutcome(out, len(runs), skipped=[r.run_id for r in done])
         say = _printer(progress)
         if done:
-            say(f"skipping {len(done)} of {len(runs)} runs already ok in {out / 'results.jsonl'}; running {len(todo)}")
+            say(f"skipping {len(done)} of {_runs(len(runs))} already ok in {out / 'results.jsonl'}; running {len(todo)}")
         if todo:
             _execute(notebook, todo, out, outcome, workers, timeout, kernel_name, progress)
         _summarise(outcome, say, resume_hint)
@@ -163,89 +102,98 @@ def _execute(notebook: Path, todo: list[Run], out: Path, outcome: SweepOutcome, 
     env = Environment()
     for sub in ("notebooks", "logs", ".work"):
         (out / sub).mkdir(exist_ok=True)
-    queue, active, free = list(todo), [], list(range(workers))
+    queue = list(todo)
+    pool = [Worker(slot, env.device_env(slot)) for slot in range(min(workers, len(todo)))]
     bar = tqdm(total=len(todo), desc=out.name, unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    with ResultsLog(out) as results, _StopFlag() as stop:
-        while (queue or active) and not stop.event.is_set():
-            while queue and free:
-                active.append(_start(queue.pop(0), free.pop(0), notebook, out, env, kernel_name))
-            for job in list(active):
-                rc = job.proc.poll()
-                timed_out = rc is None and timeout is not None and time.monotonic() - job.started > timeout
-                if rc is None and not timed_out:
-                    continue
-                if timed_out:
-                    _kill_group(job.proc, signal.SIGKILL)
-                    job.proc.wait()
-                row = _finish(job, out, env, timeout if timed_out else None)
-                results.append(row)  # the row is durable before the run counts as done
-                active.remove(job)
-                free.append(job.slot)
-                if row["status"] == "ok":
-                    outcome.ok.append(row["run_id"])
-                else:
-                    outcome.failed[row["run_id"]] = row["error"]
-                    bar.write(f"failed: {row['run_id']}: {row['error']}", file=sys.stderr)
-                bar.set_postfix(failed=len(outcome.failed), refresh=False)
-                bar.update(1)
-            stop.event.wait(POLL_S)
-        bar.close()
-        if queue or active:  # left the loop on a signal with work outstanding
-            outcome.interrupted_by = stop.signum
-            _stop_all(active, stop)
+    with ResultsLog(out) as results, StopFlag() as stop:
+        try:
+            while (queue or any(w.current for w in pool)) and not stop.event.is_set():
+                for worker in pool:
+                    if worker.current is None and queue:
+                        _dispatch(worker, queue.pop(0), notebook, out, kernel_name)
+                for worker in pool:
+                    row = _poll(worker, env, timeout)
+                    if row is None:
+                        continue
+                    results.append(row)  # durable before the run counts as done
+                    if row["status"] == "ok":
+                        outcome.ok.append(row["run_id"])
+                    else:
+                        outcome.failed[row["run_id"]] = row["error"]
+                        bar.write(f"failed: {row['run_id']}: {row['error']}", file=sys.stderr)
+                    bar.set_postfix(failed=len(outcome.failed), refresh=False)
+                    bar.update(1)
+                stop.event.wait(POLL_S)
+        finally:  # also on an unexpected error: never leave workers (and their kernels) behind
+            bar.close()
+            busy = [w for w in pool if w.current is not None]
+            if queue or busy:  # left the loop on a signal (or an error) with work outstanding
+                outcome.interrupted_by = stop.signum
+                _stop_busy(busy, stop)
+            for worker in pool:
+                worker.close(KILL_GRACE_S)
     if not any((out / ".work").iterdir()):
         (out / ".work").rmdir()
 
 
-def _start(run: Run, slot: int, notebook: Path, out: Path, env, kernel_name: str | None) -> _Active:
-    work = out / ".work" / run.run_id
+def _dispatch(worker: Worker, run: Run, notebook: Path, out: Path, kernel_name: str | None) -> None:
+    work = (out / ".work" / run.run_id).resolve()
     shutil.rmtree(work, ignore_errors=True)  # leftovers of an interrupted attempt
     work.mkdir(parents=True)
+    dispatch = Dispatch(run, work, time.monotonic(), _now())
     job = {"input": str(notebook), "output": str((out / "notebooks" / f"{run.run_id}.ipynb").resolve()),
            "parameters": run.params, "cwd": str(notebook.parent), "kernel_name": kernel_name,
-           "result": str((work / "result.json").resolve())}
-    (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    run_env = {**os.environ, METRICS_ENV: str((work / "metrics.json").resolve()), **env.device_env(slot)}
-    log = open(out / "logs" / f"{run.run_id}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "nwor_lab.sweep.worker", str(work / "job.json")],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=run_env,
-                            start_new_session=True)  # Ctrl-C reaches the runner only; it stops the workers
-    return _Active(run, slot, proc, work, log, time.monotonic(), _now())
+           "metrics": str(dispatch.metrics_path), "log": str((out / "logs" / f"{run.run_id}.log").resolve()),
+           "result": str(dispatch.result_path)}
+    worker.submit(dispatch, job)
 
 
-def _finish(job: _Active, out: Path, env, timed_out_after: float | None) -> dict[str, Any]:
-    job.log.close()
-    duration = time.monotonic() - job.started
-    result_path = job.work / "result.json"
-    if timed_out_after is not None:
-        status, error = "failed", f"TimeoutError: run exceeded --timeout {timed_out_after:g} s and was killed"
-    elif result_path.exists():
-        result = json.loads(result_path.read_text(encoding="utf-8"))
-        status, error = result["status"], result["error"]
+def _poll(worker: Worker, env, timeout: float | None) -> dict[str, Any] | None:
+    """The row of the worker's run if it ended (finished, died or timed out), else None."""
+    dispatch = worker.current
+    if dispatch is None:
+        return None
+    state = worker.state()
+    elapsed = time.monotonic() - dispatch.started
+    if state == "running" and (timeout is None or elapsed <= timeout):
+        return None
+    if state == "done":
+        result = json.loads(dispatch.result_path.read_text(encoding="utf-8"))
+        status, error, duration = result["status"], result["error"], result["duration_s"]
     else:
-        status, error = "failed", f"WorkerDied: exit code {job.proc.returncode}; see logs/{job.run.run_id}.log"
+        if state == "running":
+            worker.kill(signal.SIGKILL)
+            error = f"TimeoutError: run exceeded --timeout {timeout:g} s and was killed"
+        else:
+            error = (f"WorkerDied: exit code {worker.proc.returncode}; see logs/{dispatch.run.run_id}.log "
+                     "(or the console, if it died starting)")
+        worker.reap(time.monotonic() + KILL_GRACE_S)  # a fresh worker takes the slot's next run
+        status, duration = "failed", round(elapsed, 3)
     try:
-        metrics = read_metrics(job.work / "metrics.json")
+        metrics = read_metrics(dispatch.metrics_path)
     except ValueError as err:
         metrics, error = {}, error or f"ValueError: {err}"
-    shutil.rmtree(job.work, ignore_errors=True)
-    return {"run_id": job.run.run_id, "params": job.run.params, "metrics": metrics, "status": status,
-            "error": error, "duration_s": round(duration, 3), "started_at": job.started_at,
-            "notebook": f"notebooks/{job.run.run_id}.ipynb", "env": env.row_facts(job.slot)}
+    shutil.rmtree(dispatch.work, ignore_errors=True)
+    worker.current = None
+    run = dispatch.run
+    return {"run_id": run.run_id, "params": run.params, "metrics": metrics, "status": status, "error": error,
+            "duration_s": duration, "started_at": dispatch.started_at, "notebook": f"notebooks/{run.run_id}.ipynb",
+            "env": env.row_facts(worker.slot)}
 
 
-def _stop_all(active: list[_Active], stop: _StopFlag) -> None:
-    for job in active:
-        _kill_group(job.proc, signal.SIGTERM)
+def _stop_busy(busy: list[Worker], stop: StopFlag) -> None:
+    """Stop runs in flight: SIGTERM, a grace period (cut short by a second Ctrl-C), SIGKILL."""
+    for worker in busy:
+        worker.kill(signal.SIGTERM)
     deadline = time.monotonic() + KILL_GRACE_S
-    for job in active:
-        while job.proc.poll() is None and time.monotonic() < deadline and stop.count < 2:
-            time.sleep(POLL_S)
-        if job.proc.poll() is None:
-            _kill_group(job.proc, signal.SIGKILL)
-            job.proc.wait()
-        job.log.close()
-        shutil.rmtree(job.work, ignore_errors=True)
+    for worker in busy:
+        worker.reap(deadline if stop.count < 2 else time.monotonic())
+        shutil.rmtree(worker.current.work, ignore_errors=True)
+        worker.current = None
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _summarise(outcome: SweepOutcome, say, resume_hint: str) -> None:
@@ -253,12 +201,12 @@ def _summarise(outcome: SweepOutcome, say, resume_hint: str) -> None:
     finished = len(outcome.ok) + len(outcome.failed)
     if outcome.interrupted_by is not None:
         left = outcome.total - len(outcome.skipped) - finished
-        say(f"interrupted: {finished} runs finished and recorded in {results} ({len(outcome.ok)} ok, "
-            f"{len(outcome.failed)} failed); {left} not run. Resume: {resume_hint}")
+        say(f"interrupted: {_runs(finished)} finished and recorded in {results} ({len(outcome.ok)} ok, "
+            f"{len(outcome.failed)} failed), {_runs(left)} not done. Resume (finished runs are skipped): {resume_hint}")
         return
-    say(f"{finished} runs finished ({len(outcome.ok)} ok, {len(outcome.failed)} failed), "
-        f"{len(outcome.skipped)} skipped: {results}")
+    say(f"{_runs(finished)} finished ({len(outcome.ok)} ok, {len(outcome.failed)} failed), "
+        f"{len(outcome.skipped)} skipped as already ok: {results}")
     if outcome.failed:
-        say(f"{len(outcome.failed)} failed runs (executed notebooks in {outcome.run_dir / 'notebooks'}):")
+        say(f"{_runs(len(outcome.failed))} failed (executed notebooks in {outcome.run_dir / 'notebooks'}):")
         for rid, error in outcome.failed.items():
             say(f"  {rid}: {error}")

@@ -1,21 +1,24 @@
-"""One run of a sweep, in a process of its own: `python -m nwor_lab.sweep.worker JOB.json`.
+"""A sweep worker process: `python -m nwor_lab.sweep.worker`, one JSON job per stdin line.
 
-The runner starts one worker per run, in a new session, with the run's environment
-(`NWOR_LAB_METRICS_OUT`, and `CUDA_VISIBLE_DEVICES` when it assigns a GPU); the notebook's
-kernel inherits it. A process per run gives each run a fresh environment and lets the runner
-stop a run (timeout, Ctrl-C) by killing its process group; ipykernel's parent poller then
-ends the orphaned kernel within a second.
+The runner keeps one worker per slot (`--workers N`), started in a new session with the slot's
+environment (`CUDA_VISIBLE_DEVICES` when it pins a GPU). A long-lived worker pays papermill's
+import once per sweep instead of once per run; each run still gets a fresh kernel.
 
-JOB.json holds `input`, `output`, `parameters`, `cwd`, `kernel_name`, `result`. The worker
-writes `{"status", "error"}` to `result` atomically and exits 0 whether or not the notebook
-failed; a missing result file means the worker itself died.
+A job is `{"input", "output", "parameters", "cwd", "kernel_name", "metrics", "log", "result"}`.
+For each job the worker points its stdout/stderr at `log` (the kernel started for the run
+inherits them), sets `NWOR_LAB_METRICS_OUT` to `metrics` (the kernel inherits it too), runs
+papermill, and writes `{"status", "error", "duration_s"}` to `result` atomically: the file's
+appearance is the runner's signal that the run finished. The runner stops a run by killing
+the worker's process group and the kernel's (`nwor_lab.sweep.pool.Worker.kill`).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
-from nwor_lab.sweep.record import write_json_atomic
+from nwor_lab.sweep.record import METRICS_ENV, write_json_atomic
 
 MAX_ERROR_CHARS = 400
 
@@ -29,26 +32,45 @@ def one_line_error(err: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
-def run_job(job: dict) -> dict:
-    status, error = "ok", None
-    try:
-        import papermill
+def _redirect_output(log_path: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
-        papermill.execute_notebook(
+
+def run_job(job: dict, execute_notebook) -> dict:
+    """Execute one run with `papermill.execute_notebook`; never raises for a failure of the run."""
+    _redirect_output(job["log"])
+    os.environ[METRICS_ENV] = job["metrics"]
+    status, error = "ok", None
+    start = time.perf_counter()
+    try:
+        execute_notebook(
             job["input"], job["output"], parameters=job["parameters"], kernel_name=job.get("kernel_name"),
             cwd=job["cwd"], progress_bar=False, log_output=False,
         )
     except Exception as err:  # noqa: BLE001 - every failure of the run is the run's result
         status, error = "failed", one_line_error(err)
-    return {"status": status, "error": error}
+    return {"status": status, "error": error, "duration_s": round(time.perf_counter() - start, 3)}
 
 
-def main(argv: list[str]) -> int:
-    with open(argv[0], encoding="utf-8") as f:
-        job = json.load(f)
-    write_json_atomic(job["result"], run_job(job))
+def main() -> int:
+    # jsonschema (imported by nbformat) imports `rfc3987_syntax` when installed, only to offer
+    # "iri" format checks that notebook validation never asks for; building that package's
+    # grammar takes 2-3 s per process, three quarters of a worker's start. None in sys.modules
+    # makes the import fail, which jsonschema expects and skips.
+    sys.modules.setdefault("rfc3987_syntax", None)
+    from papermill import execute_notebook  # once, before the first run: not part of its duration
+
+    for line in sys.stdin:  # the runner closes stdin when the sweep is done
+        if line.strip():
+            job = json.loads(line)
+            write_json_atomic(job["result"], run_job(job, execute_notebook))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Papermill sweeps end to end on `tests/data/sweep_probe.ipynb`, plus the pure parts (grid, run ids,
+metrics contract, results log, figures) on their own.
+
+The probe records `x_squared = x*x`, `step_ms = 10*x (+1 when mode == "b")`, `mode_upper`,
+sleeps `sleep_s` and raises `ValueError` when `mode == fail_on`. A papermill run costs ~2-4 s
+here (kernel start), so only the first test sweeps 8 combinations; the rest stay small.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nwor_lab.sweep import (METRICS_ENV, SweepInputError, expand_grid, latest_rows, parse_grid, parse_set,
+                            parse_value, read_rows, record_metrics, run_id, write_report)
+from nwor_lab.sweep.cli import add_parsers, main
+from nwor_lab.sweep.environment import device_for_slot, visible_devices
+from nwor_lab.sweep.figures import metric_figure, metric_label, numeric_metrics, varying_params
+from nwor_lab.sweep.results import ResultsLog
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = str(REPO / "tests" / "data" / "sweep_probe.ipynb")
+SWEEP = ["sweep", PROBE, "--no-progress"]
+
+
+def expected_metrics(x: int, mode: str) -> dict:
+    return {"x_squared": x * x, "step_ms": 10.0 * x + (1.0 if mode == "b" else 0.0), "mode_upper": mode.upper()}
+
+
+def lines_of(path: Path) -> list[dict]:
+    """Every line of results.jsonl, each required to be a complete JSON object ending in a newline."""
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose environment mentions `text` (workers and kernels carry the run's paths)."""
+    found = []
+    if not os.path.isdir("/proc"):  # not Linux: nothing to inspect
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_sees_this_checkout():
+    """Workers and kernels inherit the environment: make them import this checkout's nwor_lab."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        mp.delenv(METRICS_ENV, raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def sweep8(tmp_path_factory):
+    """8 combinations (x in 1..4, mode in a, b) with 2 workers; shared by the read-only tests."""
+    out = tmp_path_factory.mktemp("sweep8") / "probe"
+    rc = main([*SWEEP, "--grid", "x=1,2,3,4", "--grid", "mode=a,b", "--out", str(out), "--workers", "2"])
+    return rc, out
+
+
+# ---------------------------------------------------------------- sweeps (papermill)
+
+def test_sweep_of_8_combinations_records_one_correct_row_per_run(sweep8):
+    rc, out = sweep8
+    assert rc == 0
+    rows = lines_of(out / "results.jsonl")
+    assert sorted(r["run_id"] for r in rows) == sorted(f"mode={m},x={x}" for x in range(1, 5) for m in "ab")
+    for row in rows:
+        x, mode = row["params"]["x"], row["params"]["mode"]
+        assert row["params"] == {"x": x, "mode": mode}
+        assert row["status"] == "ok" and row["error"] is None
+        assert row["metrics"] == expected_metrics(x, mode)
+        assert row["duration_s"] > 0 and row["started_at"]
+        assert row["env"]["device"] == "cpu" and row["env"]["torch"]
+        assert (out / row["notebook"]).is_file()
+    assert not (out / ".work").exists()
+
+
+def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep8, tmp_path):
+    _, out = sweep8
+    rows = lines_of(out / "results.jsonl")
+
+    def interval(row):
+        from datetime import datetime
+        start = datetime.fromisoformat(row["started_at"]).timestamp()
+        return start, start + row["duration_s"]
+
+    spans = sorted(interval(r) for r in rows)
+    assert any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "no two runs overlapped"
+    serial = tmp_path / "serial"
+    assert main([*SWEEP, "--grid", "x=3", "--grid", "mode=b", "--out", str(serial), "--workers", "1"]) == 0
+    [row] = lines_of(serial / "results.jsonl")
+    twin = latest_rows(out)[row["run_id"]]
+    assert {k: row[k] for k in ("params", "metrics", "status", "error")} == \
+           {k: twin[k] for k in ("params", "metrics", "status", "error")}
+
+
+def test_failing_run_is_recorded_named_and_rerun_retries_only_it(tmp_path, capsys):
+    out = tmp_path / "fail"
+    argv = [*SWEEP, "--grid", "mode=a,b,c", "--set", "fail_on=b", "--out", str(out), "--workers", "2"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "mode=b: ValueError: mode 'b' is fail_on" in err.splitlines()[-1]
+    rows = {r["run_id"]: r for r in lines_of(out / "results.jsonl")}
+    assert rows["mode=b"]["status"] == "failed" and rows["mode=b"]["error"] == "ValueError: mode 'b' is fail_on"
+    assert rows["mode=b"]["metrics"] == {}
+    for ok in ("mode=a", "mode=c"):
+        assert rows[ok]["status"] == "ok" and rows[ok]["metrics"] == expected_metrics(1, ok[-1])
+    mtimes = {rid: (out / rows[rid]["notebook"]).stat().st_mtime_ns for rid in rows}
+
+    assert main(argv) == 1  # the failure is deterministic: retried, fails again
+    err = capsys.readouterr().err
+    assert "skipping 2 of 3 runs already ok" in err
+    rows2 = lines_of(out / "results.jsonl")
+    assert [r["run_id"] for r in rows2[3:]] == ["mode=b"]  # one new row: the retry
+    for rid in ("mode=a", "mode=c"):  # not executed again
+        assert (out / rows[rid]["notebook"]).stat().st_mtime_ns == mtimes[rid]
+    assert (out / rows["mode=b"]["notebook"]).stat().st_mtime_ns > mtimes["mode=b"]
+
+    page = write_report(out)
+    text = page.read_text()
+    assert text.count("data-run-id=") == 3 and "ValueError: mode &#x27;b&#x27; is fail_on" in text
+
+
+def test_sigint_keeps_finished_rows_exits_130_and_resume_completes(tmp_path, capsys):
+    out = tmp_path / "interrupted"
+    args = [*SWEEP, "--grid", "x=1,2,3", "--set", "sleep_s=0.5", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "nwor_lab.sweep", *args], stderr=subprocess.PIPE, text=True)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 90
+    while not (results.exists() and results.stat().st_size) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted:" in err and "Resume (finished runs are skipped): python -m nwor_lab.sweep sweep" in err
+    before = lines_of(results)  # only complete lines
+    assert 1 <= len(before) < 3 and all(r["status"] == "ok" for r in before)
+    assert not processes_mentioning(str(out)), "a worker or kernel outlived the sweep"
+
+    assert main([*args, "--workers", "2"]) == 0
+    assert f"skipping {len(before)} of 3 runs already ok" in capsys.readouterr().err
+    after = lines_of(results)
+    assert after[: len(before)] == before  # nothing finished was lost or rewritten
+    assert sorted(r["run_id"] for r in after) == ["x=1", "x=2", "x=3"]  # each run recorded exactly once
+
+
+def test_timeout_kills_the_run_and_its_kernel(tmp_path):
+    out = tmp_path / "timeout"
+    assert main([*SWEEP, "--grid", "x=1", "--set", "sleep_s=60", "--timeout", "5", "--out", str(out)]) == 1
+    [row] = lines_of(out / "results.jsonl")
+    assert row["status"] == "failed" and row["error"].startswith("TimeoutError: run exceeded --timeout 5 s")
+    assert not processes_mentioning(str(out))
+
+
+def test_report_is_one_self_contained_page_with_a_row_per_run(sweep8, capsys):
+    from plotly.offline import get_plotlyjs
+
+    _, out = sweep8
+    assert main(["report", str(out)]) == 0
+    page = out / "report.html"
+    assert capsys.readouterr().out.strip() == f"wrote {page}"
+    text = page.read_text(encoding="utf-8")
+    library = get_plotlyjs()
+    assert library in text  # the library itself, inline
+    page_proper = text.replace(library, "")
+    assert "<script src=" not in page_proper and "http" not in page_proper.split("<body>")[0]  # nothing fetched
+    run_ids = [r["run_id"] for r in read_rows(out)]
+    assert text.count("data-run-id=") == len(run_ids) == 8
+    for rid in run_ids:
+        assert f'data-run-id="{rid}"' in text
+    assert "step (ms)" in text and "x squared" in text  # one figure per numeric metric, unit in the title
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--grid", "x1,2"], "--grid 'x1,2'"),
+    (["--grid", "x="], "--grid 'x='"),
+    (["--grid", "nope=1,2"], "--grid nope"),
+    (["--grid", "x=1,2", "--set", "x=3"], "--set x"),
+    (["--grid", "x=1", "--workers", "0"], "--workers 0"),
+    (["--grid", "x=1", "--kernel", "no-such-kernel"], "--kernel"),
+])
+def test_bad_input_exits_2_with_one_line(args, names, tmp_path, capsys):
+    assert main([*SWEEP, *args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and names in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_notebook_and_file_as_out_exit_2(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "none.ipynb"), "--grid", "x=1", "--out", str(tmp_path / "o")]) == 2
+    assert "NOTEBOOK" in capsys.readouterr().err
+    (tmp_path / "f").write_text("")
+    assert main([*SWEEP, "--grid", "x=1", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_changed_set_values_are_refused_not_mixed(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    with ResultsLog(out) as log:
+        log.append({"run_id": "x=1", "params": {"x": 1, "mode": "a"}, "status": "ok", "metrics": {}})
+    assert main([*SWEEP, "--grid", "x=1", "--set", "mode=b", "--out", str(out)]) == 2
+    assert "run x=1 there has parameters" in capsys.readouterr().err
+
+
+def test_a_second_sweep_into_a_busy_folder_is_refused(tmp_path, capsys):
+    from nwor_lab.sweep.guards import FolderLock
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    with FolderLock(out):
+        assert main([*SWEEP, "--grid", "x=1", "--out", str(out)]) == 2
+    assert "another sweep is writing there" in capsys.readouterr().err
+    assert not (out / "results.jsonl").exists()
+
+
+# ---------------------------------------------------------------- pure parts
+
+def test_values_are_typed_like_python_literals():
+    assert [parse_value(t) for t in ["8", "-3", "0.5", "1e-3", "true", "False", "none", "'8'", "off", ""]] == \
+           [8, -3, 0.5, 1e-3, True, False, None, "8", "off", ""]
+    assert parse_grid(["batch=1,8", "mode=off, stage"]) == {"batch": [1, 8], "mode": ["off", "stage"]}
+    with pytest.raises(SweepInputError, match="given twice"):
+        parse_grid(["x=1", "x=2"])
+    assert parse_set(["max_new_tokens=64", "tag="], {}) == {"max_new_tokens": 64, "tag": ""}
+
+
+def test_grid_expands_in_flag_order_and_run_ids_are_stable_and_safe():
+    runs = expand_grid({"b": [1, 8], "mode": ["off", "stage"]}, {"k": 4})
+    assert runs[:2] == [{"b": 1, "mode": "off", "k": 4}, {"b": 1, "mode": "stage", "k": 4}]
+    assert run_id({"mode": "off", "b": 8, "k": 4}, ["mode", "b"]) == "b=8,mode=off"  # sorted; fixed left out
+    assert run_id({"b": 8, "mode": "off"}) == run_id({"mode": "off", "b": 8})
+    slash, dash = run_id({"p": "a/b"}), run_id({"p": "a-b"})
+    assert "/" not in slash and slash != dash  # sanitised, still distinct
+    assert len(run_id({"p": "v" * 500})) <= 120
+    assert run_id({}) == "defaults"
+
+
+def test_record_metrics_contract(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    assert record_metrics({"a_ms": 1.5, "n": torch.tensor(3), "nan": float("nan"), "s": "x"}) == \
+           {"a_ms": 1.5, "n": 3, "nan": None, "s": "x"}  # interactive: returned, nothing written
+    path = tmp_path / "m.json"
+    monkeypatch.setenv(METRICS_ENV, str(path))
+    record_metrics({"a": 1, "b": 2})
+    record_metrics({"b": 3})  # merges; a later value wins
+    assert json.loads(path.read_text()) == {"a": 1, "b": 3}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # no temporary file left
+    with pytest.raises(TypeError, match="'nested'"):
+        record_metrics({"nested": {"a": 1}})
+    with pytest.raises(TypeError, match="'vec'"):
+        record_metrics({"vec": torch.ones(2)})
+
+
+def test_results_log_drops_a_torn_tail_before_appending(tmp_path):
+    (tmp_path / "results.jsonl").write_text('{"run_id": "a", "status": "ok"}\n{"run_id": "b", "sta')
+    with ResultsLog(tmp_path) as log:
+        log.append({"run_id": "c", "status": "ok"})
+    assert [r["run_id"] for r in lines_of(tmp_path / "results.jsonl")] == ["a", "c"]
+
+
+def test_each_worker_sees_one_gpu_when_several_exist():
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert visible_devices({}, count=2) == ["0", "1"]
+    assert [device_for_slot(s, ["2", "3"]) for s in range(3)] == ["2", "3", "2"]
+    assert device_for_slot(0, ["0"]) is None and device_for_slot(1, []) is None
+
+
+def test_figure_layout_follows_the_varying_parameters():
+    rows = [{"run_id": f"{x}{m}{k}", "params": {"x": x, "mode": m, "k": k, "seed": 0}, "status": "ok",
+             "metrics": {"step_ms": float(x), "label": "t"}} for x in (1, 2, 4) for m in ("off", "stage") for k in (2, 4)]
+    rows.append({"run_id": "bad", "params": {"x": 8, "mode": "off", "k": 2, "seed": 0}, "status": "failed", "metrics": {}})
+    assert varying_params(rows) == ["x", "mode", "k"] and numeric_metrics(rows) == ["step_ms"]
+    fig = metric_figure(rows, "step_ms", ["x", "mode", "k"])
+    assert len(fig.data) == 4 and {t.type for t in fig.data} == {"scatter"}  # 2 modes x 2 panels (k), lines over x
+    assert [a.text for a in fig.layout.annotations] == ["k=2", "k=4"]
+    assert [t.name for t in fig.data if t.showlegend] == ["off", "stage"]  # one legend entry per mode
+    assert fig.layout.title.text == "step (ms)" and fig.layout.yaxis.title.text == "step (ms)"
+    bars = metric_figure(rows[:4], "step_ms", ["x", "mode"])  # x in {1, 2}: too few points for a line
+    assert {t.type for t in bars.data} == {"bar"}
+    assert metric_label("decode_tok_s") == ("decode", "tokens/s") and metric_label("acceptance_length") == ("acceptance length", None)
+
+
+def test_add_parsers_wires_both_subcommands():
+    import argparse
+    parser = argparse.ArgumentParser(prog="nwor-lab")
+    add_parsers(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["report", "runs/x"])
+    assert args.func.__name__ == "cmd_report" and args.out is None
+    args = parser.parse_args(["sweep", "nb.ipynb", "--grid", "x=1,2", "--out", "runs/x"])
+    assert args.func.__name__ == "cmd_sweep" and args.grid == ["x=1,2"] and args.prog_name == "nwor-lab sweep"
+
+
+def test_importing_the_package_pulls_in_neither_torch_nor_papermill_nor_plotly():
+    code = "import sys, nwor_lab.sweep; print(sorted({'torch', 'papermill', 'plotly'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
