@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
+from nwor_lab.kv.layout import allocate
+from nwor_lab.ops.quant import raw
 
 SRC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")
@@ -90,6 +92,22 @@ def to_device(case: KVCase, device) -> KVCase:
     cache.k_scale.copy_(case.cache.k_scale), cache.v_scale.copy_(case.cache.v_scale)
     return KVCase(case.name, cache, case.key.to(device), case.value.to(device),
                   case.slot_mapping.to(device), case.commit_mask.to(device), dict(case.meta))
+
+
+def per_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The cache as vLLM holds it: one key and one value tensor `[NB, BS, H, D]` per layer, each its
+    own allocation (so only a table of base addresses can reach them all), in the same physical
+    layout and with the same bytes as the stacked cache."""
+    device = cache.device if device is None else torch.device(device)
+    spec = cache.spec
+    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+    keys, values = [], []
+    for layer in range(spec.num_layers):
+        for out, stacked in ((keys, cache.key), (values, cache.value)):
+            t = allocate(shape, spec.layout, spec.storage_dtype, device)
+            raw(t).copy_(raw(stacked[layer]))
+            out.append(t)
+    return keys, values
 
 
 def standard_cases(device="cpu", big: bool = True):
