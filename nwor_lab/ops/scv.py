@@ -140,10 +140,13 @@ def accepted_len_by_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torc
 
 def check_against_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                       sampled_token_ids: torch.Tensor, accepted_len: torch.Tensor) -> None:
-    """Debug (one host sync): raise AssertionError unless `accepted_len` [R] fits the sampler's
-    output: every accepted draft is echoed in its column, one token follows, then only -1; and the
-    id comparison gives the same length except where the emitted token equals the rejected draft
-    (a zero-probability draft, which vLLM rejects and may recover as itself)."""
+    """Debug (one host sync): raise AssertionError unless `accepted_len` [R] agrees with the id
+    comparison (`accepted_len_by_ids`) wherever the two are equivalent, and reads the sampler's
+    output: accepted drafts echoed (none of them padding), one emitted token, then only -1.
+
+    The one allowed disagreement: the id comparison counts more because the token emitted at the
+    first rejection equals the rejected draft (a zero-probability draft, rejected by vLLM and
+    recovered as itself)."""
     drafts = draft_token_ids.tolist()
     ends = cu_num_draft_tokens.tolist()
     rows = sampled_token_ids.tolist()
@@ -155,13 +158,13 @@ def check_against_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.
         if not (0 <= a <= len(mine) and a < len(row)):
             raise AssertionError(f"SCV: request {r} has accepted length {a} but {len(mine)} drafts and "
                                  f"{len(row)} sampled columns")
-        if row[:a] != mine[:a] or row[a] == -1 or any(t != -1 for t in row[a + 1:]):
-            raise AssertionError(f"SCV: request {r}: sampled ids {row} do not read as {a} accepted drafts of "
-                                 f"{mine}, one emitted token, then -1 placeholders")
-        recovered_itself = a < len(mine) and row[a] == mine[a]
+        recovered_itself = a < len(mine) and row[a] == mine[a] and by_ids[r] > a
         if by_ids[r] != a and not recovered_itself:
             raise AssertionError(f"SCV: request {r}: the emitted count says {a} accepted but comparing ids says "
                                  f"{by_ids[r]} (drafts {mine}, sampled {row})")
+        if row[:a] != mine[:a] or -1 in mine[:a] or row[a] == -1 or any(t != -1 for t in row[a + 1:]):
+            raise AssertionError(f"SCV: request {r}: sampled ids {row} do not read as {a} accepted drafts of "
+                                 f"{mine}, one emitted token, then -1 placeholders")
         start = end
 
 

@@ -13,7 +13,10 @@ CUDA one launch still covers all layers: the kernel reads each layer's base addr
 `layer_ptrs`, a device table `[2, L]` int64 (row 0 keys, row 1 values) made by
 `layer_pointers(key_caches, value_caches)`. Build it once per list and pass it in (required
 inside a CUDA graph capture, where the table cannot be uploaded); without it the op rebuilds it
-on every call (one small host-to-device copy).
+on every call (one small host-to-device copy). The `.layers` CUDA ops write through the table,
+not through their list arguments: under torch.compile's functionalization (which may hand the op
+clones of the caches) their writes would land in the originals, so compile around them, not
+through them. vLLM's cache ops have the same property.
 """
 from __future__ import annotations
 
