@@ -295,3 +295,21 @@ def test_cuda_matches_cpu_greedy():
     g = torch.Generator(device="cuda").manual_seed(0)
     out = rejection_sample(m.to("cuda"), probs.cuda(), logits.cuda(), temperature=1.0, generator=g)
     assert out.shape == cpu.shape
+
+
+@pytest.mark.gpu
+def test_cuda_padding_and_zero_probability_drafts():
+    """On CUDA a -1 draft must not reach a gather/scatter (a device-side assert would kill the
+    process); zero-probability drafts are rejected there too."""
+    m = SpecDecodeMetadata.make_dummy([[-1, 3], [2, 5]]).to("cuda")
+    logits = torch.randn(6, 8, device="cuda")
+    q = torch.softmax(torch.randn(4, 8, device="cuda"), -1)
+    q[2, 2] = 0.0                                           # request 1's first draft: q(2) = 0
+    for temp in (0.0, torch.zeros(2, device="cuda"), 1.0, torch.tensor([1.0, 0.5], device="cuda")):
+        for probs in (None, q):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            out = rejection_sample(m, probs, logits, temperature=temp, generator=g,
+                                   generators={1: torch.Generator(device="cuda").manual_seed(1)}).cpu()
+            assert out[0, 0] >= 0 and out[0, 1:].tolist() == [-1, -1]
+            if probs is not None and bool((torch.as_tensor(temp) > 0).all()):
+                assert out[1, 1] == -1
