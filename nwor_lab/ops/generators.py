@@ -110,6 +110,27 @@ def per_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torch.Tenso
     return keys, values
 
 
+def vllm_flash_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The cache in vLLM 0.33's FlashAttention layout: one tensor `[NB, H, BS, 2 * D]` per layer, K in
+    the first D and V in the last D of the last dimension. Returns the logical `[NB, BS, H, D]` views
+    its `do_kv_cache_update` hands to `reshape_and_cache_flash` (`kv.transpose(1, 2).split(D, -1)`),
+    with the stacked cache's bytes. Their strides (stride(BS) = 2 D, stride(H) = BS * 2 D) are
+    neither NHD nor HND, so `detect_layout` rejects them: the kernels take any strides with D
+    contiguous, so run the ops with `trusted=True` (see docs/vllm.md)."""
+    device = cache.device if device is None else torch.device(device)
+    spec = cache.spec
+    keys, values = [], []
+    for layer in range(spec.num_layers):
+        kv = torch.empty((spec.num_blocks, spec.num_kv_heads, spec.block_size, 2 * spec.head_size),
+                         dtype=spec.storage_dtype, device=device)
+        k, v = kv.transpose(1, 2).split(spec.head_size, dim=-1)
+        raw(k).copy_(raw(cache.key[layer]))
+        raw(v).copy_(raw(cache.value[layer]))
+        keys.append(k)
+        values.append(v)
+    return keys, values
+
+
 def standard_cases(device="cpu", big: bool = True):
     """The matrix every kernel must pass: layouts × source dtypes × cache dtypes × scale kinds,
     plus shape corner cases (block_size == num_kv_heads, head sizes 80/72, > 512 tokens)."""

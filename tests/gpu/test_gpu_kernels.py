@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from nwor_lab.ops.commit import commit_reference
-from nwor_lab.ops.generators import make_case, per_layer_caches, standard_cases
+from nwor_lab.ops.generators import make_case, per_layer_caches, standard_cases, vllm_flash_layer_caches
 from nwor_lab.ops.quant import raw
 from nwor_lab.ops.scv import scv_mask_reference
 from nwor_lab.ops.slots import layer_pointers, log_slots_reference, restore_slots_reference
@@ -271,6 +271,33 @@ def test_per_layer_python_api_equals_stacked(cache_dtype):
     stale[0, 0] += 16
     with pytest.raises(ValueError, match="layer_ptrs: does not hold"):
         log_slots(keys, values, case.slot_mapping, layer_ptrs=stale, backend="cuda")
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("head_size", [128, 72])
+def test_layers_ops_on_vllm_flash_layout(ext, cache_dtype, head_size):
+    """vLLM 0.33's FlashAttention per-layer cache [NB, H, BS, 2D] (K, V packed in the last dim):
+    the .layers kernels take its strided views and give the reference's bytes."""
+    case = cuda_case(make_case(num_layers=3, num_tokens=50, num_kv_heads=4, head_size=head_size,
+                               cache_dtype=cache_dtype, seed=47))
+    c = case.cache
+    keys, values = vllm_flash_layer_caches(c)
+    table = layer_pointers(keys, values)
+    n = case.slot_mapping.numel()
+    log_k = torch.empty((3, n, 4, head_size), dtype=c.key.dtype, device="cuda")
+    log_v = torch.empty_like(log_k)
+    ext.log_slots.layers(keys, values, table, case.slot_mapping, log_k, log_v)
+    want_k, want_v = log_slots_reference(*cpu(c.key, c.value, case.slot_mapping))
+    assert_same_bytes(log_k, want_k, "log_k"), assert_same_bytes(log_v, want_v, "log_v")
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    ext.commit.layers(case.key, case.value, keys, values, table, case.slot_mapping, case.commit_mask, ks, vs)
+    ref_k, ref_v = cpu(c.key.clone(), c.value.clone())
+    commit_reference(*cpu(case.key, case.value), ref_k, ref_v, *cpu(case.slot_mapping, case.commit_mask, ks, vs))
+    assert_same_bytes(stacked_bytes(keys), raw(ref_k), "committed key")
+    assert_same_bytes(stacked_bytes(values), raw(ref_v), "committed value")
+    ext.restore_slots.layers(keys, values, table, case.slot_mapping, log_k, log_v)
+    assert_same_bytes(stacked_bytes(keys), raw(c.key), "restored key")
+    assert_same_bytes(stacked_bytes(values), raw(c.value), "restored value")
 
 
 def test_commit_layers_in_a_cuda_graph(ext):
