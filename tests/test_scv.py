@@ -329,3 +329,31 @@ def test_runner_on_cuda_equals_off(mode):
     for _ in range(3):                                    # capture, then replays
         assert_same(ref, runner(drafts, cu, sampled, token_req=tr, token_draft_pos=tp))
     assert runner.how.startswith(("CUDA graph", "vectorised eager"))
+
+
+@LOOP_COUNTS_LIKE_VLLM
+@pytest.mark.parametrize("mode", ["off", "cow", "stage"])
+def test_debug_commit_accepts_vllm_count_and_rejects_id_count(mode):
+    """Debug mode's cross-check of a commit against the sampler's output: the zero-probability
+    case commits with the emitted count (0 accepted) and no complaint; an acceptance that
+    counted by ids (1 accepted) is an error."""
+    from nwor_lab import LabConfig
+    from nwor_lab.kv import KVCacheSpec, PagedKVCache
+    from nwor_lab.policies import make_policy
+    from nwor_lab.window import Window
+
+    drafts, cu, sampled, _, _ = zero_probability_case()
+    cache = PagedKVCache(KVCacheSpec(num_layers=2, num_blocks=4, block_size=4, num_kv_heads=2, head_size=8,
+                                     dtype=torch.float32))
+    for claimed, ok in ((0, True), (1, False)):
+        policy = make_policy(LabConfig(nwor_mode=mode, scv_mode="graph", debug=True), cache)
+        window = Window.from_counts([3], [2], torch.tensor([0, 1, 2]), draft_token_ids=drafts)
+        policy.begin(window)
+        for layer in range(2):
+            policy.write(layer, torch.randn(3, 2, 8), torch.randn(3, 2, 8))
+        mask = torch.tensor([False, False]) if claimed == 0 else torch.tensor([True, False])
+        if ok:
+            assert policy.commit(mask, sampled_token_ids=sampled).num_accepted == 0
+        else:
+            with pytest.raises(AssertionError, match="comparing ids|sampler"):
+                policy.commit(mask, sampled_token_ids=sampled)
