@@ -20,4 +20,12 @@ __device__ __forceinline__ int64_t load_index(const void* p, int is64, int64_t i
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
 
+// Base of layer l of cache kv (0 = key, 1 = value): an entry of the per-layer table [2, L] when
+// the caches are separate tensors, else an offset into the stacked tensor.
+__device__ __forceinline__ char* layer_base(void* stacked, const int64_t* layer_ptrs, int kv, int num_layers,
+                                            int l, int64_t layer_stride_bytes) {
+  if (layer_ptrs != nullptr) return reinterpret_cast<char*>(layer_ptrs[kv * num_layers + l]);
+  return static_cast<char*>(stacked) + l * layer_stride_bytes;
+}
+
 }  // namespace nwor

@@ -6,6 +6,9 @@
 //   commit         -> write_rows.cu  launch_write_rows (all layers, commit_mask)
 //   log_slots      -> slot_log.cu    launch_slot_copy (restore = 0)
 //   restore_slots  -> slot_log.cu    launch_slot_copy (restore = 1)
+//   commit.layers, log_slots.layers, restore_slots.layers: the same three on per-layer caches (a
+//                     list of [NB, BS, H, D] tensors, as vLLM holds them) plus `layer_ptrs`, a device
+//                     table [2, L] int64 of their base addresses; still ONE launch for all layers.
 //   scv_mask       -> scv.cu         launch_scv_mask
 //   noop           -> scv.cu         launch_noop (an empty kernel: launch-cost floor)
 // Only light headers here (no torch/extension.h, no ATen/cuda/CUDAContext.h): those pull in
@@ -98,6 +101,79 @@ void check_same_shape(const CacheView& a, const CacheView& b) {
               "key_cache and value_cache must have the same shape");
 }
 
+// The key and value caches of an op, either stacked tensors or per-layer lists.
+struct CacheArgs {
+  CacheView view[2];
+  void* base[2] = {nullptr, nullptr};  // stacked data_ptr (nullptr with a layer table)
+  const int64_t* layer_ptrs = nullptr;  // [2, L] device table (per-layer caches)
+  uintptr_t addr_bits[2] = {0, 0};      // OR of every layer's base address
+  at::ScalarType dtype;
+  int64_t element_size;
+  Tensor ref;                           // any cache tensor: its device is the op's device
+};
+
+// Stacked [L, NB, BS, H, D] caches (stacked = true) or one layer [NB, BS, H, D] (write_kv).
+CacheArgs tensor_caches(const Tensor& key_cache, const Tensor& value_cache, bool stacked) {
+  CacheArgs c;
+  c.ref = key_cache;
+  check_cuda(key_cache, "key_cache", key_cache);
+  check_cuda(value_cache, "value_cache", key_cache);
+  c.view[0] = cache_view(key_cache, "key_cache", stacked);
+  c.view[1] = cache_view(value_cache, "value_cache", stacked);
+  check_same_shape(c.view[0], c.view[1]);
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key_cache and value_cache dtypes differ: ",
+              key_cache.scalar_type(), " vs ", value_cache.scalar_type());
+  c.base[0] = key_cache.data_ptr();
+  c.base[1] = value_cache.data_ptr();
+  c.addr_bits[0] = reinterpret_cast<uintptr_t>(c.base[0]);
+  c.addr_bits[1] = reinterpret_cast<uintptr_t>(c.base[1]);
+  c.dtype = key_cache.scalar_type();
+  c.element_size = int64_t(key_cache.element_size());
+  return c;
+}
+
+// Per-layer caches: L tensors [NB, BS, H, D] per list, equal in shape, strides and dtype (vLLM
+// allocates every layer alike), and their base addresses in `layer_ptrs` [2, L] int64 on the
+// device: row 0 the key caches, row 1 the value caches. The table is trusted (reading it back
+// would sync); nwor_lab.ops.slots.layer_pointers builds it and checks it on the host.
+CacheArgs list_caches(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs) {
+  const int64_t L = int64_t(key_caches.size());
+  TORCH_CHECK(L > 0, "key_caches: expected one [num_blocks, block_size, num_kv_heads, head_size] tensor per "
+              "layer, got an empty list");
+  TORCH_CHECK(int64_t(value_caches.size()) == L, "value_caches: has ", value_caches.size(),
+              " layers but key_caches has ", L, "; pass one key and one value cache per layer");
+  CacheArgs c;
+  c.ref = key_caches[0];
+  at::TensorList lists[2] = {key_caches, value_caches};
+  const char* names[2] = {"key_caches", "value_caches"};
+  for (int kv = 0; kv < 2; ++kv) {
+    const Tensor& first = lists[kv][0];
+    c.view[kv] = cache_view(first, names[kv], false);
+    c.view[kv].layers = L;
+    c.view[kv].stride[0] = 0;  // unused: each layer has its own base
+    for (int64_t l = 0; l < L; ++l) {
+      const Tensor& t = lists[kv][l];
+      check_cuda(t, names[kv], c.ref);
+      TORCH_CHECK(t.sizes() == first.sizes() && t.strides() == first.strides(), names[kv], "[", l,
+                  "]: shape ", t.sizes(), " strides ", t.strides(), " differ from layer 0's ", first.sizes(), " ",
+                  first.strides(), "; every layer must be allocated alike");
+      TORCH_CHECK(t.scalar_type() == c.ref.scalar_type(), names[kv], "[", l, "]: dtype ", t.scalar_type(),
+                  " differs from key_caches[0]'s ", c.ref.scalar_type());
+      c.addr_bits[kv] |= reinterpret_cast<uintptr_t>(t.data_ptr());
+    }
+  }
+  check_same_shape(c.view[0], c.view[1]);
+  check_cuda(layer_ptrs, "layer_ptrs", c.ref);
+  TORCH_CHECK(layer_ptrs.scalar_type() == at::kLong && layer_ptrs.dim() == 2 && layer_ptrs.size(0) == 2 &&
+                  layer_ptrs.size(1) == L && layer_ptrs.is_contiguous(),
+              "layer_ptrs: expected a contiguous int64 [2, ", L, "] table of layer base addresses, got ",
+              layer_ptrs.scalar_type(), " ", layer_ptrs.sizes(), "; build it with nwor_lab.ops.slots.layer_pointers");
+  c.layer_ptrs = layer_ptrs.data_ptr<int64_t>();
+  c.dtype = c.ref.scalar_type();
+  c.element_size = int64_t(c.ref.element_size());
+  return c;
+}
+
 // Scale broadcast to [L, H]: accepts [L, H], [H], [1] or a 0-d tensor; size-1 dims broadcast.
 void scale_strides(const Tensor& s, const char* name, int64_t L, int64_t H, const Tensor& ref, int64_t out[2]) {
   check_cuda(s, name, ref);
@@ -118,21 +194,15 @@ void scale_strides(const Tensor& s, const char* name, int64_t L, int64_t H, cons
 
 cudaStream_t stream_for(const Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
-// Shared by write_kv (stacked = false: sources [T, H, D], one-layer caches) and commit.
-void write_rows(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
-                const Tensor& slot_mapping, const std::optional<Tensor>& commit_mask,
-                const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale, bool stacked) {
-  const c10::cuda::CUDAGuard guard(key_cache.device());
-  const CacheView kc = cache_view(key_cache, "key_cache", stacked);
-  const CacheView vc = cache_view(value_cache, "value_cache", stacked);
-  check_same_shape(kc, vc);
-  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key_cache and value_cache dtypes differ: ",
-              key_cache.scalar_type(), " vs ", value_cache.scalar_type());
-  check_cuda(key_cache, "key_cache", key_cache);
-  check_cuda(value_cache, "value_cache", key_cache);
-  check_cuda(key, stacked ? "staged_key" : "key", key_cache);
-  check_cuda(value, stacked ? "staged_value" : "value", key_cache);
-  check_index(slot_mapping, "slot_mapping", key_cache);
+// Shared by write_kv (stacked = false: sources [T, H, D], one-layer caches) and commit (sources
+// [L, Tcap, H, D], caches of L layers, stacked or per layer).
+void write_rows(const Tensor& key, const Tensor& value, const CacheArgs& c, const Tensor& slot_mapping,
+                const std::optional<Tensor>& commit_mask, const std::optional<Tensor>& k_scale,
+                const std::optional<Tensor>& v_scale, bool stacked) {
+  const CacheView& kc = c.view[0];
+  check_cuda(key, stacked ? "staged_key" : "key", c.ref);
+  check_cuda(value, stacked ? "staged_value" : "value", c.ref);
+  check_index(slot_mapping, "slot_mapping", c.ref);
   const int64_t T = slot_mapping.numel();
   const Tensor* src[2] = {&key, &value};
   const char* src_name[2] = {stacked ? "staged_key" : "key", stacked ? "staged_value" : "value"};
@@ -161,18 +231,18 @@ void write_rows(const Tensor& key, const Tensor& value, const Tensor& key_cache,
   TORCH_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ: ", key.scalar_type(), " vs ",
               value.scalar_type());
   p.src_elem = elem_of(key, src_name[0], false);
-  p.cache_elem = elem_of(key_cache, "key_cache", true);
-  p.cache[0] = key_cache.data_ptr();
-  p.cache[1] = value_cache.data_ptr();
-  for (int d = 0; d < 4; ++d) {
-    p.cache_stride[0][d] = kc.stride[d];
-    p.cache_stride[1][d] = vc.stride[d];
+  p.cache_elem = elem_of(c.ref, "key_cache", true);
+  for (int kv = 0; kv < 2; ++kv) {
+    p.cache[kv] = c.base[kv];
+    p.addr_bits[kv] = c.addr_bits[kv];
+    for (int d = 0; d < 4; ++d) p.cache_stride[kv][d] = c.view[kv].stride[d];
   }
+  p.layer_ptrs = c.layer_ptrs;
   if (is_fp8(p.cache_elem)) {
-    TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), "an fp8 cache (", key_cache.scalar_type(),
+    TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), "an fp8 cache (", c.dtype,
                 ") needs k_scale and v_scale (float32, [num_kv_heads] or a scalar per layer)");
-    scale_strides(*k_scale, "k_scale", kc.layers, kc.heads, key_cache, p.scale_stride[0]);
-    scale_strides(*v_scale, "v_scale", kc.layers, kc.heads, key_cache, p.scale_stride[1]);
+    scale_strides(*k_scale, "k_scale", kc.layers, kc.heads, c.ref, p.scale_stride[0]);
+    scale_strides(*v_scale, "v_scale", kc.layers, kc.heads, c.ref, p.scale_stride[1]);
     p.scale[0] = k_scale->data_ptr<float>();
     p.scale[1] = v_scale->data_ptr<float>();
   }
@@ -180,7 +250,7 @@ void write_rows(const Tensor& key, const Tensor& value, const Tensor& key_cache,
   p.slots_is64 = slot_mapping.scalar_type() == at::kLong;
   if (commit_mask.has_value()) {
     const Tensor& m = *commit_mask;
-    check_cuda(m, "commit_mask", key_cache);
+    check_cuda(m, "commit_mask", c.ref);
     TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 1 && m.numel() == T, "commit_mask: expected a bool [",
                 T, "] tensor (one flag per window token), got ", m.scalar_type(), " ", m.sizes());
     TORCH_CHECK(m.numel() <= 1 || m.stride(0) == 1, "commit_mask: must be contiguous");
@@ -192,52 +262,59 @@ void write_rows(const Tensor& key, const Tensor& value, const Tensor& key_cache,
   p.head_size = int(kc.head_size);
   p.block_size = int(kc.block_size);
   p.num_slots = kc.blocks * kc.block_size;
-  C10_CUDA_CHECK(launch_write_rows(p, stream_for(key_cache)));
+  C10_CUDA_CHECK(launch_write_rows(p, stream_for(c.ref)));
 }
 
 void write_kv(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
               const Tensor& slot_mapping, const std::optional<Tensor>& k_scale,
               const std::optional<Tensor>& v_scale) {
-  write_rows(key, value, key_cache, value_cache, slot_mapping, std::nullopt, k_scale, v_scale, false);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  write_rows(key, value, tensor_caches(key_cache, value_cache, false), slot_mapping, std::nullopt, k_scale,
+             v_scale, false);
 }
 
 void commit(const Tensor& staged_key, const Tensor& staged_value, const Tensor& key_cache,
             const Tensor& value_cache, const Tensor& slot_mapping, const Tensor& commit_mask,
             const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
-  write_rows(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask, k_scale, v_scale, true);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  write_rows(staged_key, staged_value, tensor_caches(key_cache, value_cache, true), slot_mapping, commit_mask,
+             k_scale, v_scale, true);
 }
 
-void slot_copy(const Tensor& key_cache, const Tensor& value_cache, const Tensor& slots, const Tensor& log_k,
-               const Tensor& log_v, bool restore) {
-  const c10::cuda::CUDAGuard guard(key_cache.device());
-  const CacheView kc = cache_view(key_cache, "key_cache", true);
-  const CacheView vc = cache_view(value_cache, "value_cache", true);
-  check_same_shape(kc, vc);
-  check_cuda(key_cache, "key_cache", key_cache);
-  check_cuda(value_cache, "value_cache", key_cache);
-  check_index(slots, "slots", key_cache);
-  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key_cache and value_cache dtypes differ");
+void commit_layers(const Tensor& staged_key, const Tensor& staged_value, at::TensorList key_caches,
+                   at::TensorList value_caches, const Tensor& layer_ptrs, const Tensor& slot_mapping,
+                   const Tensor& commit_mask, const std::optional<Tensor>& k_scale,
+                   const std::optional<Tensor>& v_scale) {
+  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  const c10::cuda::CUDAGuard guard(key_caches[0].device());
+  write_rows(staged_key, staged_value, list_caches(key_caches, value_caches, layer_ptrs), slot_mapping,
+             commit_mask, k_scale, v_scale, true);
+}
+
+void slot_copy(const CacheArgs& c, const Tensor& slots, const Tensor& log_k, const Tensor& log_v, bool restore) {
+  const CacheView& kc = c.view[0];
+  check_index(slots, "slots", c.ref);
   const Tensor* logs[2] = {&log_k, &log_v};
   const char* names[2] = {"log_k", "log_v"};
   const int64_t n = slots.numel();
   for (int kv = 0; kv < 2; ++kv) {
     const Tensor& g = *logs[kv];
-    check_cuda(g, names[kv], key_cache);
+    check_cuda(g, names[kv], c.ref);
     TORCH_CHECK(g.dim() == 4 && g.size(0) == kc.layers && g.size(1) == n && g.size(2) == kc.heads &&
                     g.size(3) == kc.head_size,
                 names[kv], ": expected shape [", kc.layers, ", ", n, ", ", kc.heads, ", ", kc.head_size,
                 "] = [num_layers, num_slots, num_kv_heads, head_size], got ", g.sizes());
-    TORCH_CHECK(g.scalar_type() == key_cache.scalar_type(), names[kv], ": dtype ", g.scalar_type(),
-                " must equal the cache's storage dtype ", key_cache.scalar_type());
+    TORCH_CHECK(g.scalar_type() == c.dtype, names[kv], ": dtype ", g.scalar_type(),
+                " must equal the cache's storage dtype ", c.dtype);
     TORCH_CHECK(g.is_contiguous(), names[kv], ": must be contiguous");
   }
   SlotCopyParams p{};
-  p.cache[0] = key_cache.data_ptr();
-  p.cache[1] = value_cache.data_ptr();
-  for (int d = 0; d < 4; ++d) {
-    p.cache_stride[0][d] = kc.stride[d];
-    p.cache_stride[1][d] = vc.stride[d];
+  for (int kv = 0; kv < 2; ++kv) {
+    p.cache[kv] = c.base[kv];
+    p.addr_bits[kv] = c.addr_bits[kv];
+    for (int d = 0; d < 4; ++d) p.cache_stride[kv][d] = c.view[kv].stride[d];
   }
+  p.layer_ptrs = c.layer_ptrs;
   p.log[0] = log_k.data_ptr();
   p.log[1] = log_v.data_ptr();
   p.slots = slots.data_ptr();
@@ -247,20 +324,36 @@ void slot_copy(const Tensor& key_cache, const Tensor& value_cache, const Tensor&
   p.num_heads = int(kc.heads);
   p.head_size = int(kc.head_size);
   p.block_size = int(kc.block_size);
-  p.elem_bytes = int(key_cache.element_size());
+  p.elem_bytes = int(c.element_size);
   p.num_slots = kc.blocks * kc.block_size;
   p.restore = restore ? 1 : 0;
-  C10_CUDA_CHECK(launch_slot_copy(p, stream_for(key_cache)));
+  C10_CUDA_CHECK(launch_slot_copy(p, stream_for(c.ref)));
 }
 
 void log_slots(const Tensor& key_cache, const Tensor& value_cache, const Tensor& slots, const Tensor& log_k,
                const Tensor& log_v) {
-  slot_copy(key_cache, value_cache, slots, log_k, log_v, false);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  slot_copy(tensor_caches(key_cache, value_cache, true), slots, log_k, log_v, false);
 }
 
 void restore_slots(const Tensor& key_cache, const Tensor& value_cache, const Tensor& slots, const Tensor& log_k,
                    const Tensor& log_v) {
-  slot_copy(key_cache, value_cache, slots, log_k, log_v, true);
+  const c10::cuda::CUDAGuard guard(key_cache.device());
+  slot_copy(tensor_caches(key_cache, value_cache, true), slots, log_k, log_v, true);
+}
+
+void log_slots_layers(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs,
+                      const Tensor& slots, const Tensor& log_k, const Tensor& log_v) {
+  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  const c10::cuda::CUDAGuard guard(key_caches[0].device());
+  slot_copy(list_caches(key_caches, value_caches, layer_ptrs), slots, log_k, log_v, false);
+}
+
+void restore_slots_layers(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs,
+                          const Tensor& slots, const Tensor& log_k, const Tensor& log_v) {
+  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  const c10::cuda::CUDAGuard guard(key_caches[0].device());
+  slot_copy(list_caches(key_caches, value_caches, layer_ptrs), slots, log_k, log_v, true);
 }
 
 bool is64(const Tensor& t) { return t.scalar_type() == at::kLong; }
@@ -343,6 +436,13 @@ TORCH_LIBRARY(nwor_lab, m) {
         "-> ()");
   m.def("commit(Tensor staged_key, Tensor staged_value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
         "Tensor slot_mapping, Tensor commit_mask, Tensor? k_scale, Tensor? v_scale) -> ()");
+  m.def("commit.layers(Tensor staged_key, Tensor staged_value, Tensor(a!)[] key_caches, "
+        "Tensor(b!)[] value_caches, Tensor layer_ptrs, Tensor slot_mapping, Tensor commit_mask, Tensor? k_scale, "
+        "Tensor? v_scale) -> ()");
+  m.def("log_slots.layers(Tensor[] key_caches, Tensor[] value_caches, Tensor layer_ptrs, Tensor slots, "
+        "Tensor(a!) log_k, Tensor(b!) log_v) -> ()");
+  m.def("restore_slots.layers(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor layer_ptrs, "
+        "Tensor slots, Tensor log_k, Tensor log_v) -> ()");
   m.def("scv_mask(Tensor draft_token_ids, Tensor cu_num_draft_tokens, Tensor sampled_token_ids, "
         "Tensor token_req, Tensor token_draft_pos, Tensor(a!) draft_mask, Tensor(b!) accepted_len, "
         "Tensor(c!) commit_mask) -> ()");
@@ -354,6 +454,9 @@ TORCH_LIBRARY_IMPL(nwor_lab, CUDA, m) {
   m.impl("log_slots", &nwor::log_slots);
   m.impl("restore_slots", &nwor::restore_slots);
   m.impl("commit", &nwor::commit);
+  m.impl("commit.layers", &nwor::commit_layers);
+  m.impl("log_slots.layers", &nwor::log_slots_layers);
+  m.impl("restore_slots.layers", &nwor::restore_slots_layers);
   m.impl("scv_mask", &nwor::scv_mask);
   m.impl("noop", &nwor::noop);
 }

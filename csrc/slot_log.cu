@@ -1,8 +1,9 @@
 // slot_log.cu: copy-on-write support: log cache rows at given slots, and restore them.
 //
 // Kernels
-//   slot_copy_kernel<kBytes, kRestore>  raw-byte copy of rows (l, i) between a stacked cache
-//       [L, NB, BS, H, D] (logical NHD, any strides, D contiguous) and a contiguous log
+//   slot_copy_kernel<kBytes, kRestore>  raw-byte copy of rows (l, i) between a cache of L layers
+//       (a stacked [L, NB, BS, H, D] tensor, or one [NB, BS, H, D] tensor per layer through a device
+//       table of layer bases; logical NHD, any strides, D contiguous) and a contiguous log
 //       [L, n, H, D] of the same storage dtype. kRestore = false (log_slots): log <- cache, rows of
 //       invalid slots (-1, out of range) become zeros. kRestore = true (restore_slots):
 //       cache <- log, invalid slots skipped. Both K and V in one launch, all layers.
@@ -41,6 +42,11 @@ slot_copy_kernel(const SlotCopyParams p, int threads_per_row, int rows_per_block
   const int chunks_per_head = head_bytes / kBytes;
   const int row_chunks = p.num_heads * chunks_per_head;
   const int64_t log_row = row * int64_t(p.num_heads) * head_bytes;  // byte offset of log[l, i]
+  char* layer_cache[2];
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv)
+    layer_cache[kv] = layer_base(p.cache[kv], p.layer_ptrs, kv, p.num_layers, l,
+                                 p.cache_stride[kv][0] * int64_t(p.elem_bytes));
   for (int u = lane; u < row_chunks; u += threads_per_row) {
     const int h = u / chunks_per_head;
     const int64_t byte_in_head = int64_t(u - h * chunks_per_head) * kBytes;
@@ -48,9 +54,9 @@ slot_copy_kernel(const SlotCopyParams p, int threads_per_row, int rows_per_block
     char* log[2];
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
-      cache[kv] = static_cast<char*>(p.cache[kv]) + byte_in_head +
-                  (l * p.cache_stride[kv][0] + int64_t(block) * p.cache_stride[kv][1] +
-                   int64_t(offset) * p.cache_stride[kv][2] + h * p.cache_stride[kv][3]) * p.elem_bytes;
+      cache[kv] = layer_cache[kv] + byte_in_head +
+                  (int64_t(block) * p.cache_stride[kv][1] + int64_t(offset) * p.cache_stride[kv][2] +
+                   h * p.cache_stride[kv][3]) * p.elem_bytes;
       log[kv] = static_cast<char*>(p.log[kv]) + log_row + int64_t(h) * head_bytes + byte_in_head;
     }
     T v[2];
@@ -68,7 +74,7 @@ template <int kBytes>
 bool chunk_fits(const SlotCopyParams& p) {
   if ((p.head_size * p.elem_bytes) % kBytes != 0) return false;
   for (int kv = 0; kv < 2; ++kv) {
-    if (reinterpret_cast<uintptr_t>(p.cache[kv]) % kBytes != 0) return false;
+    if (p.addr_bits[kv] % kBytes != 0) return false;
     if (reinterpret_cast<uintptr_t>(p.log[kv]) % kBytes != 0) return false;
     for (int d = 0; d < 4; ++d)
       if ((p.cache_stride[kv][d] * p.elem_bytes) % kBytes != 0) return false;

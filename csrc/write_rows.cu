@@ -2,7 +2,8 @@
 //
 // Kernels
 //   write_rows_kernel<Src, Dst, VEC>  one launch writes rows (l, t) of a [L, T, H, D] source into
-//       a stacked cache [L, NB, BS, H, D] at slot[t] (block = slot / BS, offset = slot % BS).
+//       a cache of L layers at slot[t] (block = slot / BS, offset = slot % BS): a stacked tensor
+//       [L, NB, BS, H, D] or one tensor per layer through a device table of layer bases.
 //       write_kv is L = 1 without a mask; commit is every layer with commit_mask[t] in ONE launch.
 //       VEC > 1: 16-byte loads (VEC = 16 / max(sizeof Src, sizeof Dst) elements) when every row
 //       start is aligned; VEC = 1: one element per access otherwise (odd head sizes, offsets).
@@ -94,6 +95,12 @@ write_rows_kernel(const RowWriteParams p, int threads_per_row, int rows_per_bloc
   const uint32_t block = us / uint32_t(p.block_size);
   const uint32_t offset = us - block * uint32_t(p.block_size);
 
+  DstS* layer_cache[2];
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv)
+    layer_cache[kv] = reinterpret_cast<DstS*>(layer_base(p.cache[kv], p.layer_ptrs, kv, p.num_layers, l,
+                                                         p.cache_stride[kv][0] * int64_t(sizeof(DstS))));
+
   const int vecs_per_head = p.head_size / VEC;
   const int row_units = p.num_heads * vecs_per_head;
   for (int u = lane; u < row_units; u += threads_per_row) {
@@ -108,9 +115,8 @@ write_rows_kernel(const RowWriteParams p, int threads_per_row, int rows_per_bloc
     }
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
-      DstS* dst = static_cast<DstS*>(p.cache[kv]) + l * p.cache_stride[kv][0] +
-                  int64_t(block) * p.cache_stride[kv][1] + int64_t(offset) * p.cache_stride[kv][2] +
-                  h * p.cache_stride[kv][3] + e;
+      DstS* dst = layer_cache[kv] + int64_t(block) * p.cache_stride[kv][1] +
+                  int64_t(offset) * p.cache_stride[kv][2] + h * p.cache_stride[kv][3] + e;
       alignas(16) DstS out[VEC];
       if constexpr (kRaw) {
 #pragma unroll
@@ -126,13 +132,14 @@ write_rows_kernel(const RowWriteParams p, int threads_per_row, int rows_per_bloc
   }
 }
 
-// True when every row start of sources and caches is aligned to VEC elements.
+// True when every row start of sources and caches (every layer's, through addr_bits) is aligned
+// to VEC elements.
 template <class Src, class Dst, int VEC>
 bool can_vectorise(const RowWriteParams& p) {
   if (p.head_size % VEC != 0) return false;
   for (int kv = 0; kv < 2; ++kv) {
     if (reinterpret_cast<uintptr_t>(p.src[kv]) % (VEC * sizeof(typename Src::Storage)) != 0) return false;
-    if (reinterpret_cast<uintptr_t>(p.cache[kv]) % (VEC * sizeof(typename Dst::Storage)) != 0) return false;
+    if (p.addr_bits[kv] % (VEC * sizeof(typename Dst::Storage)) != 0) return false;
     for (int d = 0; d < 3; ++d)
       if (p.src_stride[kv][d] % VEC != 0) return false;
     for (int d = 0; d < 4; ++d)

@@ -4,7 +4,7 @@ import torch
 
 from nwor_lab.kv.cache import FP8_MAX, PagedKVCache
 from nwor_lab.ops import commit, log_slots, restore_slots, write_kv
-from nwor_lab.ops.generators import make_case, standard_cases
+from nwor_lab.ops.generators import make_case, per_layer_caches, standard_cases, vllm_flash_layer_caches
 from nwor_lab.ops.quant import raw
 
 CASES = list(standard_cases())
@@ -65,6 +65,38 @@ def test_commit_equals_write_kv_of_kept_rows(case):
     commit(staged_k, staged_v, c.key, c.value, case.slot_mapping, case.commit_mask,
            c.k_scale if c.is_fp8 else None, c.v_scale if c.is_fp8 else None)
     assert torch.equal(raw(c.key), raw(want.key)) and torch.equal(raw(c.value), raw(want.value))
+
+
+def _stacked_bytes(layers):
+    return torch.stack([raw(t) for t in layers])
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_per_layer_caches_equal_stacked_for_every_op(case):
+    """vLLM holds one tensor per layer: log, restore and commit on such lists give exactly the
+    bytes of the stacked path (logs, and every layer's cache after each op)."""
+    c = case.cache
+    before = c.snapshot()
+    keys, values = per_layer_caches(c)
+    assert all(k.data_ptr() != c.key[i].data_ptr() for i, k in enumerate(keys))   # own allocations
+
+    log_s = log_slots(c.key, c.value, case.slot_mapping)
+    log_l = log_slots(keys, values, case.slot_mapping)
+    for got, want in zip(log_l, log_s):
+        assert got.dtype == want.dtype and torch.equal(raw(got), raw(want))
+
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    staged_k = torch.cat([case.key, torch.ones_like(case.key[:, :2])], 1)     # capacity > T
+    staged_v = torch.cat([case.value, torch.ones_like(case.value[:, :2])], 1)
+    commit(staged_k, staged_v, c.key, c.value, case.slot_mapping, case.commit_mask, ks, vs)
+    commit(staged_k, staged_v, keys, values, case.slot_mapping, case.commit_mask, ks, vs)
+    assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
+
+    # Restore from the per-layer log into both forms: back to the bytes before the commit.
+    restore_slots(c.key, c.value, case.slot_mapping, *log_s)
+    restore_slots(keys, values, case.slot_mapping, *log_l)
+    assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
+    assert torch.equal(raw(c.key), raw(before[0])) and torch.equal(raw(c.value), raw(before[1]))
 
 
 def _clone(cache):
@@ -136,3 +168,43 @@ def test_restore_and_commit_bad_input(small):
         commit(small.key, small.value, c.key, c.value, small.slot_mapping, small.commit_mask.int())
     with pytest.raises(ValueError, match="staged_key: holds"):
         commit(small.key[:, :2], small.value[:, :2], c.key, c.value, small.slot_mapping, small.commit_mask)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.key.shape[1] <= 64][::3], ids=lambda c: c.name)
+def test_vllm_flash_layout_caches_equal_stacked(case):
+    """vLLM 0.33's per-layer FlashAttention cache ([NB, H, BS, 2D], K and V packed in the last
+    dimension): detect_layout rejects its views, the ops (trusted) give the stacked path's bytes."""
+    c = case.cache
+    keys, values = vllm_flash_layer_caches(c)
+    with pytest.raises(ValueError, match="neither NHD nor HND"):
+        log_slots(keys, values, case.slot_mapping)
+    log_s = log_slots(c.key, c.value, case.slot_mapping)
+    log_l = log_slots(keys, values, case.slot_mapping, trusted=True)
+    assert torch.equal(raw(log_l[0]), raw(log_s[0])) and torch.equal(raw(log_l[1]), raw(log_s[1]))
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    commit(case.key, case.value, c.key, c.value, case.slot_mapping, case.commit_mask, ks, vs)
+    commit(case.key, case.value, keys, values, case.slot_mapping, case.commit_mask, ks, vs, trusted=True)
+    assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
+    restore_slots(keys, values, case.slot_mapping, *log_l, trusted=True)
+    restore_slots(c.key, c.value, case.slot_mapping, *log_s)
+    assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
+
+
+def test_per_layer_bad_input_names_the_argument(small):
+    c = small.cache
+    keys, values = per_layer_caches(c)
+    with pytest.raises(ValueError, match="value_caches: has 0 layers"):
+        log_slots(keys, [], small.slot_mapping)
+    with pytest.raises(TypeError, match="value_cache: is a list"):
+        log_slots(c.key, values, small.slot_mapping)
+    with pytest.raises(TypeError, match="value_caches: expected a list"):
+        log_slots(keys, c.value, small.slot_mapping)
+    odd = [values[0].clone().transpose(1, 2).contiguous().transpose(1, 2)]         # HND layer among NHD
+    with pytest.raises(ValueError, match=r"value_caches\[0\]: strides"):
+        log_slots(keys, odd, small.slot_mapping)
+    with pytest.raises(ValueError, match=r"key_caches\[0\]: expected a 4-D"):
+        log_slots([c.key], [c.value], small.slot_mapping)
+    with pytest.raises(TypeError, match=r"value_caches\[0\]: dtype"):
+        commit(small.key, small.value, keys, [v.double() for v in values], small.slot_mapping, small.commit_mask)
+    with pytest.raises(ValueError, match="staged_key: expected shape"):
+        commit(small.key, small.value, keys + keys, values + values, small.slot_mapping, small.commit_mask)

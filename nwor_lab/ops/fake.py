@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 
-
 @torch.library.register_fake("nwor_lab::write_kv")
 def _write_kv_fake(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> None:
     return None
@@ -30,6 +29,22 @@ def _restore_slots_fake(key_cache, value_cache, slots, log_k, log_v) -> None:
 @torch.library.register_fake("nwor_lab::commit")
 def _commit_fake(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
                  k_scale, v_scale) -> None:
+    return None
+
+
+@torch.library.register_fake("nwor_lab::commit.layers")
+def _commit_layers_fake(staged_key, staged_value, key_caches, value_caches, layer_ptrs, slot_mapping,
+                        commit_mask, k_scale, v_scale) -> None:
+    return None
+
+
+@torch.library.register_fake("nwor_lab::log_slots.layers")
+def _log_slots_layers_fake(key_caches, value_caches, layer_ptrs, slots, log_k, log_v) -> None:
+    return None
+
+
+@torch.library.register_fake("nwor_lab::restore_slots.layers")
+def _restore_slots_layers_fake(key_caches, value_caches, layer_ptrs, slots, log_k, log_v) -> None:
     return None
 
 

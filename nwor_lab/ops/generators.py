@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
+from nwor_lab.kv.layout import allocate
+from nwor_lab.ops.quant import raw
 
 SRC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")
@@ -90,6 +92,43 @@ def to_device(case: KVCase, device) -> KVCase:
     cache.k_scale.copy_(case.cache.k_scale), cache.v_scale.copy_(case.cache.v_scale)
     return KVCase(case.name, cache, case.key.to(device), case.value.to(device),
                   case.slot_mapping.to(device), case.commit_mask.to(device), dict(case.meta))
+
+
+def per_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The cache as vLLM holds it: one key and one value tensor `[NB, BS, H, D]` per layer, each its
+    own allocation (so only a table of base addresses can reach them all), in the same physical
+    layout and with the same bytes as the stacked cache."""
+    device = cache.device if device is None else torch.device(device)
+    spec = cache.spec
+    shape = (spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+    keys, values = [], []
+    for layer in range(spec.num_layers):
+        for out, stacked in ((keys, cache.key), (values, cache.value)):
+            t = allocate(shape, spec.layout, spec.storage_dtype, device)
+            raw(t).copy_(raw(stacked[layer]))
+            out.append(t)
+    return keys, values
+
+
+def vllm_flash_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The cache in vLLM 0.33's FlashAttention layout: one tensor `[NB, H, BS, 2 * D]` per layer, K in
+    the first D and V in the last D of the last dimension. Returns the logical `[NB, BS, H, D]` views
+    its `do_kv_cache_update` hands to `reshape_and_cache_flash` (`kv.transpose(1, 2).split(D, -1)`),
+    with the stacked cache's bytes. Their strides (stride(BS) = 2 D, stride(H) = BS * 2 D) are
+    neither NHD nor HND, so `detect_layout` rejects them: the kernels take any strides with D
+    contiguous, so run the ops with `trusted=True` (see docs/vllm.md)."""
+    device = cache.device if device is None else torch.device(device)
+    spec = cache.spec
+    keys, values = [], []
+    for layer in range(spec.num_layers):
+        kv = torch.empty((spec.num_blocks, spec.num_kv_heads, spec.block_size, 2 * spec.head_size),
+                         dtype=spec.storage_dtype, device=device)
+        k, v = kv.transpose(1, 2).split(spec.head_size, dim=-1)
+        raw(k).copy_(raw(cache.key[layer]))
+        raw(v).copy_(raw(cache.value[layer]))
+        keys.append(k)
+        values.append(v)
+    return keys, values
 
 
 def standard_cases(device="cpu", big: bool = True):

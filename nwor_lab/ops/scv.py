@@ -1,10 +1,20 @@
 """SCV acceptance mask: which drafts survived the rejection sampler, computed on the device.
 
-Draft `j` (1-based) of request `r` is accepted iff every draft `<= j` of `r` is in bounds
-(`j - 1 < C`, the sampled ids' column count) and equals `sampled_token_ids[r, j - 1]`. The prefix
-rule is a cumulative product along each request's row: a recovered token never equals the draft
-it replaced, so the first mismatch ends the accepted prefix, and `-1` placeholders after it cannot
-revive later drafts.
+The accepted length is counted the way vLLM's runner counts it: the sampler emits the accepted
+drafts, then exactly one token of its own, then `-1` placeholders, so
+
+    a_r = (number of non-(-1) ids in sampled_token_ids[r]) - 1,  clamped to [0, n_r],
+
+and lowered to the position of the first padding draft (draft id -1: always rejected). Draft `j`
+(1-based) of request `r` is accepted iff `j <= a_r`; `commit_mask[t] = token_draft_pos[t] <=
+a_{token_req[t]}`. Drafts without a column in the sampled ids are never accepted (a_r <= C - 1).
+
+Why not compare ids? "Draft j accepted iff it equals sampled[r, j-1], for every draft up to j" is
+the same rule only while a recovered token never equals the draft it replaced. That holds for
+greedy requests and for stochastic ones whose draft probability q(x) is positive, but vLLM rejects
+a draft with q(x) = 0 and its recovered token, sampled from max(p - q, 0), can then be that very
+id: comparing ids would accept a draft vLLM rejected. `accepted_len_by_ids` keeps the id rule for
+the cases where it is equivalent, and `check_against_ids` (debug) asserts both agree there.
 
 `scv_mask_reference` is plain vectorised torch: no host sync, no data-dependent Python control
 flow (only shapes decide branches), so it runs inside a CUDA graph capture. `scv_mask` dispatches
@@ -59,51 +69,103 @@ def check_scv_args(draft_token_ids, cu_num_draft_tokens, sampled_token_ids,
                          f"requests (sampled_token_ids has 0 rows)")
 
 
+def _draft_positions(cu_num_draft_tokens: torch.Tensor, total: int, num_reqs: int):
+    """(request, 0-based position) of every draft, from the inclusive cumsum (no host sync)."""
+    device = cu_num_draft_tokens.device
+    flat = torch.arange(total, device=device, dtype=cu_num_draft_tokens.dtype)
+    req = torch.searchsorted(cu_num_draft_tokens, flat, right=True)
+    req = req.clamp_(max=max(num_reqs - 1, 0))           # only bad inputs land past the end
+    start = cu_num_draft_tokens - torch.diff(cu_num_draft_tokens, prepend=cu_num_draft_tokens.new_zeros(1))
+    return req, (flat - start[req]).long()
+
+
 def scv_mask_reference(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                        sampled_token_ids: torch.Tensor, token_req: torch.Tensor | None = None,
                        token_draft_pos: torch.Tensor | None = None):
     """Vectorised torch acceptance mask. Returns `(draft_mask, accepted_len, commit_mask)`.
 
-    draft_token_ids [Dtot], cu_num_draft_tokens [R] (inclusive), sampled_token_ids [R, C];
+    draft_token_ids [Dtot] (-1 = padding), cu_num_draft_tokens [R] (inclusive), sampled_token_ids
+    [R, C] (the sampler's output: accepted drafts, one token, -1 placeholders);
     token_req / token_draft_pos [T] optional.
     draft_mask [Dtot] bool (prefix-closed per request), accepted_len [R] int32,
     commit_mask [T] bool = token_draft_pos <= accepted_len[token_req], or None.
     """
     check_scv_args(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos)
     device = sampled_token_ids.device
-    num_reqs, num_cols = sampled_token_ids.shape
+    num_reqs = sampled_token_ids.shape[0]
     total = draft_token_ids.shape[0]
+    req, pos = _draft_positions(cu_num_draft_tokens, total, num_reqs)
+    n = torch.diff(cu_num_draft_tokens, prepend=cu_num_draft_tokens.new_zeros(1)).long()
 
-    # Request of each draft: how many inclusive ends are <= its flat index.
-    flat = torch.arange(total, device=device, dtype=cu_num_draft_tokens.dtype)
-    req = torch.searchsorted(cu_num_draft_tokens, flat, right=True)
-    req = req.clamp_(max=max(num_reqs - 1, 0))           # only bad inputs land past the end
-    start = cu_num_draft_tokens - torch.diff(cu_num_draft_tokens, prepend=cu_num_draft_tokens.new_zeros(1))
-    pos = (flat - start[req]).long()                     # 0-based: draft d_{pos+1}, column pos
-
-    in_bounds = pos < num_cols
-    if num_cols > 0:                                     # a shape, not data: capture-safe
-        col = pos.clamp(max=num_cols - 1)
-        match = in_bounds & (sampled_token_ids[req, col] == draft_token_ids)
-    else:
-        match = torch.zeros(total, dtype=torch.bool, device=device)
-
-    # Lay matches out per request in [R, C + 1]; column C is a dump for out-of-bounds drafts
-    # (their match is False and they lie after every in-bounds draft, so nothing is lost).
-    grid = torch.zeros(num_reqs, num_cols + 1, dtype=torch.int32, device=device)
+    # vLLM's runner: accepted = emitted - 1 (every sampler row emits one token after its drafts).
+    emitted = (sampled_token_ids != -1).sum(dim=1)
+    accepted_len = torch.minimum((emitted - 1).clamp_(min=0), n.clamp(min=0))
+    # A padding draft (-1) ends the accepted prefix, whatever the sampled ids say.
+    first_pad = n.clamp(min=0).clone()
     if total:
-        grid[req, pos.clamp(max=num_cols)] = match.to(torch.int32)
-    prefix = torch.cumprod(grid[:, :num_cols], dim=1)    # 1 while every draft so far matched
-    accepted_len = prefix.sum(dim=1, dtype=torch.int32)
-    if num_cols > 0:
-        draft_mask = in_bounds & prefix[req, pos.clamp(max=num_cols - 1)].bool()
-    else:
-        draft_mask = match                               # all False
+        pad_pos = torch.where(draft_token_ids < 0, pos, torch.full_like(pos, torch.iinfo(torch.long).max))
+        first_pad.scatter_reduce_(0, req.long(), pad_pos, reduce="amin")
+    accepted_len = torch.minimum(accepted_len, first_pad).to(torch.int32)
 
+    draft_mask = pos < accepted_len[req]
     commit_mask = None
     if token_req is not None:
         commit_mask = token_draft_pos <= accepted_len[token_req.long()]
     return draft_mask, accepted_len, commit_mask
+
+
+def accepted_len_by_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                        sampled_token_ids: torch.Tensor) -> torch.Tensor:
+    """[R] int32: the longest prefix of real drafts equal to the sampled ids, column by column.
+
+    Equals `scv_mask`'s accepted length for every row in which the token emitted at the first
+    rejection differs from the rejected draft: always for greedy requests and for drafts with
+    q(x) > 0. A zero-probability draft can be "recovered" as itself; then this count is higher.
+    """
+    check_scv_args(draft_token_ids, cu_num_draft_tokens, sampled_token_ids)
+    num_reqs, num_cols = sampled_token_ids.shape
+    total = draft_token_ids.shape[0]
+    device = sampled_token_ids.device
+    req, pos = _draft_positions(cu_num_draft_tokens, total, num_reqs)
+    if num_cols == 0:
+        return torch.zeros(num_reqs, dtype=torch.int32, device=device)
+    col = pos.clamp(max=num_cols - 1)
+    match = (pos < num_cols) & (draft_token_ids >= 0) & (sampled_token_ids[req, col] == draft_token_ids)
+    # Lay matches out per request in [R, C + 1]; column C is a dump for out-of-bounds drafts.
+    grid = torch.zeros(num_reqs, num_cols + 1, dtype=torch.int32, device=device)
+    if total:
+        grid[req, pos.clamp(max=num_cols)] = match.to(torch.int32)
+    return torch.cumprod(grid[:, :num_cols], dim=1).sum(dim=1, dtype=torch.int32)
+
+
+def check_against_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                      sampled_token_ids: torch.Tensor, accepted_len: torch.Tensor) -> None:
+    """Debug (one host sync): raise AssertionError unless `accepted_len` [R] agrees with the id
+    comparison (`accepted_len_by_ids`) wherever the two are equivalent, and reads the sampler's
+    output: accepted drafts echoed (none of them padding), one emitted token, then only -1.
+
+    The one allowed disagreement: the id comparison counts more because the token emitted at the
+    first rejection equals the rejected draft (a zero-probability draft, rejected by vLLM and
+    recovered as itself)."""
+    drafts = draft_token_ids.tolist()
+    ends = cu_num_draft_tokens.tolist()
+    rows = sampled_token_ids.tolist()
+    acc = [int(a) for a in accepted_len.tolist()]
+    by_ids = accepted_len_by_ids(draft_token_ids.cpu(), cu_num_draft_tokens.cpu(), sampled_token_ids.cpu()).tolist()
+    start = 0
+    for r, end in enumerate(ends):
+        a, row, mine = acc[r], rows[r], drafts[start:end]
+        if not (0 <= a <= len(mine) and a < len(row)):
+            raise AssertionError(f"SCV: request {r} has accepted length {a} but {len(mine)} drafts and "
+                                 f"{len(row)} sampled columns")
+        recovered_itself = a < len(mine) and row[a] == mine[a] and by_ids[r] > a
+        if by_ids[r] != a and not recovered_itself:
+            raise AssertionError(f"SCV: request {r}: the emitted count says {a} accepted but comparing ids says "
+                                 f"{by_ids[r]} (drafts {mine}, sampled {row})")
+        if row[:a] != mine[:a] or -1 in mine[:a] or row[a] == -1 or any(t != -1 for t in row[a + 1:]):
+            raise AssertionError(f"SCV: request {r}: sampled ids {row} do not read as {a} accepted drafts of "
+                                 f"{mine}, one emitted token, then -1 placeholders")
+        start = end
 
 
 def scv_mask(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,

@@ -1,15 +1,39 @@
-"""Rejection sampler for one verify window, with vLLM v1's output format.
+"""Rejection sampler for one verify window, with vLLM v1's output format and randomness.
 
 Output `sampled_token_ids [R, max_spec_len + 1] int32`: per request the accepted drafts, then one
 token the target chose itself (the *recovered* token at the first rejection, or the *bonus* token
-when every draft was accepted), then `PLACEHOLDER_TOKEN_ID` (-1) to the end of the row.
+when every draft was accepted), then `PLACEHOLDER_TOKEN_ID` (-1) to the end of the row. The
+accepted length of request r is therefore `(row != -1).sum() - 1`, which is how vLLM's runner
+counts it (`nwor_lab.ops.scv` does the same).
 
 Greedy (temperature 0): draft j is accepted while it equals the target's argmax at row j.
 Stochastic (standard speculative sampling, Leviathan et al. / Chen et al.): with target
-probabilities p and draft probabilities q, accept draft x with probability min(1, p(x) / q(x));
-on rejection sample from normalize(max(p - q, 0)); after all accepted sample the bonus from p.
-This makes every emitted token distributed exactly as the target alone would sample it. EAGLE
-proposes greedily, so `draft_probs=None` means q is a point mass on the draft (one-hot).
+probabilities p and draft probabilities q, accept draft x iff q(x) > 0 and p(x) / q(x) >= u,
+u ~ U[0, 1); on rejection sample from normalize(max(p - q, 0)); after all accepted sample the
+bonus from p. This makes every emitted token distributed exactly as the target alone would sample
+it. EAGLE proposes greedily, so `draft_probs=None` means q is a point mass on the draft (one-hot).
+
+Two inputs the textbook rule does not cover, handled as vLLM 0.33 handles them:
+  * a draft id of -1 (vLLM pads draft slots with it) is always rejected, never used as an index;
+    ids outside [0, V) are treated the same way. The token emitted there is the target's
+    (argmax for greedy, a sample from max(p - q, 0) otherwise).
+  * a draft with q(x) = 0 is rejected: min(1, p/0) would accept it, but a drafter that gives its
+    own draft probability 0 did not sample it, and vLLM's kernel tests `draft_prob > 0`. The
+    recovered token then comes from max(p - q, 0), which keeps p(x): it can be the draft's own
+    id. So "the recovered token differs from the draft" does NOT hold in general, and acceptance
+    must be counted from the output's length, not by comparing ids (see `nwor_lab.ops.scv`).
+
+Randomness is drawn in vLLM's order and layout, so the same seeds give the same tokens as vLLM's
+`RejectionSampler` (tests/test_vllm_contract.py checks it against vLLM's own code):
+  1. bonus: exponential noise `[R, V]` float32 (vLLM's `Sampler` / `random_sample`);
+  2. acceptance: uniforms `[Dtot]` float64 (`generate_uniform_probs`);
+  3. recovered: exponential noise `[R, V]` float32, ONE row per request shared by its drafts
+     (`sample_recovered_tokens`; a request emits at most one recovered token, so sharing is exact).
+Batch noise comes from `generator` (None = torch's default), then requests listed in
+`generators` redraw their own rows from their own generator (vLLM's per-request seeds; steps 2
+and 3 only for requests with drafts). The one deliberate difference: when max(p - q, 0) is all
+zero and the draft is still rejected (only possible for inconsistent q), vLLM emits token 0 and
+the lab samples from p, so the token stays in the target's support.
 
 Everything is vectorised over requests and drafts with no host sync (request boundaries come
 from the metadata's host list), so it runs unchanged on CPU and CUDA tensors.
@@ -24,13 +48,23 @@ from nwor_lab.speculative.metadata import SpecDecodeMetadata
 PLACEHOLDER_TOKEN_ID = -1
 
 
-def _sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `probs [N, V]` (rows need not be normalised; all-zero rows give 0).
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None, *,
+                      generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
+    """One token id per row of `probs [n, V]` -> `[n]` int64 (rows need not be normalised).
 
-    Exponential-race trick: argmax(p / E) with E ~ Exp(1) picks i with probability p_i / sum(p);
-    unlike torch.multinomial it needs no sync and tolerates zero rows.
+    Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) picks i with probability p_i / sum(p),
+    like torch.multinomial but with no host sync; an all-zero row gives 0.
+    generator:  where the noise comes from (None: torch's default generator).
+    generators: `{row: generator}`: rows with their own generator (per-request seeds). The batch
+                noise is drawn first (skipped when every row has its own), then each listed row
+                is redrawn from its generator: vLLM's `random_sample`, same seeds, same ids.
     """
-    race = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
+    race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
+    generators = generators or {}
+    if len(generators) != probs.shape[0]:
+        race.exponential_(generator=generator)
+    for row, g in generators.items():
+        race[row].exponential_(generator=g)
     return torch.argmax(probs.float() / race, dim=-1)
 
 
@@ -50,18 +84,37 @@ def _per_request_temperature(temperature, num_reqs: int, device) -> torch.Tensor
     return torch.full((num_reqs,), temperature, dtype=torch.float32, device=device)
 
 
+def _check_generators(generators, num_reqs: int) -> dict[int, torch.Generator]:
+    if generators is None:
+        return {}
+    if not isinstance(generators, dict):
+        raise TypeError(f"generators: expected a dict {{request index: torch.Generator}}, "
+                        f"got {type(generators).__name__}")
+    bad = [r for r in generators if not (isinstance(r, int) and 0 <= r < num_reqs)]
+    if bad:
+        raise ValueError(f"generators: keys {bad[:4]} are not request indices in [0, {num_reqs}); "
+                         f"key each generator by its request's row in the batch")
+    return generators
+
+
 def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None,
                      target_logits: torch.Tensor, *, temperature=0.0,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None,
+                     generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
     """Verify the window's drafts against the target. Returns sampled ids [R, max_spec_len+1] int32.
 
-    metadata:      the window's SpecDecodeMetadata (tensors on target_logits' device).
+    metadata:      the window's SpecDecodeMetadata (tensors on target_logits' device); draft ids
+                   of -1 are padding and always rejected.
     draft_probs:   [Dtot, V] draft probabilities, or None for a greedy (point-mass) drafter.
     target_logits: [Dtot + R, V] rows in `metadata.logits_indices` order: per request its n_r
                    target rows, then its bonus row.
     temperature:   float for all requests or [R] float tensor; 0 means greedy for that request
-                   (values must be >= 0; a tensor is not checked, that would cost a sync).
-    generator:     torch.Generator on target_logits' device, for reproducible stochastic sampling.
+                   (values must be >= 0; a tensor is not checked, that would cost a sync). A float
+                   0 draws no random numbers; a tensor always draws them, as a mixed batch must.
+    generator:     torch.Generator on target_logits' device for the batch's noise (None: torch's
+                   default generator, as vLLM uses for requests without a seed).
+    generators:    {request index: torch.Generator}: requests with their own seed (vLLM's
+                   `SamplingMetadata.generators`); see the module doc for the order of draws.
     """
     num_reqs, total, k = metadata.num_reqs, metadata.total_draft_tokens, metadata.max_spec_len
     check_tensor("target_logits", target_logits, shape=(total + num_reqs, None), dtypes=FLOAT_DTYPES,
@@ -74,46 +127,65 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
     drafts = check_tensor("metadata.draft_token_ids", metadata.draft_token_ids, shape=(total,),
                           device=device).long()
     temp = _per_request_temperature(temperature, num_reqs, device)
+    generators = _check_generators(generators, num_reqs)
 
     # Where each draft lives: request and 0-based position, from the host draft counts (no sync).
     n = torch.tensor(metadata.num_draft_tokens, dtype=torch.long, device=device)
     req = torch.repeat_interleave(torch.arange(num_reqs, device=device), n, output_size=total)
     pos = torch.arange(total, device=device) - (torch.cumsum(n, 0) - n)[req]
+    # Padding drafts (-1) and ids outside the vocabulary are rejected; `safe` only indexes.
+    real = (drafts >= 0) & (drafts < vocab)
+    safe = torch.where(real, drafts, torch.zeros_like(drafts))
 
     target_rows = target_logits[metadata.target_logits_indices.long()]   # [Dtot, V]
     bonus_rows = target_logits[metadata.bonus_logits_indices.long()]     # [R, V]
 
     # Greedy decision for every request; stochastic requests overwrite it below.
-    accept = drafts == target_rows.argmax(dim=-1)
-    recovered = target_rows.argmax(dim=-1)
+    target_argmax = target_rows.argmax(dim=-1)
+    accept = drafts == target_argmax                     # -1 never equals an argmax
+    recovered = target_argmax
     bonus = bonus_rows.argmax(dim=-1)
 
     if temp is not None:
         greedy_req = temp == 0
         safe_t = torch.where(greedy_req, torch.ones_like(temp), temp)   # no 0-division for greedy rows
+        # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels).
+        p_bonus = torch.softmax(bonus_rows.float() / safe_t[:, None], dim=-1)
+        bonus = torch.where(greedy_req, bonus, sample_from_probs(p_bonus, generator, generators=generators))
+
         p = torch.softmax(target_rows.float() / safe_t[req, None], dim=-1)
         if draft_probs is None:
-            q = torch.zeros_like(p)
-            q.scatter_(1, drafts[:, None], 1.0)          # point mass on the greedy draft
+            # Point mass on each real draft; a padding draft's row stays zero (residual = p).
+            q = torch.zeros_like(p).scatter_(1, safe[:, None], real[:, None].float())
         else:
             q = draft_probs.float()
-        p_x = p.gather(1, drafts[:, None]).squeeze(1)
-        q_x = q.gather(1, drafts[:, None]).squeeze(1)
-        u = torch.rand(total, device=device, generator=generator)
-        # u < p/q without dividing: also right for q_x = 0 (accept iff p_x > 0, i.e. min(1, inf)).
-        s_accept = u * q_x < p_x
+        p_x = p.gather(1, safe[:, None]).squeeze(1)
+        q_x = q.gather(1, safe[:, None]).squeeze(1)
+
+        # 2. Acceptance: u ~ U[0, 1) float64, draft accepted iff q(x) > 0 and p(x)/q(x) >= u (the
+        # ratio in float32, compared in float64, as vLLM's kernel does).
+        u = torch.rand(total, dtype=torch.float64, device=device, generator=generator)
+        for r, g in generators.items():
+            if metadata.num_draft_tokens[r]:
+                lo = sum(metadata.num_draft_tokens[:r])
+                u[lo:lo + metadata.num_draft_tokens[r]].uniform_(generator=g)
+        s_accept = real & (q_x > 0) & ((p_x / q_x).double() >= u)
+
+        # 3. Recovered: sample normalize(max(p - q, 0)) with one noise row per request. If the
+        # residual is empty the draft could only be rejected through inconsistent q (or float
+        # noise): fall back to p so the token stays in the target's support.
         residual = (p - q).clamp_min(0)
-        # p == q makes the residual empty but then rejection has probability 0; fall back to p
-        # so float noise never yields a token outside the target's support.
         empty = residual.sum(dim=-1, keepdim=True) <= 0
-        s_recovered = _sample_from(torch.where(empty, p, residual), generator)
-        p_bonus = torch.softmax(bonus_rows.float() / safe_t[:, None], dim=-1)
-        s_bonus = _sample_from(p_bonus, generator)
+        race = torch.empty((num_reqs, vocab), dtype=torch.float32, device=device).exponential_(generator=generator)
+        for r, g in generators.items():
+            if metadata.num_draft_tokens[r]:
+                race[r].exponential_(generator=g)
+        # residual * (1 / E) rather than residual / E: the same race, rounded as vLLM rounds it.
+        s_recovered = torch.argmax(torch.where(empty, p, residual) * race.reciprocal()[req], dim=-1)
 
         greedy_draft = greedy_req[req]
         accept = torch.where(greedy_draft, accept, s_accept)
         recovered = torch.where(greedy_draft, recovered, s_recovered)
-        bonus = torch.where(greedy_req, bonus, s_bonus)
 
     # Per-request grids [R, k+1]: drafts, and the token emitted right after an accepted prefix of
     # length a (recovered[a] if a < n_r, bonus if a == n_r).

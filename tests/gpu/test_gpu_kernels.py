@@ -1,5 +1,9 @@
 """Every CUDA kernel against its torch reference, bit for bit (raw-byte comparison).
 
+Cache ops run on stacked caches and on per-layer lists (the `.layers` overloads, vLLM's layout:
+one tensor per layer reached through a device table of base addresses); both must give the
+reference's bytes.
+
 Cases come from `nwor_lab.ops.generators.standard_cases` (layouts NHD/HND incl. block_size ==
 num_kv_heads, fp32/fp16/bf16 sources, auto/fp8 e4m3/e5m2 caches with scalar and per-head scales,
 -1 padding, head sizes that disable 16-byte vectorisation, windows > 512 tokens), plus layouts of
@@ -9,10 +13,10 @@ import pytest
 import torch
 
 from nwor_lab.ops.commit import commit_reference
-from nwor_lab.ops.generators import make_case, standard_cases
+from nwor_lab.ops.generators import make_case, per_layer_caches, standard_cases, vllm_flash_layer_caches
 from nwor_lab.ops.quant import raw
 from nwor_lab.ops.scv import scv_mask_reference
-from nwor_lab.ops.slots import log_slots_reference, restore_slots_reference
+from nwor_lab.ops.slots import layer_pointers, log_slots_reference, restore_slots_reference
 from nwor_lab.ops.write_kv import write_kv_reference
 
 from .conftest import SANITIZE
@@ -193,32 +197,178 @@ def test_log_and_restore_match_reference(ext, case):
     assert_same_bytes(got_v, ref_v, "restored value")
 
 
+def stacked_bytes(layers):
+    return torch.stack([raw(t) for t in layers])
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_commit_layers_matches_reference(ext, case):
+    """commit.layers on per-layer caches (separate allocations) == the stacked reference."""
+    case = cuda_case(case)
+    cache = case.cache
+    num_layers = case.key.shape[0]
+    junk = torch.randn(num_layers, 3, *case.key.shape[2:], device="cuda").to(case.key.dtype)
+    staged_k = torch.cat([case.key, junk], dim=1)
+    staged_v = torch.cat([case.value, junk * 2], dim=1)
+    ks, vs = (cache.k_scale, cache.v_scale) if cache.is_fp8 else (None, None)
+    keys, values = per_layer_caches(cache)
+    table = layer_pointers(keys, values)
+    ext.commit.layers(staged_k, staged_v, keys, values, table, case.slot_mapping, case.commit_mask, ks, vs)
+    want_k, want_v = cpu(cache.key.clone(), cache.value.clone())
+    commit_reference(*cpu(staged_k, staged_v), want_k, want_v, *cpu(case.slot_mapping, case.commit_mask, ks, vs))
+    assert_same_bytes(stacked_bytes(keys), raw(want_k), "key layers")
+    assert_same_bytes(stacked_bytes(values), raw(want_v), "value layers")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_log_and_restore_layers_match_reference(ext, case):
+    case = cuda_case(case)
+    cache = case.cache
+    slots = case.slot_mapping
+    num_layers, _, _, h, d = cache.key.shape
+    keys, values = per_layer_caches(cache)
+    table = layer_pointers(keys, values)
+    log_k = torch.empty((num_layers, slots.numel(), h, d), dtype=cache.key.dtype, device="cuda")
+    log_v = torch.empty_like(log_k)
+    raw(log_k).fill_(0x5A), raw(log_v).fill_(0x3C)
+    ext.log_slots.layers(keys, values, table, slots, log_k, log_v)
+    want_k, want_v = log_slots_reference(*cpu(cache.key, cache.value, slots))
+    assert_same_bytes(log_k, want_k, "log_k")
+    assert_same_bytes(log_v, want_v, "log_v")
+
+    for t in keys + values:
+        r = raw(t)
+        r.copy_(torch.randint(-100, 100, r.shape, device="cuda").to(r.dtype))
+    ref_k, ref_v = cpu(stacked_bytes(keys).clone(), stacked_bytes(values).clone())
+    ext.restore_slots.layers(keys, values, table, slots, log_k, log_v)
+    restore_slots_reference(ref_k, ref_v, cpu(slots), raw(want_k), raw(want_v))
+    assert_same_bytes(stacked_bytes(keys), ref_k, "restored key layers")
+    assert_same_bytes(stacked_bytes(values), ref_v, "restored value layers")
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+def test_per_layer_python_api_equals_stacked(cache_dtype):
+    """Through nwor_lab.ops (table built per call, then cached and reused): per-layer == stacked."""
+    from nwor_lab.ops import commit, log_slots, restore_slots
+
+    case = cuda_case(make_case(num_layers=4, num_tokens=40, cache_dtype=cache_dtype, layout="HND", seed=31))
+    c = case.cache
+    keys, values = per_layer_caches(c)
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    table = layer_pointers(keys, values)
+    for ptrs in (None, table):
+        log_s = log_slots(c.key, c.value, case.slot_mapping, backend="cuda")
+        log_l = log_slots(keys, values, case.slot_mapping, layer_ptrs=ptrs, backend="cuda")
+        assert_same_bytes(log_l[0], log_s[0], "log_k"), assert_same_bytes(log_l[1], log_s[1], "log_v")
+        commit(case.key, case.value, c.key, c.value, case.slot_mapping, case.commit_mask, ks, vs, backend="cuda")
+        commit(case.key, case.value, keys, values, case.slot_mapping, case.commit_mask, ks, vs, layer_ptrs=ptrs,
+               backend="cuda")
+        assert_same_bytes(stacked_bytes(keys), raw(c.key), "committed key")
+        restore_slots(c.key, c.value, case.slot_mapping, *log_s, backend="cuda")
+        restore_slots(keys, values, case.slot_mapping, *log_l, layer_ptrs=ptrs, backend="cuda")
+        assert_same_bytes(stacked_bytes(values), raw(c.value), "restored value")
+    stale = table.clone()
+    stale[0, 0] += 16
+    with pytest.raises(ValueError, match="layer_ptrs: does not hold"):
+        log_slots(keys, values, case.slot_mapping, layer_ptrs=stale, backend="cuda")
+
+
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("head_size", [128, 72])
+def test_layers_ops_on_vllm_flash_layout(ext, cache_dtype, head_size):
+    """vLLM 0.33's FlashAttention per-layer cache [NB, H, BS, 2D] (K, V packed in the last dim):
+    the .layers kernels take its strided views and give the reference's bytes."""
+    case = cuda_case(make_case(num_layers=3, num_tokens=50, num_kv_heads=4, head_size=head_size,
+                               cache_dtype=cache_dtype, seed=47))
+    c = case.cache
+    keys, values = vllm_flash_layer_caches(c)
+    table = layer_pointers(keys, values)
+    n = case.slot_mapping.numel()
+    log_k = torch.empty((3, n, 4, head_size), dtype=c.key.dtype, device="cuda")
+    log_v = torch.empty_like(log_k)
+    ext.log_slots.layers(keys, values, table, case.slot_mapping, log_k, log_v)
+    want_k, want_v = log_slots_reference(*cpu(c.key, c.value, case.slot_mapping))
+    assert_same_bytes(log_k, want_k, "log_k"), assert_same_bytes(log_v, want_v, "log_v")
+    ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
+    ext.commit.layers(case.key, case.value, keys, values, table, case.slot_mapping, case.commit_mask, ks, vs)
+    ref_k, ref_v = cpu(c.key.clone(), c.value.clone())
+    commit_reference(*cpu(case.key, case.value), ref_k, ref_v, *cpu(case.slot_mapping, case.commit_mask, ks, vs))
+    assert_same_bytes(stacked_bytes(keys), raw(ref_k), "committed key")
+    assert_same_bytes(stacked_bytes(values), raw(ref_v), "committed value")
+    ext.restore_slots.layers(keys, values, table, case.slot_mapping, log_k, log_v)
+    assert_same_bytes(stacked_bytes(keys), raw(c.key), "restored key")
+    assert_same_bytes(stacked_bytes(values), raw(c.value), "restored value")
+
+
+def test_commit_layers_in_a_cuda_graph(ext):
+    """The table is built before capture; replays write the per-layer caches like eager runs."""
+    case = cuda_case(make_case(num_layers=3, num_tokens=24, seed=41, pad_frac=0.0))
+    keys, values = per_layer_caches(case.cache)
+    table = layer_pointers(keys, values)
+    mask = case.commit_mask.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ext.commit.layers(case.key, case.value, keys, values, table, case.slot_mapping, mask, None, None)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ext.commit.layers(case.key, case.value, keys, values, table, case.slot_mapping, mask, None, None)
+    for t in keys + values:
+        t.zero_()
+    mask.copy_(~case.commit_mask)
+    graph.replay()
+    want_k = torch.zeros_like(case.cache.key).cpu()
+    want_v = torch.zeros_like(case.cache.value).cpu()
+    commit_reference(*cpu(case.key, case.value), want_k, want_v, *cpu(case.slot_mapping, mask))
+    assert_same_bytes(stacked_bytes(keys), raw(want_k), "graph-replayed key layers")
+    assert_same_bytes(stacked_bytes(values), raw(want_v), "graph-replayed value layers")
+
+
+def test_per_layer_op_rejects_mismatched_layers(ext):
+    case = cuda_case(make_case(num_layers=2, num_tokens=8, seed=43))
+    keys, values = per_layer_caches(case.cache)
+    table = layer_pointers(keys, values)
+    log = torch.empty((2, 8, *keys[0].shape[2:]), dtype=keys[0].dtype, device="cuda")
+    with pytest.raises(RuntimeError, match="value_caches: has 1 layers"):
+        ext.log_slots.layers(keys, values[:1], table, case.slot_mapping, log, log.clone())
+    with pytest.raises(RuntimeError, match="layer_ptrs: expected a contiguous int64"):
+        ext.log_slots.layers(keys, values, table[:, :1], case.slot_mapping, log, log.clone())
+    odd = [keys[0], keys[1][1:]]                                                   # fewer blocks
+    with pytest.raises(RuntimeError, match=r"key_caches\[1\]"):
+        ext.log_slots.layers(odd, values, table, case.slot_mapping, log, log.clone())
+
+
 # ---------------------------------------------------------------------------------------------
 # SCV
 
 def scv_case(num_reqs, max_k, num_cols, vocab=5, seed=0, dtype=torch.int32, structured=True,
-             with_prefill=True):
-    """Drafts, cu, sampled ids like the rejection sampler's, and a window token map.
+             with_prefill=True, pad_frac=0.1):
+    """Drafts (about `pad_frac` of them -1 padding), cu, sampled ids like the rejection sampler's,
+    and a window token map.
 
-    structured: sampled[r] copies an accepted prefix of the drafts, then a recovered token that
-    differs from the next draft, then -1 placeholders. Otherwise sampled ids are random.
+    structured: sampled[r] copies an accepted prefix of the drafts (never past a padding draft),
+    then one emitted token (any id: it may equal the rejected draft, as after a zero-probability
+    draft), then -1 placeholders. Otherwise sampled ids are random.
     """
     g = torch.Generator().manual_seed(seed)
     n = torch.randint(0, max_k + 1, (num_reqs,), generator=g)
     cu = n.cumsum(0)
     total = int(cu[-1]) if num_reqs else 0
     drafts = torch.randint(0, vocab, (total,), generator=g)
+    drafts[torch.rand(total, generator=g) < pad_frac] = -1
     sampled = torch.full((num_reqs, num_cols), -1, dtype=torch.long)
     start = 0
     for r in range(num_reqs):
         k = int(n[r])
         if structured:
-            a = int(torch.randint(0, k + 1, (1,), generator=g))
+            mine = drafts[start:start + k].tolist()
+            real = next((j for j, d in enumerate(mine) if d < 0), k)
+            a = int(torch.randint(0, real + 1, (1,), generator=g))
             m = min(a, num_cols)
             sampled[r, :m] = drafts[start:start + m]
             if m < num_cols:
-                nxt = int(drafts[start + a]) if a < k else -2
-                sampled[r, m] = (nxt + 1 + int(torch.randint(0, vocab - 1, (1,), generator=g))) % vocab
+                sampled[r, m] = int(torch.randint(0, vocab, (1,), generator=g))
         else:
             sampled[r] = torch.randint(-1, vocab, (num_cols,), generator=g)
         start += k
@@ -269,6 +419,25 @@ def test_scv_mask_mixed_dtypes_and_no_token_map(ext):
     assert torch.equal(dm.cpu(), want[0]) and torch.equal(acc.cpu(), want[1]) and cm.numel() == 0
 
 
+def test_scv_mask_zero_probability_and_padding_drafts(ext):
+    """The cases where comparing ids and counting differ: the kernel counts (emitted - 1) and
+    stops at a -1 draft, like the reference and vLLM's runner."""
+    drafts = torch.tensor([2, 5, -1, 3, 7, 8], dtype=torch.int32, device="cuda")
+    cu = torch.tensor([2, 4, 6], dtype=torch.int32, device="cuda")
+    sampled = torch.tensor([[2, -1, -1],        # d1 = 2 rejected (q = 0) and recovered as 2
+                            [-1, 3, 4],         # malformed: -1 echoed; the padding draft still stops it
+                            [7, 8, 1]], dtype=torch.int32, device="cuda")
+    token_req = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], dtype=torch.int32, device="cuda")
+    token_pos = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2], dtype=torch.int32, device="cuda")
+    dm, acc, cm = run_scv(ext, drafts, cu, sampled, token_req, token_pos)
+    assert acc.tolist() == [0, 0, 2]
+    assert dm.tolist() == [False, False, False, False, True, True]
+    assert cm.tolist() == [True, False, False, True, False, False, True, True, True]
+    want = scv_mask_reference(*cpu(drafts, cu, sampled, token_req, token_pos))
+    for g, w in zip((dm, acc, cm), want):
+        assert torch.equal(g.cpu(), w)
+
+
 def test_scv_mask_strided_sampled_ids(ext):
     drafts, cu, sampled, token_req, token_pos = [x.cuda() for x in scv_case(40, 5, 6, seed=2)]
     wide = torch.full((sampled.shape[0], 2 * sampled.shape[1]), -9, dtype=sampled.dtype, device="cuda")
@@ -308,6 +477,17 @@ def test_opcheck_cache_ops(ext, cache_dtype):
     log_v = torch.empty_like(log_k)
     _opcheck(ext.log_slots.default, (c.key, c.value, case.slot_mapping, log_k, log_v), fp8)
     _opcheck(ext.restore_slots.default, (c.key.clone(), c.value.clone(), case.slot_mapping, log_k, log_v), fp8)
+    # Per-layer overloads: the kernels write through the table, so an AOT/functionalized run on
+    # cloned caches would miss them (documented in nwor_lab/ops/slots.py); check schema and fakes.
+    keys, values = per_layer_caches(c)
+    table = layer_pointers(keys, values)
+    tests = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
+    torch.library.opcheck(ext.commit.layers, (case.key, case.value, keys, values, table, case.slot_mapping,
+                                              case.commit_mask, ks, vs), test_utils=tests)
+    torch.library.opcheck(ext.log_slots.layers, (keys, values, table, case.slot_mapping, log_k, log_v),
+                          test_utils=tests)
+    torch.library.opcheck(ext.restore_slots.layers, (keys, values, table, case.slot_mapping, log_k, log_v),
+                          test_utils=tests)
 
 
 def test_opcheck_scv_and_noop(ext):
