@@ -12,10 +12,12 @@ failed with its error; the other chapters build; `build` then returns 1.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 import html
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +31,10 @@ from nwor_lab.workshop import chapters as ch
 DEFAULT_CHAPTERS = "notebooks/*.ipynb"
 DEFAULT_OUT = "runs/workshop"
 DEFAULT_TIMEOUT = 600.0  # seconds one cell may run (papermill's execution_timeout)
+# Kernels started by the kit show plotly figures as JupyterLab's mimetype *and* as HTML with
+# plotly.js inlined once per chapter, so the exported page draws them offline (in a kernel,
+# plotly's default is the mimetype alone, which nbconvert cannot render).
+PLOTLY_RENDERER = "plotly_mimetype+notebook"
 
 
 @dataclass
@@ -56,12 +62,13 @@ def find_chapters(pattern: str = DEFAULT_CHAPTERS) -> list[Path]:
 
 
 def _error_text(err: Exception) -> str:
+    """One line: the exception a cell raised (papermill's ename/evalue) or what stopped the run."""
     ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
     where = getattr(err, "exec_count", None)
     if ename:
         return f"{ename}: {evalue}" + (f" (cell [{where}])" if where is not None else "")
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[-1] if text else ''}"
+    text = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
 def _with_slide_breaks(nb):
@@ -86,6 +93,21 @@ def export(nb, out: Path, name: str) -> tuple[str, str]:
     return f"{name}.html", f"{name}.slides.html"
 
 
+@contextlib.contextmanager
+def _environment(**values):
+    """Set environment variables for the kernels started inside (they inherit ours)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
                   parameters: dict | None = None) -> Built:
     """Execute one chapter with papermill and export it; never raises for a failing chapter."""
@@ -103,10 +125,11 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
                   exercises=[asdict(e) for e in info.exercises])
     start = time.perf_counter()
     try:
-        papermill.execute_notebook(
-            str(path), str(executed), parameters=dict(parameters or {"interactive": False}),
-            kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
-            progress_bar=False, log_output=False, request_save_on_cell_execute=False)
+        with _environment(PLOTLY_RENDERER=os.environ.get("PLOTLY_RENDERER", PLOTLY_RENDERER)):
+            papermill.execute_notebook(
+                str(path), str(executed), parameters=dict(parameters or {"interactive": False}),
+                kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
+                progress_bar=False, log_output=False, request_save_on_cell_execute=False)
     except Exception as err:
         built.ok, built.error = False, _error_text(err)
     built.seconds = round(time.perf_counter() - start, 2)
