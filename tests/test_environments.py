@@ -91,3 +91,13 @@ def test_conda_environment_installs_setup_py_and_dev():
 @pytest.mark.parametrize("mirror", ["binder/requirements.txt", "environment.yml"])
 def test_mirrors_say_where_they_come_from(mirror):
     assert "setup.py" in (ROOT / mirror).read_text() and "test_environments" in (ROOT / mirror).read_text()
+
+
+def test_jupyterlab_has_the_widget_and_plotly_extensions():
+    """The stepper needs these prebuilt extensions (they come in the pip wheels): without them
+    JupyterLab shows "Error displaying widget" where the figure should be."""
+    from jupyter_core.paths import jupyter_path
+    found = {p.parent.relative_to(root).as_posix() for root in map(Path, jupyter_path("labextensions"))
+             for p in root.glob("**/package.json") if "node_modules" not in p.parts}
+    for name in ("@jupyter-widgets/jupyterlab-manager", "jupyterlab-plotly", "anywidget"):
+        assert name in found, f"JupyterLab extension {name} is not installed (found {sorted(found)})"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nwor_lab.workshop import chapters as ch
 from nwor_lab.workshop import kit
 
 
@@ -21,6 +20,8 @@ def _build(args) -> int:
 
 def _clean(args) -> int:
     import nbformat
+
+    from nwor_lab.workshop import chapters as ch
 
     code = 0
     for path in args.notebooks:

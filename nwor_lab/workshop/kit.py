@@ -24,9 +24,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import nbformat
-
-from nwor_lab.workshop import chapters as ch
+# nbformat, nbconvert and papermill are imported where they are used: `nwor-lab` builds its
+# parser from this module, and they take seconds to import.
 
 DEFAULT_CHAPTERS = "notebooks/*.ipynb"
 DEFAULT_OUT = "runs/workshop"
@@ -111,7 +110,10 @@ def _environment(**values):
 def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
                   parameters: dict | None = None) -> Built:
     """Execute one chapter with papermill and export it; never raises for a failing chapter."""
+    import nbformat
     import papermill
+
+    from nwor_lab.workshop import chapters as ch
 
     path = Path(path)
     name = path.stem
