@@ -113,3 +113,12 @@ def test_add_parsers_wires_workshop_build_for_the_lab_cli():
 def test_python_dash_m_entry_point():
     run = subprocess.run([sys.executable, "-m", "nwor_lab.workshop", "build", "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "--chapters" in run.stdout and "index.html" in run.stdout
+
+
+def test_clean_command_strips_a_notebook_in_place(tmp_path, capsys):
+    dirty = tmp_path / "dirty.ipynb"
+    shutil.copy(PLACEHOLDER.parent / "dirty.ipynb", dirty)
+    assert main(["clean", str(dirty)]) == 1  # cleaned, but it still has no parameters cell
+    assert "still has problems: no code cell tagged 'parameters'" in capsys.readouterr().out
+    nb = nbformat.read(str(dirty), as_version=4)
+    assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")

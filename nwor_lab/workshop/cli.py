@@ -28,7 +28,7 @@ def _clean(args) -> int:
         try:
             nb = ch.execute(path, timeout=args.timeout, kernel_name=args.kernel) if args.execute else ch.read(path)
         except Exception as err:
-            print(f"workshop clean: {path} failed to run, left as it was: {kit._error_text(err)}", file=sys.stderr)
+            print(f"workshop clean: {path} failed to run, left as it was: {kit.error_text(err)}", file=sys.stderr)
             code = 1
             continue
         nbformat.write(ch.clean(nb), str(path))
@@ -47,7 +47,7 @@ def _add_commands(sub) -> None:
                    help="seconds any one cell may run before its chapter fails (default: %(default)s)")
     b.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
     b.set_defaults(func=_build)
-    c = sub.add_parser("clean", help="make chapters committable: drop outputs except NBVAL_CHECK_OUTPUT cells', "
+    c = sub.add_parser("clean", help="make chapters committable: drop outputs (but NBVAL_CHECK_OUTPUT cells'), "
                                      "execution counts, widget state (in place)")
     c.add_argument("notebooks", nargs="+")
     c.add_argument("--execute", action="store_true",

@@ -60,7 +60,7 @@ def find_chapters(pattern: str = DEFAULT_CHAPTERS) -> list[Path]:
     return sorted(p for p in found if p.suffix == ".ipynb" and ".ipynb_checkpoints" not in p.parts)
 
 
-def _error_text(err: Exception) -> str:
+def error_text(err: Exception) -> str:
     """One line: the exception a cell raised (papermill's ename/evalue) or what stopped the run."""
     ename, evalue = getattr(err, "ename", None), getattr(err, "evalue", None)
     where = getattr(err, "exec_count", None)
@@ -122,7 +122,7 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     try:
         info = ch.chapter(path)
     except Exception as err:  # not even readable: list it, build the rest
-        return Built(name, str(path), name, False, 0.0, error=f"unreadable notebook: {_error_text(err)}")
+        return Built(name, str(path), name, False, 0.0, error=f"unreadable notebook: {error_text(err)}")
     built = Built(name, str(path), info.title, True, 0.0, executed=str(executed.relative_to(out)),
                   exercises=[asdict(e) for e in info.exercises])
     start = time.perf_counter()
@@ -133,14 +133,14 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
                 kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
                 progress_bar=False, log_output=False, request_save_on_cell_execute=False)
     except Exception as err:
-        built.ok, built.error = False, _error_text(err)
+        built.ok, built.error = False, error_text(err)
     built.seconds = round(time.perf_counter() - start, 2)
     try:  # export what ran, error cell included, so the failure can be read in the page
         nb = nbformat.read(str(executed), as_version=4) if executed.exists() else ch.read(path)
         built.html, built.slides = export(nb, out, name)
     except Exception as err:
         built.ok = False
-        built.error = (built.error + "; " if built.error else "") + f"export failed: {_error_text(err)}"
+        built.error = (built.error + "; " if built.error else "") + f"export failed: {error_text(err)}"
     return built
 
 
