@@ -1,6 +1,7 @@
-# nwor_lab: the two commands of the README, and their pieces.
+# nwor_lab: the commands of the README, and their pieces.
 #   make run    set up (.venv) and run the main job on the shipped default (CPU if no GPU)
-#   make test   set up (.venv) and run the test suite (what CI runs)
+#   make test   set up (.venv) and run the test suite, then every chapter under nbval (what CI runs)
+#   make lab    set up (.venv) and open JupyterLab on the tour (notebooks/00_tour.ipynb)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,14 +9,23 @@ PIP := $(PY) -m pip
 # torch first, on its own: where a local wheel cache exists (CI), `pip install torch` takes the
 # CUDA build from it, whose headers the extension's compile test needs.
 STAMP := $(VENV)/.nwor_lab-installed
+# Chapters run as committed; only cells marked `# NBVAL_CHECK_OUTPUT` are compared with their
+# stored output, after tests/nbval_sanitize.cfg masks timings, devices, addresses, paths, dates.
+# The kernel is this venv's Python (--nbval-current-env), whatever kernelspecs the user has.
+NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
+CHAPTERS := $(wildcard notebooks/*.ipynb)
+# JupyterLab refuses to run as root unless told
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup run test test-gpu selfcheck clean
+.PHONY: setup run test test-unit test-notebooks test-gpu lab workshop selfcheck clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch
 	$(PIP) install -q -e '.[dev]'
+	# the `python3` kernel that nbval, papermill and JupyterLab start is this venv's Python
+	$(PY) -m ipykernel install --sys-prefix --name python3
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,11 +36,28 @@ run: $(STAMP)
 	$(VENV)/bin/nwor-lab selfcheck --out runs/selfcheck.json > /dev/null && echo "selfcheck ok: runs/selfcheck.json"
 	$(VENV)/bin/nwor-lab generate "def parse_args(argv):" --k 4 --nwor stage --max-new-tokens 64
 
-test: $(STAMP)
+test: test-unit test-notebooks
+
+test-unit: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# a separate pytest run: with --nbval-lax, `pytest tests` would also collect tests/data/*.ipynb
+test-notebooks: $(STAMP)
+ifneq ($(CHAPTERS),)
+	$(PY) -m pytest -q $(NBVAL) $(CHAPTERS)
+else
+	@echo "test-notebooks: no chapters in notebooks/ yet, nothing for nbval to run"
+endif
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/00_tour.ipynb $(LAB_ARGS)
+
+# the workshop kit: every chapter executed (interactive=False) and exported; runs/workshop/index.html
+workshop: $(STAMP)
+	$(PY) -m nwor_lab.workshop build --out runs/workshop
 
 clean:
 	rm -rf build .pytest_cache .hypothesis runs

@@ -26,9 +26,12 @@ setup(
         "plotly",
         "anywidget",
         "papermill",
+        "nbformat>=5",
+        "nbclient",
+        "nbconvert>=7",
     ],
     extras_require={
-        "dev": ["pytest", "hypothesis", "nbval", "ninja"],
+        "dev": ["pytest", "hypothesis", "nbval", "ninja", "playwright"],
         "vllm": ["vllm"],
     },
     entry_points={"console_scripts": ["nwor-lab=nwor_lab.cli:main"]},

@@ -1,0 +1,70 @@
+"""`nwor-lab workshop build|clean` (also `python -m nwor_lab.workshop build|clean`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nwor_lab.workshop import kit
+
+
+def _build(args) -> int:
+    chapters = kit.find_chapters(args.chapters)
+    if not chapters:
+        print(f"workshop: no chapters match {args.chapters!r}", file=sys.stderr)
+        return 2
+    built = kit.build(chapters, args.out, timeout=args.timeout, kernel_name=args.kernel)
+    failed = [b for b in built if not b.ok]
+    print(f"workshop kit: {args.out}/index.html ({len(built)} chapters, {len(failed)} failed)")
+    return 1 if failed else 0
+
+
+def _clean(args) -> int:
+    import nbformat
+
+    from nwor_lab.workshop import chapters as ch
+
+    code = 0
+    for path in args.notebooks:
+        try:
+            nb = ch.execute(path, timeout=args.timeout, kernel_name=args.kernel) if args.execute else ch.read(path)
+        except Exception as err:
+            print(f"workshop clean: {path} failed to run, left as it was: {kit.error_text(err)}", file=sys.stderr)
+            code = 1
+            continue
+        nbformat.write(ch.clean(nb), str(path))
+        left = ch.problems(path)
+        print(f"workshop clean: {path}" + (f" still has problems: {'; '.join(left)}" if left else " clean"))
+        code = code or (1 if left else 0)
+    return code
+
+
+def _add_commands(sub) -> None:
+    b = sub.add_parser("build", help="execute every chapter (interactive=False), export HTML + slides, write index.html",
+                       description=kit.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--out", default=kit.DEFAULT_OUT, help="kit folder (default: %(default)s)")
+    b.add_argument("--chapters", default=kit.DEFAULT_CHAPTERS, help="glob, folder or file (default: %(default)s)")
+    b.add_argument("--timeout", type=float, default=kit.DEFAULT_TIMEOUT,
+                   help="seconds any one cell may run before its chapter fails (default: %(default)s)")
+    b.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
+    b.set_defaults(func=_build)
+    c = sub.add_parser("clean", help="make chapters committable: drop outputs (but NBVAL_CHECK_OUTPUT cells'), "
+                                     "execution counts, widget state (in place)")
+    c.add_argument("notebooks", nargs="+")
+    c.add_argument("--execute", action="store_true",
+                   help="run each notebook first (as committed), so checked cells store fresh expected output")
+    c.add_argument("--timeout", type=float, default=kit.DEFAULT_TIMEOUT, help="seconds any one cell may run")
+    c.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
+    c.set_defaults(func=_clean)
+
+
+def add_parsers(subparsers) -> None:
+    """Add `workshop` (with `build` and `clean`) to the `nwor-lab` command's subparsers; run it as `args.func(args)`."""
+    w = subparsers.add_parser("workshop", help="the workshop: `build` the kit (every chapter run and exported), `clean` chapters")
+    _add_commands(w.add_subparsers(dest="workshop_cmd", required=True, metavar="{build,clean}"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m nwor_lab.workshop", description=__doc__)
+    _add_commands(p.add_subparsers(dest="workshop_cmd", required=True, metavar="{build,clean}"))
+    args = p.parse_args(argv)
+    return args.func(args)
