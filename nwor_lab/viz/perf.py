@@ -168,8 +168,12 @@ def _reference_line(fig, x, y: float, name: str, colour: str, dash: str = "dash"
                              hovertemplate=f"{name}<extra></extra>"), **where)
 
 
-def _bar_style(is_live: bool) -> dict:
-    return dict(marker_pattern_shape=LIVE_PATTERN, opacity=0.85) if is_live else {}
+def _bar_style(is_live: bool, crowded: bool = False) -> dict:
+    """Hatched bars for live results; with twice the bars per group, labels turn upright to fit."""
+    style = dict(marker_pattern_shape=LIVE_PATTERN, opacity=0.85) if is_live else {}
+    if crowded:
+        style.update(textangle=-90, textfont_size=10)
+    return style
 
 
 # -- write policies ---------------------------------------------------------------------------
@@ -192,13 +196,15 @@ def policy_window_time(policies, *, live=None, title: str = "One verify window's
                     x=[_window_label(r) for r in rows], y=y, name=name, legendgroup=name, showlegend=col == 1,
                     marker_color=_colour(mode, i), text=[f"{v:.0f}" for v in y], textposition="outside",
                     hovertemplate=f"{name}<br>%{{x}} tokens: %{{y:.1f}} µs ({key[:-3]})<extra></extra>",
-                    **_bar_style(is_live)), row=1, col=col)
-    _layout(fig, title, result_subtitle(stored, live=live), height=520, width=980, legend_y=-0.22,
+                    **_bar_style(is_live, crowded=live is not None)), row=1, col=col)
+    _layout(fig, title, result_subtitle(stored, live=live), height=520, width=980 if live is None else 1100,
+            legend_y=-0.22,
             subplot_titles=True)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="requests × (1 + k) tokens in the window", type="category")
-    fig.update_yaxes(title_text="µs per window (eager)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="µs per window (CUDA graph)", rangemode="tozero", row=1, col=2)
+    for col, key in ((1, "eager"), (2, "CUDA graph")):
+        top = max(max(t.y) for t in fig.data if t.xaxis == ("x" if col == 1 else "x2"))
+        fig.update_yaxes(title_text=f"µs per window ({key})", range=[0, top * 1.15], row=1, col=col)  # room for labels
     return fig
 
 
