@@ -14,6 +14,8 @@ from dataclasses import dataclass
 NWOR_MODES = ("off", "cow", "stage")   # the built-in write policies (nwor_lab.policies registers them)
 SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
+CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
+KV_LAYOUTS = ("NHD", "HND")                            # the names of nwor_lab.kv.KVLayout
 
 # Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
 # accepts their names too. Kept here, not in policies/, so the config needs nothing above it.

@@ -22,7 +22,7 @@ def test_selfcheck_passes_and_writes_json(tmp_path, capsys, cache_dtype, layout,
     out = tmp_path / "sc.json"
     code = main(["selfcheck", "--cache-dtype", cache_dtype, "--layout", layout, "--scv", scv, "--out", str(out)])
     result = json.loads(out.read_text())
-    assert code == 0 and result["ok"]
+    assert result["ok"] and code == 0, "\n".join(v["message"] for v in result["violations"]) or result
     assert set(result["modes"]) == {"off", "cow", "stage"}
     recs = [m["record"] for m in result["modes"].values()]
     assert len({r["num_accepted"] for r in recs}) == 1
@@ -43,6 +43,25 @@ def test_selfcheck_detects_a_broken_policy(monkeypatch):
     result = selfcheck(seed=1)
     assert not result["ok"]
     assert any("rejected" in p for p in result["modes"]["stage"]["problems"])
+    # the failure names the invariant, the mode and the first bad slot (a slot the window rejected)
+    first = result["violations"][0]
+    assert (first["mode"], first["invariant"]) == ("stage", "rejected-slots-preserved"), first
+    assert first["slot"] is not None and f"slot {first['slot']}" in first["message"]
+    assert {v["mode"] for v in result["violations"]} == {"stage"}
+
+
+def test_selfcheck_failure_exits_1_with_one_line(monkeypatch, capsys):
+    from nwor_lab.policies import stage
+    original = stage.StagePolicy._commit
+
+    def leaky_commit(self, acceptance):
+        from nwor_lab.window import Acceptance
+        original(self, Acceptance(acceptance.draft_mask, acceptance.accepted_len,
+                                  torch.ones_like(acceptance.commit_mask)))
+    monkeypatch.setattr(stage.StagePolicy, "_commit", leaky_commit)
+    assert main(["selfcheck", "--seed", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage: invariant rejected-slots-preserved broken" in err[0] and "slot " in err[0]
 
 
 def test_device_mismatch_names_the_argument():

@@ -61,9 +61,10 @@ class SpecEngine:
         check_backend_device(self.config.backend, self.device)
         self.max_model_len = target.config.max_position_embeddings
         self.vocab_size = target.config.vocab_size
-        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
+        num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cache = PagedKVCache(_cache_spec(target, head, num_blocks, block_size, self.dtype, cache_dtype),
                                   device=self.device, max_bytes=max_cache_memory)
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
         self.observers: list = []          # shared with both policies: see the module docstring
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
         self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
@@ -92,10 +93,16 @@ class SpecEngine:
         return self.scheduler.add(ids, max_new_tokens)
 
     def run(self) -> None:
+        """Step until every request finished."""
         while self.scheduler.has_work:
-            if not self.step():
-                raise RuntimeError(f"the scheduler scheduled nothing while {len(self.scheduler.waiting)} "
-                                   f"requests wait and {len(self.scheduler.running)} run (a scheduler bug)")
+            self.step_with_progress()
+
+    def step_with_progress(self) -> None:
+        """`step()`, raising instead of returning without a window while requests wait (a loop
+        around it can never spin)."""
+        if not self.step() and self.scheduler.has_work:
+            raise RuntimeError(f"the scheduler scheduled nothing while {len(self.scheduler.waiting)} "
+                               f"requests wait and {len(self.scheduler.running)} run (a scheduler bug)")
 
     # -- one step ------------------------------------------------------------------------------
     @torch.no_grad()

@@ -77,7 +77,10 @@ class Generation:
 
     def step(self) -> bool:
         """One engine step; False once there is nothing left to do."""
-        return self.engine.step()
+        if self.done:
+            return False
+        self.engine.step_with_progress()
+        return True
 
     def run(self) -> "Generation":
         self.engine.run()

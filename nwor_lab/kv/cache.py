@@ -10,16 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.config import CACHE_DTYPE_NAMES
 from nwor_lab.kv.blocks import slot_to_block_offset
 
 from nwor_lab.kv.layout import KVLayout, allocate
 
 # cache_dtype name -> storage dtype (None: the model dtype) and largest finite value.
-CACHE_DTYPES = {
-    "auto": (None, None),
-    "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
-    "fp8_e5m2": (torch.float8_e5m2, 57344.0),
-}
+CACHE_DTYPES = dict(zip(CACHE_DTYPE_NAMES, (
+    (None, None),                         # auto
+    (torch.float8_e4m3fn, 448.0),         # fp8_e4m3
+    (torch.float8_e5m2, 57344.0),         # fp8_e5m2
+)))
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
