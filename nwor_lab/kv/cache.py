@@ -183,7 +183,7 @@ class PagedKVCache:
         if isinstance(layer, bool) or not hasattr(layer, "__index__"):    # numpy / torch ints are fine
             raise TypeError(f"layer={layer!r}: expected an integer layer index, got {type(layer).__name__}")
         if not 0 <= layer.__index__() < self.spec.num_layers:
-            raise IndexError(f"layer={layer!r}: this cache has layers 0..{self.spec.num_layers - 1}; "
+            raise IndexError(f"layer={layer.__index__()}: this cache has layers 0..{self.spec.num_layers - 1}; "
                              f"register draft-head layers by counting them in KVCacheSpec.num_layers")
 
     # -- reading back ------------------------------------------------------------------------
