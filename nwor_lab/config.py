@@ -93,7 +93,8 @@ class LabConfig:
                 value = env[var].strip().lower()
                 choices = allowed()
                 if value not in choices:
-                    raise ValueError(f"{var}={env[var]!r}: choose one of {', '.join(choices)}, or unset it")
+                    raise ValueError(f"LabConfig.{field}={env[var]!r} (from {var}): choose one of "
+                                     f"{', '.join(choices)}, or unset {var}")
                 changes[field] = value
         for var, field in ENV_BOOLS:
             if var in env:

@@ -19,6 +19,7 @@ import copy
 
 import torch
 
+from nwor_lab._checks import check_backend_device, check_device
 from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.kv.blocks import slot_to_block_offset
 from nwor_lab.kv.cache import KVCacheSpec, PagedKVCache
@@ -83,7 +84,8 @@ def locate_violations(mode: str, policy, cache: PagedKVCache, before, off_after,
 def selfcheck(config: LabConfig | None = None, *, device=None, seed: int = 0, num_reqs: int = 8,
               max_k: int = 4, cache_dtype: str = "auto", layout: str = "HND") -> dict:
     config = config or LabConfig()
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = check_device("device", device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_backend_device(config.backend, device)     # backend 'cuda' on CPU tensors would be ignored
     gen = torch.Generator().manual_seed(seed)
     spec = KVCacheSpec(num_layers=4, num_blocks=64, block_size=16, num_kv_heads=4, head_size=32,
                        dtype=torch.bfloat16, cache_dtype=cache_dtype, layout=layout)

@@ -75,3 +75,56 @@ def test_generate_subcommand_runs_the_shipped_pair(capsys):
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{"):])
     assert result["mean_acceptance_length"] >= 1.0
+
+
+def test_a_long_build_error_becomes_one_line_naming_what_failed():
+    from nwor_lab.cli.errors import describe
+    from nwor_lab.ops._ext import ExtensionBuildError
+    output = "\n".join([f"[{i}/70] c++ -O3 -c csrc/ops.cpp" for i in range(35)] + ["/bin/sh: 1: nvcc: not found"] +
+                       [f"ninja: build stopped {i}" for i in range(34)])
+    code, line = describe(ExtensionBuildError(f"building the nwor_lab CUDA extension in /x failed:\n{output}"))
+    assert code == 2 and "\n" not in line
+    assert line.startswith("nwor-lab: error: building the nwor_lab CUDA extension in /x failed: ")
+    assert "nvcc: not found" in line and "--traceback" in line
+
+
+def test_a_bug_is_one_line_exit_1_and_the_stack_on_request(monkeypatch, capsys):
+    def broken(args):
+        raise AssertionError("invariant x")
+    monkeypatch.setattr("nwor_lab.cli.doctor.run", broken)
+    assert main(["doctor"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["nwor-lab: internal error: AssertionError: invariant x; this is a bug in nwor_lab, rerun with "
+                   "--traceback and report the stack"]
+    assert main(["doctor", "--traceback"]) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_generate_interrupted_prints_json_so_far_and_exits_130(monkeypatch, capsys):
+    from nwor_lab.engine.engine import SpecEngine
+    step, calls = SpecEngine.step, []
+
+    def step_then_ctrl_c(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step(self)
+    monkeypatch.setattr(SpecEngine, "step", step_then_ctrl_c)
+    assert main(["generate", "def f(x):", "--k", "2", "--max-new-tokens", "64", "--json"]) == 130
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["interrupted"] and not result["complete"] and 0 < result["tokens"] < 64
+    assert captured.err.strip().startswith("nwor-lab: interrupted after 3 target forwards")
+
+
+def test_generate_engine_limits_are_flags(capsys):
+    code = main(["generate", "def f(x):", "import os", "--k", "4", "--max-new-tokens", "6", "--max-num-seqs", "1",
+                 "--max-num-batched-tokens", "8", "--num-blocks", "8", "--block-size", "8",
+                 "--max-cache-memory", "64M", "--cache-dtype", "fp8_e5m2", "--no-stream"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("-" * 60) == 2 and "mean acceptance length" in out
+
+
+def test_generate_truncate_prompt(capsys):
+    assert main(["generate", "abc " * 600, "--max-new-tokens", "4", "--truncate-prompt", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 4
