@@ -81,7 +81,8 @@ def cases(sandbox: Path) -> list[Case]:
         Case("cache-memory-cap", gen + ["--max-cache-memory", "1K"], r"more than --max-cache-memory=1.0 KiB"),
         Case("cache-memory-bad", gen + ["--max-cache-memory", "lots"],
              r"argument --max-cache-memory: expected a size like 512M"),
-        Case("env-backend-bad", gen, r"LabConfig.backend='gpu' \(from NWOR_LAB_BACKEND\): choose one of auto, cuda, torch",
+        Case("env-backend-bad", gen,
+             r"LabConfig.backend='gpu' \(from NWOR_LAB_BACKEND\): choose one of auto, cuda, torch",
              env={"NWOR_LAB_BACKEND": "gpu"}),
         Case("env-debug-bad", ["selfcheck"], r"NWOR_LAB_DEBUG='maybe': expected one of 1/0",
              env={"NWOR_LAB_DEBUG": "maybe"}),
@@ -335,7 +336,8 @@ def api_cases():
     from nwor_lab.kv import KVCacheSpec
 
     def gen(pair, prompts=([1, 2],), **kw):
-        return generate(prompts if isinstance(prompts, str) else list(prompts), **{"max_new_tokens": 4, "k": 2, "target": pair[0], "head": pair[1], **kw})
+        kw = {"max_new_tokens": 4, "k": 2, "target": pair[0], "head": pair[1], **kw}
+        return generate(prompts if isinstance(prompts, str) else list(prompts), **kw)
 
     return [
         ("max-num-seqs-0", lambda e, p, s: gen(p, max_num_seqs=0), ValueError, r"max_num_seqs=0: must be >= 1"),
@@ -355,7 +357,8 @@ def api_cases():
          r"NWOR_LAB_DEBUG='maybe'"),
         ("backend-cuda-on-cpu", lambda e, p, s: SpecEngine(*p, LabConfig(backend="cuda")), ValueError,
          r"backend='cuda' .*needs a CUDA device"),
-        ("device-bogus", lambda e, p, s: generate(["x"], device="gpu"), ValueError, r"device='gpu': not a torch device"),
+        ("device-bogus", lambda e, p, s: generate(["x"], device="gpu"), ValueError,
+         r"device='gpu': not a torch device"),
         ("prompts-a-str", lambda e, p, s: gen(p, prompts="abc", tokenizer=object()), TypeError,
          r"prompts: expected a list .*got str"),
         ("float-token-id", lambda e, p, s: e.add_request([1, 2.5], 4), TypeError,
@@ -383,7 +386,8 @@ def commit_contradicting_masks(engine, pair, sandbox):
     h, d = cache.spec.num_kv_heads, cache.spec.head_size
     for layer in range(cache.num_layers):
         policy.write(layer, torch.ones(3, h, d), torch.ones(3, h, d))
-    bad = Acceptance(torch.tensor([False, False]), torch.tensor([0], dtype=torch.int32), torch.ones(3, dtype=torch.bool))
+    keep_all = torch.ones(3, dtype=torch.bool)                        # keeps d_1, d_2 that the masks reject
+    bad = Acceptance(torch.tensor([False, False]), torch.tensor([0], dtype=torch.int32), keep_all)
     policy.commit(bad)
 
 

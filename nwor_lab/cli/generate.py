@@ -1,8 +1,9 @@
 """`nwor-lab generate "PROMPT" --k 4 --nwor stage`: text, mean acceptance length, per-position acceptance.
 
 Text streams as it is produced (`--stream`, the default on a terminal): prompts print in order,
-each one's text as its tokens are accepted. Ctrl-C stops after the window in flight (the write
-policy cancels it cleanly), prints what was generated and the statistics so far, and exits 130.
+each one's text as its tokens are accepted. Ctrl-C abandons the window in flight (its write
+policy cancels it; nothing of it is emitted), prints what was generated and the statistics so
+far, and exits 130.
 Every engine limit it enforces is a flag: --max-num-seqs, --max-num-batched-tokens, --num-blocks,
 --block-size, --max-cache-memory; prompt + --max-new-tokens must fit the model's positions
 (--truncate-prompt keeps each prompt's last tokens that fit instead).
