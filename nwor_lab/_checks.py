@@ -102,3 +102,53 @@ def check_cache_source(src_name: str, src: torch.Tensor, cache: torch.Tensor, k_
         check_tensor(name, scale, dtypes=(torch.float32,), device=cache.device)
         if not scale_ok(scale):
             raise ValueError(f"{name}: expected {scale_shape}, got shape {tuple(scale.shape)}")
+
+
+def check_index(name: str, value, lo: int, hi: int, what: str = "") -> int:
+    """An integer index (Python, numpy or 0-d torch int; never a bool or float) in `[lo, hi)` -> int.
+    For layer numbers, token offsets and the like: `np.int64(3)` is 3, `3.0` is refused by name."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}={value!r}: expected an integer{_hint(what)}, got {type(value).__name__}")
+    i = value.__index__()
+    if not lo <= i < hi:
+        raise IndexError(f"{name}={i}: must be in {lo}..{hi - 1}{_hint(what)}")
+    return i
+
+
+def check_sampled_rows(sampled_token_ids, num_reqs: int, source: str = "the window") -> None:
+    """The rejection sampler's output has one row per request of `source`; say so in those words
+    (a wrong row count is the caller's sampled ids, never a cumsum the caller did not pass)."""
+    check_tensor("sampled_token_ids", sampled_token_ids, ndim=2, dtypes=INDEX_DTYPES,
+                 what="[num_reqs, max_spec_len + 1] sampled ids from the rejection sampler")
+    if sampled_token_ids.shape[0] != num_reqs:
+        raise ValueError(f"sampled_token_ids: has {sampled_token_ids.shape[0]} rows but {source} has "
+                         f"{num_reqs} requests; the rejection sampler returns one row per request "
+                         f"([num_reqs, max_spec_len + 1])")
+
+
+def check_device(name: str, device) -> torch.device:
+    """`device` as a torch.device that exists in this process, or a ValueError naming `name`."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name}={device!r}: not a torch device; use e.g. cpu, cuda or cuda:1") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"{name}={device!r}: CUDA is not available ({why}); use {name}=cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r}: there are {torch.cuda.device_count()} CUDA devices "
+                             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        raise ValueError(f"{name}={device!r}: the lab runs on cpu or cuda")
+    return dev
+
+
+def check_backend_device(backend: str, device) -> None:
+    """Backend `cuda` means "the CUDA extension runs every op": on tensors that are not on a CUDA
+    device it would be ignored (the torch reference would run), so refuse instead."""
+    dev = torch.device(device)
+    if backend == "cuda" and dev.type != "cuda":
+        where = "" if torch.cuda.is_available() else " and CUDA is not available here"
+        raise ValueError(f"backend='cuda' (LabConfig.backend / NWOR_LAB_BACKEND) needs a CUDA device, but "
+                         f"this runs on {dev}{where}; use backend 'auto' or 'torch', or a CUDA device")

@@ -7,12 +7,15 @@ overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
 NWOR_MODES = ("off", "cow", "stage")   # the built-in write policies (nwor_lab.policies registers them)
 SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
+CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
+KV_LAYOUTS = ("NHD", "HND")                            # the names of nwor_lab.kv.KVLayout
 
 # Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
 # accepts their names too. Kept here, not in policies/, so the config needs nothing above it.
@@ -85,14 +88,47 @@ class LabConfig:
         env = os.environ if environ is None else environ
         cfg = base or cls()
         changes = {}
-        for var, field in (("NWOR_LAB_NWOR_MODE", "nwor_mode"), ("NWOR_LAB_SCV_MODE", "scv_mode"),
-                           ("NWOR_LAB_BACKEND", "backend")):
+        for var, field, allowed in ENV_CHOICES:
             if env.get(var):
-                changes[field] = env[var].strip().lower()
-        for var, field in (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate")):
+                value = env[var].strip().lower()
+                choices = allowed()
+                if value not in choices:
+                    raise ValueError(f"LabConfig.{field}={env[var]!r} (from {var}): choose one of "
+                                     f"{', '.join(choices)}, or unset {var}")
+                changes[field] = value
+        for var, field in ENV_BOOLS:
             if var in env:
                 changes[field] = parse_bool(var, env[var])
-        try:
-            return cfg.replace(**changes)
-        except ValueError as err:
-            raise ValueError(f"{err} (from the NWOR_LAB_* environment)") from None
+        return cfg.replace(**changes)
+
+
+# The environment overrides LabConfig.from_env reads: (variable, field, allowed values) and the
+# boolean switches. `nwor-lab doctor` reports each of them (and NWOR_LAB_* names nobody reads).
+ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
+               ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS))
+ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"))
+
+
+# -- scalar argument checks, shared by the engine and the CLI ------------------------------------
+# Torch-free on purpose: the CLI checks its flags with them before it imports torch. `name` is
+# what the caller calls the value (`max_num_seqs` in the API, `--max-num-seqs` on the command line).
+
+def check_int(name: str, value, minimum: int | None = None) -> int:
+    """`value` as an int (Python or numpy integer; never a bool or a float), >= `minimum`."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}")
+    value = value.__index__()
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value}: must be >= {minimum}")
+    return value
+
+
+def check_temperature(name: str, value) -> float:
+    """A finite float >= 0 (0 = greedy). NaN fails every comparison, so it is named explicitly."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}={value!r}: expected a number >= 0 (0 = greedy)") from None
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"{name}={value!r}: must be a finite number >= 0 (0 = greedy)")
+    return t

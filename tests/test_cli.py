@@ -22,7 +22,7 @@ def test_selfcheck_passes_and_writes_json(tmp_path, capsys, cache_dtype, layout,
     out = tmp_path / "sc.json"
     code = main(["selfcheck", "--cache-dtype", cache_dtype, "--layout", layout, "--scv", scv, "--out", str(out)])
     result = json.loads(out.read_text())
-    assert code == 0 and result["ok"]
+    assert result["ok"] and code == 0, "\n".join(v["message"] for v in result["violations"]) or result
     assert set(result["modes"]) == {"off", "cow", "stage"}
     recs = [m["record"] for m in result["modes"].values()]
     assert len({r["num_accepted"] for r in recs}) == 1
@@ -43,6 +43,25 @@ def test_selfcheck_detects_a_broken_policy(monkeypatch):
     result = selfcheck(seed=1)
     assert not result["ok"]
     assert any("rejected" in p for p in result["modes"]["stage"]["problems"])
+    # the failure names the invariant, the mode and the first bad slot (a slot the window rejected)
+    first = result["violations"][0]
+    assert (first["mode"], first["invariant"]) == ("stage", "rejected-slots-preserved"), first
+    assert first["slot"] is not None and f"slot {first['slot']}" in first["message"]
+    assert {v["mode"] for v in result["violations"]} == {"stage"}
+
+
+def test_selfcheck_failure_exits_1_with_one_line(monkeypatch, capsys):
+    from nwor_lab.policies import stage
+    original = stage.StagePolicy._commit
+
+    def leaky_commit(self, acceptance):
+        from nwor_lab.window import Acceptance
+        original(self, Acceptance(acceptance.draft_mask, acceptance.accepted_len,
+                                  torch.ones_like(acceptance.commit_mask)))
+    monkeypatch.setattr(stage.StagePolicy, "_commit", leaky_commit)
+    assert main(["selfcheck", "--seed", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage: invariant rejected-slots-preserved broken" in err[0] and "slot " in err[0]
 
 
 def test_device_mismatch_names_the_argument():
@@ -56,3 +75,56 @@ def test_generate_subcommand_runs_the_shipped_pair(capsys):
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{"):])
     assert result["mean_acceptance_length"] >= 1.0
+
+
+def test_a_long_build_error_becomes_one_line_naming_what_failed():
+    from nwor_lab.cli.errors import describe
+    from nwor_lab.ops._ext import ExtensionBuildError
+    output = "\n".join([f"[{i}/70] c++ -O3 -c csrc/ops.cpp" for i in range(35)] + ["/bin/sh: 1: nvcc: not found"] +
+                       [f"ninja: build stopped {i}" for i in range(34)])
+    code, line = describe(ExtensionBuildError(f"building the nwor_lab CUDA extension in /x failed:\n{output}"))
+    assert code == 2 and "\n" not in line
+    assert line.startswith("nwor-lab: error: building the nwor_lab CUDA extension in /x failed: ")
+    assert "nvcc: not found" in line and "--traceback" in line
+
+
+def test_a_bug_is_one_line_exit_1_and_the_stack_on_request(monkeypatch, capsys):
+    def broken(args):
+        raise AssertionError("invariant x")
+    monkeypatch.setattr("nwor_lab.cli.doctor.run", broken)
+    assert main(["doctor"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["nwor-lab: internal error: AssertionError: invariant x; this is a bug in nwor_lab, rerun with "
+                   "--traceback and report the stack"]
+    assert main(["doctor", "--traceback"]) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_generate_interrupted_prints_json_so_far_and_exits_130(monkeypatch, capsys):
+    from nwor_lab.engine.engine import SpecEngine
+    step, calls = SpecEngine.step, []
+
+    def step_then_ctrl_c(self):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step(self)
+    monkeypatch.setattr(SpecEngine, "step", step_then_ctrl_c)
+    assert main(["generate", "def f(x):", "--k", "2", "--max-new-tokens", "64", "--json"]) == 130
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["interrupted"] and not result["complete"] and 0 < result["tokens"] < 64
+    assert captured.err.strip().startswith("nwor-lab: interrupted after 3 target forwards")
+
+
+def test_generate_engine_limits_are_flags(capsys):
+    code = main(["generate", "def f(x):", "import os", "--k", "4", "--max-new-tokens", "6", "--max-num-seqs", "1",
+                 "--max-num-batched-tokens", "8", "--num-blocks", "8", "--block-size", "8",
+                 "--max-cache-memory", "64M", "--cache-dtype", "fp8_e5m2", "--no-stream"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("-" * 60) == 2 and "mean acceptance length" in out
+
+
+def test_generate_truncate_prompt(capsys):
+    assert main(["generate", "abc " * 600, "--max-new-tokens", "4", "--truncate-prompt", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 4

@@ -1,66 +1,106 @@
-"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate (and the workshop commands)."""
+"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate (and the workshop commands).
+
+Every command goes through one error path (`nwor_lab.cli.errors`): a bad argument, file or
+environment value prints one line `nwor-lab: error: ...` and exits 2; `--traceback` (anywhere) or
+NWOR_LAB_DEBUG=1 shows the stack. Nothing here imports torch before a command needs it, so
+`--help` and argument errors are instant and work whatever the environment holds.
+"""
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
+import traceback
 
-from nwor_lab.config import BACKENDS, SCV_MODES
-from nwor_lab.kv.cache import CACHE_DTYPES
-from nwor_lab.kv.layout import KVLayout
+from nwor_lab.cli import doctor
+from nwor_lab.cli.errors import (EXIT_INTERRUPTED, EXIT_USAGE, PROG, LabArgumentParser, UsageError,
+                                 check_output_path, describe)
+from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES, LabConfig, env_bool
+
+BENCHMARKS = ("kernels", "policies", "engine")   # nwor_lab/bench/<name>.py, each with its own parser
 
 
-def _doctor(args) -> int:
-    import platform
+def lab_config(**explicit) -> LabConfig:
+    """`LabConfig(**explicit)` with the NWOR_LAB_* overrides; a bad variable is a UsageError naming it."""
+    try:
+        return LabConfig.from_env(LabConfig(**explicit))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
-    import torch
 
-    import nwor_lab
-    from nwor_lab.ops.backend import backend
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
-    nvcc_version = None
-    if nvcc:
-        try:
-            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-            nvcc_version = out.strip().splitlines()[-1] if out.strip() else None
-        except (OSError, subprocess.SubprocessError) as err:
-            nvcc_version = f"failed: {err}"
-    info = backend(None, args.backend)
-    report = {
-        "nwor_lab": nwor_lab.__version__, "python": platform.python_version(), "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "nvcc": nvcc, "nvcc_version": nvcc_version, "CUDA_HOME": os.environ.get("CUDA_HOME"),
-        "backend": info.name, "backend_reason": info.reason,
-    }
-    print(json.dumps(report, indent=2))
-    return 0
+def check_device_arg(flag: str, device):
+    """`--device` as a torch.device that exists here (imports torch), else a UsageError."""
+    from nwor_lab._checks import check_device
+    try:
+        return check_device(flag, device)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_backend_arg(cfg: LabConfig, device) -> None:
+    from nwor_lab._checks import check_backend_device
+    try:
+        check_backend_device(cfg.backend, device)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+# -- selfcheck -------------------------------------------------------------------------------------
+def _add_selfcheck(sub) -> None:
+    s = sub.add_parser("selfcheck", help="one random mixed batch through every mode, invariants checked (JSON)")
+    s.add_argument("--device", default=None)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--scv", choices=SCV_MODES, default="off")
+    s.add_argument("--backend", choices=BACKENDS, default=None)
+    s.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto")
+    s.add_argument("--layout", choices=KV_LAYOUTS, default="HND")
+    s.add_argument("--out", default=None, help="also write the JSON here (checked before the work starts)")
+    s.set_defaults(func=_selfcheck)
 
 
 def _selfcheck(args) -> int:
-    from nwor_lab.config import LabConfig
+    out = check_output_path("--out", args.out) if args.out else None
+    cfg = lab_config(scv_mode=args.scv, backend=args.backend or "auto")
+    import torch
+
+    device = check_device_arg("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_backend_arg(cfg, device)
     from nwor_lab.selfcheck import selfcheck
-    cfg = LabConfig.from_env(LabConfig(scv_mode=args.scv, backend=args.backend or "auto"))
-    result = selfcheck(cfg, device=args.device, seed=args.seed, cache_dtype=args.cache_dtype, layout=args.layout)
+    result = selfcheck(cfg, device=device, seed=args.seed, cache_dtype=args.cache_dtype, layout=args.layout)
     text = json.dumps(result, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    if out is not None:
+        out.write_text(text + "\n")
     print(text)
-    return 0 if result["ok"] else 1
+    if not result["ok"]:
+        first = result["violations"][0] if result.get("violations") else None
+        what = first["message"] if first else "see the JSON above"
+        print(f"{PROG}: selfcheck failed: {what}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- build -----------------------------------------------------------------------------------------
+def _add_build(sub) -> None:
+    b = sub.add_parser("build", help="JIT-build the CUDA extension now (normally built on first use)")
+    b.add_argument("--verbose", action="store_true")
+    b.set_defaults(func=_build)
 
 
 def _build(args) -> int:
+    nvcc, looked = doctor.find_nvcc()
+    if nvcc is None:
+        raise UsageError(f"nvcc not found (looked in {looked}): the CUDA extension needs the CUDA toolkit; "
+                         f"install it or set CUDA_HOME to its folder (`{PROG} doctor` shows what was found)")
     from nwor_lab.ops import _ext
     _ext.load(verbose=args.verbose or None)
     print(json.dumps(_ext.build_info(), indent=2, default=str))
     return 0
 
 
-BENCHMARKS = ("kernels", "policies", "engine")   # nwor_lab/bench/<name>.py, each with its own parser
+# -- bench -----------------------------------------------------------------------------------------
+def _add_bench(sub) -> None:
+    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies` or `engine` (each has its own --help)")
+    be.add_argument("what", choices=BENCHMARKS)
 
 
 def _bench(what: str, rest) -> int:
@@ -70,49 +110,80 @@ def _bench(what: str, rest) -> int:
     return result if isinstance(result, int) else 0  # the benchmarks return their JSON dict
 
 
+# -- the dispatcher --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser. A command family adds itself with `add_parsers(subparsers)`, each
+    parser with `set_defaults(func=run)` (see nwor_lab.cli.errors)."""
+    from nwor_lab.cli import generate
+    p = LabArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--traceback", action="store_true",
+                   help="on an error, show the Python stack too (also NWOR_LAB_DEBUG=1); allowed anywhere")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=LabArgumentParser)
+    for add in (doctor.add_parsers, _add_selfcheck, _add_build, _add_bench, generate.add_parsers):
+        add(sub)
+    return p
+
+
+def _debug_env() -> bool:
+    """NWOR_LAB_DEBUG, read leniently here: a bad value is reported by the command that reads the
+    configuration (and by doctor), never by --help."""
+    try:
+        return env_bool("NWOR_LAB_DEBUG")
+    except ValueError:
+        return False
+
+
 def _debug_logging() -> None:
     """NWOR_LAB_DEBUG=1: show the lab's window lifecycle log (begin, accepted, commit/restore)."""
     import logging
 
-    from nwor_lab.config import LabConfig
-    if LabConfig.from_env().debug:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        lab = logging.getLogger("nwor_lab")
-        lab.setLevel(logging.INFO)
-        lab.addHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    lab = logging.getLogger("nwor_lab")
+    lab.setLevel(logging.INFO)
+    lab.addHandler(handler)
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["generate"]:  # its own parser (nwor_lab.cli.generate), --help included
+        from nwor_lab.cli.generate import cli_generate
+        return cli_generate(argv[1:])
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCHMARKS:  # their own parsers too
+        return _bench(argv[1], argv[2:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 def main(argv=None) -> int:
+    """Run one command; always returns the exit code (0 ok, 1 failed check or bug, 2 bad input,
+    130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _debug_logging()
-    if argv[:1] == ["generate"]:  # its own parser (nwor_lab.cli.generate), --help included
-        from nwor_lab.cli.generate import cli_generate
-        return cli_generate(argv[1:]) or 0
-    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCHMARKS:  # their own parsers too
-        return _bench(argv[1], argv[2:])
-    p = argparse.ArgumentParser(prog="nwor-lab", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("doctor", help="python, torch, CUDA, nvcc, and which backend runs and why")
-    d.add_argument("--backend", choices=BACKENDS, default=None)
-    s = sub.add_parser("selfcheck", help="one random mixed batch through every mode, invariants checked (JSON)")
-    s.add_argument("--device", default=None)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--scv", choices=SCV_MODES, default="off")
-    s.add_argument("--backend", choices=BACKENDS, default=None)
-    s.add_argument("--cache-dtype", choices=list(CACHE_DTYPES), default="auto")
-    s.add_argument("--layout", choices=[layout.name for layout in KVLayout], default="HND")
-    s.add_argument("--out", default=None, help="also write the JSON here")
-    b = sub.add_parser("build", help="JIT-build the CUDA extension now (normally built on first use)")
-    b.add_argument("--verbose", action="store_true")
-    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies` or `engine` (each has its own --help)")
-    be.add_argument("what", choices=BENCHMARKS)
-    g = sub.add_parser("generate", help='speculative decoding with the shipped model: generate "PROMPT" --k 4 --nwor stage')
-    g.add_argument("rest", nargs=argparse.REMAINDER)
-    args, rest = p.parse_known_args(argv)
-    if rest:
-        p.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"doctor": _doctor, "selfcheck": _selfcheck, "build": _build}[args.cmd](args)
+    show_stack = "--traceback" in argv
+    argv = [a for a in argv if a != "--traceback"]
+    debug = _debug_env()
+    show_stack = show_stack or debug
+    if debug:
+        _debug_logging()
+    try:
+        return _dispatch(argv) or 0
+    except SystemExit as done:          # --help, and parsers that exit themselves (bench)
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
+    except BrokenPipeError:             # `nwor-lab generate ... | head`: the reader left, stop quietly
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        if show_stack:
+            traceback.print_exc()
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - the one error path: every command's errors end here
+        code, line = describe(err)
+        if show_stack:
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

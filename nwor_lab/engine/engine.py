@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.config import LabConfig
+from nwor_lab._checks import check_backend_device
+from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.drafter import Drafter
-from nwor_lab.engine.request import Request
+from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
-from nwor_lab.kv import KVCacheSpec, PagedKVCache
+from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.model.attention import AttentionMetadata
 from nwor_lab.policies import make_policy
@@ -41,22 +42,33 @@ class SpecEngine:
     def __init__(self, target, head=None, config: LabConfig | None = None, *, k: int = 4,
                  num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
-                 eos_token_id: int | None = None, cache_dtype: str = "auto"):
+                 eos_token_id: int | None = None, cache_dtype: str = "auto",
+                 max_cache_memory: int | None = None):
+        # Every limit is checked here, before the cache is allocated (its size is checked against
+        # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
         self.config = config or LabConfig()
+        k = check_int("k", k, 0)
         self.k = k if head is not None else 0
-        if self.k < 0:
-            raise ValueError(f"k={k}: must be >= 0")
+        self.temperature = check_temperature("temperature", temperature)
+        seed = check_int("seed", seed)
+        if max_cache_memory is not None:
+            max_cache_memory = check_int("max_cache_memory", max_cache_memory, 1)
+        if cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache_dtype={cache_dtype!r}: choose one of {', '.join(CACHE_DTYPES)}")
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
+        check_backend_device(self.config.backend, self.device)
+        self.max_model_len = target.config.max_position_embeddings
+        self.vocab_size = target.config.vocab_size
+        num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cache = PagedKVCache(_cache_spec(target, head, num_blocks, block_size, self.dtype, cache_dtype),
-                                  device=self.device)
+                                  device=self.device, max_bytes=max_cache_memory)
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
         self.observers: list = []          # shared with both policies: see the module docstring
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
         self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
-        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
-        self.temperature = float(temperature)
         self.generator = torch.Generator(self.device).manual_seed(seed)
         self.drafter = None
         if head is not None:
@@ -71,20 +83,35 @@ class SpecEngine:
     def drafting(self) -> bool:
         return self.drafter is not None and self.k > 0
 
-    def add_request(self, prompt: list[int], max_new_tokens: int) -> Request:
-        return self.scheduler.add(prompt, max_new_tokens)
+    def add_request(self, prompt: list[int], max_new_tokens: int, *, truncate: bool = False,
+                    name: str = "prompt") -> Request:
+        """Queue `prompt` (token ids in the model's vocabulary) for `max_new_tokens` tokens. Prompt +
+        new tokens must fit the model's `max_model_len` positions; `truncate` keeps the prompt's last
+        tokens that fit instead of raising. Nothing is queued when this raises."""
+        ids = check_prompt(name, prompt, self.vocab_size)
+        ids = fit_context(name, ids, max_new_tokens, self.max_model_len, truncate)
+        return self.scheduler.add(ids, max_new_tokens)
 
     def run(self) -> None:
+        """Step until every request finished."""
         while self.scheduler.has_work:
-            self.step()
+            self.step_with_progress()
+
+    def step_with_progress(self) -> None:
+        """`step()`, raising instead of returning without a window while requests wait (a loop
+        around it can never spin)."""
+        if not self.step() and self.scheduler.has_work:
+            raise RuntimeError(f"the scheduler scheduled nothing while {len(self.scheduler.waiting)} "
+                               f"requests wait and {len(self.scheduler.running)} run (a scheduler bug)")
 
     # -- one step ------------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self) -> None:
-        """One verify window over every scheduled request, then drafting for the next one."""
+    def step(self) -> bool:
+        """One verify window over every scheduled request, then drafting for the next one.
+        -> False when nothing was scheduled (no work)."""
         requests = self.scheduler.schedule()
         if not requests:
-            return
+            return False
         batch = self._prepare(requests)
         self.policy.begin(batch.window, kind="verify")
         try:
@@ -100,6 +127,7 @@ class SpecEngine:
         if self.drafting and live:
             self._draft([batch.requests[i] for i in live], features[live])
         self.step_index += 1
+        return True
 
     def _prepare(self, requests: list[Request]) -> VerifyBatch:
         """Flatten every request's scheduled tokens into one window (slots, metadata, Window)."""

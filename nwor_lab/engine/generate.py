@@ -1,12 +1,19 @@
-"""`generate(prompts, ...)`: run the engine to completion and summarise acceptance."""
+"""`generate(prompts, ...)`: run the engine to completion and summarise acceptance.
+
+`prepare(...)` takes the same arguments and returns a `Generation`: the engine with every prompt
+queued, to be stepped one verify window at a time (streaming front ends, Ctrl-C) and summarised
+at any point with `result()`. `generate(...)` is `prepare(...).run().result()`.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
 
-from nwor_lab.config import LabConfig
+from nwor_lab._checks import check_device
+from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.engine import SpecEngine
+from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.trace import WindowTrace
 
 
@@ -26,12 +33,13 @@ class GenerationResult:
     acceptance_by_position: list[float]
     target_forwards: int
     engine: SpecEngine = field(repr=False)
+    complete: bool = True          # False: taken before every request finished (e.g. interrupted)
 
     def summary(self) -> dict:
         return {"mean_acceptance_length": self.mean_acceptance_length,
                 "acceptance_by_position": self.acceptance_by_position,
                 "target_forwards": self.target_forwards,
-                "tokens": sum(len(t) for t in self.token_ids)}
+                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete}
 
 
 def acceptance_stats(trace: list[WindowTrace], k: int) -> tuple[float, list[float]]:
@@ -51,29 +59,76 @@ def acceptance_stats(trace: list[WindowTrace], k: int) -> tuple[float, list[floa
     return mean, [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
 
 
-def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
-             target=None, head=None, tokenizer=None, temperature: float = 0.0, seed: int = 0,
-             num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
-             max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
-             stop_at_eos: bool = False, cache_dtype: str = "auto", observers=()) -> GenerationResult:
-    """Generate for every prompt (str with a tokenizer, or a list of token ids) with EAGLE drafts.
+class Generation:
+    """A `generate` in progress: `engine` with `requests` (one per prompt, in order) queued.
 
-    target/head/tokenizer default to the shipped tiny pair; k=0 (or head=None with a custom
-    target) runs target-only decoding. `config` picks the NWOR and SCV modes; `cache_dtype`
-    `auto` / `fp8_e4m3` / `fp8_e5m2` the cache storage (fp8 scales 1.0 unless set on the engine).
+    `step()` runs one verify window (and its drafting); `run()` steps to the end; `result()`
+    summarises what was generated so far, at any point (`complete` says whether it is all).
+    Text as it is produced: `requests[i].output` after each step, or an engine observer's
+    `on_window_end(engine, trace, window)`.
     """
+
+    def __init__(self, engine: SpecEngine, requests: list[Request], tokenizer, k: int):
+        self.engine, self.requests, self.tokenizer, self.k = engine, requests, tokenizer, k
+
+    @property
+    def done(self) -> bool:
+        return not self.engine.scheduler.has_work
+
+    def step(self) -> bool:
+        """One engine step; False once there is nothing left to do."""
+        if self.done:
+            return False
+        self.engine.step_with_progress()
+        return True
+
+    def run(self) -> "Generation":
+        self.engine.run()
+        return self
+
+    def result(self) -> GenerationResult:
+        out = [list(r.output) for r in self.requests]
+        texts = [self.tokenizer.decode(o) for o in out] if self.tokenizer is not None else None
+        mean, by_pos = acceptance_stats(self.engine.trace, max(self.k, 1))
+        return GenerationResult(out, texts, list(self.engine.trace), mean, by_pos, self.engine.target_forwards,
+                                self.engine, complete=self.done)
+
+
+def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
+            target=None, head=None, tokenizer=None, temperature: float = 0.0, seed: int = 0,
+            num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
+            max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
+            stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
+            truncate_prompts: bool = False, max_cache_memory: int | None = None) -> Generation:
+    """`generate`'s set-up: every argument checked (before the shipped model is loaded and before
+    the cache is allocated), the engine built, every prompt queued. Arguments as `generate`."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts: expected a list of prompts (each a str or a list of token ids), got "
+                        f"{type(prompts).__name__}; for one prompt pass [prompt]")
+    if not prompts:
+        raise ValueError("prompts: the list is empty; give at least one prompt")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    k = check_int("k", k, 0)
+    check_temperature("temperature", temperature)
+    check_int("block_size", block_size, 1)
+    if num_blocks is not None:
+        check_int("num_blocks", num_blocks, 1)
+    max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+    check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
     if target is None:
         from nwor_lab.model.shipped import load_tiny
-        target, shipped_head, shipped_tok = load_tiny(device=device, dtype=dtype)
+        target, shipped_head, shipped_tok = load_tiny(device=check_device("device", device), dtype=dtype)
         head = shipped_head if head is None else head
         tokenizer = shipped_tok if tokenizer is None else tokenizer
+    limit, vocab = target.config.max_position_embeddings, target.config.vocab_size
     ids = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         if isinstance(p, str):
             if tokenizer is None:
                 raise ValueError("prompts: text prompts need a tokenizer (or pass token id lists)")
             p = tokenizer.encode(p).ids
-        ids.append(list(p))
+        ids.append(fit_context(f"prompts[{i}]", check_prompt(f"prompts[{i}]", p, vocab), max_new_tokens,
+                               limit, truncate_prompts))
     if num_blocks is None:
         per = -(-(max(len(p) for p in ids) + max_new_tokens + k) // block_size)
         num_blocks = per * min(len(ids), max_num_seqs) + 1
@@ -81,11 +136,31 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
     engine = SpecEngine(target, head if k > 0 else None, config, k=k, num_blocks=num_blocks,
                         block_size=block_size, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed,
-                        eos_token_id=eos, cache_dtype=cache_dtype)
+                        eos_token_id=eos, cache_dtype=cache_dtype, max_cache_memory=max_cache_memory)
     engine.observers.extend(observers)
-    reqs = [engine.add_request(p, max_new_tokens) for p in ids]
-    engine.run()
-    out = [r.output for r in reqs]
-    texts = [tokenizer.decode(o) for o in out] if tokenizer is not None else None
-    mean, by_pos = acceptance_stats(engine.trace, max(k, 1))
-    return GenerationResult(out, texts, engine.trace, mean, by_pos, engine.target_forwards, engine)
+    reqs = [engine.add_request(p, max_new_tokens, name=f"prompts[{i}]") for i, p in enumerate(ids)]
+    return Generation(engine, reqs, tokenizer, k)
+
+
+def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
+             target=None, head=None, tokenizer=None, temperature: float = 0.0, seed: int = 0,
+             num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
+             max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
+             stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
+             truncate_prompts: bool = False, max_cache_memory: int | None = None) -> GenerationResult:
+    """Generate for every prompt (a list: each a str with a tokenizer, or a list of token ids) with
+    EAGLE drafts.
+
+    target/head/tokenizer default to the shipped tiny pair; k=0 (or head=None with a custom
+    target) runs target-only decoding. `config` picks the NWOR and SCV modes; `cache_dtype`
+    `auto` / `fp8_e4m3` / `fp8_e5m2` the cache storage (fp8 scales 1.0 unless set on the engine).
+    Limits, all checked before anything is allocated: prompt + max_new_tokens within the model's
+    max_position_embeddings (`truncate_prompts` keeps each prompt's last tokens that fit instead
+    of raising), token ids in its vocabulary, counts >= 1 (k >= 0), a finite temperature >= 0,
+    and the cache's size within `max_cache_memory` bytes (if given) and the device's free memory.
+    """
+    return prepare(prompts, max_new_tokens, k, config, target=target, head=head, tokenizer=tokenizer,
+                   temperature=temperature, seed=seed, num_blocks=num_blocks, block_size=block_size,
+                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, device=device,
+                   dtype=dtype, stop_at_eos=stop_at_eos, cache_dtype=cache_dtype, observers=observers,
+                   truncate_prompts=truncate_prompts, max_cache_memory=max_cache_memory).run().result()

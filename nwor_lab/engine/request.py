@@ -11,7 +11,59 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nwor_lab.config import check_int
 from nwor_lab.kv import BlockTable
+
+
+def check_prompt(name: str, prompt, vocab_size: int) -> list[int]:
+    """A prompt of token ids -> `list[int]`, each id an integer in `[0, vocab_size)`.
+
+    Accepts a list/tuple of Python or numpy ints, or a 1-D integer tensor. A float id (which
+    `int()` would silently truncate), a bool, or a string (which would be read as characters) is
+    refused by name.
+    """
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise TypeError(f"{name}: expected a 1-D integer tensor of token ids, got {prompt.dtype} "
+                            f"of shape {tuple(prompt.shape)}")
+        ids = prompt.tolist()
+    elif isinstance(prompt, (list, tuple)):
+        ids = []
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not hasattr(t, "__index__"):
+                raise TypeError(f"{name}[{i}]={t!r}: token ids are integers (a {type(t).__name__} "
+                                f"would be truncated); pass a list of ints")
+            ids.append(t.__index__())
+    else:
+        raise TypeError(f"{name}: expected a list of token ids (or text with a tokenizer), got "
+                        f"{type(prompt).__name__}")
+    if not ids:
+        raise ValueError(f"{name}: empty; give at least one token")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab_size:
+        bad = next(i for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise ValueError(f"{name}[{bad}]={ids[bad]}: token ids must be in 0..{vocab_size - 1} "
+                         f"(the model's vocab_size is {vocab_size})")
+    return ids
+
+
+def fit_context(name: str, prompt: list[int], max_new_tokens: int, max_model_len: int,
+                truncate: bool = False) -> list[int]:
+    """Check that prompt + max_new_tokens fits the model's `max_model_len` positions
+    (max_position_embeddings); with `truncate`, keep the prompt's last tokens that fit instead."""
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    if max_new_tokens >= max_model_len:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: the model has {max_model_len} positions "
+                         f"(max_position_embeddings), so at most {max_model_len - 1} new tokens after a "
+                         f"one-token prompt; lower max_new_tokens")
+    room = max_model_len - max_new_tokens
+    if len(prompt) <= room:
+        return prompt
+    if truncate:
+        return prompt[-room:]
+    raise ValueError(f"{name}: {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceed the model's "
+                     f"{max_model_len} positions (max_position_embeddings); shorten the prompt, lower "
+                     f"max_new_tokens, or truncate_prompts=True to keep the prompt's last {room} tokens")
 
 
 @dataclass
@@ -39,6 +91,12 @@ class Request:
     def remaining(self) -> int:
         """Tokens still to generate."""
         return self.max_new_tokens - len(self.output)
+
+    def keep_drafts(self, n: int) -> None:
+        """Verify only the first `n` drafts (a prefix of a draft chain is still a valid proposal)."""
+        self.drafts = self.drafts[:n]
+        if self.draft_probs is not None:
+            self.draft_probs = self.draft_probs[:n]
 
     def scheduled(self) -> tuple[list[int], int, int]:
         """(token ids, first position, number of drafts) of this request's next window:

@@ -4,11 +4,18 @@ Admission reserves each request's worst case (prompt + max_new_tokens + k positi
 running request never runs out of blocks (the lab has no preemption). Blocks are *allocated*
 lazily: the prompt at admission, then `num_computed + 1 + num_drafts` before each draft chain
 (the lookahead the next verify window needs).
+
+A verify window holds at most `max_num_batched_tokens` tokens: running requests come first, each
+`1 + drafts` tokens, with its drafts cut to what is left of the budget (verifying a prefix of the
+drafts is still exact); a running request for which not one token is left waits for the next
+step and goes first then. Every step schedules at least one request while there is work (counts
+are >= 1 and an admitted prompt always fits an empty batch), so `run()` always ends.
 """
 from __future__ import annotations
 
 from collections import deque
 
+from nwor_lab.config import check_int
 from nwor_lab.engine.request import Request
 from nwor_lab.kv import BlockAllocator, BlockTable
 
@@ -16,11 +23,11 @@ from nwor_lab.kv import BlockAllocator, BlockTable
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 512, k: int = 0):
-        self.allocator = BlockAllocator(num_blocks)
-        self.block_size = block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.k = k
+        self.allocator = BlockAllocator(check_int("num_blocks", num_blocks, 1))
+        self.block_size = check_int("block_size", block_size, 1)
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        self.k = check_int("k", k, 0)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -32,16 +39,16 @@ class Scheduler:
     def add(self, prompt: list[int], max_new_tokens: int) -> Request:
         if not prompt:
             raise ValueError("prompt: empty; give at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+        if len(prompt) > self.max_num_batched_tokens:
+            raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens} (the lab does not chunk prefills); raise "
+                             f"max_num_batched_tokens or shorten the prompt")
         worst = self.blocks_for(len(prompt) + max_new_tokens + self.k)
         if worst > self.allocator.num_blocks:
             raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new + {self.k} drafts needs "
                              f"{worst} blocks of {self.block_size}, the cache has {self.allocator.num_blocks}; "
                              f"shorten the prompt or build a bigger cache (num_blocks)")
-        if len(prompt) > self.max_num_batched_tokens:
-            raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens="
-                             f"{self.max_num_batched_tokens} (the lab does not chunk prefills)")
         req = Request(self._next_id, list(prompt), max_new_tokens, BlockTable(self.allocator, self.block_size),
                       worst_case_blocks=worst)
         self._next_id += 1
@@ -52,10 +59,22 @@ class Scheduler:
         return sum(r.worst_case_blocks - len(r.block_table.blocks) for r in self.running)
 
     def schedule(self) -> list[Request]:
-        """Running requests first (1 + drafts tokens each), then waiting prefills while they fit."""
-        batch = list(self.running)
-        budget = self.max_num_batched_tokens - sum(1 + len(r.drafts) for r in batch)
-        while self.waiting and len(batch) < self.max_num_seqs:
+        """Running requests first (1 + drafts tokens each, drafts cut to the budget), then waiting
+        prefills while they fit. Never empty while there is work (see the module docstring)."""
+        batch, waiting_turn = [], []
+        budget = self.max_num_batched_tokens
+        for r in self.running:
+            if budget < 1:
+                waiting_turn.append(r)
+                continue
+            if len(r.drafts) > budget - 1:
+                r.keep_drafts(budget - 1)
+            batch.append(r)
+            budget -= 1 + len(r.drafts)
+        if waiting_turn:                 # who waited goes first next step: nobody starves
+            self.running = waiting_turn + batch
+            return batch
+        while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             free = self.allocator.num_free - self._reserved()
             if len(req.prompt) > budget or req.worst_case_blocks > free:

@@ -10,16 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.config import CACHE_DTYPE_NAMES
 from nwor_lab.kv.blocks import slot_to_block_offset
 
 from nwor_lab.kv.layout import KVLayout, allocate
 
 # cache_dtype name -> storage dtype (None: the model dtype) and largest finite value.
-CACHE_DTYPES = {
-    "auto": (None, None),
-    "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
-    "fp8_e5m2": (torch.float8_e5m2, 57344.0),
-}
+CACHE_DTYPES = dict(zip(CACHE_DTYPE_NAMES, (
+    (None, None),                         # auto
+    (torch.float8_e4m3fn, 448.0),         # fp8_e4m3
+    (torch.float8_e5m2, 57344.0),         # fp8_e5m2
+)))
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
@@ -47,13 +48,17 @@ class KVCacheSpec:
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_blocks", "block_size", "num_kv_heads", "head_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not hasattr(value, "__index__") or value.__index__() <= 0:
                 raise ValueError(f"KVCacheSpec.{name}={value!r}: must be a positive int")
+            object.__setattr__(self, name, value.__index__())      # numpy ints become ints
         if self.cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"KVCacheSpec.cache_dtype={self.cache_dtype!r}: choose one of "
                              f"{', '.join(CACHE_DTYPES)}")
         if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"KVCacheSpec.dtype={self.dtype}: use float32, float16 or bfloat16")
+        if self.layout not in tuple(KVLayout):      # a KVLayout, or its name ("NHD" == KVLayout.NHD)
+            raise ValueError(f"KVCacheSpec.layout={self.layout!r}: choose one of "
+                             f"{', '.join(layout.value for layout in KVLayout)}")
         object.__setattr__(self, "layout", KVLayout(self.layout))
 
     @property
@@ -69,6 +74,52 @@ class KVCacheSpec:
         """Bytes of K plus V that one token writes into one layer."""
         return 2 * self.num_kv_heads * self.head_size * torch.empty((), dtype=self.storage_dtype).element_size()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the key and value tensors of the whole cache take (allocated at construction)."""
+        return self.num_layers * self.num_slots * self.bytes_per_token_layer
+
+
+def available_memory(device) -> int | None:
+    """Bytes that can still be allocated on `device` (CUDA: free device memory; CPU: the kernel's
+    MemAvailable), or None where it cannot be told."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def check_cache_memory(spec: KVCacheSpec, device, max_bytes: int | None = None) -> None:
+    """Raise MemoryError, before anything is allocated, when the cache of `spec` would need more
+    than `max_bytes` (the caller's cap) or than `device` has available."""
+    need = spec.nbytes
+    what = (f"the KV cache needs {format_bytes(need)} ({spec.num_layers} layers x {spec.num_blocks} blocks x "
+            f"{spec.block_size} x {spec.num_kv_heads} KV heads x {spec.head_size} x K and V, "
+            f"{spec.storage_dtype})")
+    fix = "lower num_blocks (or max_new_tokens, max_num_seqs), or use an fp8 cache_dtype"
+    if max_bytes is not None and need > max_bytes:
+        raise MemoryError(f"{what}, more than max_cache_memory={format_bytes(max_bytes)}; {fix}")
+    free = available_memory(device)
+    if free is not None and need > free:
+        raise MemoryError(f"{what}, more than the {format_bytes(free)} available on {torch.device(device)}; {fix}")
+
 
 class PagedKVCache:
     """Stacked paged K/V for `spec.num_layers` layers on one device.
@@ -78,9 +129,10 @@ class PagedKVCache:
     value in every head (`set_scales(layer, 0.02)`), a per-head scale a `[H]` tensor.
     """
 
-    def __init__(self, spec: KVCacheSpec, device="cpu"):
+    def __init__(self, spec: KVCacheSpec, device="cpu", max_bytes: int | None = None):
         self.spec = spec
         self.device = torch.device(device)
+        check_cache_memory(spec, self.device, max_bytes)   # one clear error instead of a failed allocation
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
         self.key = allocate(shape, spec.layout, spec.storage_dtype, self.device)
         self.value = allocate(shape, spec.layout, spec.storage_dtype, self.device)
@@ -128,8 +180,10 @@ class PagedKVCache:
             target[layer] = t
 
     def _check_layer(self, layer: int) -> None:
-        if not isinstance(layer, int) or not 0 <= layer < self.spec.num_layers:
-            raise IndexError(f"layer={layer!r}: this cache has layers 0..{self.spec.num_layers - 1}; "
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):    # numpy / torch ints are fine
+            raise TypeError(f"layer={layer!r}: expected an integer layer index, got {type(layer).__name__}")
+        if not 0 <= layer.__index__() < self.spec.num_layers:
+            raise IndexError(f"layer={layer.__index__()}: this cache has layers 0..{self.spec.num_layers - 1}; "
                              f"register draft-head layers by counting them in KVCacheSpec.num_layers")
 
     # -- reading back ------------------------------------------------------------------------

@@ -31,11 +31,46 @@ class CheckpointError(ValueError):
     """A checkpoint does not match the model it is loaded into (keys, shapes, sizes)."""
 
 
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from `path`, or a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file ({what})")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: cannot be read as JSON ({err}); the {what} is corrupt, restore it") from err
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object ({what}), got {type(data).__name__}")
+    return data
+
+
 def read_config(path: Path) -> LlamaConfig:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no config.json (a Hugging Face checkpoint directory needs one)")
-    return LlamaConfig.from_dict(json.loads(path.read_text()))
+    try:
+        return LlamaConfig.from_dict(read_json(path, "model config"))
+    except (TypeError, ValueError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: {err}") from err
+
+
+def read_safetensors(path) -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file, or a CheckpointError naming the file (the library's own
+    errors, e.g. "header too large", do not)."""
+    from safetensors import SafetensorError
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weights file")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable safetensors file ({why}); the file is corrupt "
+                              f"or truncated, restore it") from err
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -43,17 +78,21 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     directory = Path(directory)
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return read_safetensors(single)
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map object (a sharded checkpoint's index needs one)")
         out: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
-            tensors = load_file(str(directory / shard))
+            tensors = read_safetensors(directory / shard)
             out.update({k: v for k, v in tensors.items() if weight_map.get(k) == shard})
         missing = sorted(set(weight_map) - set(out))
         if missing:
             raise CheckpointError(f"{index}: keys {missing[:4]} are listed but not in their shards")
         return out
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such checkpoint directory")
     raise CheckpointError(f"{directory}: neither model.safetensors nor model.safetensors.index.json")
 
 
@@ -81,6 +120,8 @@ def load_state(module: torch.nn.Module, weights: dict[str, torch.Tensor], what: 
 def load_llama(directory, device="cpu", dtype=torch.float32) -> LlamaForCausalLM:
     """A Hugging Face Llama checkpoint directory -> `LlamaForCausalLM` in eval mode."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such checkpoint directory")
     cfg = read_config(directory / "config.json")
     weights = read_weights(directory)
     ignored = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # tied: the embedding is the head
@@ -99,7 +140,7 @@ def load_eagle(config, weights, target: LlamaForCausalLM, device="cpu", dtype=to
                               f"{target.config.hidden_size}: this head was trained for another target")
     if isinstance(weights, (str, Path)):
         p = Path(weights)
-        weights = read_weights(p) if p.is_dir() else load_file(str(p))
+        weights = read_weights(p) if p.is_dir() else read_safetensors(p)
     if weights and all(k.startswith("model.") for k in weights):
         weights = {k[len("model."):]: v for k, v in weights.items()}
     if is_eagle3(weights):
@@ -141,7 +182,11 @@ def load_tokenizer(path):
         path = path / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(f"{path}: no tokenizer.json")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a bad file
+        raise CheckpointError(f"{path}: not a readable tokenizer.json ({err}); the file is corrupt, "
+                              f"restore it") from err
 
 
 def save_llama(model: LlamaForCausalLM, directory, dtype=torch.bfloat16) -> None:

@@ -17,10 +17,12 @@ def load_tiny(device="cpu", dtype=torch.float32, directory=None, head: str = "ea
 
     head: `eagle1` (EagleHead, the default) or `eagle3` (Eagle3Head, draft vocabulary of 1024).
     """
-    from nwor_lab.model.loader import load_eagle, load_llama, load_tokenizer
+    from nwor_lab.model.loader import CheckpointError, load_eagle, load_llama, load_tokenizer
     if head not in HEADS:
         raise ValueError(f"head={head!r}: the shipped heads are {', '.join(HEADS)}")
     d = Path(directory or TINY_DIR)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: no such checkpoint directory (one laid out like {TINY_DIR})")
     target = load_llama(d, device=device, dtype=dtype)
     cfg, weights = HEADS[head]
     draft = load_eagle(d / cfg, d / weights, target, device=device, dtype=dtype)

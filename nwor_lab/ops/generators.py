@@ -155,3 +155,32 @@ def standard_cases(device="cpu", big: bool = True):
     # all padding, and no padding
     yield make_case(pad_frac=1.0, seed=next(seed), device=device)
     yield make_case(pad_frac=0.0, accept_frac=1.0, seed=next(seed), device=device)
+
+
+def saturating_cases(device="cpu"):
+    """fp8 cases whose K/V reach and pass the fp8 maximum (the clamp in `quant.quantize`, the
+    kernels' `__NV_SATFINITE`): both formats x scalar / per-head scales x every source dtype,
+    NHD and HND. Per layer and head, elements are `f * fmax * scale` for factors f from just
+    inside the range through exactly fmax, just past it, far beyond (1e3, 1e6), plus the source
+    dtype's largest finite value and infinities, both signs, mixed with ordinary values. Without
+    saturation e5m2 would store inf and e4m3fn NaN where `fmax` belongs."""
+    from nwor_lab.kv.cache import CACHE_DTYPES
+
+    factors = torch.tensor([0.25, 0.9, 1.0, 1.001, 1.02, 1.1, 1.5, 2.0, 4.0, 1e3, 1e6, float("inf")])
+    seed = itertools.count(1000)
+    for i, (cache_dtype, scale_kind, dtype) in enumerate(itertools.product(
+            ("fp8_e4m3", "fp8_e5m2"), ("scalar", "per_head"), SRC_DTYPES)):
+        case = make_case(num_layers=2, num_tokens=24, num_kv_heads=4, head_size=32, block_size=8, dtype=dtype,
+                         cache_dtype=cache_dtype, layout=("NHD", "HND")[i % 2], scale_kind=scale_kind,
+                         pad_frac=0.1, seed=next(seed))
+        gen = torch.Generator().manual_seed(i)
+        fmax = CACHE_DTYPES[cache_dtype][1]
+        for tensor, scales in ((case.key, case.cache.k_scale), (case.value, case.cache.v_scale)):
+            pick = torch.randint(0, len(factors), tensor.shape, generator=gen)
+            sign = torch.where(torch.rand(tensor.shape, generator=gen) < 0.5, -1.0, 1.0)
+            big = factors[pick] * sign * fmax * scales[:, None, :, None]             # [L, T, H, D]
+            big = torch.where(pick == 0, torch.randn(tensor.shape, generator=gen), big)   # ordinary values too
+            big[:, 0, 0, :2] = torch.tensor([1.0, -1.0]) * torch.finfo(dtype).max        # largest finite
+            tensor.copy_(big.to(dtype))          # fp16 overflows past 65504 to inf: saturates as well
+        case.name = "saturating-" + case.name
+        yield to_device(case, device)

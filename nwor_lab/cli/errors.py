@@ -1,0 +1,97 @@
+"""The `nwor-lab` command's one error path, shared by every command (built in or added later).
+
+A command raises; `nwor_lab.cli.main.main` catches, once:
+
+  UsageError, and the lab's domain errors        one line `nwor-lab: error: <message>`, exit 2
+    (ValueError, TypeError, IndexError, OSError,  the message names the argument, file or
+     MemoryError, RuntimeError: CheckpointError,  variable and the fix
+     ExtensionBuildError, a failed backend, ...)
+  KeyboardInterrupt                               exit 130 (a command with partial results prints
+                                                  them first, e.g. `generate`)
+  anything else (AssertionError, ...)             a bug: one line saying so, exit 1
+
+`--traceback` anywhere on the command line, or NWOR_LAB_DEBUG=1, prints the stack as well.
+A multi-line message (a compiler's output) is cut to its first line plus the line that says
+what failed. Parsers built from `LabArgumentParser` (subparsers inherit it) turn argparse's
+usage errors into UsageError too, so they print the same one line.
+
+A new command: `add_parsers(subparsers)` adds its parser with `set_defaults(func=run)`, `run(args)`
+returns the exit code and raises UsageError (or lets the lab's errors through) for bad input;
+`check_output_path` before any work for every file it will write.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+PROG = "nwor-lab"
+EXIT_USAGE = 2           # a bad argument, file, environment value (argparse uses 2 as well)
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, what shells report for Ctrl-C
+
+
+class UsageError(Exception):
+    """A bad argument, file or environment value. The message names it and says how to fix it."""
+
+
+class LabArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2 from `main`) instead of printing its usage."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# Exceptions whose message is about the input, the files or the machine: exit 2.
+DOMAIN_ERRORS = (UsageError, ValueError, TypeError, IndexError, OSError, MemoryError, RuntimeError)
+BUG_ERRORS = (NotImplementedError, RecursionError)        # RuntimeErrors that are the lab's fault
+
+# The line of a long message (a compiler's output) that says what went wrong.
+_TELLING = re.compile(r"not found|no such file|error|cannot|failed|fatal", re.IGNORECASE)
+
+
+def one_line(err: BaseException) -> str:
+    """`err`'s message on one line: its first line, plus the most telling later line if any."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    first = lines[0].rstrip(":")
+    if len(lines) == 1:
+        return first
+    telling = next((line for line in lines[1:] if _TELLING.search(line)), None)
+    more = f": {telling}" if telling else ""
+    return f"{first}{more} (full output: rerun with --traceback)"
+
+
+def describe(err: BaseException) -> tuple[int, str]:
+    """-> (exit code, the one line to print) for an exception a command raised."""
+    if isinstance(err, DOMAIN_ERRORS) and not isinstance(err, BUG_ERRORS):
+        return EXIT_USAGE, f"{PROG}: error: {one_line(err)}"
+    return EXIT_BUG, (f"{PROG}: internal error: {type(err).__name__}: {one_line(err)}; this is a bug in "
+                      f"nwor_lab, rerun with --traceback and report the stack")
+
+
+def check_output_path(flag: str, path) -> Path:
+    """Before any work: `path` can be written (its folder exists and is writable, it is not a
+    folder). -> the path. Raises UsageError naming `flag`."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give a file path, e.g. {p / 'out.json'}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it (mkdir -p {folder}) "
+                         f"or choose another path")
+    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable; choose a path you can write")
+    return p
+
+
+def flag_names(text: str, flags: dict[str, str]) -> str:
+    """Rewrite API parameter names in a message as the command's flags, so an engine error names
+    what the user typed: `flags` maps a parameter (`max_num_seqs`, or `k=` where a short name is
+    only safe before its value) to the flag (`--max-num-seqs`, `--k=`)."""
+    for name in sorted(flags, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])" if name[-1].isalnum() else
+                      rf"(?<![\w-]){re.escape(name)}", flags[name], text)
+    return text
