@@ -12,6 +12,8 @@ STAMP := $(VENV)/.nwor_lab-installed
 # Chapters run as committed; only cells marked `# NBVAL_CHECK_OUTPUT` are compared with their
 # stored output, after tests/nbval_sanitize.cfg masks timings, devices, addresses, paths, dates.
 # The kernel is this venv's Python (--nbval-current-env), whatever kernelspecs the user has.
+# One torch thread per kernel: the chapters' tensors are tiny, and on a busy 2-core machine torch's
+# thread pool made them up to 20x slower.
 NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
 CHAPTERS := $(wildcard notebooks/*.ipynb)
 # JupyterLab refuses to run as root unless told
@@ -30,11 +32,16 @@ $(STAMP): setup.py
 
 setup: $(STAMP)
 
+# The main job: the lab's health, then the default sweep of the shipped pair (every write policy
+# x k, chapter 07 run by papermill; CUDA when present, else CPU) and its HTML report. A re-run
+# skips the runs already finished in runs/main.
 run: $(STAMP)
 	mkdir -p runs
 	$(VENV)/bin/nwor-lab doctor
 	$(VENV)/bin/nwor-lab selfcheck --out runs/selfcheck.json > /dev/null && echo "selfcheck ok: runs/selfcheck.json"
-	$(VENV)/bin/nwor-lab generate "def parse_args(argv):" --k 4 --nwor stage --max-new-tokens 64
+	$(VENV)/bin/nwor-lab sweep notebooks/07_sweep.ipynb --grid nwor_mode=off,cow,stage --grid k=2,4 --out runs/main
+	$(VENV)/bin/nwor-lab report runs/main
+	@echo "sweep rows: runs/main/results.jsonl   executed notebooks: runs/main/notebooks/   report: runs/main/report.html"
 
 test: test-unit test-notebooks
 
@@ -44,7 +51,7 @@ test-unit: $(STAMP)
 # a separate pytest run: with --nbval-lax, `pytest tests` would also collect tests/data/*.ipynb
 test-notebooks: $(STAMP)
 ifneq ($(CHAPTERS),)
-	$(PY) -m pytest -q $(NBVAL) $(CHAPTERS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(NBVAL) $(CHAPTERS)
 else
 	@echo "test-notebooks: no chapters in notebooks/ yet, nothing for nbval to run"
 endif

@@ -140,7 +140,7 @@ CacheArgs list_caches(at::TensorList key_caches, at::TensorList value_caches, co
   const int64_t L = int64_t(key_caches.size());
   TORCH_CHECK(L > 0, "key_caches: expected one [num_blocks, block_size, num_kv_heads, head_size] tensor per "
               "layer, got an empty list");
-  TORCH_CHECK(int64_t(value_caches.size()) == L, "value_caches: has ", value_caches.size(),
+  TORCH_CHECK(int64_t(value_caches.size()) == L, "value_caches: has ", int64_t(value_caches.size()),
               " layers but key_caches has ", L, "; pass one key and one value cache per layer");
   CacheArgs c;
   c.ref = key_caches[0];

@@ -231,8 +231,6 @@ def test_sampled_rows_check_names_the_sampled_ids():
         check_index("token_offset", 2.0, 0, 4)
 
 
-@pytest.mark.xfail(reason="needs ScvRunner.accept to check the rows against the window (speculative/scv.py, "
-                          "the lead's file): today the message blames cu_num_draft_tokens")
 def test_scv_wrong_sampled_rows_blame_the_sampled_ids():
     from nwor_lab.speculative import ScvRunner
     from nwor_lab.window import Window
@@ -241,8 +239,6 @@ def test_scv_wrong_sampled_rows_blame_the_sampled_ids():
         ScvRunner("off").accept(window, torch.tensor([[5, 6, 7], [1, -1, -1]]))
 
 
-@pytest.mark.xfail(reason="needs WritePolicy.write to take numpy ints as token_offset (policies/policy.py, the "
-                          "lead's file; _checks.check_index does it)")
 def test_numpy_token_offset():
     from nwor_lab.policies import make_policy
     from nwor_lab.window import Window

@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from nwor_lab.kv import KVLayout, detect_layout
+
 from nwor_lab.kv.cache import FP8_MAX, PagedKVCache
 from nwor_lab.ops import commit, log_slots, restore_slots, write_kv
 from nwor_lab.ops.generators import make_case, per_layer_caches, standard_cases, vllm_flash_layer_caches
@@ -173,19 +175,21 @@ def test_restore_and_commit_bad_input(small):
 @pytest.mark.parametrize("case", [c for c in CASES if c.key.shape[1] <= 64][::3], ids=lambda c: c.name)
 def test_vllm_flash_layout_caches_equal_stacked(case):
     """vLLM 0.33's per-layer FlashAttention cache ([NB, H, BS, 2D], K and V packed in the last
-    dimension): detect_layout rejects its views, the ops (trusted) give the stacked path's bytes."""
+    dimension): its views are HND with padded rows (stride(BS) = 2D), and the ops, checked or
+    trusted, give the stacked path's bytes."""
     c = case.cache
     keys, values = vllm_flash_layer_caches(c)
-    with pytest.raises(ValueError, match="neither NHD nor HND"):
-        log_slots(keys, values, case.slot_mapping)
+    assert detect_layout(keys[0]) is KVLayout.HND
     log_s = log_slots(c.key, c.value, case.slot_mapping)
-    log_l = log_slots(keys, values, case.slot_mapping, trusted=True)
+    log_l = log_slots(keys, values, case.slot_mapping)
+    assert all(torch.equal(raw(a), raw(b)) for a, b in zip(log_l, log_slots(keys, values, case.slot_mapping,
+                                                                             trusted=True)))
     assert torch.equal(raw(log_l[0]), raw(log_s[0])) and torch.equal(raw(log_l[1]), raw(log_s[1]))
     ks, vs = (c.k_scale, c.v_scale) if c.is_fp8 else (None, None)
     commit(case.key, case.value, c.key, c.value, case.slot_mapping, case.commit_mask, ks, vs)
-    commit(case.key, case.value, keys, values, case.slot_mapping, case.commit_mask, ks, vs, trusted=True)
+    commit(case.key, case.value, keys, values, case.slot_mapping, case.commit_mask, ks, vs)
     assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
-    restore_slots(keys, values, case.slot_mapping, *log_l, trusted=True)
+    restore_slots(keys, values, case.slot_mapping, *log_l)
     restore_slots(c.key, c.value, case.slot_mapping, *log_s)
     assert torch.equal(_stacked_bytes(keys), raw(c.key)) and torch.equal(_stacked_bytes(values), raw(c.value))
 

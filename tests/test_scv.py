@@ -13,11 +13,6 @@ from nwor_lab.speculative.sampler import rejection_sample
 from nwor_lab.speculative.scv import Acceptance, ScvRunner, compute_acceptance
 
 I32 = torch.int32
-# The host loop (`off`, nwor_lab/speculative/scv.py) still compares ids; it must count the way the
-# op does. These tests document the change and turn green (strict xfail -> error) when it lands.
-LOOP_COUNTS_LIKE_VLLM = pytest.mark.xfail(
-    strict=True, reason="acceptance_loop (speculative/scv.py, lead's refactor) still compares ids "
-                        "instead of counting (sampled != -1).sum() - 1")
 
 
 def example():
@@ -42,7 +37,7 @@ def test_hand_example(mode):
     assert int(acc.num_accepted) == 4 and acc.accepted_per_request() == [2, 0, 2]
 
 
-@pytest.mark.parametrize("mode", [pytest.param("off", marks=LOOP_COUNTS_LIKE_VLLM), "graph"])
+@pytest.mark.parametrize("mode", ["off", "graph"])
 def test_fewer_columns_than_drafts_count_what_is_there(mode):
     # Each row's last non-placeholder column is read as the emitted token (vLLM's count), so a
     # draft needs its own column AND one after it: with one column nothing is accepted.
@@ -82,7 +77,7 @@ def zero_probability_case():
     return m.draft_token_ids, m.cu_num_draft_tokens, out, tr, tp
 
 
-@pytest.mark.parametrize("mode", [pytest.param("off", marks=LOOP_COUNTS_LIKE_VLLM), "graph", "adaptive"])
+@pytest.mark.parametrize("mode", ["off", "graph", "adaptive"])
 def test_zero_probability_draft_recovered_as_itself_is_not_accepted(mode):
     drafts, cu, sampled, tr, tp = zero_probability_case()
     acc = compute_acceptance(drafts, cu, sampled, token_req=tr, token_draft_pos=tp, mode=mode)
@@ -121,7 +116,7 @@ def test_padding_draft_is_rejected_from_sampler_output(mode):
         assert acc.commit_mask.tolist()[:7] == [True, False, False, True, True, False, False]
 
 
-@pytest.mark.parametrize("mode", [pytest.param("off", marks=LOOP_COUNTS_LIKE_VLLM), "graph"])
+@pytest.mark.parametrize("mode", ["off", "graph"])
 def test_padding_draft_is_rejected_even_if_sampled_ids_echo_it(mode):
     # Not a sampler's output, but a -1 draft must never match a -1 placeholder or an echoed -1.
     drafts = torch.tensor([-1, 3, 5], dtype=I32)
@@ -208,7 +203,6 @@ def test_vectorised_counts_like_vllm(w):
     assert no_tok.commit_mask is None and torch.equal(no_tok.draft_mask, ref.draft_mask)
 
 
-@LOOP_COUNTS_LIKE_VLLM
 @settings(max_examples=150, deadline=None)
 @given(windows())
 def test_off_equals_vectorised(w):
@@ -269,7 +263,7 @@ def test_shape_and_dtype_errors_name_the_argument():
         ScvRunner("graphs")
 
 
-@pytest.mark.parametrize("mode", [pytest.param("off", marks=LOOP_COUNTS_LIKE_VLLM), "graph", "adaptive"])
+@pytest.mark.parametrize("mode", ["off", "graph", "adaptive"])
 def test_runner_warns_once_on_clamp_and_says_how(mode, caplog):
     drafts, cu, sampled, _, _ = example()
     runner = ScvRunner(mode)
@@ -331,15 +325,15 @@ def test_runner_on_cuda_equals_off(mode):
     assert runner.how.startswith(("CUDA graph", "vectorised eager"))
 
 
-@LOOP_COUNTS_LIKE_VLLM
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
 def test_debug_commit_accepts_vllm_count_and_rejects_id_count(mode):
-    """Debug mode's cross-check of a commit against the sampler's output: the zero-probability
-    case commits with the emitted count (0 accepted) and no complaint; an acceptance that
-    counted by ids (1 accepted) is an error."""
+    """Debug mode's cross-check against the sampler's output (check_against_sampler, run by the
+    engine before the commit): the zero-probability case commits with the emitted count (0
+    accepted) and no complaint; an acceptance that counted by ids (1 accepted) is an error."""
     from nwor_lab import LabConfig
     from nwor_lab.kv import KVCacheSpec, PagedKVCache
     from nwor_lab.policies import make_policy
+    from nwor_lab.speculative import check_against_sampler
     from nwor_lab.window import Window
 
     drafts, cu, sampled, _, _ = zero_probability_case()
@@ -352,8 +346,12 @@ def test_debug_commit_accepts_vllm_count_and_rejects_id_count(mode):
         for layer in range(2):
             policy.write(layer, torch.randn(3, 2, 8), torch.randn(3, 2, 8))
         mask = torch.tensor([False, False]) if claimed == 0 else torch.tensor([True, False])
+        acceptance = Acceptance.from_draft_mask(window, mask)
+        assert torch.equal(ScvRunner("graph").accept(window, sampled).accepted_len, torch.tensor([0], dtype=I32))
         if ok:
-            assert policy.commit(mask, sampled_token_ids=sampled).num_accepted == 0
+            check_against_sampler(window, acceptance, sampled, "graph")
+            assert policy.commit(acceptance).num_accepted == 0
         else:
             with pytest.raises(AssertionError, match="comparing ids|sampler"):
-                policy.commit(mask, sampled_token_ids=sampled)
+                check_against_sampler(window, acceptance, sampled, "graph")
+            policy.cancel()

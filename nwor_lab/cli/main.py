@@ -115,11 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser. A command family adds itself with `add_parsers(subparsers)`, each
     parser with `set_defaults(func=run)` (see nwor_lab.cli.errors)."""
     from nwor_lab.cli import generate
+    from nwor_lab.sweep.cli import add_parsers as sweep_parsers
+    from nwor_lab.workshop import add_parsers as workshop_parsers
     p = LabArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--traceback", action="store_true",
                    help="on an error, show the Python stack too (also NWOR_LAB_DEBUG=1); allowed anywhere")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=LabArgumentParser)
-    for add in (doctor.add_parsers, _add_selfcheck, _add_build, _add_bench, generate.add_parsers):
+    for add in (doctor.add_parsers, _add_selfcheck, _add_build, _add_bench, generate.add_parsers,
+                sweep_parsers, workshop_parsers):
         add(sub)
     return p
 

@@ -21,17 +21,22 @@ class KVLayout(str, Enum):
 def detect_layout(cache: torch.Tensor) -> KVLayout:
     """Layout of a logical-NHD cache view `[..., NB, BS, H, D]` from its strides.
 
-    NHD: stride(BS) == H * D and stride(H) == D.  HND: stride(H) == BS * D and stride(BS) == D.
-    Anything else (e.g. a non-contiguous head_size) is rejected: kernels assume one of the two.
+    NHD: head rows inside a slot, slots inside a block: stride(H) >= D, stride(BS) >= H * stride(H),
+         stride(NB) >= BS * stride(BS).
+    HND: slot rows inside a head, heads inside a block: stride(BS) >= D, stride(H) >= BS * stride(BS),
+         stride(NB) >= H * stride(H).
+    Rows may be padded (vLLM 0.33's flash cache packs K and V in one `[NB, H, BS, 2D]` tensor per
+    layer: its K view has stride(BS) = 2D); the kernels take every stride as it is. Anything else
+    (e.g. a non-contiguous head_size) is rejected.
     """
     if not isinstance(cache, torch.Tensor) or cache.dim() < 4:
         raise ValueError(f"cache: expected a [..., num_blocks, block_size, num_kv_heads, head_size] "
                          f"tensor, got {getattr(cache, 'shape', type(cache).__name__)}")
     bs, h, d = cache.shape[-3:]
-    s_bs, s_h, s_d = cache.stride()[-3:]
-    if s_d == 1 and s_h == d and s_bs == h * d:
+    s_nb, s_bs, s_h, s_d = cache.stride()[-4:]
+    if s_d == 1 and s_h >= d and s_bs >= h * s_h and s_nb >= bs * s_bs:
         return KVLayout.NHD
-    if s_d == 1 and s_bs == d and s_h == bs * d:
+    if s_d == 1 and s_bs >= d and s_h >= bs * s_bs and s_nb >= h * s_h:
         return KVLayout.HND
     # Size-1 dimensions have arbitrary strides; with H == 1 or BS == 1 both readings agree.
     if s_d == 1 and (h == 1 or bs == 1):

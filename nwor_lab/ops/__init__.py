@@ -6,9 +6,10 @@
 from nwor_lab.ops.backend import BackendInfo, backend, use_cuda
 from nwor_lab.ops.commit import commit, commit_reference
 from nwor_lab.ops.scv import scv_mask, scv_mask_reference
-from nwor_lab.ops.slots import log_slots, log_slots_reference, restore_slots, restore_slots_reference
+from nwor_lab.ops.slots import (layer_pointers, log_slots, log_slots_reference, restore_slots,
+                                restore_slots_reference)
 from nwor_lab.ops.write_kv import write_kv, write_kv_reference
 
-__all__ = ["BackendInfo", "backend", "use_cuda", "write_kv", "write_kv_reference", "log_slots",
+__all__ = ["BackendInfo", "backend", "use_cuda", "write_kv", "write_kv_reference", "layer_pointers", "log_slots",
            "log_slots_reference", "restore_slots", "restore_slots_reference", "commit", "commit_reference",
            "scv_mask", "scv_mask_reference"]

@@ -114,9 +114,8 @@ def vllm_flash_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torc
     """The cache in vLLM 0.33's FlashAttention layout: one tensor `[NB, H, BS, 2 * D]` per layer, K in
     the first D and V in the last D of the last dimension. Returns the logical `[NB, BS, H, D]` views
     its `do_kv_cache_update` hands to `reshape_and_cache_flash` (`kv.transpose(1, 2).split(D, -1)`),
-    with the stacked cache's bytes. Their strides (stride(BS) = 2 D, stride(H) = BS * 2 D) are
-    neither NHD nor HND, so `detect_layout` rejects them: the kernels take any strides with D
-    contiguous, so run the ops with `trusted=True` (see docs/vllm.md)."""
+    with the stacked cache's bytes. Their strides (stride(BS) = 2 D, stride(H) = BS * 2 D) make them
+    HND views with padded rows, which `detect_layout` accepts and the kernels take as they are."""
     device = cache.device if device is None else torch.device(device)
     spec = cache.spec
     keys, values = [], []

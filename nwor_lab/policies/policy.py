@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from nwor_lab._checks import FLOAT_DTYPES, capturing, check_slots, check_tensor, same_device
+from nwor_lab._checks import FLOAT_DTYPES, capturing, check_index, check_slots, check_tensor, same_device
 from nwor_lab.config import LabConfig
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics, WindowRecord
@@ -119,7 +119,8 @@ class WritePolicy:
         if key.dtype != spec.dtype:
             raise TypeError(f"key: dtype {key.dtype} but the cache was built for {spec.dtype} (KVCacheSpec.dtype)")
         n = key.shape[0]
-        if not isinstance(token_offset, int) or token_offset < 0 or token_offset + n > w.num_tokens:
+        token_offset = check_index("token_offset", token_offset, 0, w.num_tokens + 1, "a row of the window")
+        if token_offset + n > w.num_tokens:
             raise ValueError(f"token_offset={token_offset!r} with {n} rows does not fit the window's "
                              f"{w.num_tokens} tokens")
         ranges = self._rows.setdefault(layer, [])

@@ -7,8 +7,7 @@
   check_against_sampler  debug: an Acceptance equals the host loop over the sampler's output
 """
 from nwor_lab.speculative.metadata import SpecDecodeMetadata
-from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
-from nwor_lab.speculative.sampler import _sample_from as sample_from_probs  # public name: see sampler.py
+from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample, sample_from_probs
 from nwor_lab.speculative.scv import ScvRunner, acceptance_loop, check_against_sampler, compute_acceptance
 from nwor_lab.window import Acceptance
 

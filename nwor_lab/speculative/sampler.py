@@ -40,6 +40,8 @@ from the metadata's host list), so it runs unchanged on CPU and CUDA tensors.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nwor_lab._checks import FLOAT_DTYPES, check_tensor
@@ -77,8 +79,8 @@ def _per_request_temperature(temperature, num_reqs: int, device) -> torch.Tensor
             raise TypeError("temperature: expected a float tensor, e.g. temperature.float()")
         return temperature.to(device=device, dtype=torch.float32)
     temperature = float(temperature)
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     if temperature == 0:
         return None
     return torch.full((num_reqs,), temperature, dtype=torch.float32, device=device)

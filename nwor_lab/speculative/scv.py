@@ -8,9 +8,13 @@ Three modes (LabConfig.scv_mode):
   adaptive  like graph, but when capture is impossible it falls back to the eager vectorised op
             (logged once) instead of raising.
 
-Words: draft j (1-based) of request r is accepted iff every draft <= j is in bounds (column j-1
-exists in the sampled ids) and equals `sampled_token_ids[r, j-1]`; the accepted length a_r counts
-them; the commit mask keeps window token t iff `token_draft_pos[t] <= a_{token_req[t]}`.
+Words: the accepted length a_r is counted as vLLM's runner counts it: the sampler emitted
+`(sampled_token_ids[r] != -1).sum()` tokens, the accepted drafts then one recovered or bonus
+token, so a_r = emitted - 1, capped at the request's drafts and cut at its first padding draft
+(id -1, always rejected). Drafts d_1..d_{a_r} are accepted (the prefix rule); the commit mask keeps
+window token t iff `token_draft_pos[t] <= a_{token_req[t]}`. Comparing draft ids with sampled ids
+gives the same count for consistent inputs only: a draft whose draft probability is 0 is rejected
+and its recovered token may be the very same id (`nwor_lab.ops.scv.check_against_ids`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ import logging
 import torch
 
 from nwor_lab.config import SCV_MODES
-from nwor_lab.ops.scv import check_scv_args, scv_mask
+from nwor_lab.ops.scv import check_against_ids, check_scv_args, scv_mask
+from nwor_lab._checks import check_sampled_rows
 from nwor_lab.window import Acceptance
 
 logger = logging.getLogger("nwor_lab.scv")
@@ -49,14 +54,16 @@ def acceptance_loop(draft_token_ids, cu_num_draft_tokens, sampled_token_ids, tok
     accepted_len = []
     start = 0
     for r, end in enumerate(ends):
-        if end - start > num_cols and on_clamp is not None:
-            on_clamp(r, end - start, num_cols)
-        a = 0
-        for j in range(end - start):          # j = column of draft d_{j+1}
-            if j >= num_cols or sampled[r][j] != drafts[start + j]:
-                break                         # first mismatch (or no column): the rest are rejected
+        n = end - start
+        if n + 1 > num_cols and on_clamp is not None:
+            on_clamp(r, n, num_cols)
+        a = min(max(sum(t != -1 for t in sampled[r]) - 1, 0), n)   # emitted - 1, as vLLM counts
+        for j in range(a):
+            if drafts[start + j] < 0:         # a padding draft ends the accepted prefix
+                a = j
+                break
+        for j in range(a):
             draft_mask[start + j] = True
-            a += 1
         accepted_len.append(a)
         start = end
 
@@ -89,12 +96,14 @@ def check_against_sampler(window, acceptance: Acceptance, sampled_token_ids: tor
                           mode: str = "?") -> None:
     """Debug: `acceptance` must say what the plain host loop says about the sampler's output
     (committed == accepted by the sampler, every window). One sync; raises AssertionError."""
-    ref = acceptance_loop(window.draft_token_ids.cpu(), window.cu_num_draft_tokens.cpu(),
-                          sampled_token_ids.cpu())
+    drafts, cu, sampled = (window.draft_token_ids.cpu(), window.cu_num_draft_tokens.cpu(),
+                           sampled_token_ids.cpu())
+    ref = acceptance_loop(drafts, cu, sampled)
     got = acceptance.accepted_len.cpu().to(torch.int32)
     if not torch.equal(got, ref.accepted_len.to(torch.int32)):
         raise AssertionError(f"NWOR debug: the acceptance (SCV {mode}) says {got.tolist()} accepted but "
                              f"the sampler's output says {ref.accepted_len.tolist()}")
+    check_against_ids(drafts, cu, sampled, got)   # ids agree wherever the two counts are equivalent
 
 
 class ScvRunner:
@@ -126,15 +135,16 @@ class ScvRunner:
         if max_spec_len is None and cu_num_draft_tokens.device.type == "cpu" and num_reqs:
             n = torch.diff(cu_num_draft_tokens, prepend=cu_num_draft_tokens.new_zeros(1))
             max_spec_len = int(n.max())
-        if max_spec_len is not None and max_spec_len > num_cols:
+        if max_spec_len is not None and max_spec_len + 1 > num_cols:
             self._warn_clamp(f"a request has {max_spec_len} drafts but sampled_token_ids has "
                              f"{num_cols} columns")
-        elif total > num_reqs * num_cols:
+        elif total + num_reqs > num_reqs * num_cols:
             self._warn_clamp(f"{total} drafts cannot fit {num_reqs} x {num_cols} sampled ids")
 
     def accept(self, window, sampled_token_ids: torch.Tensor, *, max_spec_len: int | None = None) -> Acceptance:
         """The `Acceptance` of `window` (a `nwor_lab.window.Window` with draft ids) from the
         rejection sampler's output `[R, max_spec_len + 1]`, commit mask included."""
+        check_sampled_rows(sampled_token_ids, window.num_reqs)
         if window.draft_token_ids is None:
             raise ValueError("window: it has no draft_token_ids to compare with sampled_token_ids; build it "
                              "with Window.from_metadata or pass draft_token_ids to Window.from_counts")

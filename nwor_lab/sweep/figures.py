@@ -23,6 +23,8 @@ MAX_PANEL_COLUMNS = 3
 def metric_label(name: str) -> tuple[str, str | None]:
     """`"step_ms"` -> `("step", "ms")`; `"acceptance_length"` -> `("acceptance length", None)`."""
     for suffix, unit in sorted(UNIT_SUFFIXES, key=lambda su: -len(su[0])):
+        if "_" + name == suffix:          # the name is the unit itself, e.g. "tok_s"
+            return unit, None
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)].replace("_", " "), unit
     return name.replace("_", " "), None
