@@ -21,6 +21,7 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "nwor_kernels.h"
 
@@ -28,6 +29,32 @@ namespace nwor {
 namespace {
 
 using at::Tensor;
+
+// Error messages without iostream number formatting. Where the host compiler links libstdc++
+// statically into the extension (seen on the H200 machines: CXX=/opt/gcc/bin/g++), formatting an
+// integer through the extension's own std::ostream meets the process's libstdc++ locale and
+// crashes (a segfault instead of the error). std::to_string uses no locale; the message reaches
+// TORCH_CHECK as one std::string, which c10 passes through without a stream.
+inline void put(std::string& out, const char* s) { out += s; }
+inline void put(std::string& out, const std::string& s) { out += s; }
+inline void put(std::string& out, char c) { out += c; }
+inline void put(std::string& out, bool b) { out += b ? "true" : "false"; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+inline void put(std::string& out, T v) { out += std::to_string(v); }
+inline void put(std::string& out, at::ScalarType t) { out += c10::toString(t); }
+inline void put(std::string& out, const c10::Device& d) { out += d.str(); }
+inline void put(std::string& out, at::IntArrayRef a) {
+  out += "[";
+  for (size_t i = 0; i < a.size(); ++i) out += (i ? ", " : "") + std::to_string(a[i]);
+  out += "]";
+}
+template <typename... Args>
+std::string msg(const Args&... args) {
+  std::string out;
+  (put(out, args), ...);
+  return out;
+}
+#define NWOR_CHECK(cond, ...) TORCH_CHECK(cond, ::nwor::msg(__VA_ARGS__))
 
 Elem elem_of(const Tensor& t, const char* name, bool allow_fp8) {
   switch (t.scalar_type()) {
@@ -42,28 +69,28 @@ Elem elem_of(const Tensor& t, const char* name, bool allow_fp8) {
       break;
     default: break;
   }
-  TORCH_CHECK(false, name, ": dtype ", t.scalar_type(), " is not supported; use float32, float16 or bfloat16",
+  NWOR_CHECK(false, name, ": dtype ", t.scalar_type(), " is not supported; use float32, float16 or bfloat16",
               allow_fp8 ? " (or float8_e4m3fn / float8_e5m2 for a cache)" : "");
-  return Elem::F32;  // unreachable: TORCH_CHECK(false) throws
+  return Elem::F32;  // unreachable: NWOR_CHECK(false) throws
 }
 
 bool is_fp8(Elem e) { return e == Elem::E4M3 || e == Elem::E5M2; }
 
 void check_cuda(const Tensor& t, const char* name, const Tensor& ref) {
-  TORCH_CHECK(t.is_cuda(), name, ": must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.device() == ref.device(), name, ": is on ", t.device(), " but the cache is on ", ref.device());
+  NWOR_CHECK(t.is_cuda(), name, ": must be a CUDA tensor, got ", t.device());
+  NWOR_CHECK(t.device() == ref.device(), name, ": is on ", t.device(), " but the cache is on ", ref.device());
 }
 
 void check_index(const Tensor& t, const char* name, const Tensor& ref) {
   check_cuda(t, name, ref);
-  TORCH_CHECK(t.dim() == 1, name, ": expected a 1-D tensor, got shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
+  NWOR_CHECK(t.dim() == 1, name, ": expected a 1-D tensor, got shape ", t.sizes());
+  NWOR_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, name,
               ": dtype must be int32 or int64, got ", t.scalar_type());
-  TORCH_CHECK(t.numel() <= 1 || t.stride(0) == 1, name, ": must be contiguous (use ", name, ".contiguous())");
+  NWOR_CHECK(t.numel() <= 1 || t.stride(0) == 1, name, ": must be contiguous (use ", name, ".contiguous())");
 }
 
 void check_last_contiguous(const Tensor& t, const char* name) {
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+  NWOR_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
               ": the last (head_size) dimension must be contiguous, got strides ", t.strides());
 }
 
@@ -75,7 +102,7 @@ struct CacheView {
 
 CacheView cache_view(const Tensor& c, const char* name, bool stacked) {
   const int64_t want = stacked ? 5 : 4;
-  TORCH_CHECK(c.dim() == want, name, ": expected a ", want, "-D cache ",
+  NWOR_CHECK(c.dim() == want, name, ": expected a ", want, "-D cache ",
               stacked ? "[layers, num_blocks, block_size, num_kv_heads, head_size]"
                       : "[num_blocks, block_size, num_kv_heads, head_size]",
               " (logical NHD; HND is a permuted view), got shape ", c.sizes());
@@ -91,12 +118,12 @@ CacheView cache_view(const Tensor& c, const char* name, bool stacked) {
   v.stride[1] = c.stride(o);
   v.stride[2] = c.stride(o + 1);
   v.stride[3] = c.stride(o + 2);
-  TORCH_CHECK(v.blocks * v.block_size < (int64_t(1) << 31), name, ": more than 2^31 slots are not supported");
+  NWOR_CHECK(v.blocks * v.block_size < (int64_t(1) << 31), name, ": more than 2^31 slots are not supported");
   return v;
 }
 
 void check_same_shape(const CacheView& a, const CacheView& b) {
-  TORCH_CHECK(a.layers == b.layers && a.blocks == b.blocks && a.block_size == b.block_size &&
+  NWOR_CHECK(a.layers == b.layers && a.blocks == b.blocks && a.block_size == b.block_size &&
                   a.heads == b.heads && a.head_size == b.head_size,
               "key_cache and value_cache must have the same shape");
 }
@@ -121,7 +148,7 @@ CacheArgs tensor_caches(const Tensor& key_cache, const Tensor& value_cache, bool
   c.view[0] = cache_view(key_cache, "key_cache", stacked);
   c.view[1] = cache_view(value_cache, "value_cache", stacked);
   check_same_shape(c.view[0], c.view[1]);
-  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key_cache and value_cache dtypes differ: ",
+  NWOR_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "key_cache and value_cache dtypes differ: ",
               key_cache.scalar_type(), " vs ", value_cache.scalar_type());
   c.base[0] = key_cache.data_ptr();
   c.base[1] = value_cache.data_ptr();
@@ -138,9 +165,9 @@ CacheArgs tensor_caches(const Tensor& key_cache, const Tensor& value_cache, bool
 // would sync); nwor_lab.ops.slots.layer_pointers builds it and checks it on the host.
 CacheArgs list_caches(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs) {
   const int64_t L = int64_t(key_caches.size());
-  TORCH_CHECK(L > 0, "key_caches: expected one [num_blocks, block_size, num_kv_heads, head_size] tensor per "
+  NWOR_CHECK(L > 0, "key_caches: expected one [num_blocks, block_size, num_kv_heads, head_size] tensor per "
               "layer, got an empty list");
-  TORCH_CHECK(int64_t(value_caches.size()) == L, "value_caches: has ", int64_t(value_caches.size()),
+  NWOR_CHECK(int64_t(value_caches.size()) == L, "value_caches: has ", int64_t(value_caches.size()),
               " layers but key_caches has ", L, "; pass one key and one value cache per layer");
   CacheArgs c;
   c.ref = key_caches[0];
@@ -154,17 +181,17 @@ CacheArgs list_caches(at::TensorList key_caches, at::TensorList value_caches, co
     for (int64_t l = 0; l < L; ++l) {
       const Tensor& t = lists[kv][l];
       check_cuda(t, names[kv], c.ref);
-      TORCH_CHECK(t.sizes() == first.sizes() && t.strides() == first.strides(), names[kv], "[", l,
+      NWOR_CHECK(t.sizes() == first.sizes() && t.strides() == first.strides(), names[kv], "[", l,
                   "]: shape ", t.sizes(), " strides ", t.strides(), " differ from layer 0's ", first.sizes(), " ",
                   first.strides(), "; every layer must be allocated alike");
-      TORCH_CHECK(t.scalar_type() == c.ref.scalar_type(), names[kv], "[", l, "]: dtype ", t.scalar_type(),
+      NWOR_CHECK(t.scalar_type() == c.ref.scalar_type(), names[kv], "[", l, "]: dtype ", t.scalar_type(),
                   " differs from key_caches[0]'s ", c.ref.scalar_type());
       c.addr_bits[kv] |= reinterpret_cast<uintptr_t>(t.data_ptr());
     }
   }
   check_same_shape(c.view[0], c.view[1]);
   check_cuda(layer_ptrs, "layer_ptrs", c.ref);
-  TORCH_CHECK(layer_ptrs.scalar_type() == at::kLong && layer_ptrs.dim() == 2 && layer_ptrs.size(0) == 2 &&
+  NWOR_CHECK(layer_ptrs.scalar_type() == at::kLong && layer_ptrs.dim() == 2 && layer_ptrs.size(0) == 2 &&
                   layer_ptrs.size(1) == L && layer_ptrs.is_contiguous(),
               "layer_ptrs: expected a contiguous int64 [2, ", L, "] table of layer base addresses, got ",
               layer_ptrs.scalar_type(), " ", layer_ptrs.sizes(), "; build it with nwor_lab.ops.slots.layer_pointers");
@@ -177,8 +204,8 @@ CacheArgs list_caches(at::TensorList key_caches, at::TensorList value_caches, co
 // Scale broadcast to [L, H]: accepts [L, H], [H], [1] or a 0-d tensor; size-1 dims broadcast.
 void scale_strides(const Tensor& s, const char* name, int64_t L, int64_t H, const Tensor& ref, int64_t out[2]) {
   check_cuda(s, name, ref);
-  TORCH_CHECK(s.scalar_type() == at::kFloat, name, ": fp8 scales must be float32, got ", s.scalar_type());
-  TORCH_CHECK(s.dim() <= 2, name, ": expected a scale of shape [num_layers, num_kv_heads], [num_kv_heads] or "
+  NWOR_CHECK(s.scalar_type() == at::kFloat, name, ": fp8 scales must be float32, got ", s.scalar_type());
+  NWOR_CHECK(s.dim() <= 2, name, ": expected a scale of shape [num_layers, num_kv_heads], [num_kv_heads] or "
               "a scalar, got ", s.sizes());
   int64_t size_l = 1, stride_l = 0, size_h = 1, stride_h = 0;
   if (s.dim() == 2) {
@@ -186,8 +213,8 @@ void scale_strides(const Tensor& s, const char* name, int64_t L, int64_t H, cons
   } else if (s.dim() == 1) {
     size_h = s.size(0); stride_h = s.stride(0);
   }
-  TORCH_CHECK(size_l == 1 || size_l == L, name, ": has ", size_l, " layers, the cache has ", L);
-  TORCH_CHECK(size_h == 1 || size_h == H, name, ": has ", size_h, " heads, the cache has ", H);
+  NWOR_CHECK(size_l == 1 || size_l == L, name, ": has ", size_l, " layers, the cache has ", L);
+  NWOR_CHECK(size_h == 1 || size_h == H, name, ": has ", size_h, " heads, the cache has ", H);
   out[0] = size_l == 1 ? 0 : stride_l;
   out[1] = size_h == 1 ? 0 : stride_h;
 }
@@ -211,15 +238,15 @@ void write_rows(const Tensor& key, const Tensor& value, const CacheArgs& c, cons
   for (int kv = 0; kv < 2; ++kv) {
     const Tensor& s = *src[kv];
     const int64_t want = stacked ? 4 : 3;
-    TORCH_CHECK(s.dim() == want, src_name[kv], ": expected ",
+    NWOR_CHECK(s.dim() == want, src_name[kv], ": expected ",
                 stacked ? "[num_layers, max_tokens, num_kv_heads, head_size]" : "[num_tokens, num_kv_heads, head_size]",
                 ", got shape ", s.sizes());
     const int o = stacked ? 1 : 0;
-    TORCH_CHECK(!stacked || s.size(0) == kc.layers, src_name[kv], ": has ", s.size(0), " layers, the cache has ",
+    NWOR_CHECK(!stacked || s.size(0) == kc.layers, src_name[kv], ": has ", s.size(0), " layers, the cache has ",
                 kc.layers);
-    TORCH_CHECK(stacked ? s.size(o) >= T : s.size(o) == T, src_name[kv], ": has ", s.size(o),
+    NWOR_CHECK(stacked ? s.size(o) >= T : s.size(o) == T, src_name[kv], ": has ", s.size(o),
                 " token rows for ", T, " slots");
-    TORCH_CHECK(s.size(o + 1) == kc.heads && s.size(o + 2) == kc.head_size, src_name[kv], ": rows are [",
+    NWOR_CHECK(s.size(o + 1) == kc.heads && s.size(o + 2) == kc.head_size, src_name[kv], ": rows are [",
                 s.size(o + 1), ", ", s.size(o + 2), "] but the cache holds [num_kv_heads=", kc.heads,
                 ", head_size=", kc.head_size, "]");
     check_last_contiguous(s, src_name[kv]);
@@ -228,7 +255,7 @@ void write_rows(const Tensor& key, const Tensor& value, const CacheArgs& c, cons
     p.src_stride[kv][1] = s.stride(o);
     p.src_stride[kv][2] = s.stride(o + 1);
   }
-  TORCH_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ: ", key.scalar_type(), " vs ",
+  NWOR_CHECK(key.scalar_type() == value.scalar_type(), "key and value dtypes differ: ", key.scalar_type(), " vs ",
               value.scalar_type());
   p.src_elem = elem_of(key, src_name[0], false);
   p.cache_elem = elem_of(c.ref, "key_cache", true);
@@ -239,7 +266,7 @@ void write_rows(const Tensor& key, const Tensor& value, const CacheArgs& c, cons
   }
   p.layer_ptrs = c.layer_ptrs;
   if (is_fp8(p.cache_elem)) {
-    TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), "an fp8 cache (", c.dtype,
+    NWOR_CHECK(k_scale.has_value() && v_scale.has_value(), "an fp8 cache (", c.dtype,
                 ") needs k_scale and v_scale (float32, [num_kv_heads] or a scalar per layer)");
     scale_strides(*k_scale, "k_scale", kc.layers, kc.heads, c.ref, p.scale_stride[0]);
     scale_strides(*v_scale, "v_scale", kc.layers, kc.heads, c.ref, p.scale_stride[1]);
@@ -251,9 +278,9 @@ void write_rows(const Tensor& key, const Tensor& value, const CacheArgs& c, cons
   if (commit_mask.has_value()) {
     const Tensor& m = *commit_mask;
     check_cuda(m, "commit_mask", c.ref);
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 1 && m.numel() == T, "commit_mask: expected a bool [",
+    NWOR_CHECK(m.scalar_type() == at::kBool && m.dim() == 1 && m.numel() == T, "commit_mask: expected a bool [",
                 T, "] tensor (one flag per window token), got ", m.scalar_type(), " ", m.sizes());
-    TORCH_CHECK(m.numel() <= 1 || m.stride(0) == 1, "commit_mask: must be contiguous");
+    NWOR_CHECK(m.numel() <= 1 || m.stride(0) == 1, "commit_mask: must be contiguous");
     p.mask = m.data_ptr<bool>();
   }
   p.num_layers = int(kc.layers);
@@ -285,7 +312,7 @@ void commit_layers(const Tensor& staged_key, const Tensor& staged_value, at::Ten
                    at::TensorList value_caches, const Tensor& layer_ptrs, const Tensor& slot_mapping,
                    const Tensor& commit_mask, const std::optional<Tensor>& k_scale,
                    const std::optional<Tensor>& v_scale) {
-  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  NWOR_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
   const c10::cuda::CUDAGuard guard(key_caches[0].device());
   write_rows(staged_key, staged_value, list_caches(key_caches, value_caches, layer_ptrs), slot_mapping,
              commit_mask, k_scale, v_scale, true);
@@ -300,13 +327,13 @@ void slot_copy(const CacheArgs& c, const Tensor& slots, const Tensor& log_k, con
   for (int kv = 0; kv < 2; ++kv) {
     const Tensor& g = *logs[kv];
     check_cuda(g, names[kv], c.ref);
-    TORCH_CHECK(g.dim() == 4 && g.size(0) == kc.layers && g.size(1) == n && g.size(2) == kc.heads &&
+    NWOR_CHECK(g.dim() == 4 && g.size(0) == kc.layers && g.size(1) == n && g.size(2) == kc.heads &&
                     g.size(3) == kc.head_size,
                 names[kv], ": expected shape [", kc.layers, ", ", n, ", ", kc.heads, ", ", kc.head_size,
                 "] = [num_layers, num_slots, num_kv_heads, head_size], got ", g.sizes());
-    TORCH_CHECK(g.scalar_type() == c.dtype, names[kv], ": dtype ", g.scalar_type(),
+    NWOR_CHECK(g.scalar_type() == c.dtype, names[kv], ": dtype ", g.scalar_type(),
                 " must equal the cache's storage dtype ", c.dtype);
-    TORCH_CHECK(g.is_contiguous(), names[kv], ": must be contiguous");
+    NWOR_CHECK(g.is_contiguous(), names[kv], ": must be contiguous");
   }
   SlotCopyParams p{};
   for (int kv = 0; kv < 2; ++kv) {
@@ -344,14 +371,14 @@ void restore_slots(const Tensor& key_cache, const Tensor& value_cache, const Ten
 
 void log_slots_layers(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs,
                       const Tensor& slots, const Tensor& log_k, const Tensor& log_v) {
-  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  NWOR_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
   const c10::cuda::CUDAGuard guard(key_caches[0].device());
   slot_copy(list_caches(key_caches, value_caches, layer_ptrs), slots, log_k, log_v, false);
 }
 
 void restore_slots_layers(at::TensorList key_caches, at::TensorList value_caches, const Tensor& layer_ptrs,
                           const Tensor& slots, const Tensor& log_k, const Tensor& log_v) {
-  TORCH_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
+  NWOR_CHECK(!key_caches.empty(), "key_caches: expected one tensor per layer, got an empty list");
   const c10::cuda::CUDAGuard guard(key_caches[0].device());
   slot_copy(list_caches(key_caches, value_caches, layer_ptrs), slots, log_k, log_v, true);
 }
@@ -366,22 +393,22 @@ void scv_mask(const Tensor& draft_token_ids, const Tensor& cu_num_draft_tokens, 
   check_cuda(ref, "sampled_token_ids", ref);
   check_index(draft_token_ids, "draft_token_ids", ref);
   check_index(cu_num_draft_tokens, "cu_num_draft_tokens", ref);
-  TORCH_CHECK(sampled_token_ids.dim() == 2, "sampled_token_ids: expected [num_reqs, max_spec_len + 1], got ",
+  NWOR_CHECK(sampled_token_ids.dim() == 2, "sampled_token_ids: expected [num_reqs, max_spec_len + 1], got ",
               sampled_token_ids.sizes());
-  TORCH_CHECK(sampled_token_ids.scalar_type() == at::kInt || sampled_token_ids.scalar_type() == at::kLong,
+  NWOR_CHECK(sampled_token_ids.scalar_type() == at::kInt || sampled_token_ids.scalar_type() == at::kLong,
               "sampled_token_ids: dtype must be int32 or int64");
   const int64_t R = cu_num_draft_tokens.numel();
   const int64_t D = draft_token_ids.numel();
-  TORCH_CHECK(sampled_token_ids.size(0) == R, "sampled_token_ids: has ", sampled_token_ids.size(0),
+  NWOR_CHECK(sampled_token_ids.size(0) == R, "sampled_token_ids: has ", sampled_token_ids.size(0),
               " rows but cu_num_draft_tokens has ", R, " requests");
-  TORCH_CHECK(R <= kScvMaxRequests, "scv_mask: at most ", kScvMaxRequests, " requests per call, got ", R);
-  TORCH_CHECK(D < (int64_t(1) << 31), "scv_mask: too many draft tokens");
+  NWOR_CHECK(R <= kScvMaxRequests, "scv_mask: at most ", kScvMaxRequests, " requests per call, got ", R);
+  NWOR_CHECK(D < (int64_t(1) << 31), "scv_mask: too many draft tokens");
   check_cuda(draft_mask, "draft_mask", ref);
   check_cuda(accepted_len, "accepted_len", ref);
-  TORCH_CHECK(draft_mask.scalar_type() == at::kBool && draft_mask.numel() == D && draft_mask.is_contiguous(),
+  NWOR_CHECK(draft_mask.scalar_type() == at::kBool && draft_mask.numel() == D && draft_mask.is_contiguous(),
               "draft_mask: expected a contiguous bool [", D, "] tensor, got ", draft_mask.scalar_type(), " ",
               draft_mask.sizes());
-  TORCH_CHECK(accepted_len.scalar_type() == at::kInt && accepted_len.numel() == R && accepted_len.is_contiguous(),
+  NWOR_CHECK(accepted_len.scalar_type() == at::kInt && accepted_len.numel() == R && accepted_len.is_contiguous(),
               "accepted_len: expected a contiguous int32 [", R, "] tensor, got ", accepted_len.scalar_type(), " ",
               accepted_len.sizes());
   const int64_t T = token_req.numel();
@@ -389,12 +416,12 @@ void scv_mask(const Tensor& draft_token_ids, const Tensor& cu_num_draft_tokens, 
   if (T > 0) {
     check_index(token_req, "token_req", ref);
     check_index(token_draft_pos, "token_draft_pos", ref);
-    TORCH_CHECK(token_draft_pos.numel() == T, "token_draft_pos: has ", token_draft_pos.numel(),
+    NWOR_CHECK(token_draft_pos.numel() == T, "token_draft_pos: has ", token_draft_pos.numel(),
                 " entries, token_req has ", T);
     check_cuda(commit_mask, "commit_mask", ref);
-    TORCH_CHECK(commit_mask.scalar_type() == at::kBool && commit_mask.numel() == T && commit_mask.is_contiguous(),
+    NWOR_CHECK(commit_mask.scalar_type() == at::kBool && commit_mask.numel() == T && commit_mask.is_contiguous(),
                 "commit_mask: expected a contiguous bool [", T, "] tensor");
-    TORCH_CHECK(T < (int64_t(1) << 31), "scv_mask: too many tokens");
+    NWOR_CHECK(T < (int64_t(1) << 31), "scv_mask: too many tokens");
     p.token_req = token_req.data_ptr();
     p.token_req_is64 = is64(token_req);
     p.token_pos = token_draft_pos.data_ptr();
@@ -419,7 +446,7 @@ void scv_mask(const Tensor& draft_token_ids, const Tensor& cu_num_draft_tokens, 
 }
 
 void noop(const Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), "noop: expects a CUDA tensor (it picks the device)");
+  NWOR_CHECK(x.is_cuda(), "noop: expects a CUDA tensor (it picks the device)");
   const c10::cuda::CUDAGuard guard(x.device());
   C10_CUDA_CHECK(launch_noop(stream_for(x)));
 }

@@ -497,3 +497,13 @@ def test_opcheck_scv_and_noop(ext):
             torch.empty(token_req.shape[0], dtype=torch.bool, device="cuda"))
     _opcheck(ext.scv_mask.default, (drafts, cu, sampled, token_req, token_pos, *outs))
     _opcheck(ext.noop.default, (drafts,))
+
+
+def test_op_errors_with_numbers_raise_not_crash(ext):
+    """A refused call whose message holds numbers and shapes raises RuntimeError. (Formatting them
+    through the extension's own iostream crashed the process where libstdc++ is linked statically
+    into it, as on the H200 machines.)"""
+    cache = torch.zeros(2, 4, 4, 2, 8, device="cuda")
+    bad_log = torch.zeros(2, 5, 2, 8, device="cuda")
+    with pytest.raises(RuntimeError, match=r"log_k: expected shape \[2, 3, 2, 8\].*got \[2, 5, 2, 8\]"):
+        ext.log_slots(cache, cache.clone(), torch.arange(3, device="cuda"), bad_log, bad_log.clone())
