@@ -11,15 +11,15 @@
 
 Importing this package imports plotly; `import nwor_lab` does not.
 """
-from nwor_lab.viz.states import STATE_MEANING, SlotState, layer_states, occupancy
+from nwor_lab.viz.states import STATE_MEANING, SlotState, layer_states, occupancy, token_labels
 from nwor_lab.viz.cache import cache_grid, cache_grids
 from nwor_lab.viz.window import window_timeline, window_timelines
 from nwor_lab.viz.costs import acceptance_by_position, costs_by_mode, position_counts
 from nwor_lab.viz.recorder import Frame, Recorder
 from nwor_lab.viz.demo import demo_cache, demo_frames, demo_frames_by_mode, demo_window, record_generate
-from nwor_lab.viz.stepper import Stepper, frame_figure, show_frames
+from nwor_lab.viz.stepper import Stepper, frame_figure, show_frames, used_blocks
 
-__all__ = ["SlotState", "STATE_MEANING", "layer_states", "occupancy", "cache_grid", "cache_grids",
+__all__ = ["SlotState", "STATE_MEANING", "layer_states", "occupancy", "token_labels", "used_blocks", "cache_grid", "cache_grids",
            "window_timeline", "window_timelines", "acceptance_by_position", "costs_by_mode",
            "position_counts", "Frame", "Recorder", "demo_cache", "demo_window", "demo_frames",
            "demo_frames_by_mode", "record_generate", "Stepper", "frame_figure", "show_frames"]
