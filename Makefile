@@ -19,7 +19,7 @@ CHAPTERS := $(wildcard notebooks/*.ipynb)
 # JupyterLab refuses to run as root unless told
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup run test test-unit test-notebooks test-gpu lab workshop selfcheck clean
+.PHONY: setup run test browser-deps test-unit test-notebooks test-gpu lab workshop selfcheck clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,17 @@ run: $(STAMP)
 	$(VENV)/bin/nwor-lab report runs/main
 	@echo "sweep rows: runs/main/results.jsonl   executed notebooks: runs/main/notebooks/   report: runs/main/report.html"
 
-test: test-unit test-notebooks
+test: browser-deps test-unit test-notebooks
+
+# Chromium for tests/test_browser.py (JupyterLab driven by Playwright), installed under CI only
+# (CI=true) and best effort: elsewhere, or without apt/root, the browser tests skip and name the
+# install command; the rest of the suite runs either way.
+browser-deps:
+	@if [ -n "$$CI" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" -eq 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } \
+	    || echo "make: could not install chromium; the browser tests will skip"; \
+	fi
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests

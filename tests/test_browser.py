@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --- what to drive: change these when the chapter changes --------------------------------------
 CHAPTER = os.environ.get("NWOR_LAB_BROWSER_CHAPTER", "notebooks/04_stage.ipynb")
-PLACEHOLDER = "tests/data/notebooks/stepper.ipynb"
+PLACEHOLDER = "runs/browser/placeholder/stepper.ipynb"   # materialised from tests/data/notebooks/stepper.nb.json
 NEXT_BUTTON = "button.nwor-next"  # ipywidgets.Button(...).add_class("nwor-next")
 CAPTION = ".nwor-caption"  # ipywidgets.HTML(...).add_class("nwor-caption")
 FIGURE = ".js-plotly-plot"  # the plot div plotly's FigureWidget renders
@@ -215,6 +215,8 @@ def _check(before, after, notebook):
 
 
 def test_harness_on_placeholder(lab, browser):
+    from notebook_fixtures import materialise
+    materialise("stepper", ROOT / Path(PLACEHOLDER).parent)
     before, after, seconds = drive_stepper(lab, browser, PLACEHOLDER)
     _check(before, after, PLACEHOLDER)
     assert before["caption"] == "window opened: slots 0..4 untouched"

@@ -21,8 +21,10 @@ from nwor_lab.workshop import chapters as ch
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-DATA = Path(__file__).parent / "data" / "notebooks"
-CLEAN, DIRTY = DATA / "stepper.ipynb", DATA / "dirty.ipynb"
+from notebook_fixtures import materialise  # noqa: E402
+
+CLEAN = materialise("stepper")
+DIRTY = materialise("dirty", CLEAN.parent)
 NO_CHAPTERS = "no chapters in notebooks/ yet (the checker itself is tested on tests/data/notebooks)"
 
 

@@ -14,7 +14,10 @@ import pytest
 
 from nwor_lab.workshop import add_parsers, kit, main
 
-PLACEHOLDER = Path(__file__).parent / "data" / "notebooks" / "stepper.ipynb"
+from notebook_fixtures import materialise  # noqa: E402
+
+PLACEHOLDER = materialise("stepper")
+materialise("dirty", PLACEHOLDER.parent)
 
 
 def _notebook(path, *sources):
