@@ -1,8 +1,8 @@
 """One configuration object for the lab: write policy, SCV mode, backend, debug.
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
-overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_DEBUG`,
-`NWOR_LAB_VALIDATE`) on top of explicit values, so a notebook always sees the state it runs with.
+overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
+`NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 NWOR_MODES = ("off", "cow", "stage")   # the built-in write policies (nwor_lab.policies registers them)
 SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")       # verify-window attention (nwor_lab.model.attention)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
 KV_LAYOUTS = ("NHD", "HND")                            # the names of nwor_lab.kv.KVLayout
 
@@ -62,6 +63,8 @@ class LabConfig:
         in a CUDA graph, `adaptive` falling back to eager when capture is impossible).
     backend:   `auto` (CUDA extension for CUDA tensors when it builds, else torch reference),
         `cuda` (extension required: a build failure is an error), `torch` (reference only).
+    attention: `auto` (the Triton paged verify-window kernel for CUDA tensors when Triton imports,
+        else the torch reference), `triton` (kernel required), `torch` (reference only).
     debug:     log each window's lifecycle and assert committed == accepted every window.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
         automatically while a CUDA graph is being captured.
@@ -70,11 +73,13 @@ class LabConfig:
     nwor_mode: str = "off"
     scv_mode: str = "off"
     backend: str = "auto"
+    attention: str = "auto"
     debug: bool = False
     validate: bool = True
 
     def __post_init__(self) -> None:
-        for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS)):
+        for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
+                               ("attention", ATTENTION_BACKENDS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
@@ -105,7 +110,8 @@ class LabConfig:
 # The environment overrides LabConfig.from_env reads: (variable, field, allowed values) and the
 # boolean switches. `nwor-lab doctor` reports each of them (and NWOR_LAB_* names nobody reads).
 ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
-               ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS))
+               ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
+               ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"))
 
 

@@ -81,7 +81,8 @@ class Drafter:
                                      [1] * len(reqs), [r.block_table.blocks for r in reqs],
                                      [r.num_computed for r in reqs], window_rows=window_rows,
                                      write_offset=offset,
-                                     slot_mapping=self.policy.window.slot_mapping[offset:offset + len(reqs)])
+                                     slot_mapping=self.policy.window.slot_mapping[offset:offset + len(reqs)],
+                                     attention=self.policy.config.attention)
         out = self.head(torch.tensor([r.drafts[-1] for r in reqs], dtype=torch.long, device=self.cache.device),
                         g_live, md)
         ids, probs = self.propose(out)

@@ -142,7 +142,8 @@ class SpecEngine:
             kinds.append("prefill" if r.is_prefill else ("spec" if n else "decode"))
         cu = torch.tensor(qlens).cumsum(0).tolist()
         attention = AttentionMetadata.build(self.cache, self.policy, positions, qlens,
-                                            [r.block_table.blocks for r in requests], ctx)
+                                            [r.block_table.blocks for r in requests], ctx,
+                                            attention=self.config.attention)
         spec = SpecDecodeMetadata.build(ndrafts, cu, torch.tensor(drafts, dtype=torch.int32), device=self.device)
         window = Window.from_metadata(spec, cu, attention.slot_mapping)
         return VerifyBatch(requests, ids, qlens, ctx, ndrafts, kinds, cu, attention, spec, window)

@@ -6,10 +6,17 @@ Where a request's keys come from is what the writer declares (nwor_lab.model.wri
                                        `writer.window_in_buffer`, from `writer.window_kv(layer)`,
                                        rows `window_rows[r]` (causal inside the window).
 `AttentionMetadata.build` fixes both per forward pass, once for all layers.
+
+Two implementations read the same metadata (`attention` in `build`, `LabConfig.attention`):
+  torch    the reference below: per request, gather its keys, one masked SDPA (lists of masks)
+  triton   `nwor_lab.ops.verify_attention`: one launch per layer for the whole batch, keys read
+           through the block tables, the window from the cache or the staging buffer
+           (`kernel` holds its tensors: block tables, cached lengths, window rows)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -39,14 +46,16 @@ class AttentionMetadata:
     query_start_loc: list
     read_slots: list
     window_rows: list | None
-    masks: list
+    masks: list | None
     cache: object
     writer: KVWriter
     write_offset: int = 0
+    kernel: "KernelArgs | None" = None
 
     @classmethod
     def build(cls, cache, writer: KVWriter | None, positions, query_lens, block_tables, context_lens, *,
-              window_rows=None, write_offset: int = 0, slot_mapping=None) -> "AttentionMetadata":
+              window_rows=None, write_offset: int = 0, slot_mapping=None,
+              attention: str = "auto") -> "AttentionMetadata":
         """positions [T]; query_lens, context_lens: ints per request; block_tables: block-id lists.
 
         context_lens[r]: positions of request r committed before the window (always read from
@@ -78,6 +87,14 @@ class AttentionMetadata:
             if -(-n_cache[r] // bs) > len(table):
                 raise ValueError(f"request {r}: {n_cache[r]} cached positions need {-(-n_cache[r] // bs)} "
                                  f"blocks, its block table has {len(table)}")
+        if use_kernel(attention, dev):
+            rows = torch.as_tensor([r for w in window_rows for r in w], dtype=torch.long, device=dev) \
+                if in_buffer else None
+            kernel = KernelArgs(tables.to(torch.int32), torch.tensor(n_cache, dtype=torch.int32, device=dev),
+                                torch.tensor(qsl, dtype=torch.int32, device=dev), rows,
+                                torch.tensor([0, *accumulate(n_win)], dtype=torch.int32, device=dev)
+                                if in_buffer else None)
+            return cls(positions, slot_mapping, qsl, None, None, None, cache, writer, write_offset, kernel)
         # every cached position of every request in one slot-mapping call, then split per request
         counts = torch.tensor(n_cache, dtype=torch.long)
         starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
@@ -94,6 +111,42 @@ class AttentionMetadata:
         return cls(positions, slot_mapping, qsl, read_slots, rows, masks, cache, writer, write_offset)
 
 
+@dataclass
+class KernelArgs:
+    """The verify-attention kernel's view of one pass (device tensors, built once for all layers).
+
+    block_tables `[R, max_blocks]` int32, cache_lens `[R]` int32 (positions read from the cache),
+    query_start_loc `[R+1]` int32; when the writer keeps the window in a buffer: win_rows
+    `[sum w_r]` int64 (each request's window rows, in position order) and win_start `[R+1]` int32.
+    """
+
+    block_tables: torch.Tensor
+    cache_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    win_rows: torch.Tensor | None
+    win_start: torch.Tensor | None
+
+
+_triton_ok: bool | None = None
+
+
+def use_kernel(attention: str, device: torch.device) -> bool:
+    """Whether passes on `device` use the Triton verify-attention kernel (see module doc)."""
+    global _triton_ok
+    if attention == "torch" or device.type != "cuda":
+        if attention == "triton" and device.type != "cuda":
+            raise ValueError("attention='triton' needs CUDA tensors; use 'auto' or 'torch' on "
+                             f"{device.type} (LabConfig.attention / NWOR_LAB_ATTENTION)")
+        return False
+    if _triton_ok is None:
+        import importlib.util
+        _triton_ok = importlib.util.find_spec("triton") is not None
+    if attention == "triton" and not _triton_ok:
+        raise RuntimeError("attention='triton' but Triton is not installed: pip install triton, or "
+                           "use attention='auto' / 'torch'")
+    return _triton_ok
+
+
 def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      md: AttentionMetadata, scale: float) -> torch.Tensor:
     """q `[T, Hq, D]`, k/v `[T, H, D]` (RoPE applied) -> attention output `[T, Hq, D]`.
@@ -103,6 +156,8 @@ def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     cache = md.cache
     md.writer.write(layer, k, v, token_offset=md.write_offset)
+    if md.kernel is not None:
+        return _kernel_attend(layer, q, md, scale)
     win_k = win_v = None
     if md.window_rows is not None:
         win = md.writer.window_kv(layer)
@@ -135,3 +190,18 @@ def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                            values.transpose(0, 1), attn_mask=md.masks[r], scale=scale)
         out[s:e] = o.transpose(0, 1)
     return out
+
+
+def _kernel_attend(layer: int, q: torch.Tensor, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    from nwor_lab.ops.verify_attention import verify_attention
+
+    cache, a = md.cache, md.kernel
+    win_k = win_v = None
+    if a.win_rows is not None:
+        win_k, win_v = md.writer.window_kv(layer)
+    ks, vs = cache._scales[layer] if cache.is_fp8 else (None, None)
+    key_cache, value_cache = cache._layers[layer]
+    return verify_attention(q, key_cache, value_cache, a.block_tables, a.cache_lens, a.query_start_loc,
+                            md.positions, win_key=win_k, win_value=win_v, win_rows=a.win_rows,
+                            win_start=a.win_start, k_scale=ks, v_scale=vs, scale=scale,
+                            backend="triton", trusted=True)

@@ -50,10 +50,20 @@ class LlamaAttention(nn.Module):
         return Rotary.rotate(q, cos, sin), Rotary.rotate(k, cos, sin), v
 
     def forward(self, x, cos, sin, md: AttentionMetadata, layer: int) -> torch.Tensor:
-        """x `[T, in_features]` -> `[T, hidden]`; writes this layer's K/V for the T tokens."""
-        q, k, v = self.qkv(x, cos, sin)
-        o = write_and_attend(layer, q, k.contiguous(), v.contiguous(), md, self.scale)
-        return self.o_proj(o.reshape(x.shape[0], -1))
+        """x `[T, in_features]` -> `[T, hidden]`; writes this layer's K/V for the T tokens.
+
+        Zero-copy staging: when the writer names a destination for this pass's K/V rows
+        (`kv_destination`, the stage policy's buffer), the projections write there directly and
+        the policy's `write` has nothing left to copy. The same ops run either way (bit-identical)."""
+        n = x.shape[0]
+        dest = md.writer.kv_destination(layer, md.write_offset, n)
+        k_out, v_out = dest if dest is not None else (None, None)
+        q = Rotary.rotate(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
+        k = Rotary.rotate(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin, out=k_out)
+        v = _linear(self.v_proj, x, None if v_out is None else v_out.view(n, -1))
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        o = write_and_attend(layer, q, k, v, md, self.scale)
+        return self.o_proj(o.reshape(n, -1))
 
     def forward_dense(self, x, cos, sin) -> torch.Tensor:
         """x `[B, S, hidden]`, causal."""
@@ -63,6 +73,15 @@ class LlamaAttention(nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True, scale=self.scale)
         return self.o_proj(o.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+def _linear(lin: nn.Linear, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`lin(x)` for x `[T, in]`, into `out` `[T, out_features]` when given: the same GEMM
+    `F.linear` runs (mm, or addmm with a bias), so the result is bit-identical either way."""
+    w = lin.weight.t()
+    if lin.bias is None:
+        return torch.mm(x, w, out=out)
+    return torch.addmm(lin.bias, x, w, out=out)
 
 
 class LlamaMLP(nn.Module):

@@ -44,8 +44,10 @@ class Rotary(torch.nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x `[..., heads, D]`, cos/sin `[..., D]` (broadcast over heads)."""
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None):
+        """x `[..., heads, D]`, cos/sin `[..., D]` (broadcast over heads) -> rotated x, written
+        into `out` when given (zero-copy staging: the last op writes the staging buffer). The
+        same ops run either way, so the result is bit-identical with and without `out`."""
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
+        return torch.add(x * cos.unsqueeze(-2), rot * sin.unsqueeze(-2), out=out)

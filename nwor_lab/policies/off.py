@@ -11,8 +11,9 @@ class OffPolicy(WritePolicy):
 
     def _write(self, layer, key, value, token_offset) -> None:
         n = key.shape[0]
-        k_cache, v_cache = self.cache.layer(layer)
-        k_scale, v_scale = self.cache.layer_scales(layer) if self.cache.is_fp8 else (None, None)
+        c = self.cache          # write() checked the layer: the cache's own view lists, no re-check
+        k_cache, v_cache = c._layers[layer]
+        k_scale, v_scale = c._scales[layer] if c.is_fp8 else (None, None)
         slots = self.window.slot_mapping
         if token_offset or n != slots.shape[0]:   # a chunk; a whole window needs no slicing op
             slots = slots[token_offset:token_offset + n]

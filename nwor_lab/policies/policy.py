@@ -58,6 +58,7 @@ class WritePolicy:
         self.layers = range(cache.num_layers)   # layers the open window may write
         self.windows_done = 0
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
+        self._kv_shape = torch.Size((cache.spec.num_kv_heads, cache.spec.head_size))
 
     @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
@@ -103,8 +104,30 @@ class WritePolicy:
         if self.observers:
             self._emit("begin", logged_slots=self._logged_slots())
 
+    def kv_destination(self, layer: int, token_offset: int, n: int):
+        """`(key, value)` `[n, H, D]` views where the model should project this pass's K/V rows so
+        that `write` has nothing to copy (zero-copy staging), or None: project anywhere."""
+        return None
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, token_offset: int = 0) -> None:
         """Rows `token_offset .. token_offset + n - 1` of the window's K/V `[n, H, D]` for `layer`."""
+        w = self.window
+        n = key.shape[0]
+        # The hot path (every layer of every window): a few attribute compares; any surprise takes
+        # the full checks below, which name the argument and the fix.
+        if w is not None and self.layers.start <= layer < self.layers.stop and layer not in self._rows \
+                and token_offset == 0 and n == w.num_tokens and key.dtype is self.cache.spec.dtype \
+                and value.dtype is key.dtype and key.shape[1:] == self._kv_shape \
+                and value.shape == key.shape and key.device == self.cache.device \
+                and value.device == self.cache.device and type(layer) is int:
+            self._rows[layer] = [(0, n)]
+            self._write(layer, key, value, 0)
+            if self.observers:
+                self._emit("write", layer=layer, rows=range(0, n))
+            return
+        self._write_checked(layer, key, value, token_offset)
+
+    def _write_checked(self, layer, key, value, token_offset) -> None:
         w = self._need_window("write")
         self.cache._check_layer(layer)
         if layer not in self.layers:

@@ -2,8 +2,10 @@
 
     staged_key, staged_value  [L, capacity, H, D]  model dtype, one pair per cache (= per device)
 
-`write` copies a layer's rows into the staging buffer; attention reads the window from
-`window_kv(layer)` and the prefix from the cache; `commit` writes the accepted rows of every
+Zero-copy: `kv_destination(layer, offset, n)` hands the model views of the buffer rows, the K/V
+projections write there, and `write` finds its rows already in place: no per-layer copy is
+launched at all. (K/V that arrive from elsewhere, e.g. a test's tensors, are copied in.)
+Attention reads the window from `window_kv(layer)` and the prefix from the cache; `commit` writes the accepted rows of every
 layer in ONE launch (`ops.commit`), masking rejected rows in data (no host sync). Rejected slots
 are never touched. The buffer grows when a window needs more rows, before anything is written;
 under CUDA-graph capture it cannot grow, so `reserve(max_tokens)` first.
@@ -31,7 +33,7 @@ class StagePolicy(WritePolicy):
 
     @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
-        return num_layers + 1   # a copy into the staging buffer per layer, one commit of all layers
+        return 1   # the model projects into the buffer (zero-copy); one commit of all layers
 
     @property
     def capacity(self) -> int:
@@ -54,12 +56,32 @@ class StagePolicy(WritePolicy):
         # each layer's buffer is a one-block "cache" [1, capacity, H, D] and the slots are row ids.
         self._row_ids = torch.arange(cap, device=self.cache.device)
         self._as_cache = [(self.staged_key[l][None], self.staged_value[l][None]) for l in range(s.num_layers)]
+        # where each layer's row 0 lives, for the zero-copy test in _write (pointer compares only)
+        self._row_bytes = s.num_kv_heads * s.head_size * self.staged_key.element_size()
+        self._key_ptrs = [self.staged_key[l].data_ptr() for l in range(s.num_layers)]
+        self._value_ptrs = [self.staged_value[l].data_ptr() for l in range(s.num_layers)]
 
     def _begin(self) -> None:
         self.reserve(self.window.num_tokens)
         self._window_rows = self._row_ids[:self.window.num_tokens]  # reused by every whole-window write
 
+    def kv_destination(self, layer: int, token_offset: int, n: int):
+        w = self.window
+        if w is None or not self.layers.start <= layer < self.layers.stop or token_offset + n > w.num_tokens:
+            return None          # write() will say what is wrong
+        return self.staged_key[layer, token_offset:token_offset + n], \
+            self.staged_value[layer, token_offset:token_offset + n]
+
+    def _in_place(self, layer, key, value, token_offset) -> bool:
+        """The rows already sit where they belong (the model projected into kv_destination)."""
+        row = self._row_bytes
+        return key.data_ptr() == self._key_ptrs[layer] + token_offset * row and \
+            value.data_ptr() == self._value_ptrs[layer] + token_offset * row and key.is_contiguous() \
+            and value.is_contiguous()
+
     def _write(self, layer, key, value, token_offset) -> None:
+        if self._in_place(layer, key, value, token_offset):
+            return
         n = key.shape[0]
         if use_cuda(key, self.config.backend):
             rows = self._window_rows if n == self._window_rows.shape[0] else \
