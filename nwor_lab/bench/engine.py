@@ -51,6 +51,34 @@ def timed(fn, device) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
+def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device) -> list[dict]:
+    """Hugging Face `generate` (greedy, no speculation) of the same target checkpoint, when
+    transformers is importable: the outside baseline, timed the same way. Prompts have equal
+    lengths, so batches need no padding."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return []
+    from nwor_lab.model.shipped import TINY_DIR
+    model = AutoModelForCausalLM.from_pretrained(TINY_DIR, torch_dtype=torch.float32).to(device).eval()
+    rows = []
+    for bs in batch_sizes:
+        # the same prompts as the lab's rows: at batch 1, two prompts one after the other
+        batches = [prompts[i:i + 1] for i in range(2)] if bs == 1 else [prompts[:bs]]
+
+        def go(n=new_tokens):
+            with torch.no_grad():
+                return [model.generate(torch.tensor(b, device=device), max_new_tokens=n, min_new_tokens=n,
+                                       do_sample=False, pad_token_id=0) for b in batches]
+        go(8)
+        outs, secs = timed(go, device)
+        ntok = sum((o.shape[1] - len(b[0])) * o.shape[0] for o, b in zip(outs, batches))
+        rows.append({"batch_size": bs, "config": "hf-generate greedy", "k": 0, "requests": sum(map(len, batches)),
+                     "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="nwor-lab bench engine")
     p.add_argument("--device", default="cpu")
@@ -62,13 +90,16 @@ def main(argv=None) -> dict:
     p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1")
     p.add_argument("--scv", default="off,graph",
                    help=f"SCV modes to pair with every write policy, comma-separated ({', '.join(SCV_MODES)})")
+    p.add_argument("--attention", default="auto", choices=("auto", "triton", "torch"),
+                   help="verify-window attention (LabConfig.attention)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     target, head, tok = load_tiny(device=device, head=args.head)
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
-    configs = [("target-only", 0, LabConfig())] + [
-        (f"{args.head} k={args.k} nwor={m} scv={s}", args.k, LabConfig(nwor_mode=m, scv_mode=s))
+    configs = [("target-only", 0, LabConfig(attention=args.attention))] + [
+        (f"{args.head} k={args.k} nwor={m} scv={s}", args.k, LabConfig(nwor_mode=m, scv_mode=s, attention=args.attention))
         for m in NWOR_MODES for s in args.scv.split(",")]
     rows = []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
@@ -92,10 +123,14 @@ def main(argv=None) -> dict:
                    "same_tokens_as_target_only": res.token_ids == base_ids}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if not args.no_hf:
+        rows += hf_generate_rows(prompts, sizes, args.new_tokens, device)
     out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
            "torch": torch.__version__, "python": platform.python_version(), "dtype": "float32",
+           "attention": args.attention,
            "ops_backend": vars(backend(device)),
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
            "results": rows}

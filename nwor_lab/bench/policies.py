@@ -2,7 +2,8 @@
 
 `nwor-lab bench policies --json [--out PATH]` (CUDA only). A Llama-3-8B-shaped cache (32 layers,
 8 KV heads x 128, bf16, block 16); R requests each scheduling `t_last + k` drafts (k = 4), about
-half the drafts accepted. One window = begin -> 32 per-layer writes -> commit, timed
+half the drafts accepted. One window = begin -> per layer (the projection's output lands where the policy asks, then
+write) -> commit, timed
   eager_us  CUDA events around back-to-back windows driven from Python (host included), median
   graph_us  the same window captured once in a CUDA graph and replayed (GPU time only)
 next to the baseline the design brief measured: two torch `index_copy_` calls per layer (K, V).
@@ -44,13 +45,34 @@ def _setup(num_reqs: int, gen: torch.Generator):
 
 
 def _window_fn(policy, window, mask, key):
+    """One window as the model drives it: per layer, the K/V projection's output lands where the
+    policy asks (`kv_destination`: the staging rows for zero-copy `stage`) or in fresh memory, a
+    copy standing in for the projection in every mode, then `write`."""
     acceptance = Acceptance.from_draft_mask(window, mask)   # what SCV hands the policy
+    t = window.num_tokens
+    scratch = torch.empty_like(key[0]), torch.empty_like(key[0])
 
     def run():
         policy.begin(window)
         for layer in range(LAYERS):
-            policy.write(layer, key[layer], key[layer])
+            k_out, v_out = policy.kv_destination(layer, 0, t) or scratch
+            k_out.copy_(key[layer]), v_out.copy_(key[layer])     # "the projection"
+            policy.write(layer, k_out, v_out)
         policy.commit(acceptance)
+    return run
+
+
+def _bare_op_fn(cache: PagedKVCache, window: Window, key):
+    """The floor for the eager host path: the projection stand-in and the bare `write_kv` op per
+    layer, no policy (what `off` adds on top of it is the policy's host work)."""
+    slots, layers = window.slot_mapping, [cache.layer(l) for l in range(LAYERS)]
+    k_out, v_out = torch.empty_like(key[0]), torch.empty_like(key[0])
+    op = torch.ops.nwor_lab.write_kv
+
+    def run():
+        for layer in range(LAYERS):
+            k_out.copy_(key[layer]), v_out.copy_(key[layer])
+            op(k_out, v_out, *layers[layer], slots, None, None)
     return run
 
 
@@ -80,6 +102,10 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
         row = {"requests": num_reqs, "tokens": window.num_tokens, "drafts": window.num_drafts,
                "accepted": int(mask.sum()),
                "index_copy_baseline": {"eager_us": round(time_us(base), 1), "graph_us": round(_graph_us(base), 1)}}
+        if backend == "cuda":
+            bare = _bare_op_fn(PagedKVCache(spec, "cuda"), window, key)
+            row["bare_write_kv"] = {"eager_us": round(time_us(bare, iters=5, reps=15), 1),
+                                    "graph_us": round(_graph_us(bare), 1)}
         for mode in NWOR_MODES:
             cache = PagedKVCache(spec, "cuda")
             policy = make_policy(LabConfig(nwor_mode=mode, backend=backend, validate=False), cache, records=False)
@@ -89,6 +115,8 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
         for mode in NWOR_MODES:
             for kind in ("eager_us", "graph_us"):
                 row[mode][f"{kind[:-3]}_vs_off"] = round(row[mode][kind] / row["off"][kind], 3)
+        if "bare_write_kv" in row:   # issue 10's host-path target: off within 1.5x of the bare op
+            row["off"]["eager_vs_bare_op"] = round(row["off"]["eager_us"] / row["bare_write_kv"]["eager_us"], 3)
         rows.append(row)
     from nwor_lab.ops import backend as backend_info
     info = backend_info("cuda", backend)

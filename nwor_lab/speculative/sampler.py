@@ -131,8 +131,10 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
     temp = _per_request_temperature(temperature, num_reqs, device)
     generators = _check_generators(generators, num_reqs)
 
-    # Where each draft lives: request and 0-based position, from the host draft counts (no sync).
-    n = torch.tensor(metadata.num_draft_tokens, dtype=torch.long, device=device)
+    # Where each draft lives: request and 0-based position. The counts come from the metadata's
+    # device cumsum (no host-to-device copy: the sampler can be captured in a CUDA graph).
+    cu = metadata.cu_num_draft_tokens.to(device=device, dtype=torch.long)
+    n = torch.diff(cu, prepend=cu.new_zeros(1))
     req = torch.repeat_interleave(torch.arange(num_reqs, device=device), n, output_size=total)
     pos = torch.arange(total, device=device) - (torch.cumsum(n, 0) - n)[req]
     # Padding drafts (-1) and ids outside the vocabulary are rejected; `safe` only indexes.

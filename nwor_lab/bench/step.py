@@ -1,0 +1,220 @@
+"""Verify-step benchmark: what one whole verify step costs under each write policy, eager and as
+one CUDA graph, and how much of it is the KV path.
+
+    nwor-lab bench step --json --out benchmarks/results/step_h100.json      (CUDA only)
+
+One verify step, as the engine runs it:
+    policy.begin(window) -> target forward over the window (every layer projects its K/V and
+    writes them through the policy; attention reads the prefix from the paged cache and the window
+    from the cache or the staging buffer) -> logits at the sampled rows -> greedy rejection
+    sampling -> SCV mask -> policy.commit(acceptance)
+timed with CUDA events (median of many), eager (host included) and captured once in a CUDA graph
+and replayed (padded static shapes: the window's tensors are the graph's inputs).
+
+Models: `shipped` (the tiny trained pair's target, float32) and `8b` (Llama-3-8B shape with random
+weights: 32 layers, hidden 4096, 32 heads, 8 KV heads, MLP 14336, vocab 128256, bf16).
+Every request has `--context` tokens in the cache and schedules t_last + k drafts.
+
+Acceptance is forced: the sampler and SCV run on the real logits (their time counts), but the
+policy commits `round(rate * k * R)` accepted drafts spread evenly over the requests, so each
+configuration's commit/restore work is exactly the one named. `none` is the same step with a
+writer that writes nothing: `kv_share = (t_mode - t_none) / t_mode` is the KV path's share of the
+step, from the same run. Ratios cow/off and stage/off are from the same run too.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+
+import torch
+
+from nwor_lab.bench.kernels import time_us
+from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.kv import KVCacheSpec, PagedKVCache
+from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.ops.graphs import capture_graph
+from nwor_lab.ops.scv import scv_mask
+from nwor_lab.policies import make_policy
+from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
+from nwor_lab.window import Acceptance, Window
+
+BLOCK = 16
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                 max_position_embeddings=8192)
+
+
+class NullWriter:
+    """Writes nothing (the step without a KV path, for the KV share); the window is read from the
+    cache, where stale rows sit: the same attention work as `off`."""
+
+    window_in_buffer = False
+
+    def kv_destination(self, layer, token_offset, n):
+        return None
+
+    def write(self, layer, key, value, token_offset=0):
+        pass
+
+    def window_kv(self, layer):
+        return None
+
+
+def make_model(name: str, device="cuda"):
+    """-> a LlamaForCausalLM on `device`: the shipped target (float32) or the 8B shape (bf16)."""
+    if name == "shipped":
+        from nwor_lab.model.shipped import load_tiny
+        return load_tiny(device=device)[0].eval()
+    if name != "8b":
+        raise ValueError(f"model={name!r}: choose shipped or 8b")
+    from nwor_lab.model.config import LlamaConfig
+    from nwor_lab.model.llama import LlamaForCausalLM
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA3_8B))
+    model = model.to_empty(device=device).to(torch.bfloat16)
+    gen = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name_, p in model.named_parameters():
+            if name_.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.model.rotary.inv_freq = model.model.rotary.inv_freq.to(device)
+    return model.eval()
+
+
+class StepCase:
+    """One (model, batch, k, context) verify window, built once; `step(writer)` runs it."""
+
+    def __init__(self, model, batch: int, k: int, context: int, attention: str, seed: int = 0):
+        cfg, dev = model.config, next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        self.model, self.batch, self.k, self.attention = model, batch, k, attention
+        g = torch.Generator().manual_seed(seed)
+        per_req = -(-(context + k + 1) // BLOCK)
+        blocks = torch.randperm(batch * per_req + 1, generator=g)[:batch * per_req].view(batch, per_req)
+        self.tables = blocks.tolist()
+        spec = KVCacheSpec(cfg.num_hidden_layers, batch * per_req + 1, BLOCK, cfg.num_key_value_heads,
+                           cfg.head_dim, dtype=dtype)
+        self.cache = PagedKVCache(spec, dev)
+        self.cache.key.normal_(generator=torch.Generator(dev).manual_seed(seed))
+        self.cache.value.normal_(generator=torch.Generator(dev).manual_seed(seed + 1))
+        t = k + 1
+        self.positions = [context + j for _ in range(batch) for j in range(t)]
+        self.qlens, self.ctx = [t] * batch, [context] * batch
+        self.ids = torch.randint(0, cfg.vocab_size, (batch * t,), generator=g).to(dev)
+        drafts = self.ids.view(batch, t)[:, 1:].reshape(-1).to(torch.int32)
+        cu = [t * (r + 1) for r in range(batch)]
+        self.spec = SpecDecodeMetadata.build([k] * batch, cu, drafts, device=dev)
+        probe = AttentionMetadata.build(self.cache, NullWriter(), self.positions, self.qlens, self.tables,
+                                        self.ctx, attention="torch")
+        self.window = Window.from_metadata(self.spec, cu, probe.slot_mapping)
+
+    def forced(self, rate: float) -> Acceptance:
+        """`round(rate * k * R)` accepted drafts, spread evenly over the requests (prefix rule)."""
+        total = round(rate * self.k * self.batch)
+        acc = [total // self.batch + (1 if r < total % self.batch else 0) for r in range(self.batch)]
+        return Acceptance.from_accepted_len(self.window, acc)
+
+    def step_fn(self, policy, acceptance: Acceptance | None):
+        """The step's closure for `policy` (None: the NullWriter step without a KV path)."""
+        writer = policy if policy is not None else NullWriter()
+        md = AttentionMetadata.build(self.cache, writer, self.positions, self.qlens, self.tables, self.ctx,
+                                     attention=self.attention, slot_mapping=self.window.slot_mapping)
+        w, spec, model = self.window, self.spec, self.model
+        rows = spec.logits_indices.long()
+
+        def step():
+            if policy is not None:
+                policy.begin(w, kind="verify")
+            hidden = model(self.ids, md)
+            logits = model.compute_logits(hidden[rows]).float()
+            sampled = rejection_sample(spec, None, logits, temperature=0.0)
+            scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req, w.token_draft_pos)
+            if policy is not None:
+                policy.commit(acceptance)
+        return step
+
+
+def measure(case: StepCase, rate: float, *, graphs: bool = True, iters: int = 5, reps: int = 15) -> dict:
+    """Eager and graphed µs per step for `none` and every write policy, plus ratios and KV share."""
+    acceptance = case.forced(rate)
+    out = {"accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch}
+    for mode in ("none",) + NWOR_MODES:
+        policy = None
+        if mode != "none":
+            policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=case.attention),
+                                 case.cache, records=False)
+            policy.reserve(case.window.num_tokens)
+        fn = step_fn = case.step_fn(policy, acceptance)
+        row = {"eager_us": round(time_us(fn, iters=iters, reps=reps), 1)}
+        if graphs:
+            graph = capture_graph(step_fn)
+            row["graph_us"] = round(time_us(graph.replay, iters=iters, reps=reps), 1)
+            del graph
+        out[mode] = row
+    for kind in ("eager_us", "graph_us") if graphs else ("eager_us",):
+        for mode in NWOR_MODES:
+            out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
+            out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
+    return out
+
+
+def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2, 0.5, 0.8),
+        context: int = 1024, attention: str = "auto", graphs: bool = True, command: str = "") -> dict:
+    results = []
+    for name in models:
+        model = make_model(name)
+        for batch, k in itertools.product(batches, ks):
+            case = StepCase(model, batch, k, context, attention)
+            for rate in rates:
+                with torch.no_grad():
+                    row = measure(case, rate, graphs=graphs)
+                row.update(model=name, batch=batch, k=k, rate=rate, context=context, tokens=case.window.num_tokens)
+                results.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)   # progress: nothing lost on a crash
+            del case
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+    from nwor_lab.model.attention import use_kernel
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "attention": "triton" if use_kernel(attention, torch.device("cuda")) else "torch",
+            "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "block_size": BLOCK, "results": results}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nwor-lab bench step", description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--models", default="shipped,8b", help="comma separated: shipped, 8b")
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--ks", default="2,4,8")
+    p.add_argument("--rates", default="0.2,0.5,0.8", help="forced acceptance rates")
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
+    p.add_argument("--no-graphs", action="store_true", help="eager only")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench step needs a CUDA device", file=sys.stderr)
+        return 2
+    ints = lambda s: tuple(int(x) for x in s.split(","))   # noqa: E731
+    argv = sys.argv[1:] if argv is None else argv
+    result = run(tuple(args.models.split(",")), ints(args.batches), ints(args.ks),
+                 tuple(float(x) for x in args.rates.split(",")), args.context, args.attention,
+                 not args.no_graphs, "nwor-lab bench step " + " ".join(argv))
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
