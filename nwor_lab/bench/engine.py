@@ -60,7 +60,10 @@ def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, dev
     except ImportError:
         return []
     from nwor_lab.model.shipped import TINY_DIR
-    model = AutoModelForCausalLM.from_pretrained(TINY_DIR, torch_dtype=torch.float32).to(device).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(TINY_DIR, torch_dtype=torch.float32).to(device).eval()
+    except Exception as err:   # noqa: BLE001 - a baseline that cannot load is reported, not fatal
+        return [{"config": "hf-generate greedy", "error": f"{type(err).__name__}: {err}"}]
     rows = []
     for bs in batch_sizes:
         # the same prompts as the lab's rows: at batch 1, two prompts one after the other

@@ -139,28 +139,35 @@ class StepCase:
         return step
 
 
-def measure(case: StepCase, rate: float, *, graphs: bool = True, iters: int = 5, reps: int = 15) -> dict:
-    """Eager and graphed µs per step for `none` and every write policy, plus ratios and KV share."""
-    acceptance = case.forced(rate)
-    out = {"accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch}
-    for mode in ("none",) + NWOR_MODES:
-        policy = None
-        if mode != "none":
+def _time(fn, graphs: bool, iters: int, reps: int) -> dict:
+    row = {"eager_us": round(time_us(fn, iters=iters, reps=reps), 1)}
+    if graphs:
+        graph = capture_graph(fn)
+        row["graph_us"] = round(time_us(graph.replay, iters=iters, reps=reps), 1)
+        del graph
+    return row
+
+
+def measure(case: StepCase, rates, *, graphs: bool = True, iters: int = 3, reps: int = 10) -> list[dict]:
+    """Per forced rate: eager and graphed µs per step for `none` (measured once, it commits
+    nothing) and every write policy, with ratios to `off` and the KV share."""
+    none = _time(case.step_fn(None, None), graphs, iters, reps)
+    rows = []
+    for rate in rates:
+        acceptance = case.forced(rate)
+        out = {"rate": rate, "accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch,
+               "none": none}
+        for mode in NWOR_MODES:
             policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=case.attention),
                                  case.cache, records=False)
-            policy.reserve(case.window.num_tokens)
-        fn = step_fn = case.step_fn(policy, acceptance)
-        row = {"eager_us": round(time_us(fn, iters=iters, reps=reps), 1)}
-        if graphs:
-            graph = capture_graph(step_fn)
-            row["graph_us"] = round(time_us(graph.replay, iters=iters, reps=reps), 1)
-            del graph
-        out[mode] = row
-    for kind in ("eager_us", "graph_us") if graphs else ("eager_us",):
-        for mode in NWOR_MODES:
-            out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
-            out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
-    return out
+            policy.reserve(case.window.num_tokens)       # nothing may be allocated during capture
+            out[mode] = _time(case.step_fn(policy, acceptance), graphs, iters, reps)
+        for kind in ("eager_us", "graph_us") if graphs else ("eager_us",):
+            for mode in NWOR_MODES:
+                out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
+                out[mode][kind.replace("_us", "_kv_share")] = round(1 - none[kind] / out[mode][kind], 4)
+        rows.append(out)
+    return rows
 
 
 def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2, 0.5, 0.8),
@@ -170,10 +177,10 @@ def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2,
         model = make_model(name)
         for batch, k in itertools.product(batches, ks):
             case = StepCase(model, batch, k, context, attention)
-            for rate in rates:
-                with torch.no_grad():
-                    row = measure(case, rate, graphs=graphs)
-                row.update(model=name, batch=batch, k=k, rate=rate, context=context, tokens=case.window.num_tokens)
+            with torch.no_grad():
+                rows = measure(case, rates, graphs=graphs)
+            for row in rows:
+                row.update(model=name, batch=batch, k=k, context=context, tokens=case.window.num_tokens)
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)   # progress: nothing lost on a crash
             del case
@@ -187,6 +194,24 @@ def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2,
             "block_size": BLOCK, "results": results}
 
 
+@torch.no_grad()
+def profile_one(model: str, batch: int, k: int, rate: float, context: int, attention: str, mode: str) -> int:
+    """One warm eager step of `mode` inside the profiler range (what ncu measures DRAM bytes of)."""
+    case = StepCase(make_model(model), batch, k, context, attention)
+    acceptance = case.forced(rate)
+    policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=attention), case.cache, records=False)
+    fn = case.step_fn(policy, acceptance)
+    fn(), fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(json.dumps({"profiled": mode, "model": model, "batch": batch, "k": k, "rate": rate,
+                      "accepted": int(acceptance.accepted_len.sum()), "tokens": case.window.num_tokens}))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="nwor-lab bench step", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -198,10 +223,15 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
     p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--no-graphs", action="store_true", help="eager only")
+    p.add_argument("--profile", metavar="MODE", help="run one eager step of MODE (off/cow/stage) of the first "
+                   "model/batch/k/rate between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench step needs a CUDA device", file=sys.stderr)
         return 2
+    if args.profile:
+        return profile_one(args.models.split(",")[0], int(args.batches.split(",")[0]), int(args.ks.split(",")[0]),
+                           float(args.rates.split(",")[0]), args.context, args.attention, args.profile)
     ints = lambda s: tuple(int(x) for x in s.split(","))   # noqa: E731
     argv = sys.argv[1:] if argv is None else argv
     result = run(tuple(args.models.split(",")), ints(args.batches), ints(args.ks),
