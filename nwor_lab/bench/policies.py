@@ -103,6 +103,8 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
                "accepted": int(mask.sum()),
                "index_copy_baseline": {"eager_us": round(time_us(base), 1), "graph_us": round(_graph_us(base), 1)}}
         if backend == "cuda":
+            from nwor_lab.ops import _ext
+            _ext.load()                      # torch.ops.nwor_lab.* exist once the extension is loaded
             bare = _bare_op_fn(PagedKVCache(spec, "cuda"), window, key)
             row["bare_write_kv"] = {"eager_us": round(time_us(bare, iters=5, reps=15), 1),
                                     "graph_us": round(_graph_us(bare), 1)}
