@@ -13,6 +13,8 @@ in the notebook) drawn hatched / dashed beside the stored one.
   window_commit        one commit launch for all layers vs one write_kv launch per layer
   engine_throughput    tokens/s of speculative vs target-only decoding by batch size
                        (`nwor-lab bench engine`)
+  step_ratio           a whole verify step's time under cow and stage relative to off, eager and
+                       graphed, per batch and k (`nwor-lab bench step`)
 
 A file that lacks what a figure needs raises `BenchmarkFileError` naming the file, the missing
 key and the command that writes such a file.
@@ -34,7 +36,7 @@ from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import STATE_COLOURS, base_layout
 
 __all__ = ["BenchmarkFileError", "load_result", "result_subtitle", "policy_window_time", "policy_overhead",
-           "kernel_time", "kernel_bandwidth", "window_commit", "engine_throughput"]
+           "kernel_time", "kernel_bandwidth", "window_commit", "engine_throughput", "step_ratio"]
 
 BASELINE = "index_copy_baseline"
 # One colour per write policy in every figure: the slot state each policy is about.
@@ -59,8 +61,10 @@ _SCHEMA = {
                  ("requests", "tokens", BASELINE, "off")),
     "engine": ("nwor-lab bench engine --out FILE", ("device", "torch", "results"),
                ("batch_size", "config", "k", "tokens_per_s")),
+    "step": ("nwor-lab bench step --json", ("device", "torch", "results"),
+             ("model", "batch", "k", "rate", "none", "off", "cow", "stage")),
 }
-_ROWS = {"kernels": "sweeps", "policies": "results", "engine": "results"}
+_ROWS = {"kernels": "sweeps", "policies": "results", "engine": "results", "step": "results"}
 _WINDOW_COMMIT = ("layers", "tokens", "accepted", "commit_one_launch_us", "write_kv_per_layer_32_launches_us",
                   "commit_kernel_us", "write_kv_32_launches_in_graph_us")
 
@@ -423,4 +427,38 @@ def engine_throughput(engine, *, title: str = "Tokens/s: speculative decoding ag
     fig.update_xaxes(title_text="batch size (requests decoded together)", type="category")
     top = max(r["tokens_per_s"] for r in rows)
     fig.update_yaxes(title_text="tokens/s (generated, end to end)", range=[0, top * 1.15 if math.isfinite(top) else None])
+    return fig
+
+
+def step_ratio(step, *, model: str = "8b", rate: float = 0.5,
+               title: str = "A whole verify step under each write policy, relative to off"):
+    """Two panels (eager, one CUDA graph): step time of cow and stage divided by off's, from the
+    same run, for every batch x k of `model` at forced acceptance `rate`; below 1 = faster than
+    off. The KV path's share of off's step is in the hover."""
+    result = load_result(step, "step")
+    rows = [r for r in result["results"] if r["model"] == model and abs(r["rate"] - rate) < 1e-9]
+    if not rows:
+        raise BenchmarkFileError(f"step result: no rows for model={model!r} at rate={rate}")
+    kinds = [k for k in ("eager", "graph") if f"{k}_us" in rows[0]["off"]]
+    fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True,
+                        subplot_titles=[{"eager": "eager (host included)", "graph": "one CUDA graph"}[k] for k in kinds])
+    x = [f"batch {r['batch']} · k {r['k']}" for r in rows]
+    for col, kind in enumerate(kinds, 1):
+        for i, mode in enumerate(("cow", "stage")):
+            fig.add_trace(go.Bar(
+                x=x, y=[r[mode][f"{kind}_vs_off"] for r in rows], name=mode, legendgroup=mode,
+                showlegend=col == 1, marker_color=_colour(mode, i),
+                customdata=[[r["off"][f"{kind}_us"], r["off"].get(f"{kind}_kv_share", float("nan")) * 100]
+                            for r in rows],
+                hovertemplate=f"{mode}/off %{{y:.3f}}<br>off %{{customdata[0]:.0f}} µs, KV path "
+                              f"%{{customdata[1]:.1f}} % of it<extra>%{{x}}</extra>"), row=1, col=col)
+        fig.add_hline(y=1.0, line_dash="dash", line_color="#555", row=1, col=col)
+    ys = [r[m][f"{k}_vs_off"] for r in rows for m in ("cow", "stage") for k in kinds]
+    _layout(fig, title, result_subtitle(result, f"{model}, forced acceptance {rate:g}, context "
+                                                f"{rows[0].get('context', '?')} tokens; dashed line: as fast as off"),
+            height=480, width=max(760, 120 + 70 * len(rows) * len(kinds)), legend_y=-0.3, bottom=150,
+            subplot_titles=True)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="step time ÷ off's step time", row=1, col=1,
+                     range=[min(0.9, min(ys) - 0.02), max(1.1, max(ys) + 0.02)])
     return fig
