@@ -214,6 +214,8 @@ def _error(failures: list[dict], tp: int, timeout_s: float, silent=()) -> Tensor
         what = f"{who} raised {first['error']}"
     others = [f for f in failures if f is not first and f["rank"] is not None]
     tail = "".join(f"\n  rank {f['rank']}: {_short(f['error'])}" for f in others)
+    if silent and first["kind"] != "collective":
+        tail += f"\n  rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}: no report (stopped)"
     msg = (f"tensor-parallel run (tp={tp}) failed: {what}; the other ranks were stopped"
            + (f"\nother ranks:{tail}" if tail else "")
            + (f"\n{who}'s traceback:\n{first['traceback']}" if first["traceback"] else ""))
@@ -249,7 +251,10 @@ def run_ranks(fn, tp: int, args=(), **kw) -> list:
     device = kw.get("device", "cpu")
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     dev = torch.device("cuda", local) if torch.device(device).type == "cuda" else torch.device("cpu")
+    owned = not torch.distributed.is_initialized()
     group = TPGroup.from_env(dev, kw.get("backend"), kw.get("timeout_s", DEFAULT_TIMEOUT_S))
     out = [None] * tp
     out[group.rank] = fn(group, *args)
+    if owned:
+        torch.distributed.destroy_process_group()
     return out
