@@ -143,9 +143,13 @@ def test_draft_head_layer_present_and_committed_on_every_rank(tp2, tp1):
 
 def test_debug_checks_ran_across_ranks(tp2):
     for run, res in zip(GREEDY_RUNS, tp2):
+        verify = sum(w.kind == "verify" for w in res.trace)
         for rep in res.ranks:
             assert rep.cross_rank_checks == len(res.trace), label(run)   # every window, verify and draft
+            assert rep.agreed_windows == verify                         # rank 0's sampler output, every window
             assert rep.disagreements == 0
+            # every all-reduce left the same bits on both ranks: the same hidden states everywhere
+            assert rep.all_reduces > 0 and rep.all_reduce_mismatches == 0
         assert [w.record.drafts_committed for w in res.trace] == [w.record.num_accepted for w in res.trace]
         assert all(r.records == res.ranks[0].records for r in res.ranks)
 

@@ -14,7 +14,8 @@ What makes N engines (one per rank) one engine:
   such a bit into a different token). The broadcast is a few int64s per window.
 - Debug (`LabConfig.debug`): `CrossRankCheck` compares, after every committed window, what each
   rank committed: the same slots, the same accepted count, committed == accepted on every rank;
-  `AgreedScv` counts how often a rank's own sample differed from rank 0's (`disagreements`).
+  `AgreedScv` counts how often a rank's own sample differed from rank 0's (`disagreements`), and
+  the group compares every all-reduce's result over the ranks, bit for bit (`group.bit_mismatches`).
 
 `make_tensor_parallel(engine, group)` installs this on any SpecEngine (e.g. the one
 `engine.generate.prepare` builds); `TPSpecEngine` is a SpecEngine that does it in its constructor.
@@ -109,6 +110,7 @@ def make_tensor_parallel(engine: SpecEngine, group: TPGroup) -> SpecEngine:
     """Make `engine` (built on this rank's shards) one rank of a tensor-parallel engine, in place."""
     check_engine_shards(engine, group)
     engine.tp_group = group
+    group.check_bits = engine.config.debug      # debug: every all-reduce's result bit-equal on every rank
     if group.world_size > 1:
         engine.scv = AgreedScv(engine.scv, group, debug=engine.config.debug)
         if engine.drafter is not None:

@@ -19,7 +19,7 @@ import torch
 
 from nwor_lab.config import LabConfig, check_int
 from nwor_lab.distributed.checks import ShardAudit
-from nwor_lab.distributed.engine import CrossRankCheck, make_tensor_parallel
+from nwor_lab.distributed.engine import AgreedScv, CrossRankCheck, make_tensor_parallel
 from nwor_lab.distributed.group import DEFAULT_TIMEOUT_S, TPGroup
 from nwor_lab.distributed.launcher import TensorParallelError, run_ranks
 from nwor_lab.distributed.shard import check_tp, kv_heads, load_head_tp, load_llama_tp, q_heads, shard_head, \
@@ -43,6 +43,9 @@ class RankReport:
     records: list                    # its policies' WindowRecord per window, in trace order
     disagreements: int = 0           # debug: windows where its own sample differed from rank 0's
     cross_rank_checks: int = 0       # debug: windows CrossRankCheck compared over the ranks
+    agreed_windows: int = 0          # verify windows whose sampler output came from rank 0 (AgreedScv)
+    all_reduces: int = 0             # all-reduces this rank did in the run
+    all_reduce_mismatches: int = 0   # debug: all-reduce results not bit-identical on every rank
     audit: dict | None = None        # ShardAudit.summary()
     key: torch.Tensor | None = field(default=None, repr=False)     # its cache shard (collect_caches)
     value: torch.Tensor | None = field(default=None, repr=False)
@@ -152,6 +155,7 @@ def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: di
         observers = list(kw.pop("observers"))
         target, head, tok = source(group, head_name, group.device, kw["dtype"])
         audit = ShardAudit() if audit_on else None
+        reduces, mismatches = group.reductions, group.bit_mismatches
         gen = prepare(prompts, target=target, head=head, tokenizer=tok, device=group.device,
                       observers=observers + ([audit] if audit else []), **kw)
         engine = make_tensor_parallel(gen.engine, group)
@@ -159,15 +163,17 @@ def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: di
         res = gen.result()
         cache = engine.cache
         full = target.full_config
-        report = RankReport(group.rank, list(q_heads(full, group.rank, group.world_size)),
-                            list(kv_heads(full, group.rank, group.world_size)), cache.num_layers,
-                            None if engine.head is None else engine.head.layer_index, res.token_ids,
-                            [w.record for w in res.trace],
-                            getattr(engine.scv, "disagreements", 0),
-                            sum(o.windows for o in engine.observers if isinstance(o, CrossRankCheck)),
-                            audit.summary() if audit else None,
-                            cache.key.detach().cpu().clone() if collect else None,
-                            cache.value.detach().cpu().clone() if collect else None)
+        agreed = engine.scv if isinstance(engine.scv, AgreedScv) else None
+        report = RankReport(
+            rank=group.rank, q_heads=list(q_heads(full, group.rank, group.world_size)),
+            kv_heads=list(kv_heads(full, group.rank, group.world_size)), cache_layers=cache.num_layers,
+            head_layer=None if engine.head is None else engine.head.layer_index, token_ids=res.token_ids,
+            records=[w.record for w in res.trace], disagreements=agreed.disagreements if agreed else 0,
+            cross_rank_checks=sum(o.windows for o in engine.observers if isinstance(o, CrossRankCheck)),
+            agreed_windows=agreed.windows if agreed else 0, all_reduces=group.reductions - reduces,
+            all_reduce_mismatches=group.bit_mismatches - mismatches, audit=audit.summary() if audit else None,
+            key=cache.key.detach().cpu().clone() if collect else None,
+            value=cache.value.detach().cpu().clone() if collect else None)
         summary = None
         if group.rank == 0:
             summary = {"token_ids": res.token_ids, "texts": res.texts, "trace": res.trace,

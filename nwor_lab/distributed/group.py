@@ -26,6 +26,15 @@ def default_backend(device) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Two int64 sums of `t`'s bits (plain and position-weighted): equal on two ranks iff, but for a
+    collision, the tensors are bit-identical."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    bits = t.detach().contiguous().view(ints).reshape(-1).to(torch.int64)
+    pos = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64)
+    return torch.stack([bits.sum(), (bits * pos).sum()])
+
+
 class TPGroup:
     """One rank's view of its tensor-parallel group (`rank` in `0..world_size-1`, `device`)."""
 
@@ -36,6 +45,10 @@ class TPGroup:
         self.backend = backend or default_backend(self.device)
         self.timeout_s = float(timeout_s)
         self.process_group = process_group      # None: the default group (when world_size > 1)
+        # debug: after every all-reduce, compare a fingerprint of the result's bits over the ranks
+        self.check_bits = False
+        self.reductions = 0                     # all-reduces done
+        self.bit_mismatches = 0                 # ... whose result differed in some bit between ranks
 
     def __repr__(self) -> str:
         return (f"TPGroup(rank={self.rank}, world_size={self.world_size}, device={self.device}, "
@@ -91,6 +104,11 @@ class TPGroup:
         computed once and copied, in gloo's and NCCL's ring / tree algorithms alike)."""
         if self.world_size > 1:
             self._run("all_reduce", lambda: dist.all_reduce(t, group=self.process_group))
+            self.reductions += 1
+            if self.check_bits:
+                fp = fingerprint(t).to(self.device)
+                if any(not torch.equal(f, fp) for f in self.all_gather(fp)):
+                    self.bit_mismatches += 1
         return t
 
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
