@@ -276,13 +276,15 @@ def test_failed_rank_stops_the_run(how, expect):
     with pytest.raises(D.TensorParallelError) as info:
         D.generate(PROMPTS[:1], NEW, tp=2, observers=[D.FaultInjector(rank=1, after_window=1, how=how)],
                    timeout_s=timeout)
-    took = time.monotonic() - t0
+    took, ended = time.monotonic() - t0, time.time()
     err = info.value
     assert expect in str(err) and err.rank == 1, str(err)
     assert "the other ranks were stopped" in str(err).splitlines()[0]
     if how != "hang":     # rank 0 was blocked in a collective: it failed at once, as a consequence
         assert any(f["rank"] == 0 and f["kind"] == "collective" for f in err.failures)
-    assert took < timeout + 15, f"{how}: took {took:.1f} s"
+        first = min(f["time"] for f in err.failures)
+        assert ended - first < 5, f"{how}: the run ended {ended - first:.1f} s after the first failure"
+    assert took < timeout + 15, f"{how}: took {took:.1f} s (the ranks start in about 5 s)"
 
 
 # -- front ends -----------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def test_gpu_tp2_tokens_equal_tp1_in_every_mode(tp2, tp1):
         assert res.token_ids == ref.token_ids, label(run)
         assert res.mean_acceptance_length > 1.5
         assert [len(r.token_ids) for r in res.ranks] == [len(PROMPTS)] * 2
-        print(label(run), "rank disagreements (own sample vs rank 0's):", [r.disagreements for r in res.ranks])
+        print(label(run), "own sample != rank 0's:", [r.disagreements for r in res.ranks],
+              "all-reduces not bit-equal over ranks:", [f"{r.all_reduce_mismatches}/{r.all_reduces}" for r in res.ranks])
 
 
 def test_gpu_tp2_cache_shards_equal_tp1_heads(tp2, tp1):
