@@ -319,7 +319,7 @@ def test_cli_generate_tp2_under_torchrun(tmp_path):
 
 
 def test_bench_step_smoke():
-    from nwor_lab.bench.step import main
+    from nwor_lab.bench.tp import main
     out = main(["--tp", "2", "--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "0",
                 "--batch-sizes", "2", "--k", "4", "--nwor", "stage", "--prompt-len", "8"])
     (row,) = out["results"]

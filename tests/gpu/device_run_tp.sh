@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor parallelism on the two-GPU machine (NCCL, NVLink SHARP multicast off): the tp GPU tests,
-# then `nwor-lab bench step` tp 1 vs 2 on the Llama-3-8B-shaped model (random weights, bf16).
+# then `nwor-lab bench tp` tp 1 vs 2 on the Llama-3-8B-shaped model (random weights, bf16).
 #   usage (repo root, >= 2 GPUs):  bash tests/gpu/device_run_tp.sh [tests] [bench]
 # Logs and step_tp.json go to $OUT.
 set -uo pipefail
@@ -18,7 +18,7 @@ if has tests; then
   echo "pytest tp exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped|tp=2 over NCCL" "$OUT/pytest_gpu_tp.log" | tail -15
 fi
 if has bench; then
-  timeout 550 python3 -m nwor_lab.cli bench step --tp 1,2 --device cuda --batch-sizes 1,8 --k 0,4 \
+  timeout 550 python3 -m nwor_lab.cli bench tp --tp 1,2 --device cuda --batch-sizes 1,8 --k 0,4 \
     --nwor off,stage --out "$OUT/step_tp.json" > "$OUT/bench_tp.log" 2>&1
-  echo "bench step exit $?"; tail -20 "$OUT/bench_tp.log"
+  echo "bench tp exit $?"; tail -20 "$OUT/bench_tp.log"
 fi

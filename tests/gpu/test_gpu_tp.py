@@ -6,7 +6,7 @@ CUDA extension as backend: the CPU suite's checks (tests/test_tp.py) where they 
 - rejected slots bit-identical on every rank under cow / stage (ShardAudit, per window);
 - the draft head's layer present, written and committed on every rank;
 - a rank that raises ends the run with a TensorParallelError naming it, within the timeout;
-- `nwor-lab bench step` runs tp 1 vs 2 (the 8B-shaped run: tests/gpu/device_run_tp.sh).
+- `nwor-lab bench tp` runs tp 1 vs 2 (the 8B-shaped run: tests/gpu/device_run_tp.sh).
 Skipped without 2 CUDA devices, and under compute-sanitizer (NWOR_LAB_SANITIZE=1).
 Run: `bash tests/gpu/device_run_tp.sh` on the two-GPU machine.
 """

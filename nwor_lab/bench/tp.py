@@ -2,8 +2,8 @@
 list), random weights of a Llama-3-8B-shaped target (32 layers, 32 q / 8 KV heads x 128, hidden
 4096, MLP 14336, vocab 128256) with an EAGLE-1-shaped head, on rank-per-GPU NCCL.
 
-    nwor-lab bench step --tp 1,2 --device cuda --out benchmarks/results/step_tp_h200.json
-    nwor-lab bench step --tp 1,2 --model tiny --device cpu --steps 4        # a CPU smoke run
+    nwor-lab bench tp --tp 1,2 --device cuda --out benchmarks/results/step_tp_h200.json
+    nwor-lab bench tp --tp 1,2 --model tiny --device cpu --steps 4        # a CPU smoke run
 
 Each tp runs in its own freshly started ranks (`nwor_lab.distributed.launch`). Per configuration
 (batch size x k x write policy) the engine prefills `batch` random prompts, runs `--warmup` steps,
@@ -86,7 +86,7 @@ def _rank_bench(group, shape: str, dtype, configs: list[dict], prompt_len: int, 
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="nwor-lab bench step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="nwor-lab bench tp", description=__doc__.split("\n\n")[0])
     p.add_argument("--tp", default="1,2", help="tensor-parallel sizes to compare, comma-separated")
     p.add_argument("--model", choices=sorted(SHAPES), default=None,
                    help="shape of the random target (default: llama3-8b on cuda, tiny on cpu)")
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     for r in rows:
         b = base.get((r["batch_size"], r["k"], r["nwor"]))
         r["speedup_vs_tp1"] = round(b["step_ms_median"] / r["step_ms_median"], 3) if b else None
-    out = {"command": "nwor-lab bench step " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"command": "nwor-lab bench tp " + " ".join(argv if argv is not None else sys.argv[1:]),
            "model": shape, "shape": SHAPES[shape], "dtype": str(dtype).replace("torch.", ""),
            "device": (torch.cuda.get_device_name(device) if device.type == "cuda" else
                       f"cpu ({platform.processor() or platform.machine()})"),
