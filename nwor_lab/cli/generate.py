@@ -44,6 +44,10 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
     p.add_argument("--stop-at-eos", action="store_true")
+    p.add_argument("--tp", type=types.int_at_least(1), default=1,
+                   help="tensor-parallel ranks (started here: NCCL on --device cuda, gloo on cpu)")
+    p.add_argument("--tp-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --tp: collective timeout (a failed or stuck rank ends the run within it)")
     limits = p.add_argument_group("engine limits (checked before anything is allocated)")
     limits.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8,
                         help="requests in one window (default 8)")
@@ -127,6 +131,9 @@ def cli_generate(argv=None) -> int:
                          f"tokenizer.json)")
     device = check_device_arg("--device", args.device)
     check_backend_arg(cfg, device)
+    if args.tp > 1:                # the ranks load and run the model themselves
+        from nwor_lab.cli.generate_tp import cli_generate_tp
+        return cli_generate_tp(args, cfg, device, FLAGS)
 
     from nwor_lab.engine.generate import prepare
     from nwor_lab.model.shipped import load_tiny
