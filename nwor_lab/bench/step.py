@@ -2,6 +2,7 @@
 one CUDA graph, and how much of it is the KV path.
 
     nwor-lab bench step --json --out benchmarks/results/step_h100.json      (CUDA only)
+    nwor-lab bench step --tp 1,2 ...          the engine at tp 1 vs 2 (nwor_lab.bench.tp)
 
 One verify step, as the engine runs it:
     policy.begin(window) -> target forward over the window (every layer projects its K/V and
@@ -213,6 +214,10 @@ def profile_one(model: str, batch: int, k: int, rate: float, context: int, atten
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--tp" or a.startswith("--tp=") for a in argv):   # tp 1 vs 2: the engine across ranks
+        from nwor_lab.bench.tp import main as tp_main
+        return tp_main(argv)
     p = argparse.ArgumentParser(prog="nwor-lab bench step", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", help="also write the JSON here")
@@ -233,7 +238,6 @@ def main(argv=None) -> int:
         return profile_one(args.models.split(",")[0], int(args.batches.split(",")[0]), int(args.ks.split(",")[0]),
                            float(args.rates.split(",")[0]), args.context, args.attention, args.profile)
     ints = lambda s: tuple(int(x) for x in s.split(","))   # noqa: E731
-    argv = sys.argv[1:] if argv is None else argv
     result = run(tuple(args.models.split(",")), ints(args.batches), ints(args.ks),
                  tuple(float(x) for x in args.rates.split(",")), args.context, args.attention,
                  not args.no_graphs, "nwor-lab bench step " + " ".join(argv))
