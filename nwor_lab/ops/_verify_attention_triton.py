@@ -113,7 +113,8 @@ def _verify_attention_kernel(
         GROUP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
-        FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+        FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+        ROW_LOOP: tl.constexpr):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -141,8 +142,14 @@ def _verify_attention_kernel(
     bt_row = block_tables + req.to(tl.int64) * stride_bt
     k_head = k_cache + kvh.to(tl.int64) * stride_kh
     v_head = v_cache + kvh.to(tl.int64) * stride_vh
-    # more query rows than one tile holds (long prefill-like requests): walk them in tiles
-    for m0 in range(0, q_rows, BLOCK_M):
+    # more query rows than one tile holds (long prefill-like requests): walk them in tiles.
+    # ROW_LOOP False (the host knows every request fits one tile) compiles the walk away: the
+    # loop around the key loops costs registers.
+    if ROW_LOOP:
+        m_end = q_rows
+    else:
+        m_end = 1
+    for m0 in range(0, m_end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         row_ok = rows < q_rows
         tok = q_start + rows // GROUP
@@ -231,7 +238,7 @@ INTERPRETED = type(_verify_attention_kernel).__name__ == "InterpretedFunction"
 # Launch plan, tuned on an H100/H200 (nwor_lab.bench.attention --sweep); see plan_launch.
 BLOCK_N = 64
 NUM_WARPS = 4
-NUM_STAGES = 2
+NUM_STAGES = 3
 PROGRAMS_PER_SM = 2      # split the key range until the grid has this many programs per SM
 MIN_KEYS_PER_SPLIT = 256
 
@@ -265,7 +272,7 @@ def plan_splits(num_reqs: int, num_kv_heads: int, max_cache_keys: int, device, b
 
 def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
            win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, *,
-           num_splits=None, block_n=None, num_warps=None, num_stages=None):
+           num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None):
     """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench."""
     T, hq, d = q.shape
     nb, bs, h, _ = key_cache.shape
@@ -277,9 +284,13 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         num_splits, per_split = plan_splits(num_reqs, h, max_cache_keys, q.device, block_n)
     else:
         per_split = -(-max(1, -(-max_cache_keys // num_splits)) // block_n) * block_n
-    # query tile: the rows of a request with up to 16 tokens (fewer when the batch has fewer)
-    rows = min(T, 16) * group
+    # Query tile: the rows of the longest request, bounded without a sync. If every request has a
+    # token, none has more than T - R + 1; verify windows have at most 16. A request with more
+    # rows than the tile is still right (the kernel walks its rows tile by tile, re-reading K/V).
+    rows = max(1, min(16, T - num_reqs + 1)) * group
     block_m = max(16, min(128, triton.next_power_of_2(rows)))
+    if row_loop is None:              # only T itself bounds a request's rows without a sync
+        row_loop = T * group > block_m
     fp8 = key_cache.dtype in FP8_FORMATS
     mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
     has_window = win_key is not None
@@ -306,6 +317,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         GROUP=group, D=d, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
         SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
+        ROW_LOOP=row_loop,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     if split:
         _merge_splits_kernel[(T, hq)](
