@@ -235,7 +235,11 @@ def _merge_splits_kernel(part_o, part_lse, out_ptr, num_splits, stride_ps, strid
 
 INTERPRETED = type(_verify_attention_kernel).__name__ == "InterpretedFunction"
 
-# Launch plan, tuned on an H100/H200 (nwor_lab.bench.attention --sweep); see plan_launch.
+# Launch plan. The sweep of `nwor_lab.bench.attention --tune` on an H100 (torch 2.11, triton 3.6;
+# benchmarks/results/verify_attention_h100.json) picked 64 keys a tile, 4 warps, 3 stages: 93.9 % /
+# 88.2 % of copy bandwidth at batch 64 x 4096 keys with 1 / 16 queries. 8 warps, or 128-key tiles,
+# lost 10-38 %; twice the splits lost 1-8 %; compiling the row loop out (row_loop=False) won 4 % at
+# 16 queries and lost 12 % at one, so the loop stays unless T alone proves one tile suffices.
 BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 3
