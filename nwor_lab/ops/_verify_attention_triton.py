@@ -1,0 +1,348 @@
+"""The Triton kernels behind `verify_attention` (imported lazily: the package never needs triton).
+
+Grid of the attention kernel: (request, KV head, split of the key range). One program owns ALL of
+its request's query rows for its KV head: q_len x group rows in one tile (row m is token
+m // group, query head kv_head * group + m % group), so each K/V tile it gathers through the block
+table serves every query head that shares it, and is read from memory once per KV head.
+
+Key tiles are BLOCK_N positions long and aligned to multiples of BLOCK_N from position 0, in two
+loops: first the tiles that lie wholly in the paged cache (no source test, no bounds mask: the
+main, pipelined loop), then the tail tiles, where a position below `cache_len` comes from the
+cache and one at or past it from the window rows. The alignment means a key tile holds the same
+positions whichever source feeds it, so a window read from the staging buffer is reduced in the
+same order as the same window read back from the cache.
+
+Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
+more than one split, each program stores its normalised partial output and log-sum-exp in fp32
+and `_merge_splits_kernel` combines them; with one split the program writes the output directly.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# torch fp8 dtype -> (mantissa bits, smallest normal exponent, largest finite value)
+FP8_FORMATS = {
+    torch.float8_e4m3fn: (3, -6, 448.0),
+    torch.float8_e5m2: (2, -14, 57344.0),
+}
+
+
+@triton.jit
+def _round_to_fp8_grid(y, MANT: tl.constexpr, EMIN: tl.constexpr):
+    """fp32 `y` (already clamped to the format's range) rounded to the nearest fp8 value, ties to
+    even, returned as fp32. Done with arithmetic rather than a cast to fp8 because Triton's CPU
+    interpreter mis-rounds casts whose rounding carries into the exponent (127.7 -> 64, not 128);
+    this gives torch's bytes on both the interpreter and the GPU."""
+    bits = y.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    ulp_exp = tl.maximum(exp, EMIN) - MANT            # below EMIN: the subnormal grid
+    inv_ulp = ((127 - ulp_exp) << 23).to(tl.float32, bitcast=True)
+    ulp = ((127 + ulp_exp) << 23).to(tl.float32, bitcast=True)
+    t = y * inv_ulp                                   # exact (power of two); |t| < 2^(MANT+1)
+    # adding and subtracting 1.5 * 2^23 rounds an fp32 of magnitude < 2^22 to an integer, ties even
+    return ((t + 12582912.0) - 12582912.0) * ulp
+
+
+@triton.jit
+def _fp8_roundtrip(x, scale, out_dtype: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                   FMAX: tl.constexpr, FIX_BF16: tl.constexpr):
+    """What an fp8 cache hands back for `x`: dequantize(quantize(x)) of nwor_lab.ops.quant."""
+    y = tl.div_rn(x.to(tl.float32), scale)            # IEEE division, as torch's x / scale
+    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+    return _cast(_round_to_fp8_grid(y, MANT, EMIN) * scale, out_dtype, FIX_BF16)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, FIX_BF16: tl.constexpr):
+    """`x.to(dtype)`, rounding to nearest even. FIX_BF16 (bf16 under Triton's CPU interpreter, whose
+    fp32 -> bf16 cast truncates): round the fp32 bits to the bf16 grid first, then cast exactly."""
+    if FIX_BF16:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536   # clear the low 16 bits, ties to even
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile of online softmax: q [M, D], k/v [N, D], visible [M, N].
+
+    IEEE: fp32 inputs, multiplied without tf32 rounding (fp32 then matches the reference closely).
+    UPCAST: bf16 under Triton's CPU interpreter, whose tl.dot multiplies bf16's raw 16-bit integers:
+    the operands go to fp32 there (exact: bf16 x bf16 products fit fp32, as on the tensor cores),
+    p still rounded to bf16 first, so the interpreter computes what the GPU does.
+    """
+    if UPCAST:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+    if IEEE or UPCAST:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no visible key yet keeps m = -inf; subtract 0 there instead (no NaN)
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_sub)
+    p = tl.exp2(s - m_sub[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = _cast(p, v.dtype, UPCAST)
+    if UPCAST:
+        pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p, v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _verify_attention_kernel(
+        q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
+        win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse,
+        qk_scale, keys_per_split,
+        stride_qt, stride_qh, stride_ot, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+        stride_wkt, stride_wkh, stride_wvt, stride_wvh,
+        stride_ps, stride_pt, stride_ph,
+        GROUP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
+        FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+        ROW_LOOP: tl.constexpr):
+    req = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+    dtype = q_ptr.dtype.element_ty
+
+    q_start = tl.load(query_start_loc + req).to(tl.int64)
+    q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
+    cache_len = tl.load(cache_lens + req)
+    if HAS_WINDOW:
+        w_start = tl.load(win_start + req)
+        n_keys = cache_len + (tl.load(win_start + req + 1) - w_start)
+    else:
+        w_start = 0
+        n_keys = cache_len
+    # this split's keys; the last split runs to the end, so the window and any cache the split
+    # plan did not foresee are always covered
+    lo = split * keys_per_split
+    hi = tl.where(split == num_splits - 1, n_keys, tl.minimum(lo + keys_per_split, n_keys))
+    if FP8:
+        ks = tl.load(k_scale + kvh)
+        vs = tl.load(v_scale + kvh)
+
+    d = tl.arange(0, D)
+    bt_row = block_tables + req.to(tl.int64) * stride_bt
+    k_head = k_cache + kvh.to(tl.int64) * stride_kh
+    v_head = v_cache + kvh.to(tl.int64) * stride_vh
+    # more query rows than one tile holds (long prefill-like requests): walk them in tiles.
+    # ROW_LOOP False (the host knows every request fits one tile) compiles the walk away: the
+    # loop around the key loops costs registers.
+    if ROW_LOOP:
+        m_end = q_rows
+    else:
+        m_end = 1
+    for m0 in range(0, m_end, BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_rows
+        tok = q_start + rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        pos = tl.load(positions + tok, mask=row_ok, other=-1)
+        # keys past the last query's position are masked for every row: do not read them
+        end = tl.minimum(hi, tl.max(pos, 0) + 1)
+        full_end = lo + tl.maximum(tl.minimum(end, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        # tiles wholly inside the paged cache
+        for start in range(lo, full_end, BLOCK_N):
+            p = start + tl.arange(0, BLOCK_N)
+            blk = tl.load(bt_row + p // BS).to(tl.int64)
+            off = (p % BS).to(tl.int64)
+            k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :])
+            v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :])
+            if FP8:    # as cache.gather: float * scale, rounded to the model dtype
+                k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+            visible = p[None, :] <= pos[:, None]
+            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+        # tail tiles: the cache's last partial tile and the window rows, masked per position
+        for start in range(full_end, end, BLOCK_N):
+            p = start + tl.arange(0, BLOCK_N)
+            in_cache = p < cache_len
+            blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
+            off = (p % BS).to(tl.int64)
+            k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                        mask=in_cache[:, None], other=0.0)
+            v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                        mask=in_cache[:, None], other=0.0)
+            if FP8:
+                k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+            if HAS_WINDOW:
+                in_win = (p >= cache_len) & (p < end)
+                row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                             mask=in_win[:, None], other=0.0)
+                wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                             mask=in_win[:, None], other=0.0)
+                if FP8:    # the window as the cache would hand it back after a write
+                    wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                    wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                k = tl.where(in_win[:, None], wk, k)
+                v = tl.where(in_win[:, None], wv, v)
+            visible = (p[None, :] <= pos[:, None]) & (p < end)[None, :]
+            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # no visible key: 0, not NaN
+        if SPLIT:
+            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
+            at = split.to(tl.int64) * stride_ps + tok * stride_pt + head * stride_ph
+            tl.store(part_o + at[:, None] + d[None, :], o, mask=row_ok[:, None])
+            tl.store(part_lse + at // D, lse, mask=row_ok)   # part_lse: part_o less its D axis
+        else:
+            tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     _cast(o, dtype, UPCAST), mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(part_o, part_lse, out_ptr, num_splits, stride_ps, stride_pt, stride_ph,
+                         stride_ot, stride_oh, D: tl.constexpr, SPLITS: tl.constexpr, FIX_BF16: tl.constexpr):
+    """out[t, h] = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
+    at = s.to(tl.int64) * stride_ps + t * stride_pt + h * stride_ph
+    lse = tl.load(part_lse + at // D, mask=s < num_splits, other=float("-inf"))
+    top = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
+    o = tl.load(part_o + at[:, None] + d[None, :], mask=(s < num_splits)[:, None], other=0.0)
+    total = tl.sum(w, 0)
+    merged = tl.sum(w[:, None] * o, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, _cast(merged, out_ptr.dtype.element_ty, FIX_BF16))
+
+
+INTERPRETED = type(_verify_attention_kernel).__name__ == "InterpretedFunction"
+
+# Launch plan. The sweep of `nwor_lab.bench.attention --tune` on an H100 (torch 2.11, triton 3.6;
+# benchmarks/results/verify_attention_h100.json) picked 64 keys a tile, 4 warps, 3 stages: 93.9 % /
+# 88.2 % of copy bandwidth at batch 64 x 4096 keys with 1 / 16 queries. 8 warps, or 128-key tiles,
+# lost 10-38 %; twice the splits lost 1-8 %; compiling the row loop out (row_loop=False) won 4 % at
+# 16 queries and lost 12 % at one, so the loop stays unless T alone proves one tile suffices.
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 3
+PROGRAMS_PER_SM = 2      # split the key range until the grid has this many programs per SM
+MIN_KEYS_PER_SPLIT = 256
+
+
+_SM_COUNT: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4                       # the interpreter: small, so CPU tests exercise splits
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def plan_splits(num_reqs: int, num_kv_heads: int, max_cache_keys: int, device, block_n: int) -> tuple[int, int]:
+    """(num_splits, keys_per_split) from shapes only (no device sync, CUDA-graph safe).
+
+    `max_cache_keys` is the block tables' capacity (max_blocks * block_size), an upper bound on
+    every cache_len. Split only when requests x KV heads leave SMs idle, and never below
+    MIN_KEYS_PER_SPLIT keys a split (the merge and the partial writes must stay small).
+    """
+    want = -(-PROGRAMS_PER_SM * sm_count(torch.device(device)) // max(1, num_reqs * num_kv_heads))
+    most = max(1, max_cache_keys // max(MIN_KEYS_PER_SPLIT, block_n))
+    splits = max(1, min(want, most))
+    per = -(-max(1, max_cache_keys) // splits)
+    per = -(-per // block_n) * block_n                 # tiles stay aligned to position 0
+    return -(-max(1, max_cache_keys) // per), per
+
+
+def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
+           win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, *,
+           num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None):
+    """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench."""
+    T, hq, d = q.shape
+    nb, bs, h, _ = key_cache.shape
+    num_reqs = block_tables.shape[0]
+    group = hq // h
+    block_n = block_n or BLOCK_N
+    max_cache_keys = block_tables.shape[1] * bs
+    if num_splits is None:
+        num_splits, per_split = plan_splits(num_reqs, h, max_cache_keys, q.device, block_n)
+    else:
+        per_split = -(-max(1, -(-max_cache_keys // num_splits)) // block_n) * block_n
+    # Query tile: the rows of the longest request, bounded without a sync. If every request has a
+    # token, none has more than T - R + 1; verify windows have at most 16. A request with more
+    # rows than the tile is still right (the kernel walks its rows tile by tile, re-reading K/V).
+    rows = max(1, min(16, T - num_reqs + 1)) * group
+    block_m = max(16, min(128, triton.next_power_of_2(rows)))
+    if row_loop is None:              # only T itself bounds a request's rows without a sync
+        row_loop = T * group > block_m
+    fp8 = key_cache.dtype in FP8_FORMATS
+    mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
+    has_window = win_key is not None
+    split = num_splits > 1
+    if split:
+        part_o = torch.empty((num_splits, T, hq, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, T, hq), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out       # unused
+    dummy_idx = cache_lens
+    grid = (num_reqs, h, num_splits)
+    _verify_attention_kernel[grid](
+        q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
+        win_key if has_window else q, win_value if has_window else q,
+        win_rows if has_window else dummy_idx, win_start if has_window else dummy_idx,
+        k_scale if fp8 else q, v_scale if fp8 else q, out, part_o, part_lse,
+        float(scale) * LOG2E, per_split,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
+        win_key.stride(0) if has_window else 0, win_key.stride(1) if has_window else 0,
+        win_value.stride(0) if has_window else 0, win_value.stride(1) if has_window else 0,
+        part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
+        GROUP=group, D=d, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n,
+        HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
+        SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
+        ROW_LOOP=row_loop,
+        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
+    if split:
+        _merge_splits_kernel[(T, hq)](
+            part_o, part_lse, out, num_splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
+            out.stride(0), out.stride(1), D=d, SPLITS=triton.next_power_of_2(num_splits),
+            FIX_BF16=INTERPRETED and q.dtype == torch.bfloat16, num_warps=1)
+    return out
+
+
+def fp8_round_trip_check(x: torch.Tensor, storage_dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """The kernel's window round trip on a 1-D fp32 tensor (length a power of two), for tests."""
+    mant, emin, fmax = FP8_FORMATS[storage_dtype]
+    out = torch.empty_like(x)
+    _round_trip_kernel[(1,)](x, out, float(scale), N=x.numel(), MANT=mant, EMIN=emin, FMAX=fmax)
+    return out
+
+
+@triton.jit
+def _round_trip_kernel(x_ptr, out_ptr, scale, N: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+                       FMAX: tl.constexpr):
+    i = tl.arange(0, N)
+    y = _fp8_roundtrip(tl.load(x_ptr + i), scale, tl.float32, MANT, EMIN, FMAX, False)
+    tl.store(out_ptr + i, y)
+

@@ -1,0 +1,180 @@
+"""Random verify-attention batches for the tests and the benchmark (`make_verify_attention_case`).
+
+A case is what one layer's attention sees in a verify pass of R requests:
+  without a window source (off / cow: the window was written into the cache first), request r's
+    cache holds context + q_len positions and its queries are the last q_len of them;
+  with a window source (stage: the window waits in a staging buffer), the cache holds the
+    context only, the window holds `extra` earlier window tokens plus this pass's q_len, and the
+    queries are the last q_len window positions.
+Block tables are random, non-contiguous block ids; columns past a request's last block hold -1,
+so a kernel that reads past cache_lens reads garbage (or faults), never a plausible key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nwor_lab.kv.cache import CACHE_DTYPES
+from nwor_lab.kv.layout import allocate
+from nwor_lab.ops.quant import quantize
+
+
+@dataclass
+class VerifyAttentionCase:
+    """The arguments of one verify_attention call (`case.kwargs()`), plus what made them."""
+
+    name: str
+    q: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    cache_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    positions: torch.Tensor
+    scale: float
+    win_key: torch.Tensor | None = None
+    win_value: torch.Tensor | None = None
+    win_rows: torch.Tensor | None = None
+    win_start: torch.Tensor | None = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    meta: dict = field(default_factory=dict)
+
+    def kwargs(self) -> dict:
+        return {name: getattr(self, name) for name in (
+            "q", "key_cache", "value_cache", "block_tables", "cache_lens", "query_start_loc", "positions",
+            "win_key", "win_value", "win_rows", "win_start", "k_scale", "v_scale", "scale")}
+
+    def kv_bytes(self) -> int:
+        """Bytes of K and V a kernel must read: every cached key plus every window row, once."""
+        h, d = self.key_cache.shape[2:]
+        n = int(self.cache_lens.sum()) * self.key_cache.element_size()
+        if self.win_rows is not None:
+            n += self.win_rows.numel() * self.win_key.element_size()
+        return 2 * n * h * d
+
+
+def _ints(value, n: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
+    """`value` as n ints: a list as given, an int repeated, None drawn uniformly from [lo, hi]."""
+    if value is None:
+        return torch.randint(lo, hi + 1, (n,), generator=gen).tolist()
+    if isinstance(value, int):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"expected {n} values (one per request), got {len(value)}")
+    return [int(v) for v in value]
+
+
+def make_verify_attention_case(*, num_reqs: int = 4, query_lens=None, max_query_len: int = 16,
+                               context_lens=None, max_context: int = 100, window_extra=None,
+                               block_size: int = 16, num_kv_heads: int = 2, num_q_heads: int | None = None,
+                               head_size: int = 64, dtype=torch.bfloat16, cache_dtype: str = "auto",
+                               layout: str = "NHD", window: bool = False, fused_q: bool = False,
+                               spare_blocks: int = 3, seed: int = 0, device="cpu") -> VerifyAttentionCase:
+    """One random batch. query_lens / context_lens / window_extra: an int, a list per request, or
+    None (drawn: q_len in 1..max_query_len, context in 0..max_context, extra in 0..3).
+
+    num_q_heads defaults to 4 x num_kv_heads (GQA group 4). fp8 cache dtypes get per-head scales.
+    fused_q: q is a strided view into a fused [T, Hq + 2 H, D] projection, as a model hands it.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    hq = 4 * num_kv_heads if num_q_heads is None else num_q_heads
+    h, d, bs = num_kv_heads, head_size, block_size
+    qlens = _ints(query_lens, num_reqs, 1, max_query_len, gen)     # 0 allowed when given
+    ctx = _ints(context_lens, num_reqs, 0, max_context, gen)
+    extra = _ints(window_extra, num_reqs, 0, 3, gen) if window else [0] * num_reqs
+    # cached positions and the position of each request's first query
+    cache_lens = ctx if window else [c + n for c, n in zip(ctx, qlens)]
+    first_pos = [c + e for c, e in zip(ctx, extra)]
+    # blocks for every position a request has, the window's too (stage reserves its slots: commit
+    # writes the accepted rows there)
+    need = [-(-(c + e + n) // bs) for c, e, n in zip(ctx, extra, qlens)]
+    max_blocks = max(need + [1]) + 1                        # one spare column, always -1
+    num_blocks = sum(need) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.full((num_reqs, max_blocks), -1, dtype=torch.int32)
+    at = 0
+    for r, n in enumerate(need):
+        tables[r, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+        at += n
+
+    storage = CACHE_DTYPES[cache_dtype][0] or dtype
+    k_scale = v_scale = None
+    if storage != dtype:                                    # fp8: per-head scales, values well in range
+        k_scale = 0.01 + 0.03 * torch.rand(h, generator=gen)
+        v_scale = 0.01 + 0.03 * torch.rand(h, generator=gen)
+    key_cache = allocate((num_blocks, bs, h, d), layout, storage, "cpu")
+    value_cache = allocate((num_blocks, bs, h, d), layout, storage, "cpu")
+    for cache, sc, shift in ((key_cache, k_scale, 0.0), (value_cache, v_scale, 0.5)):
+        x = (torch.randn(num_blocks * bs, h, d, generator=gen) * 2 + shift).to(dtype)
+        cache.copy_(quantize(x, storage, sc).view(num_blocks, bs, h, d))
+
+    T = sum(qlens)
+    if fused_q:
+        qkv = torch.randn(T, hq + 2 * h, d, generator=gen).to(dtype)
+        q = qkv[:, :hq]
+    else:
+        q = torch.randn(T, hq, d, generator=gen).to(dtype)
+    qsl = torch.tensor([0] + torch.tensor(qlens).cumsum(0).tolist(), dtype=torch.int32)
+    positions = torch.cat([torch.arange(p, p + n) for p, n in zip(first_pos, qlens)]).long()
+
+    case = VerifyAttentionCase(
+        name=(f"R{num_reqs}-H{hq}/{h}-D{d}-BS{bs}-{layout}-{str(dtype).replace('torch.', '')}-{cache_dtype}-"
+              f"{'win' if window else 'cache'}{'-fusedq' if fused_q else ''}-s{seed}"),
+        q=q, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
+        cache_lens=torch.tensor(cache_lens, dtype=torch.int32), query_start_loc=qsl, positions=positions,
+        scale=d ** -0.5, k_scale=k_scale, v_scale=v_scale,
+        meta=dict(query_lens=qlens, context_lens=ctx, window_extra=extra, layout=layout, dtype=dtype,
+                  cache_dtype=cache_dtype))
+    if window:
+        wlens = [e + n for e, n in zip(extra, qlens)]
+        tw = sum(wlens) + 5                                  # spare rows no request reads
+        case.win_key = (torch.randn(tw, h, d, generator=gen) * 2).to(dtype)
+        case.win_value = (torch.randn(tw, h, d, generator=gen) * 2 + 0.5).to(dtype)
+        case.win_rows = torch.randperm(tw, generator=gen)[:sum(wlens)].to(torch.int32 if seed % 2 else torch.int64)
+        case.win_start = torch.tensor([0] + torch.tensor(wlens).cumsum(0).tolist(), dtype=torch.int32)
+    return case_to(case, device)
+
+
+def case_to(case: VerifyAttentionCase, device) -> VerifyAttentionCase:
+    """The same case on `device`; strides (HND caches, fused q views) are kept."""
+    device = torch.device(device)
+
+    def move(t):
+        if t is None or t.device == device:
+            return t
+        if t.is_contiguous():
+            return t.to(device)
+        # same strides on the device (an HND cache view, a fused-projection q view)
+        base = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+        base.copy_(t)
+        return base
+
+    moved = {name: move(getattr(case, name)) for name in case.kwargs() if name != "scale"}
+    return VerifyAttentionCase(case.name, **moved, scale=case.scale, meta=dict(case.meta))
+
+
+def window_written_to_cache(case: VerifyAttentionCase) -> VerifyAttentionCase:
+    """The same attention with the window committed: each request's window rows written (quantised
+    like any cache write) into its reserved slots at positions cache_lens[r] + j, cache_lens grown
+    by the window, no window source. `stage` reading its buffer must attend to these numbers."""
+    if case.win_rows is None:
+        raise ValueError("window_written_to_cache: the case has no window source")
+    key_cache, value_cache = case.key_cache.clone(), case.value_cache.clone()
+    bs = key_cache.shape[1]
+    lens = case.cache_lens.tolist()
+    ws = case.win_start.tolist()
+    new_lens = []
+    for r, n in enumerate(lens):
+        rows = case.win_rows[ws[r]:ws[r + 1]].long()
+        p = torch.arange(n, n + rows.numel(), device=rows.device)
+        blk, off = case.block_tables[r].long()[p // bs], p % bs
+        key_cache[blk, off] = quantize(case.win_key[rows], key_cache.dtype, case.k_scale)
+        value_cache[blk, off] = quantize(case.win_value[rows], value_cache.dtype, case.v_scale)
+        new_lens.append(n + rows.numel())
+    kw = {name: getattr(case, name) for name in case.kwargs() if name not in (
+        "key_cache", "value_cache", "cache_lens", "win_key", "win_value", "win_rows", "win_start", "scale")}
+    return VerifyAttentionCase(case.name + "-committed", key_cache=key_cache, value_cache=value_cache,
+                               cache_lens=torch.tensor(new_lens, dtype=torch.int32, device=case.cache_lens.device),
+                               scale=case.scale, meta=dict(case.meta), **kw)
