@@ -62,6 +62,27 @@ def time_us(fn, *, iters: int = 20, reps: int = 25, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2) -> dict:
+    """`time_us` for several callables measured round-robin: each repeat times every one of them
+    once, so host-speed drift (clocks, a noisy neighbour) hits them alike and their ratios hold.
+    -> {name: median µs per call}."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / iters)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def graph_time_us(fns, *, per_graph: int = 40, reps: int = 15) -> float:
     """GPU time per call: `per_graph` calls (cycling through `fns`) captured in one CUDA graph,
     replayed; median over repeats, divided by `per_graph`."""

@@ -21,7 +21,7 @@ import torch
 
 from nwor_lab.ops.graphs import capture_graph
 
-from nwor_lab.bench.kernels import time_us
+from nwor_lab.bench.kernels import interleaved_time_us
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies import make_policy
@@ -29,6 +29,7 @@ from nwor_lab.window import Acceptance, Window
 
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 K = 4
+BASELINE = "index_copy_baseline"   # what viz.perf reads the baseline as
 
 
 def _setup(num_reqs: int, gen: torch.Generator):
@@ -76,10 +77,6 @@ def _bare_op_fn(cache: PagedKVCache, window: Window, key):
     return run
 
 
-def _graph_us(fn, reps: int = 20) -> float:
-    return time_us(capture_graph(fn).replay, iters=10, reps=reps)
-
-
 def _index_copy_fn(cache: PagedKVCache, window: Window, key):
     flat_k = cache.key.view(LAYERS, -1, HEADS, HEAD_SIZE)
     flat_v = cache.value.view(LAYERS, -1, HEADS, HEAD_SIZE)
@@ -97,23 +94,25 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
     rows = []
     for num_reqs in batches:
         spec, window, mask, key = _setup(num_reqs, gen)
-        base_cache = PagedKVCache(spec, "cuda")
-        base = _index_copy_fn(base_cache, window, key)
-        row = {"requests": num_reqs, "tokens": window.num_tokens, "drafts": window.num_drafts,
-               "accepted": int(mask.sum()),
-               "index_copy_baseline": {"eager_us": round(time_us(base), 1), "graph_us": round(_graph_us(base), 1)}}
+        fns = {BASELINE: _index_copy_fn(PagedKVCache(spec, "cuda"), window, key)}
         if backend == "cuda":
             from nwor_lab.ops import _ext
             _ext.load()                      # torch.ops.nwor_lab.* exist once the extension is loaded
-            bare = _bare_op_fn(PagedKVCache(spec, "cuda"), window, key)
-            row["bare_write_kv"] = {"eager_us": round(time_us(bare, iters=5, reps=15), 1),
-                                    "graph_us": round(_graph_us(bare), 1)}
+            fns["bare_write_kv"] = _bare_op_fn(PagedKVCache(spec, "cuda"), window, key)
         for mode in NWOR_MODES:
             cache = PagedKVCache(spec, "cuda")
             policy = make_policy(LabConfig(nwor_mode=mode, backend=backend, validate=False), cache, records=False)
             policy.reserve(window.num_tokens)   # buffers allocated before the graph capture
-            fn = _window_fn(policy, window, mask, key)
-            row[mode] = {"eager_us": round(time_us(fn, iters=5, reps=15), 1), "graph_us": round(_graph_us(fn), 1)}
+            fns[mode] = _window_fn(policy, window, mask, key)
+        # eager and graphed, each measured round-robin over the modes (drift hits all alike)
+        eager = interleaved_time_us(fns, iters=5, reps=21)
+        graphs = {name: capture_graph(fn) for name, fn in fns.items()}
+        graphed = interleaved_time_us({n: g.replay for n, g in graphs.items()}, iters=10, reps=21)
+        del graphs
+        row = {"requests": num_reqs, "tokens": window.num_tokens, "drafts": window.num_drafts,
+               "accepted": int(mask.sum())}
+        for name in fns:
+            row[name] = {"eager_us": round(eager[name], 1), "graph_us": round(graphed[name], 1)}
         for mode in NWOR_MODES:
             for kind in ("eager_us", "graph_us"):
                 row[mode][f"{kind[:-3]}_vs_off"] = round(row[mode][kind] / row["off"][kind], 3)

@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from nwor_lab.bench.kernels import time_us
+from nwor_lab.bench.kernels import interleaved_time_us
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.model.attention import AttentionMetadata
@@ -140,33 +140,31 @@ class StepCase:
         return step
 
 
-def _time(fn, graphs: bool, iters: int, reps: int) -> dict:
-    row = {"eager_us": round(time_us(fn, iters=iters, reps=reps), 1)}
-    if graphs:
-        graph = capture_graph(fn)
-        row["graph_us"] = round(time_us(graph.replay, iters=iters, reps=reps), 1)
-        del graph
-    return row
-
-
-def measure(case: StepCase, rates, *, graphs: bool = True, iters: int = 3, reps: int = 10) -> list[dict]:
-    """Per forced rate: eager and graphed µs per step for `none` (measured once, it commits
-    nothing) and every write policy, with ratios to `off` and the KV share."""
-    none = _time(case.step_fn(None, None), graphs, iters, reps)
+def measure(case: StepCase, rates, *, graphs: bool = True, iters: int = 3, reps: int = 11) -> list[dict]:
+    """Per forced rate: eager and graphed µs per step for `none` and every write policy, measured
+    round-robin (host drift hits every mode alike), with ratios to `off` and the KV share."""
     rows = []
     for rate in rates:
         acceptance = case.forced(rate)
-        out = {"rate": rate, "accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch,
-               "none": none}
+        fns = {"none": case.step_fn(None, None)}
         for mode in NWOR_MODES:
             policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=case.attention),
                                  case.cache, records=False)
             policy.reserve(case.window.num_tokens)       # nothing may be allocated during capture
-            out[mode] = _time(case.step_fn(policy, acceptance), graphs, iters, reps)
-        for kind in ("eager_us", "graph_us") if graphs else ("eager_us",):
+            fns[mode] = case.step_fn(policy, acceptance)
+        kinds = {"eager_us": interleaved_time_us(fns, iters=iters, reps=reps)}
+        if graphs:
+            captured = {name: capture_graph(fn) for name, fn in fns.items()}
+            kinds["graph_us"] = interleaved_time_us({n: g.replay for n, g in captured.items()},
+                                                    iters=iters, reps=reps)
+            del captured
+        out = {"rate": rate, "accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch}
+        for name in fns:
+            out[name] = {kind: round(t[name], 1) for kind, t in kinds.items()}
+        for kind in kinds:
             for mode in NWOR_MODES:
                 out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
-                out[mode][kind.replace("_us", "_kv_share")] = round(1 - none[kind] / out[mode][kind], 4)
+                out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
         rows.append(out)
     return rows
 
