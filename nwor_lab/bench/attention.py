@@ -22,6 +22,7 @@ fastest plan (in this process only; the kernel module's defaults are set from su
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -182,13 +183,13 @@ def main_rows(copy_bw: float, reps: int, quick: bool) -> list[dict]:
 def window_rows(copy_bw: float, reps: int) -> list[dict]:
     """The last q_len + 3 keys of each request from a staging buffer vs all from the cache."""
     out = []
-    for q_len in (1, 5, 16):
+    for (batch, context), q_len in itertools.product(((64, 4096), (64, 1024), (16, 1024)), (1, 5, 16)):
         both = {}
         for name, window in (("cache", 0), ("window", q_len + 3)):
-            b = Batch(64, 4096, q_len, window=window, seed=q_len)
+            b = Batch(batch, context, q_len, window=window, seed=q_len)
             both[name] = measure(b, copy_bw, reps, eager=False)
             del b
-        out.append(dict(batch=64, context=4096, q_len=q_len, window_keys=q_len + 3,
+        out.append(dict(batch=batch, context=context, q_len=q_len, window_keys=q_len + 3,
                         cache_kernel_us=both["cache"]["kernel_us"], window_kernel_us=both["window"]["kernel_us"],
                         ratio=round(both["window"]["kernel_us"] / both["cache"]["kernel_us"], 3)))
         print(json.dumps(out[-1]), file=sys.stderr)
@@ -265,7 +266,7 @@ def table(result: dict) -> str:
                      f"{r['kernel_us']:>8.1f} {r['GBps']:>7.1f} {r['pct_copy_bw']:>6.1f}")
     lines.append("")
     for w in result["window_vs_cache"] or []:
-        lines.append(f"window source, batch 64 ctx 4096 q {w['q_len']}: {w['window_kernel_us']} us vs all from the "
+        lines.append(f"window source, batch {w['batch']} ctx {w['context']} q {w['q_len']}: {w['window_kernel_us']} us vs all from the "
                      f"cache {w['cache_kernel_us']} us (x{w['ratio']})")
     for f in result["fp8"] or []:
         lines.append(f"fp8 e4m3 cache, batch 64 ctx 4096 q 5, window {f['window_keys']}: {f['kernel_us']} us, "

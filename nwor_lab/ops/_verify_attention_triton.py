@@ -182,25 +182,39 @@ def _verify_attention_kernel(
             in_cache = p < cache_len
             blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
             off = (p % BS).to(tl.int64)
-            k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :],
-                        mask=in_cache[:, None], other=0.0)
-            v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :],
-                        mask=in_cache[:, None], other=0.0)
-            if FP8:
-                k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
-                v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
-            if HAS_WINDOW:
+            if HAS_WINDOW and not FP8:
+                # one load per row from whichever source holds it (a pointer select): loading
+                # both sources and blending them kept two K/V tiles live, and the extra
+                # registers slowed every tile of the kernel, not just this one
                 in_win = (p >= cache_len) & (p < end)
                 row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                             mask=in_win[:, None], other=0.0)
-                wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                             mask=in_win[:, None], other=0.0)
-                if FP8:    # the window as the cache would hand it back after a write
-                    wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                    wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                k = tl.where(in_win[:, None], wk, k)
-                v = tl.where(in_win[:, None], wv, v)
+                k_rows = tl.where(in_cache, k_head + (blk * stride_kb + off * stride_ks),
+                                  win_k + (row * stride_wkt + kvh * stride_wkh))
+                v_rows = tl.where(in_cache, v_head + (blk * stride_vb + off * stride_vs),
+                                  win_v + (row * stride_wvt + kvh * stride_wvh))
+                some = (in_cache | in_win)[:, None]
+                k = tl.load(k_rows[:, None] + d[None, :], mask=some, other=0.0)
+                v = tl.load(v_rows[:, None] + d[None, :], mask=some, other=0.0)
+            else:
+                k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                            mask=in_cache[:, None], other=0.0)
+                v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                            mask=in_cache[:, None], other=0.0)
+                if FP8:
+                    k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                    v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+                if HAS_WINDOW:
+                    in_win = (p >= cache_len) & (p < end)
+                    row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                    wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                                 mask=in_win[:, None], other=0.0)
+                    wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                                 mask=in_win[:, None], other=0.0)
+                    if FP8:    # the window as the cache would hand it back after a write
+                        wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                        wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                    k = tl.where(in_win[:, None], wk, k)
+                    v = tl.where(in_win[:, None], wv, v)
             visible = (p[None, :] <= pos[:, None]) & (p < end)[None, :]
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
