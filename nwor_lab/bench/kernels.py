@@ -47,19 +47,7 @@ TARGETS = {
 
 def time_us(fn, *, iters: int = 20, reps: int = 25, warmup: int = 3) -> float:
     """Median over `reps` of (CUDA-event time of `iters` calls) / iters, in microseconds."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(times)
+    return interleaved_time_us({"fn": fn}, iters=iters, reps=reps, warmup=warmup)["fn"]
 
 
 def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2) -> dict:
