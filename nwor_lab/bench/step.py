@@ -137,6 +137,7 @@ class StepCase:
             scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req, w.token_draft_pos)
             if policy is not None:
                 policy.commit(acceptance)
+            return sampled       # [R, k + 1]; under a graph, the static output of the replays
         return step
 
 
