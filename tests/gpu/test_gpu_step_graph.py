@@ -37,7 +37,8 @@ def test_graphed_step_equals_eager_as_inputs_change(target, mode):
     for rate in (0.5, 0.25, 1.0):
         acc = case.forced(rate)
         ids = torch.randint(0, target.config.vocab_size, case.ids.shape, device="cuda", generator=gen)
-        for t, new in zip((static.draft_mask, static.accepted_len, static.commit_mask), acc):
+        for t, new in zip((static.draft_mask, static.accepted_len, static.commit_mask),
+                          (acc.draft_mask, acc.accepted_len, acc.commit_mask)):
             t.copy_(new)
         case.ids.copy_(ids)
         case.spec.draft_token_ids.copy_(ids.view(case.batch, -1)[:, 1:].reshape(-1))
