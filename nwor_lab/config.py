@@ -2,7 +2,7 @@
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
 overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
-`NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`) on top of explicit values, so a notebook always sees the state it runs with.
+`NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`, `NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ class LabConfig:
         `cuda` (extension required: a build failure is an error), `torch` (reference only).
     attention: `auto` (the Triton paged verify-window kernel for CUDA tensors when Triton imports,
         else the torch reference), `triton` (kernel required), `torch` (reference only).
+    cuda_graph: on CUDA (with the Triton attention), replay steady verify steps from one CUDA
+        graph per batch bucket (`nwor_lab.engine.graphed`); False keeps every step eager.
     debug:     log each window's lifecycle and assert committed == accepted every window.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
         automatically while a CUDA graph is being captured.
@@ -74,6 +76,7 @@ class LabConfig:
     scv_mode: str = "off"
     backend: str = "auto"
     attention: str = "auto"
+    cuda_graph: bool = True
     debug: bool = False
     validate: bool = True
 
@@ -112,7 +115,7 @@ class LabConfig:
 ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
                ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
                ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS))
-ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"))
+ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
 
 
 # -- scalar argument checks, shared by the engine and the CLI ------------------------------------

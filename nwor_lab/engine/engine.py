@@ -20,12 +20,13 @@ from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.drafter import Drafter
+from nwor_lab.engine.graphed import GraphedVerify
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.model.attention import AttentionMetadata, use_kernel
 from nwor_lab.policies import make_policy
 from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, check_against_sampler, rejection_sample
 from nwor_lab.window import Window
@@ -75,6 +76,9 @@ class SpecEngine:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
             self.drafter = Drafter(head, self.cache, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
+        self.graphed = None          # steady verify steps replayed from CUDA graphs (engine/graphed.py)
+        if self.config.cuda_graph and self.device.type == "cuda" and use_kernel(self.config.attention, self.device):
+            self.graphed = GraphedVerify(self, max_num_seqs, max_num_batched_tokens)
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
@@ -112,6 +116,8 @@ class SpecEngine:
         requests = self.scheduler.schedule()
         if not requests:
             return False
+        if self.graphed is not None and self.graphed.eligible(requests):
+            return self._graphed_step(requests)
         batch = self._prepare(requests)
         self.policy.begin(batch.window, kind="verify")
         try:
@@ -124,6 +130,21 @@ class SpecEngine:
                 self.policy.cancel()        # the cache ends as `off` would leave it
             raise
         live = self._advance(batch, verdict, record)
+        if self.drafting and live:
+            self._draft([batch.requests[i] for i in live], features[live])
+        self.step_index += 1
+        return True
+
+    def _graphed_step(self, requests: list[Request]) -> bool:
+        """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`."""
+        try:
+            batch, verdict, features = self.graphed.step(requests)
+        except BaseException:
+            if self.policy.window is not None:
+                self.policy.cancel()
+            raise
+        self.target_forwards += 1
+        live = self._advance(batch, verdict, None)
         if self.drafting and live:
             self._draft([batch.requests[i] for i in live], features[live])
         self.step_index += 1

@@ -204,4 +204,4 @@ def _kernel_attend(layer: int, q: torch.Tensor, md: AttentionMetadata, scale: fl
     return verify_attention(q, key_cache, value_cache, a.block_tables, a.cache_lens, a.query_start_loc,
                             md.positions, win_key=win_k, win_value=win_v, win_rows=a.win_rows,
                             win_start=a.win_start, k_scale=ks, v_scale=vs, scale=scale,
-                            backend="triton", trusted=True)
+                            backend="triton" if q.is_cuda else "reference", trusted=True)

@@ -1,0 +1,39 @@
+"""The engine's graphed path for steady verify steps (nwor_lab.engine.graphed), run on CPU without
+capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, the head's inputs
+and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
+in every write policy. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
+import pytest
+import torch
+
+from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.engine import SpecEngine
+from nwor_lab.engine.graphed import GraphedVerify
+from nwor_lab.model.toy import toy_pair
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [3, 3, 3]]
+
+
+def decode(pair, mode, graphed: bool, k=3):
+    target, head = pair
+    engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4)
+    if graphed:
+        engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    reqs = [engine.add_request(p, 14) for p in PROMPTS]
+    engine.run()
+    return [r.output for r in reqs], engine
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair(0)
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+@pytest.mark.parametrize("k", [0, 3])
+def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
+    eager, _ = decode(pair, mode, False, k)
+    static, engine = decode(pair, mode, True, k)
+    assert static == eager
+    assert engine.graphed.steps > 0                       # the path was taken
+    assert set(engine.graphed.buckets) <= {1, 2, 4}
+    assert len(engine.graphed.buckets) >= 2               # padding exercised (5 requests, 4 at a time)
