@@ -96,13 +96,17 @@ def main(argv=None) -> dict:
     p.add_argument("--attention", default="auto", choices=("auto", "triton", "torch"),
                    help="verify-window attention (LabConfig.attention)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="every step eager (default on CUDA: steady steps replayed from CUDA graphs)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     target, head, tok = load_tiny(device=device, head=args.head)
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
-    configs = [("target-only", 0, LabConfig(attention=args.attention))] + [
-        (f"{args.head} k={args.k} nwor={m} scv={s}", args.k, LabConfig(nwor_mode=m, scv_mode=s, attention=args.attention))
+    graphs = not args.no_cuda_graph
+    configs = [("target-only", 0, LabConfig(attention=args.attention, cuda_graph=graphs))] + [
+        (f"{args.head} k={args.k} nwor={m} scv={s}", args.k,
+         LabConfig(nwor_mode=m, scv_mode=s, attention=args.attention, cuda_graph=graphs))
         for m in NWOR_MODES for s in args.scv.split(",")]
     rows = []
     for bs in [int(b) for b in args.batch_sizes.split(",")]:
@@ -133,7 +137,7 @@ def main(argv=None) -> dict:
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
            "torch": torch.__version__, "python": platform.python_version(), "dtype": "float32",
-           "attention": args.attention,
+           "attention": args.attention, "cuda_graph": graphs and device.type == "cuda",
            "ops_backend": vars(backend(device)),
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
            "results": rows}
