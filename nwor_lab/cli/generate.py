@@ -44,6 +44,9 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
     p.add_argument("--stop-at-eos", action="store_true")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="on CUDA, replay steady verify steps from CUDA graphs (default: on; "
+                        "NWOR_LAB_CUDA_GRAPH)")
     p.add_argument("--tp", type=types.int_at_least(1), default=1,
                    help="tensor-parallel ranks (started here: NCCL on --device cuda, gloo on cpu)")
     p.add_argument("--tp-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -125,6 +128,8 @@ def cli_generate(argv=None) -> int:
         raise UsageError("--stream and --json: choose one (JSON is printed once, at the end)")
     stream = (sys.stdout.isatty() and not args.json) if args.stream is None else args.stream
     cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv)
+    if args.cuda_graph is not None:
+        cfg = cfg.replace(cuda_graph=args.cuda_graph)
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such folder; give one laid out like "
                          f"nwor_lab/checkpoints/tiny (config.json, model.safetensors, eagle*.safetensors, "
