@@ -1,7 +1,8 @@
 """The engine's graphed path for steady verify steps (nwor_lab.engine.graphed), run on CPU without
 capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, the head's inputs
 and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
-in every write policy. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
+in every write policy, and so does the static draft chain (d_1..d_k from the head, the head's
+layer only, every row rejected). The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
 import pytest
 import torch
 
@@ -37,3 +38,5 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     assert engine.graphed.steps > 0                       # the path was taken
     assert set(engine.graphed.buckets) <= {1, 2, 4}
     assert len(engine.graphed.buckets) >= 2               # padding exercised (5 requests, 4 at a time)
+    if k >= 2:                                            # the draft chain took its static path too
+        assert engine.graphed.draft.steps > 0 and len(engine.graphed.draft.buckets) >= 2

@@ -146,7 +146,12 @@ class SpecEngine:
         self.target_forwards += 1
         live = self._advance(batch, verdict, None)
         if self.drafting and live:
-            self._draft([batch.requests[i] for i in live], features[live])
+            reqs, g = [batch.requests[i] for i in live], features[live]
+            chain = self.graphed.draft
+            if chain is not None and chain.eligible(reqs):
+                self._end_window(*chain.draft(reqs, g, self.step_index, self.graphed.capture))
+            else:
+                self._draft(reqs, g)
         self.step_index += 1
         return True
 

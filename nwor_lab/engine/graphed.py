@@ -145,6 +145,7 @@ class GraphedVerify:
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
         engine.policy.reserve(max(max_num_batched_tokens, self.max_size * (engine.k + 1)))
+        self.draft = GraphedDraft(engine, self.max_size) if engine.drafting else None
 
     def eligible(self, requests) -> bool:
         e = self.engine
@@ -176,3 +177,117 @@ class GraphedVerify:
         verdict = Verdict(sampled[:n], None, acc, [rows[i][a] for i, a in enumerate(acc)])
         self.steps += 1
         return batch, verdict, (features[:n] if features is not None else None)
+
+
+class _ChainBucket:
+    """Static buffers and graph of the EAGLE draft chain d_1..d_k for one padded batch size: the
+    first draft from the verify step's head features, then k - 1 head passes, one row per request
+    each (step-major rows, as `engine.drafter.chain_window`), in one draft-policy window on the
+    head's layer, committed with every row rejected."""
+
+    def __init__(self, engine, size: int):
+        e, dev, k = engine, engine.device, engine.k
+        pol = e.drafter.policy
+        self.size, rows = size, size * (k - 1)
+        bs = e.cache.spec.block_size
+        self.tables = torch.zeros(size, -(-e.max_model_len // bs) + 1, dtype=torch.int32, device=dev)
+        self.base = torch.zeros(size, dtype=torch.long, device=dev)        # each request's num_computed
+        self.features = torch.zeros(size, e.head.config.hidden_size, dtype=e.dtype, device=dev)
+        slots = torch.full((rows,), -1, dtype=torch.long, device=dev)
+        token_req = torch.arange(size, dtype=torch.int32, device=dev).repeat(k - 1)
+        draft_pos = torch.arange(1, k, dtype=torch.int32, device=dev).repeat_interleave(size)
+        order = torch.arange(rows, device=dev).view(k - 1, size).t().reshape(-1)   # request-major
+        self.window = Window(slots, token_req, draft_pos, order, [k - 1] * size, [k - 1] * size)
+        self.reject = Acceptance.rejecting_all(self.window)
+        in_buffer = pol.window_in_buffer
+        qsl = list(range(size + 1))
+        qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
+        self.steps = []
+        for s in range(1, k):
+            positions = torch.zeros(size, dtype=torch.long, device=dev)
+            lens = torch.zeros(size, dtype=torch.int32, device=dev)
+            win_rows = win_start = None
+            if in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
+                win_rows = (torch.arange(s, device=dev)[None, :] * size + torch.arange(size, device=dev)[:, None]).reshape(-1)
+                win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
+            md = AttentionMetadata(positions, slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
+                                   (s - 1) * size, KernelArgs(self.tables, lens, qsl_t, win_rows, win_start))
+            self.steps.append((positions, lens, md))
+        self.graph = None
+        self.outputs = None
+        self.warmed = False
+
+    def fill(self, engine, requests, features) -> None:
+        k, bs, n = engine.k, engine.cache.spec.block_size, len(requests)
+        in_buffer = engine.drafter.policy.window_in_buffer
+        tables = torch.zeros(self.tables.shape, dtype=torch.int32)
+        base = [r.num_computed for r in requests] + [0] * (self.size - n)
+        slots = [-1] * (self.size * (k - 1))
+        for j, r in enumerate(requests):
+            r.block_table.ensure(r.num_computed + 1, lookahead=k)     # the next window's slots too
+            blocks = r.block_table.blocks
+            tables[j, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            for s in range(1, k):
+                p = r.num_computed + s - 1
+                slots[(s - 1) * self.size + j] = blocks[p // bs] * bs + p % bs
+        self.tables.copy_(tables)
+        self.window.slot_mapping.copy_(torch.tensor(slots))
+        base_t = torch.tensor(base)
+        for s, (positions, lens, _) in enumerate(self.steps, 1):
+            positions.copy_(base_t + s - 1)
+            lens.copy_((base_t + (0 if in_buffer else s)).to(torch.int32))
+        self.features.zero_()
+        self.features[:n].copy_(features)
+
+    def body(self, engine):
+        e, head, pol = engine, engine.head, engine.drafter.policy
+        g = self.features
+        token = head.compute_logits(g).float().argmax(-1)
+        drafts = [token]
+        layer = head.layer_index
+        pol.begin(self.window, layers=range(layer, layer + 1), kind="draft")
+        for positions, lens, md in self.steps:
+            g = head(drafts[-1], g, md)
+            drafts.append(head.compute_logits(g).float().argmax(-1))
+        pol.commit(self.reject)
+        return torch.stack(drafts, 1)         # [B, k]
+
+    run = _Bucket.run
+
+
+class GraphedDraft:
+    """The drafter's graphed path: steady chains (every request drafts exactly k >= 2, greedy)."""
+
+    def __init__(self, engine, max_size: int):
+        self.engine = engine
+        self.buckets: dict[int, _ChainBucket] = {}
+        self.max_size = max_size
+        self.steps = 0
+        engine.drafter.policy.reserve(max_size * max(1, engine.k - 1))   # never reallocated (see above)
+
+    def eligible(self, requests) -> bool:
+        e = self.engine
+        return (e.k >= 2 and e.temperature == 0 and not e.observers and not e.config.debug
+                and len(requests) <= self.max_size and all(r.remaining - 1 >= e.k for r in requests))
+
+    def draft(self, requests, features, step_index: int, capture: bool):
+        from nwor_lab.engine.trace import WindowTrace
+        e = self.engine
+        size = 1 << max(0, len(requests) - 1).bit_length()
+        if size not in self.buckets:
+            self.buckets[size] = _ChainBucket(e, size)
+        b = self.buckets[size]
+        b.fill(e, requests, features)
+        pol = e.drafter.policy
+        records = pol.records
+        pol.records = False
+        try:
+            drafts = b.run(e, capture)
+        finally:
+            pol.records = records
+        for r, row in zip(requests, drafts[:len(requests)].tolist()):
+            r.drafts, r.draft_probs = row, None
+        self.steps += 1
+        n = len(requests)
+        return WindowTrace(step_index, "draft", [r.req_id for r in requests], ["draft"] * n, [e.k - 1] * n,
+                           [0] * n, [[] for _ in requests], None), b.window

@@ -64,4 +64,6 @@ def test_gpu_graphed_steps_decode_what_eager_steps_do(mode, k):
         if graphs:
             assert engine.graphed is not None and engine.graphed.steps > 0
             assert any(b.graph is not None for b in engine.graphed.buckets.values())
+            if k:
+                assert any(b.graph is not None for b in engine.graphed.draft.buckets.values())
     assert outs[True] == outs[False]
