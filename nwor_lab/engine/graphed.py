@@ -15,6 +15,7 @@ eager engine has too). A bucket's first step runs the same code eagerly (it comp
 and is the warm-up); its second step captures, then replays, so no step ever runs twice (a CoW log
 taken twice would restore the wrong bytes). Prefills, short draft lists, sampling at temperature
 > 0, observers and debug mode take the eager path. Graphed windows carry no `WindowRecord`.
+Steady draft chains are replayed the same way (`GraphedDraft`, below).
 """
 from __future__ import annotations
 
