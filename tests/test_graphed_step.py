@@ -35,6 +35,10 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     eager, _ = decode(pair, mode, False, k)
     static, engine = decode(pair, mode, True, k)
     assert static == eager
+    # the records the policies make after a replay are the ones their commits make eagerly
+    eager_engine = decode(pair, mode, False, k)[1]
+    recs = lambda e: [(t.kind, t.record.to_dict()) for t in e.trace]   # noqa: E731
+    assert recs(engine) == recs(eager_engine)
     assert engine.graphed.steps > 0                       # the path was taken
     assert set(engine.graphed.buckets) <= {1, 2, 4}
     assert len(engine.graphed.buckets) >= 2               # padding exercised (5 requests, 4 at a time)

@@ -138,13 +138,13 @@ class SpecEngine:
     def _graphed_step(self, requests: list[Request]) -> bool:
         """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`."""
         try:
-            batch, verdict, features = self.graphed.step(requests)
+            batch, verdict, features, record = self.graphed.step(requests)
         except BaseException:
             if self.policy.window is not None:
                 self.policy.cancel()
             raise
         self.target_forwards += 1
-        live = self._advance(batch, verdict, None)
+        live = self._advance(batch, verdict, record)
         if self.drafting and live:
             reqs, g = [batch.requests[i] for i in live], features[live]
             chain = self.graphed.draft

@@ -14,7 +14,8 @@ ids) before each replay and reads the sampled ids and accepted lengths once afte
 eager engine has too). A bucket's first step runs the same code eagerly (it compiles the kernels
 and is the warm-up); its second step captures, then replays, so no step ever runs twice (a CoW log
 taken twice would restore the wrong bytes). Prefills, short draft lists, sampling at temperature
-> 0, observers and debug mode take the eager path. Graphed windows carry no `WindowRecord`.
+> 0, observers and debug mode take the eager path. After a replay the policy makes the window's
+`WindowRecord` on the host (`WritePolicy.replayed`), as its commit would have.
 Steady draft chains are replayed the same way (`GraphedDraft`, below).
 """
 from __future__ import annotations
@@ -91,7 +92,7 @@ class _Bucket:
             self.spec.draft_token_ids.copy_(torch.tensor(drafts, dtype=torch.int32))
 
     def body(self, engine):
-        """The step on the static buffers -> (sampled [B, k+1], accepted [B], head features [B, h] or None)."""
+        """The step on the static buffers -> (sampled [B, k+1], Acceptance, head features [B, h] or None)."""
         e, w, spec, md = engine, self.window, self.spec, self.md
         e.policy.begin(w, kind="verify")
         aux_layers = e.head.aux_layers if e.drafting else ()
@@ -115,9 +116,11 @@ class _Bucket:
             g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
             features = g[kept]
         e.policy.commit(acceptance)
-        return sampled, accepted, features
+        return sampled, acceptance, features
 
     def run(self, engine, capture: bool):
+        """-> the body's outputs; `self.ran_body` says whether its Python ran this time."""
+        self.ran_body = self.graph is None
         if self.graph is not None:
             self.graph.replay()
             return self.outputs
@@ -155,7 +158,8 @@ class GraphedVerify:
         k = e.k if e.drafting else 0
         return all(not r.is_prefill and len(r.drafts) == k for r in requests)
 
-    def step(self, requests) -> tuple[VerifyBatch, Verdict, torch.Tensor | None]:
+    def step(self, requests):
+        """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None)"""
         e = self.engine
         size = 1 << max(0, len(requests) - 1).bit_length()
         if size not in self.buckets:
@@ -165,11 +169,14 @@ class GraphedVerify:
         records = e.policy.records
         e.policy.records = False                 # a record reads counts on the host: not in a graph
         try:
-            sampled, accepted, features = b.run(e, self.capture)
+            sampled, acceptance, features = b.run(e, self.capture)
         finally:
             e.policy.records = records
+        written = range(e.target.num_layers + (1 if e.drafting else 0))    # the head's layer N when it ran
+        record = e.policy.replayed(b.window, acceptance, written, opened=range(e.cache.num_layers),
+                                   counted=b.ran_body)
         n = len(requests)
-        acc = accepted[:n].tolist()
+        acc = acceptance.accepted_len[:n].tolist()
         rows = sampled[:n].tolist()
         k = e.k
         batch = VerifyBatch(list(requests), b.ids[:n * (k + 1)].tolist(), [k + 1] * n,
@@ -177,7 +184,7 @@ class GraphedVerify:
                             [(k + 1) * (i + 1) for i in range(n)], b.md, b.spec, b.window)
         verdict = Verdict(sampled[:n], None, acc, [rows[i][a] for i, a in enumerate(acc)])
         self.steps += 1
-        return batch, verdict, (features[:n] if features is not None else None)
+        return batch, verdict, (features[:n] if features is not None else None), record
 
 
 class _ChainBucket:
@@ -286,9 +293,11 @@ class GraphedDraft:
             drafts = b.run(e, capture)
         finally:
             pol.records = records
+        layer = e.head.layer_index
+        record = pol.replayed(b.window, b.reject, range(layer, layer + 1), counted=b.ran_body)
         for r, row in zip(requests, drafts[:len(requests)].tolist()):
             r.drafts, r.draft_probs = row, None
         self.steps += 1
         n = len(requests)
         return WindowTrace(step_index, "draft", [r.req_id for r in requests], ["draft"] * n, [e.k - 1] * n,
-                           [0] * n, [[] for _ in requests], None), b.window
+                           [0] * n, [[] for _ in requests], record), b.window

@@ -188,6 +188,26 @@ class WritePolicy:
                      sorted(self._rows))
         return self._finish(None, cancelled=True)
 
+    def replayed(self, window: Window, acceptance: Acceptance, layers: range, *, opened: range | None = None,
+                 counted: bool = False) -> WindowRecord | None:
+        """Host bookkeeping for a window whose begin..commit kernels were replayed from a CUDA
+        graph (nwor_lab.engine.graphed): the record `commit` would have made (every row of
+        `layers` written), counted in the metrics; None when records are off. `counted`: the
+        Python begin..commit ran for this window too (warm-up or capture), so it is not counted
+        again. `opened`: the layers `begin` opened, when more than those written (default: the same)."""
+        if counted:
+            self.windows_done -= 1
+        self.window, self.layers = window, (opened or layers)
+        self._rows = {layer: [(0, window.num_tokens)] for layer in layers}
+        try:
+            rec = self._record(window, acceptance) if (self.records or self.config.debug) else None
+            if rec is not None:
+                self.metrics.observe(rec)
+        finally:
+            self.window, self._rows = None, {}
+            self.windows_done += 1
+        return rec
+
     # -- hooks for the modes -----------------------------------------------------------------
     def _begin(self) -> None: ...
     def _write(self, layer, key, value, token_offset) -> None: raise NotImplementedError

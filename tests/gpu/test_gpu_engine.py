@@ -54,16 +54,18 @@ def test_gpu_graphed_steps_decode_what_eager_steps_do(mode, k):
     from nwor_lab.model.shipped import load_tiny
 
     target, head, tok = load_tiny(device="cuda")
-    outs = {}
+    outs, records = {}, {}
     for graphs in (False, True):
         engine = SpecEngine(target, head, LabConfig(nwor_mode=mode, backend="cuda", cuda_graph=graphs), k=k,
                             max_num_seqs=4)
         reqs = [engine.add_request(tok.encode(p).ids, 40) for p in PROMPTS + PROMPTS[:1]]
         engine.run()
         outs[graphs] = [r.output for r in reqs]
+        records[graphs] = [(t.kind, t.record.to_dict()) for t in engine.trace]
         if graphs:
             assert engine.graphed is not None and engine.graphed.steps > 0
             assert any(b.graph is not None for b in engine.graphed.buckets.values())
             if k:
                 assert any(b.graph is not None for b in engine.graphed.draft.buckets.values())
     assert outs[True] == outs[False]
+    assert records[True] == records[False]     # replayed windows get the records their commits make
