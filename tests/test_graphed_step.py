@@ -40,7 +40,34 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     recs = lambda e: [(t.kind, t.record.to_dict()) for t in e.trace]   # noqa: E731
     assert recs(engine) == recs(eager_engine)
     assert engine.graphed.steps > 0                       # the path was taken
-    assert set(engine.graphed.buckets) <= {1, 2, 4}
-    assert len(engine.graphed.buckets) >= 2               # padding exercised (5 requests, 4 at a time)
-    if k >= 2:                                            # the draft chain took its static path too
+    sizes = {size for size, _ in engine.graphed.buckets}
+    assert sizes <= {1, 2, 4}
+    assert len(sizes) >= 2                                # padding exercised (5 requests, 4 at a time)
+    if k >= 2:
+        # the chain rode in the verify step while every request had 2k + 2 tokens to go, and took
+        # its own static path near the ends
+        assert engine.graphed.chained_steps > 0 and (4, True) in engine.graphed.buckets
         assert engine.graphed.draft.steps > 0 and len(engine.graphed.draft.buckets) >= 2
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_a_request_ending_on_eos_inside_a_chained_step_ends_as_eagerly(pair, mode):
+    """The chain rides in the verify step for every request of the bucket; one that emits the end
+    token in that step finishes (its drafts are dropped) and the others decode on unchanged."""
+    target, head = pair
+    free, _ = decode(pair, mode, False)
+    eos = free[1][4]                       # a token request 1 emits early, while chains ride along
+
+    def run(graphed):
+        engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=3, block_size=4, max_num_seqs=4,
+                            eos_token_id=eos)
+        if graphed:
+            engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+        reqs = [engine.add_request(p, 14) for p in PROMPTS]
+        engine.run()
+        return [r.output for r in reqs], engine
+
+    (eager, _), (static, engine) = run(False), run(True)
+    assert static == eager
+    assert any(len(o) < 14 and o[-1] == eos for o in static)
+    assert engine.graphed.chained_steps > 0

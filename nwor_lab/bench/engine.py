@@ -4,8 +4,11 @@
 
 Prompts are held-out text (modules the pair never saw, `nwor_lab.train.corpus.HELD_OUT`): from
 `runs/corpus/eval.bin` when present, else tokenised from this interpreter's stdlib. Each
-configuration runs once to warm up, then is timed end to end (scheduling, sampling, drafting
-included; model load excluded). Greedy, float32 weights and cache.
+configuration builds ONE engine, runs the prompts once (the cold run: Triton compiles its kernel
+variants, every batch bucket's CUDA graph is captured, as a server does at start-up), then queues
+the same prompts again on that engine and times that run end to end (scheduling, prefill,
+sampling, drafting included; model load excluded). Both times are in the JSON (`cold_seconds`,
+`seconds`). Greedy; float32 weights and cache unless --dtype says otherwise.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import numpy as np
 import torch
 
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
-from nwor_lab.engine.generate import generate
+from nwor_lab.engine.generate import acceptance_stats, prepare
 from nwor_lab.model.shipped import load_tiny
 from nwor_lab.ops import backend
 
@@ -51,7 +54,8 @@ def timed(fn, device) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
-def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device) -> list[dict]:
+def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device,
+                     dtype=torch.float32) -> list[dict]:
     """Hugging Face `generate` (greedy, no speculation) of the same target checkpoint, when
     transformers is importable: the outside baseline, timed the same way. Prompts have equal
     lengths, so batches need no padding."""
@@ -61,7 +65,7 @@ def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, dev
         return []
     from nwor_lab.model.shipped import TINY_DIR
     try:
-        model = AutoModelForCausalLM.from_pretrained(TINY_DIR, torch_dtype=torch.float32).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(TINY_DIR, torch_dtype=dtype).to(device).eval()
     except Exception as err:   # noqa: BLE001 - a baseline that cannot load is reported, not fatal
         return [{"config": "hf-generate greedy", "error": f"{type(err).__name__}: {err}"}]
     rows = []
@@ -98,10 +102,13 @@ def main(argv=None) -> dict:
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="every step eager (default on CUDA: steady steps replayed from CUDA graphs)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="weights, activations and cache (the shipped pair is stored in bfloat16)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    target, head, tok = load_tiny(device=device, head=args.head)
+    dtype = getattr(torch, args.dtype)
+    target, head, tok = load_tiny(device=device, head=args.head, dtype=dtype)
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
     graphs = not args.no_cuda_graph
     configs = [("target-only", 0, LabConfig(attention=args.attention, cuda_graph=graphs))] + [
@@ -113,30 +120,39 @@ def main(argv=None) -> dict:
         ps = prompts[:max(bs, 2)] if bs == 1 else prompts[:bs]
         base_ids, base_tps = None, None
         for name, k, cfg in configs:
-            def go(n=args.new_tokens):
-                return generate(ps, n, k, cfg, target=target, head=head, tokenizer=tok, device=device,
-                                max_num_seqs=bs)
-            go()  # warm-up: the whole run once (Triton compiles a kernel variant per new shape)
-            res, secs = timed(go, device)
-            ntok = sum(len(t) for t in res.token_ids)
+            gen = prepare(ps, args.new_tokens, k, cfg, target=target, head=head, tokenizer=tok, device=device,
+                          max_num_seqs=bs, dtype=dtype)
+            engine = gen.engine
+            _, cold = timed(engine.run, device)     # compiles, captures every bucket's graphs
+            first_window, forwards = len(engine.trace), engine.target_forwards
+            reqs = [engine.add_request(p, args.new_tokens) for p in ps]
+            _, secs = timed(engine.run, device)
+            token_ids = [r.output for r in reqs]
+            mean, by_pos = acceptance_stats(engine.trace[first_window:], max(k, 1))
+            ntok = sum(len(t) for t in token_ids)
             tps = ntok / secs
             if k == 0:
-                base_ids, base_tps = res.token_ids, tps
+                base_ids, base_tps = token_ids, tps
+            graphed = engine.graphed
             row = {"batch_size": bs, "config": name, "k": k, "nwor": cfg.nwor_mode, "scv": cfg.scv_mode,
                    "requests": len(ps), "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(tps, 2),
-                   "speedup_vs_target_only": round(tps / base_tps, 3), "target_forwards": res.target_forwards,
-                   "mean_acceptance_length": round(res.mean_acceptance_length, 3) if k else None,
-                   "acceptance_by_position": [round(a, 3) for a in res.acceptance_by_position] if k else None,
-                   "same_tokens_as_target_only": res.token_ids == base_ids}
+                   "cold_seconds": round(cold, 4),
+                   "speedup_vs_target_only": round(tps / base_tps, 3),
+                   "target_forwards": engine.target_forwards - forwards,
+                   "graphed_steps": graphed.steps if graphed else 0,
+                   "chained_steps": graphed.chained_steps if graphed else 0,
+                   "mean_acceptance_length": round(mean, 3) if k else None,
+                   "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
+                   "same_tokens_as_target_only": token_ids == base_ids}
             rows.append(row)
             print(json.dumps(row), flush=True)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     if not args.no_hf:
-        rows += hf_generate_rows(prompts, sizes, args.new_tokens, device)
+        rows += hf_generate_rows(prompts, sizes, args.new_tokens, device, dtype)
     out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-           "torch": torch.__version__, "python": platform.python_version(), "dtype": "float32",
+           "torch": torch.__version__, "python": platform.python_version(), "dtype": args.dtype,
            "attention": args.attention, "cuda_graph": graphs and device.type == "cuda",
            "ops_backend": vars(backend(device)),
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",

@@ -136,16 +136,20 @@ class SpecEngine:
         return True
 
     def _graphed_step(self, requests: list[Request]) -> bool:
-        """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`."""
+        """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`;
+        the draft chain for the next window rode in the same graph when `drafted` is not None."""
         try:
-            batch, verdict, features, record = self.graphed.step(requests)
+            batch, verdict, features, record, drafted = self.graphed.step(requests)
         except BaseException:
-            if self.policy.window is not None:
-                self.policy.cancel()
+            for policy in (self.policy, self.drafter.policy if self.drafter else None):
+                if policy is not None and policy.window is not None:
+                    policy.cancel()
             raise
         self.target_forwards += 1
         live = self._advance(batch, verdict, record)
-        if self.drafting and live:
+        if drafted is not None:
+            self._end_window(*self.graphed.chain_done(batch.requests, drafted, self.step_index))
+        elif self.drafting and live:
             reqs, g = [batch.requests[i] for i in live], features[live]
             chain = self.graphed.draft
             if chain is not None and chain.eligible(reqs):

@@ -1,4 +1,4 @@
-"""Steady verify steps replayed from one CUDA graph per batch bucket (`LabConfig.cuda_graph`).
+"""Steady steps replayed from one CUDA graph per batch bucket (`LabConfig.cuda_graph`).
 
 A steady step is one where every scheduled request verifies `t_last + exactly k drafts` (or, without
 a draft head, decodes one token), greedily, with no observers and no debug checks. Such a step has
@@ -8,21 +8,30 @@ requests (1, 2, 4, 8, ...; missing requests are padding: slot -1, draft -1, neve
     policy.begin -> target forward (every layer, Triton attention) -> logits -> greedy rejection
     sampling -> SCV mask -> head pass over the same rows (its next-token inputs and its kept rows
     built on the device from the acceptance) -> policy.commit
+    [-> the EAGLE draft chain d_1..d_k for the next window, its positions and slots built on the
+        device from the acceptance: one graph, one replay, one readback per step]
 
-The host fills the static inputs (token ids, positions, slots, block tables, cached lengths, draft
-ids) before each replay and reads the sampled ids and accepted lengths once after it (the sync the
-eager engine has too). A bucket's first step runs the same code eagerly (it compiles the kernels
-and is the warm-up); its second step captures, then replays, so no step ever runs twice (a CoW log
-taken twice would restore the wrong bytes). Prefills, short draft lists, sampling at temperature
-> 0, observers and debug mode take the eager path. After a replay the policy makes the window's
-`WindowRecord` on the host (`WritePolicy.replayed`), as its commit would have.
-Steady draft chains are replayed the same way (`GraphedDraft`, below).
+The chain rides in the verify graph when every request has at least 2k + 2 tokens left to
+generate, so that it drafts k tokens whatever this step accepts. Near a request's end the step
+replays the verify graph alone, then the chain's own graph (`GraphedDraft`) or the eager drafter.
+
+Host work per step: the static inputs (token ids, positions, slots, block tables, cached lengths,
+draft ids) are written into one pinned buffer per dtype and sent with one copy each; the outputs
+(sampled ids, accepted lengths, next drafts) come back in one packed tensor, the one sync of the
+step. A bucket's first step runs the same code eagerly (it compiles the kernels and is the
+warm-up); its second step captures, then replays, so no step ever runs twice (a CoW log taken
+twice would restore the wrong bytes). Prefills, short draft lists, sampling at temperature > 0,
+observers and debug mode take the eager path. After a replay each policy makes the window's
+`WindowRecord` on the host (`WritePolicy.replayed`) from a CPU mirror of the window: no device
+work and no sync for bookkeeping.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from nwor_lab.engine.batch import Verdict, VerifyBatch
+from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.ops.scv import scv_mask
@@ -30,23 +39,100 @@ from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
 
 
-class _Bucket:
-    """Static buffers, metadata and (after the warm-up) the graph of one padded batch size."""
+class StaticInputs:
+    """A graph's static input tensors, as views of one device buffer per dtype, filled from a
+    pinned host mirror (numpy views, `host[name]`) with one copy per dtype (`upload`).
 
-    def __init__(self, engine, size: int):
+    The host mirror is rewritten only after the step's readback synced the stream, so a copy in
+    flight never reads a half-written buffer."""
+
+    def __init__(self, device: torch.device, **specs):
+        """specs: name=(shape, dtype)."""
+        pin = device.type == "cuda"
+        self.dev: dict[str, torch.Tensor] = {}
+        self.host: dict[str, np.ndarray] = {}
+        self.host_t: dict[str, torch.Tensor] = {}
+        self._pairs = []
+        for dtype in {d for _, d in specs.values()}:
+            names = [n for n, (_, d) in specs.items() if d == dtype]
+            sizes = [int(np.prod(specs[n][0])) for n in names]
+            dev = torch.zeros(sum(sizes), dtype=dtype, device=device)
+            host = torch.zeros(sum(sizes), dtype=dtype, pin_memory=pin)
+            self._pairs.append((dev, host))
+            at = 0
+            for name, size in zip(names, sizes):
+                shape = specs[name][0]
+                self.dev[name] = dev[at:at + size].view(shape)
+                self.host_t[name] = host[at:at + size].view(shape)
+                self.host[name] = self.host_t[name].numpy()
+                at += size
+
+    def upload(self) -> None:
+        for dev, host in self._pairs:
+            dev.copy_(host, non_blocking=True)
+
+
+def _bucket_size(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _max_blocks(engine) -> int:
+    return -(-engine.max_model_len // engine.cache.spec.block_size) + 1
+
+
+def _host_window(window: Window, slots: torch.Tensor) -> Window:
+    """A CPU mirror of `window` (slots from the host buffer): what the policies' records count."""
+    return Window(slots, window.token_req.cpu(), window.token_draft_pos.cpu(), window.draft_rows.cpu(),
+                  list(window.num_scheduled_tokens), list(window.num_draft_tokens))
+
+
+class _Graphed:
+    """The capture protocol every bucket shares: first call eager (warm-up, compiles), second
+    captures then replays, later calls replay. `body(engine)` is the step on static buffers."""
+
+    graph = None
+    outputs = None
+    warmed = False
+    ran_body = False
+
+    def body(self, engine):
+        raise NotImplementedError
+
+    def run(self, engine, capture: bool):
+        """-> the body's outputs; `self.ran_body` says whether its Python ran this time."""
+        self.ran_body = self.graph is None
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        if not self.warmed or not capture:
+            self.warmed = True
+            return self.body(engine)
+        holder = {}
+        self.graph = capture_graph(lambda: holder.setdefault("out", self.body(engine)), warmup=0,
+                                   device=engine.device)
+        self.outputs = holder["out"]
+        self.graph.replay()
+        return self.outputs
+
+
+class _Bucket(_Graphed):
+    """Static buffers, metadata and (after the warm-up) the graph of one padded batch size; with
+    `chain`, the EAGLE draft chain for the next window runs in the same graph."""
+
+    def __init__(self, engine, size: int, chain: bool):
         e, dev, k = engine, engine.device, engine.k
         self.size, t = size, size * (k + 1)
-        bs = e.cache.spec.block_size
-        max_blocks = -(-e.max_model_len // bs) + 1
-        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(t, dtype=torch.long, device=dev)
-        slots = torch.full((t,), -1, dtype=torch.long, device=dev)
-        self.tables = torch.zeros(size, max_blocks, dtype=torch.int32, device=dev)
-        self.cache_lens = torch.zeros(size, dtype=torch.int32, device=dev)
+        self.inputs = StaticInputs(dev, ids=((t,), torch.long), positions=((t,), torch.long),
+                                   slots=((t,), torch.long), start=((size,), torch.long),
+                                   drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32),
+                                   tables=((size, _max_blocks(e)), torch.int32))
+        i = self.inputs.dev
+        self.ids, self.positions, self.tables, self.cache_lens = i["ids"], i["positions"], i["tables"], i["cache_lens"]
+        self.start = i["start"]                                         # each request's num_computed
         cu = [(k + 1) * (r + 1) for r in range(size)]
-        drafts = torch.full((size * k,), -1, dtype=torch.int32, device=dev)
-        self.spec = SpecDecodeMetadata.build([k] * size, cu, drafts, device=dev)
-        self.window = Window.from_metadata(self.spec, cu, slots)
+        self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
+        self.window = Window.from_metadata(self.spec, cu, i["slots"])
+        self.host_window = _host_window(self.window, self.inputs.host_t["slots"])
         in_buffer = e.policy.window_in_buffer
         qsl = [0] + cu
         kernel = KernelArgs(self.tables, self.cache_lens, torch.tensor(qsl, dtype=torch.int32, device=dev),
@@ -57,42 +143,43 @@ class _Bucket:
         self.starts = torch.arange(0, t, k + 1, device=dev)             # each request's t_last row
         self.last_rows = self.starts + k
         self.no_drafts = Acceptance.from_accepted_len(self.window, [0] * size) if k == 0 else None
-        self.graph = None
-        self.outputs = None
-        self.warmed = False
+        self.chain = _ChainBucket(e, size, tables=self.tables) if chain else None
+        self.host_ids: list[int] = []
 
     def fill(self, engine, requests) -> None:
-        """Copy this step's requests into the static inputs (padding rows stay padding)."""
+        """Write this step's requests into the static inputs (padding rows stay padding), one
+        copy per dtype. With the chain aboard, blocks for its positions are allocated too."""
         k, bs, n = engine.k, engine.cache.spec.block_size, len(requests)
         in_buffer = engine.policy.window_in_buffer
-        ids, pos, slots, drafts, lens = [], [], [], [], []
-        tables = torch.zeros(self.tables.shape, dtype=torch.int32)
+        h = self.inputs.host
+        ids, pos, slots, drafts, lens, start = [], [], [], [], [], []
+        tables = h["tables"]
+        tables.fill(0)
         for r, req in enumerate(requests):
-            toks, start, _ = req.scheduled()
-            req.block_table.ensure(start + len(toks))
+            toks, s, _ = req.scheduled()
+            # the chain writes positions s + a + 1 .. s + a + k - 1 (a <= k): up to s + 2k - 1
+            req.block_table.ensure(s + 2 * k if self.chain is not None else s + k + 1)
             blocks = req.block_table.blocks
-            tables[r, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            tables[r, :len(blocks)] = blocks
             ids += toks
-            pos += range(start, start + k + 1)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(start, start + k + 1)]
+            pos += range(s, s + k + 1)
+            slots += [blocks[p // bs] * bs + p % bs for p in range(s, s + k + 1)]
             drafts += req.drafts
-            lens.append(start + (0 if in_buffer else k + 1))
+            lens.append(s + (0 if in_buffer else k + 1))
+            start.append(s)
         pad = self.size - n
-        ids += [0] * (pad * (k + 1))
-        pos += list(range(k + 1)) * pad
-        slots += [-1] * (pad * (k + 1))
-        drafts += [-1] * (pad * k)
-        lens += [0 if in_buffer else k + 1] * pad       # padding reads block 0 (its rows are never kept)
-        self.ids.copy_(torch.tensor(ids), non_blocking=False)
-        self.positions.copy_(torch.tensor(pos))
-        self.window.slot_mapping.copy_(torch.tensor(slots))
-        self.tables.copy_(tables)
-        self.cache_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        if k:
-            self.spec.draft_token_ids.copy_(torch.tensor(drafts, dtype=torch.int32))
+        self.host_ids = ids
+        h["ids"][:] = ids + [0] * (pad * (k + 1))
+        h["positions"][:] = pos + list(range(k + 1)) * pad
+        h["slots"][:] = slots + [-1] * (pad * (k + 1))
+        h["drafts"][:] = drafts + [-1] * (pad * k)
+        h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
+        h["start"][:] = start + [0] * pad
+        self.inputs.upload()
 
     def body(self, engine):
-        """The step on the static buffers -> (sampled [B, k+1], Acceptance, head features [B, h] or None)."""
+        """The step on the static buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted
+        length, next drafts when the chain is aboard; head features [B, h] or None)."""
         e, w, spec, md = engine, self.window, self.spec, self.md
         e.policy.begin(w, kind="verify")
         aux_layers = e.head.aux_layers if e.drafting else ()
@@ -116,23 +203,13 @@ class _Bucket:
             g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
             features = g[kept]
         e.policy.commit(acceptance)
-        return sampled, acceptance, features
-
-    def run(self, engine, capture: bool):
-        """-> the body's outputs; `self.ran_body` says whether its Python ran this time."""
-        self.ran_body = self.graph is None
-        if self.graph is not None:
-            self.graph.replay()
-            return self.outputs
-        if not self.warmed or not capture:  # first step of this size: eager, compiles the kernels
-            self.warmed = True
-            return self.body(engine)
-        holder = {}
-        self.graph = capture_graph(lambda: holder.setdefault("out", self.body(engine)), warmup=0,
-                                   device=engine.device)
-        self.outputs = holder["out"]
-        self.graph.replay()
-        return self.outputs
+        packed = [sampled.long(), accepted[:, None]]
+        if self.chain is not None:
+            real = w.slot_mapping[self.starts] >= 0
+            base = torch.where(real, self.start + accepted + 1, 0)       # num_computed after the window
+            self.chain.place(e, base, real, features)
+            packed.append(self.chain.body(e))
+        return torch.cat(packed, 1), features
 
 
 class GraphedVerify:
@@ -140,12 +217,13 @@ class GraphedVerify:
 
     def __init__(self, engine, max_num_seqs: int, max_num_batched_tokens: int, *, capture: bool = True):
         """capture False: run the same padded static step eagerly every time (CPU tests of the
-        padding and the on-device head inputs; no graph)."""
+        padding and the on-device head and chain inputs; no graph)."""
         self.engine = engine
         self.capture = capture
-        self.buckets: dict[int, _Bucket] = {}
-        self.max_size = 1 << max(0, max_num_seqs - 1).bit_length()
+        self.buckets: dict[tuple[int, bool], _Bucket] = {}
+        self.max_size = _bucket_size(max_num_seqs)
         self.steps = 0            # steps that took this path (eager warm-ups included)
+        self.chained_steps = 0    # of which the draft chain rode in the verify graph
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
         engine.policy.reserve(max(max_num_batched_tokens, self.max_size * (engine.k + 1)))
@@ -158,94 +236,141 @@ class GraphedVerify:
         k = e.k if e.drafting else 0
         return all(not r.is_prefill and len(r.drafts) == k for r in requests)
 
+    def chain_aboard(self, requests) -> bool:
+        """Whether the draft chain can ride in this step's graph: every request drafts k tokens
+        after it, whatever it accepts (at most k + 1 tokens emitted now, k + 1 left after)."""
+        k = self.engine.k
+        return self.draft is not None and k >= 2 and all(r.remaining >= 2 * k + 2 for r in requests)
+
     def step(self, requests):
-        """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None)"""
+        """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None,
+        the chain's (drafts [n][k], WindowRecord or None, host Window) or None)"""
         e = self.engine
-        size = 1 << max(0, len(requests) - 1).bit_length()
-        if size not in self.buckets:
-            self.buckets[size] = _Bucket(e, size)
-        b = self.buckets[size]
+        chain = self.chain_aboard(requests)
+        key = (_bucket_size(len(requests)), chain)
+        if key not in self.buckets:
+            self.buckets[key] = _Bucket(e, key[0], chain)
+        b = self.buckets[key]
         b.fill(e, requests)
-        records = e.policy.records
-        e.policy.records = False                 # a record reads counts on the host: not in a graph
+        pols = [e.policy] + ([e.drafter.policy] if chain else [])
+        records = [p.records for p in pols]
+        for p in pols:
+            p.records = False                # a record reads counts on the host: not in a graph
         try:
-            sampled, acceptance, features = b.run(e, self.capture)
+            packed, features = b.run(e, self.capture)
         finally:
-            e.policy.records = records
-        written = range(e.target.num_layers + (1 if e.drafting else 0))    # the head's layer N when it ran
-        record = e.policy.replayed(b.window, acceptance, written, opened=range(e.cache.num_layers),
+            for p, r in zip(pols, records):
+                p.records = r
+        n, k = len(requests), e.k
+        rows = packed[:n].tolist()                                       # the step's one sync
+        acc = [row[k + 1] for row in rows]
+        written = range(e.target.num_layers + (1 if e.drafting else 0))  # the head's layer N when it ran
+        host_acc = Acceptance.from_accepted_len(b.host_window, acc + [0] * (b.size - n))
+        record = e.policy.replayed(b.host_window, host_acc, written, opened=range(e.cache.num_layers),
                                    counted=b.ran_body)
-        n = len(requests)
-        acc = acceptance.accepted_len[:n].tolist()
-        rows = sampled[:n].tolist()
-        k = e.k
-        batch = VerifyBatch(list(requests), b.ids[:n * (k + 1)].tolist(), [k + 1] * n,
-                            [r.num_computed for r in requests], [k] * n, ["spec" if k else "decode"] * n,
-                            [(k + 1) * (i + 1) for i in range(n)], b.md, b.spec, b.window)
-        verdict = Verdict(sampled[:n], None, acc, [rows[i][a] for i, a in enumerate(acc)])
+        batch = VerifyBatch(list(requests), b.host_ids, [k + 1] * n, [r.num_computed for r in requests], [k] * n,
+                            ["spec" if k else "decode"] * n, [(k + 1) * (i + 1) for i in range(n)], b.md, b.spec,
+                            b.window)
+        verdict = Verdict(packed[:n, :k + 1], None, acc, [row[a] for row, a in zip(rows, acc)])
+        drafted = None
+        if chain:
+            drafted = [row[k + 2:] for row in rows]
+            bases = [r.num_computed + a + 1 for r, a in zip(requests, acc)]   # num_computed after it
+            b.chain.host_slots.copy_(torch.tensor(b.chain.chain_slots(e, requests, bases)))
+            self.chained_steps += 1
         self.steps += 1
-        return batch, verdict, (features[:n] if features is not None else None), record
+        return batch, verdict, (features[:n] if features is not None else None), record, drafted
+
+    def chain_done(self, requests, drafted, step_index: int) -> tuple[WindowTrace, Window]:
+        """After `step` carried the chain and the engine advanced `requests` (every one of the
+        step's): hand out the drafts, record the chain window -> (trace, window)."""
+        b = self.buckets[(_bucket_size(len(requests)), True)]
+        return self.draft.finish(b.chain, requests, drafted, step_index, counted=b.ran_body)
 
 
-class _ChainBucket:
+class _ChainBucket(_Graphed):
     """Static buffers and graph of the EAGLE draft chain d_1..d_k for one padded batch size: the
     first draft from the verify step's head features, then k - 1 head passes, one row per request
     each (step-major rows, as `engine.drafter.chain_window`), in one draft-policy window on the
-    head's layer, committed with every row rejected."""
+    head's layer, committed with every row rejected. Its inputs come from the host (`fill`) or,
+    inside the verify graph, from the device (`place`)."""
 
-    def __init__(self, engine, size: int):
+    def __init__(self, engine, size: int, tables: torch.Tensor | None = None):
         e, dev, k = engine, engine.device, engine.k
         pol = e.drafter.policy
         self.size, rows = size, size * (k - 1)
-        bs = e.cache.spec.block_size
-        self.tables = torch.zeros(size, -(-e.max_model_len // bs) + 1, dtype=torch.int32, device=dev)
-        self.base = torch.zeros(size, dtype=torch.long, device=dev)        # each request's num_computed
+        self.tables = tables if tables is not None else \
+            torch.zeros(size, _max_blocks(e), dtype=torch.int32, device=dev)
         self.features = torch.zeros(size, e.head.config.hidden_size, dtype=e.dtype, device=dev)
         slots = torch.full((rows,), -1, dtype=torch.long, device=dev)
         token_req = torch.arange(size, dtype=torch.int32, device=dev).repeat(k - 1)
         draft_pos = torch.arange(1, k, dtype=torch.int32, device=dev).repeat_interleave(size)
         order = torch.arange(rows, device=dev).view(k - 1, size).t().reshape(-1)   # request-major
         self.window = Window(slots, token_req, draft_pos, order, [k - 1] * size, [k - 1] * size)
+        self.host_slots = torch.full((rows,), -1, dtype=torch.long)
+        self.host_window = _host_window(self.window, self.host_slots)
+        self.host_reject = Acceptance.rejecting_all(self.host_window)
         self.reject = Acceptance.rejecting_all(self.window)
         in_buffer = pol.window_in_buffer
+        self.lens_offset = torch.zeros(k - 1, 1, dtype=torch.long, device=dev) if in_buffer else \
+            torch.arange(1, k, device=dev)[:, None]                 # chain step s reads s own rows
+        self.step_offset = torch.arange(k - 1, device=dev)[:, None]
+        self.positions = torch.zeros(k - 1, size, dtype=torch.long, device=dev)   # [step, request]
+        self.lens = torch.zeros(k - 1, size, dtype=torch.int32, device=dev)
         qsl = list(range(size + 1))
         qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
         self.steps = []
         for s in range(1, k):
-            positions = torch.zeros(size, dtype=torch.long, device=dev)
-            lens = torch.zeros(size, dtype=torch.int32, device=dev)
             win_rows = win_start = None
             if in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
                 win_rows = (torch.arange(s, device=dev)[None, :] * size + torch.arange(size, device=dev)[:, None]).reshape(-1)
                 win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
-            md = AttentionMetadata(positions, slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
-                                   (s - 1) * size, KernelArgs(self.tables, lens, qsl_t, win_rows, win_start))
-            self.steps.append((positions, lens, md))
-        self.graph = None
-        self.outputs = None
-        self.warmed = False
+            md = AttentionMetadata(self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None,
+                                   e.cache, pol, (s - 1) * size,
+                                   KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start))
+            self.steps.append(md)
+
+    def chain_slots(self, engine, requests, bases: list[int]) -> list[int]:
+        """Host slots of the chain rows (step-major; padding -1): request j's rows sit at
+        positions bases[j] .. bases[j] + k - 2 (bases: num_computed after the verify window)."""
+        k, bs = engine.k, engine.cache.spec.block_size
+        slots = [-1] * (self.size * (k - 1))
+        for j, (r, base) in enumerate(zip(requests, bases)):
+            blocks = r.block_table.blocks
+            for s in range(1, k):
+                p = base + s - 1
+                slots[(s - 1) * self.size + j] = blocks[p // bs] * bs + p % bs
+        return slots
 
     def fill(self, engine, requests, features) -> None:
-        k, bs, n = engine.k, engine.cache.spec.block_size, len(requests)
-        in_buffer = engine.drafter.policy.window_in_buffer
+        n = len(requests)
         tables = torch.zeros(self.tables.shape, dtype=torch.int32)
-        base = [r.num_computed for r in requests] + [0] * (self.size - n)
-        slots = [-1] * (self.size * (k - 1))
         for j, r in enumerate(requests):
-            r.block_table.ensure(r.num_computed + 1, lookahead=k)     # the next window's slots too
-            blocks = r.block_table.blocks
-            tables[j, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            for s in range(1, k):
-                p = r.num_computed + s - 1
-                slots[(s - 1) * self.size + j] = blocks[p // bs] * bs + p % bs
+            r.block_table.ensure(r.num_computed + 1, lookahead=engine.k)     # the next window's slots too
+            tables[j, :len(r.block_table.blocks)] = torch.tensor(r.block_table.blocks, dtype=torch.int32)
         self.tables.copy_(tables)
-        self.window.slot_mapping.copy_(torch.tensor(slots))
-        base_t = torch.tensor(base)
-        for s, (positions, lens, _) in enumerate(self.steps, 1):
-            positions.copy_(base_t + s - 1)
-            lens.copy_((base_t + (0 if in_buffer else s)).to(torch.int32))
+        bases = [r.num_computed for r in requests]
+        self.window.slot_mapping.copy_(self.host_slots.copy_(torch.tensor(self.chain_slots(engine, requests, bases))))
+        base = torch.tensor(bases + [0] * (self.size - n), device=engine.device)
+        real = torch.arange(self.size, device=engine.device) < n
+        self._set_rows(engine, base, real)
         self.features.zero_()
         self.features[:n].copy_(features)
+
+    def place(self, engine, base: torch.Tensor, real: torch.Tensor, features: torch.Tensor) -> None:
+        """The chain's inputs from the device: base [B] num_computed of each request (0 for
+        padding), real [B] bool, features [B, h] the head's output at each kept row."""
+        self._set_rows(engine, base, real)
+        self.features.copy_(torch.where(real[:, None], features, torch.zeros_like(features)))
+
+    def _set_rows(self, engine, base, real) -> None:
+        """Positions, cached lengths and slots of every chain row from base [B] (device ops)."""
+        bs = engine.cache.spec.block_size
+        pos = base[None, :] + self.step_offset                          # [k-1, B]
+        self.positions.copy_(pos)
+        self.lens.copy_(base[None, :] + self.lens_offset)
+        blk = self.tables.long().gather(1, (pos // bs).t()).t()          # [k-1, B] block of each row
+        self.window.slot_mapping.copy_(torch.where(real[None, :], blk * bs + pos % bs, -1).reshape(-1))
 
     def body(self, engine):
         e, head, pol = engine, engine.head, engine.drafter.policy
@@ -254,17 +379,16 @@ class _ChainBucket:
         drafts = [token]
         layer = head.layer_index
         pol.begin(self.window, layers=range(layer, layer + 1), kind="draft")
-        for positions, lens, md in self.steps:
+        for md in self.steps:
             g = head(drafts[-1], g, md)
             drafts.append(head.compute_logits(g).float().argmax(-1))
         pol.commit(self.reject)
         return torch.stack(drafts, 1)         # [B, k]
 
-    run = _Bucket.run
-
 
 class GraphedDraft:
-    """The drafter's graphed path: steady chains (every request drafts exactly k >= 2, greedy)."""
+    """The drafter's graphed path for chains not carried by the verify graph: steady chains
+    (every request drafts exactly k >= 2, greedy) near the requests' ends."""
 
     def __init__(self, engine, max_size: int):
         self.engine = engine
@@ -279,9 +403,8 @@ class GraphedDraft:
                 and len(requests) <= self.max_size and all(r.remaining - 1 >= e.k for r in requests))
 
     def draft(self, requests, features, step_index: int, capture: bool):
-        from nwor_lab.engine.trace import WindowTrace
         e = self.engine
-        size = 1 << max(0, len(requests) - 1).bit_length()
+        size = _bucket_size(len(requests))
         if size not in self.buckets:
             self.buckets[size] = _ChainBucket(e, size)
         b = self.buckets[size]
@@ -293,11 +416,19 @@ class GraphedDraft:
             drafts = b.run(e, capture)
         finally:
             pol.records = records
-        layer = e.head.layer_index
-        record = pol.replayed(b.window, b.reject, range(layer, layer + 1), counted=b.ran_body)
-        for r, row in zip(requests, drafts[:len(requests)].tolist()):
-            r.drafts, r.draft_probs = row, None
         self.steps += 1
+        return self.finish(b, requests, drafts[:len(requests)].tolist(), step_index, counted=b.ran_body)
+
+    def finish(self, b: _ChainBucket, requests, drafted, step_index: int, *, counted: bool):
+        """Hand each request still running its drafts; the chain window's record (from the host
+        mirror `b.host_slots`, set by the caller: the chain ran for every request of the bucket)
+        -> (WindowTrace, Window)."""
+        e = self.engine
+        layer = e.head.layer_index
+        record = e.drafter.policy.replayed(b.host_window, b.host_reject, range(layer, layer + 1), counted=counted)
+        for r, row in zip(requests, drafted):
+            if not r.finished:
+                r.drafts, r.draft_probs = list(row), None
         n = len(requests)
         return WindowTrace(step_index, "draft", [r.req_id for r in requests], ["draft"] * n, [e.k - 1] * n,
                            [0] * n, [[] for _ in requests], record), b.window

@@ -46,7 +46,7 @@ class CowPolicy(OffPolicy):
 
     def _bytes(self, acceptance, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, len(self.layers)
-        real_drafts = (self._draft_slots >= 0)
+        real_drafts = (self.window.draft_slots >= 0)   # the window's (a CPU mirror after a replay)
         logged = int(real_drafts.sum()) * layers * bpt
         restored = 0 if acceptance is None else int((real_drafts & ~acceptance.draft_mask).sum()) * layers * bpt
         return {"bytes_written": self._valid_rows_written() * bpt, "bytes_logged": logged,
