@@ -38,8 +38,14 @@ class Drafter:
     def draft(self, requests: list[Request], g: torch.Tensor, step: int):
         """Give every request its drafts for the next window. g `[len(requests), h]`: the head's
         output at each request's last committed row. -> (WindowTrace, Window) of the chain, or None
-        when no request drafts more than one token."""
-        n_drafts = [min(self.k, r.remaining - 1) for r in requests]
+        when no request drafts more than one token.
+
+        Every request drafts k tokens, also in its last windows (as vLLM proposes
+        num_speculative_tokens whatever max_tokens is left): a token verified past max_new_tokens
+        is cut when emitted. Every decode step then has the same shape, so it replays from a CUDA
+        graph to the end; the positions stay inside the request's reservation (prompt +
+        max_new_tokens + k)."""
+        n_drafts = [self.k] * len(requests)
         ids, probs = self.propose(g)
         for j, r in enumerate(requests):
             if n_drafts[j] > 0:

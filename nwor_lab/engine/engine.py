@@ -148,14 +148,11 @@ class SpecEngine:
         self.target_forwards += 1
         live = self._advance(batch, verdict, record)
         if drafted is not None:
-            self._end_window(*self.graphed.chain_done(batch.requests, drafted, self.step_index))
+            chain = self.graphed.chain_done(batch.requests, self.step_index)
+            if chain is not None:
+                self._end_window(*chain)
         elif self.drafting and live:
-            reqs, g = [batch.requests[i] for i in live], features[live]
-            chain = self.graphed.draft
-            if chain is not None and chain.eligible(reqs):
-                self._end_window(*chain.draft(reqs, g, self.step_index, self.graphed.capture))
-            else:
-                self._draft(reqs, g)
+            self._draft([batch.requests[i] for i in live], features[live])
         self.step_index += 1
         return True
 
@@ -225,6 +222,9 @@ class SpecEngine:
             a = verdict.accepted[i]
             r.num_computed = batch.context_lens[i] + (batch.query_lens[i] - batch.num_drafts[i]) + a
             entry.emitted.append(self._emit(r, r.drafts[:a] + [verdict.next_tokens[i]]))
+            # drafts accepted past max_new_tokens (or an end token) were cut from the output: the
+            # request's state stops at what it emitted (num_computed == len(tokens) - 1)
+            r.num_computed = min(r.num_computed, len(r.tokens) - 1)
             r.drafts, r.draft_probs = [], None
         self._end_window(entry, batch.window)
         for r in batch.requests:
@@ -233,6 +233,12 @@ class SpecEngine:
         return [i for i, r in enumerate(batch.requests) if not r.finished]
 
     def _draft(self, requests: list[Request], features: torch.Tensor) -> None:
+        """Drafts for the next window: the chain's CUDA graph when it can (GraphedDraft), else the
+        eager drafter."""
+        graphed = self.graphed.draft if self.graphed is not None else None
+        if graphed is not None and graphed.eligible(requests):
+            self._end_window(*graphed.draft(requests, features, self.step_index, self.graphed.capture))
+            return
         chain = self.drafter.draft(requests, features, self.step_index)
         if chain is not None:
             self._end_window(*chain)

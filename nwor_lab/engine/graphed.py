@@ -11,9 +11,10 @@ requests (1, 2, 4, 8, ...; missing requests are padding: slot -1, draft -1, neve
     [-> the EAGLE draft chain d_1..d_k for the next window, its positions and slots built on the
         device from the acceptance: one graph, one replay, one readback per step]
 
-The chain rides in the verify graph when every request has at least 2k + 2 tokens left to
-generate, so that it drafts k tokens whatever this step accepts. Near a request's end the step
-replays the verify graph alone, then the chain's own graph (`GraphedDraft`) or the eager drafter.
+Every request drafts k tokens to its last window (`Drafter.draft`), so decode steps keep one
+shape to the end. A request that finishes in the step (accepted + 1 >= tokens it had left) gets
+no chain rows: their slots are -1, decided on the device by the same rule the host applies. The
+chain's own graph (`GraphedDraft`) drafts after an eager step (the prefill's first drafts).
 
 Host work per step: the static inputs (token ids, positions, slots, block tables, cached lengths,
 draft ids) are written into one pinned buffer per dtype and sent with one copy each; the outputs
@@ -80,10 +81,14 @@ def _max_blocks(engine) -> int:
     return -(-engine.max_model_len // engine.cache.spec.block_size) + 1
 
 
-def _host_window(window: Window, slots: torch.Tensor) -> Window:
-    """A CPU mirror of `window` (slots from the host buffer): what the policies' records count."""
-    return Window(slots, window.token_req.cpu(), window.token_draft_pos.cpu(), window.draft_rows.cpu(),
-                  list(window.num_scheduled_tokens), list(window.num_draft_tokens))
+def _chain_record_window(slots: list[list[int]]) -> Window:
+    """CPU Window of a draft chain over len(slots) requests, request j's k - 1 rows at slots[j]
+    (step-major rows, as `engine.drafter.chain_window`): what the chain's record counts."""
+    n, m = len(slots), len(slots[0])
+    flat = [slots[j][s] for s in range(m) for j in range(n)]
+    return Window(torch.tensor(flat), torch.arange(n, dtype=torch.int32).repeat(m),
+                  torch.arange(1, m + 1, dtype=torch.int32).repeat_interleave(n),
+                  torch.arange(n * m).view(m, n).t().reshape(-1), [m] * n, [m] * n)
 
 
 class _Graphed:
@@ -124,15 +129,16 @@ class _Bucket(_Graphed):
         self.size, t = size, size * (k + 1)
         self.inputs = StaticInputs(dev, ids=((t,), torch.long), positions=((t,), torch.long),
                                    slots=((t,), torch.long), start=((size,), torch.long),
+                                   remaining=((size,), torch.long),
                                    drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32),
                                    tables=((size, _max_blocks(e)), torch.int32))
         i = self.inputs.dev
         self.ids, self.positions, self.tables, self.cache_lens = i["ids"], i["positions"], i["tables"], i["cache_lens"]
         self.start = i["start"]                                         # each request's num_computed
+        self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
         self.window = Window.from_metadata(self.spec, cu, i["slots"])
-        self.host_window = _host_window(self.window, self.inputs.host_t["slots"])
         in_buffer = e.policy.window_in_buffer
         qsl = [0] + cu
         kernel = KernelArgs(self.tables, self.cache_lens, torch.tensor(qsl, dtype=torch.int32, device=dev),
@@ -144,7 +150,8 @@ class _Bucket(_Graphed):
         self.last_rows = self.starts + k
         self.no_drafts = Acceptance.from_accepted_len(self.window, [0] * size) if k == 0 else None
         self.chain = _ChainBucket(e, size, tables=self.tables) if chain else None
-        self.host_ids: list[int] = []
+        self.host_ids: list[int] = []      # this step's real rows, for the host's bookkeeping
+        self.host_slots: list[int] = []
 
     def fill(self, engine, requests) -> None:
         """Write this step's requests into the static inputs (padding rows stay padding), one
@@ -152,13 +159,15 @@ class _Bucket(_Graphed):
         k, bs, n = engine.k, engine.cache.spec.block_size, len(requests)
         in_buffer = engine.policy.window_in_buffer
         h = self.inputs.host
-        ids, pos, slots, drafts, lens, start = [], [], [], [], [], []
+        ids, pos, slots, drafts, lens, start, left = [], [], [], [], [], [], []
         tables = h["tables"]
         tables.fill(0)
         for r, req in enumerate(requests):
             toks, s, _ = req.scheduled()
-            # the chain writes positions s + a + 1 .. s + a + k - 1 (a <= k): up to s + 2k - 1
-            req.block_table.ensure(s + 2 * k if self.chain is not None else s + k + 1)
+            need = s + k + 1
+            if self.chain is not None:   # a chain runs only if a + 1 < remaining: up to s + a + k - 1
+                need = max(need, s + min(k, req.remaining - 2) + k)
+            req.block_table.ensure(need)
             blocks = req.block_table.blocks
             tables[r, :len(blocks)] = blocks
             ids += toks
@@ -167,14 +176,16 @@ class _Bucket(_Graphed):
             drafts += req.drafts
             lens.append(s + (0 if in_buffer else k + 1))
             start.append(s)
+            left.append(req.remaining)
         pad = self.size - n
-        self.host_ids = ids
+        self.host_ids, self.host_slots = ids, slots
         h["ids"][:] = ids + [0] * (pad * (k + 1))
         h["positions"][:] = pos + list(range(k + 1)) * pad
         h["slots"][:] = slots + [-1] * (pad * (k + 1))
         h["drafts"][:] = drafts + [-1] * (pad * k)
         h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
         h["start"][:] = start + [0] * pad
+        h["remaining"][:] = left + [0] * pad
         self.inputs.upload()
 
     def body(self, engine):
@@ -205,9 +216,9 @@ class _Bucket(_Graphed):
         e.policy.commit(acceptance)
         packed = [sampled.long(), accepted[:, None]]
         if self.chain is not None:
-            real = w.slot_mapping[self.starts] >= 0
-            base = torch.where(real, self.start + accepted + 1, 0)       # num_computed after the window
-            self.chain.place(e, base, real, features)
+            live = accepted + 1 < self.remaining                     # still running after this window
+            base = torch.where(live, self.start + accepted + 1, 0)       # num_computed after the window
+            self.chain.place(e, base, live, features)
             packed.append(self.chain.body(e))
         return torch.cat(packed, 1), features
 
@@ -236,17 +247,15 @@ class GraphedVerify:
         k = e.k if e.drafting else 0
         return all(not r.is_prefill and len(r.drafts) == k for r in requests)
 
-    def chain_aboard(self, requests) -> bool:
-        """Whether the draft chain can ride in this step's graph: every request drafts k tokens
-        after it, whatever it accepts (at most k + 1 tokens emitted now, k + 1 left after)."""
-        k = self.engine.k
-        return self.draft is not None and k >= 2 and all(r.remaining >= 2 * k + 2 for r in requests)
+    def chain_aboard(self) -> bool:
+        """Whether the draft chain rides in the step's graph (a drafting engine with k >= 2)."""
+        return self.draft is not None and self.engine.k >= 2
 
     def step(self, requests):
         """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None,
         the chain's (drafts [n][k], WindowRecord or None, host Window) or None)"""
         e = self.engine
-        chain = self.chain_aboard(requests)
+        chain = self.chain_aboard()
         key = (_bucket_size(len(requests)), chain)
         if key not in self.buckets:
             self.buckets[key] = _Bucket(e, key[0], chain)
@@ -265,9 +274,10 @@ class GraphedVerify:
         rows = packed[:n].tolist()                                       # the step's one sync
         acc = [row[k + 1] for row in rows]
         written = range(e.target.num_layers + (1 if e.drafting else 0))  # the head's layer N when it ran
-        host_acc = Acceptance.from_accepted_len(b.host_window, acc + [0] * (b.size - n))
-        record = e.policy.replayed(b.host_window, host_acc, written, opened=range(e.cache.num_layers),
-                                   counted=b.ran_body)
+        # the record counts the requests (a CPU window of them), not the bucket's padding
+        host_window = Window.from_counts([k + 1] * n, [k] * n, torch.tensor(b.host_slots))
+        record = e.policy.replayed(host_window, Acceptance.from_accepted_len(host_window, acc), written,
+                                   opened=range(e.cache.num_layers), counted=b.ran_body)
         batch = VerifyBatch(list(requests), b.host_ids, [k + 1] * n, [r.num_computed for r in requests], [k] * n,
                             ["spec" if k else "decode"] * n, [(k + 1) * (i + 1) for i in range(n)], b.md, b.spec,
                             b.window)
@@ -275,17 +285,19 @@ class GraphedVerify:
         drafted = None
         if chain:
             drafted = [row[k + 2:] for row in rows]
-            bases = [r.num_computed + a + 1 for r, a in zip(requests, acc)]   # num_computed after it
-            b.chain.host_slots.copy_(torch.tensor(b.chain.chain_slots(e, requests, bases)))
+            # the device's rule: a request with a + 1 >= remaining finishes now and gets no chain rows
+            self.chain_ran = [(r, drafted[j], b.chain.row_slots(e, r, r.num_computed + a + 1))
+                              for j, (r, a) in enumerate(zip(requests, acc)) if a + 1 < r.remaining]
             self.chained_steps += 1
         self.steps += 1
         return batch, verdict, (features[:n] if features is not None else None), record, drafted
 
-    def chain_done(self, requests, drafted, step_index: int) -> tuple[WindowTrace, Window]:
+    def chain_done(self, requests, step_index: int) -> tuple[WindowTrace, Window] | None:
         """After `step` carried the chain and the engine advanced `requests` (every one of the
-        step's): hand out the drafts, record the chain window -> (trace, window)."""
+        step's): hand out the drafts, record the chain window -> (trace, window), or None when
+        every request finished in the step (no chain row was written)."""
         b = self.buckets[(_bucket_size(len(requests)), True)]
-        return self.draft.finish(b.chain, requests, drafted, step_index, counted=b.ran_body)
+        return self.draft.finish(b.chain, self.chain_ran, step_index, counted=b.ran_body)
 
 
 class _ChainBucket(_Graphed):
@@ -307,9 +319,6 @@ class _ChainBucket(_Graphed):
         draft_pos = torch.arange(1, k, dtype=torch.int32, device=dev).repeat_interleave(size)
         order = torch.arange(rows, device=dev).view(k - 1, size).t().reshape(-1)   # request-major
         self.window = Window(slots, token_req, draft_pos, order, [k - 1] * size, [k - 1] * size)
-        self.host_slots = torch.full((rows,), -1, dtype=torch.long)
-        self.host_window = _host_window(self.window, self.host_slots)
-        self.host_reject = Acceptance.rejecting_all(self.host_window)
         self.reject = Acceptance.rejecting_all(self.window)
         in_buffer = pol.window_in_buffer
         self.lens_offset = torch.zeros(k - 1, 1, dtype=torch.long, device=dev) if in_buffer else \
@@ -330,17 +339,12 @@ class _ChainBucket(_Graphed):
                                    KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start))
             self.steps.append(md)
 
-    def chain_slots(self, engine, requests, bases: list[int]) -> list[int]:
-        """Host slots of the chain rows (step-major; padding -1): request j's rows sit at
-        positions bases[j] .. bases[j] + k - 2 (bases: num_computed after the verify window)."""
-        k, bs = engine.k, engine.cache.spec.block_size
-        slots = [-1] * (self.size * (k - 1))
-        for j, (r, base) in enumerate(zip(requests, bases)):
-            blocks = r.block_table.blocks
-            for s in range(1, k):
-                p = base + s - 1
-                slots[(s - 1) * self.size + j] = blocks[p // bs] * bs + p % bs
-        return slots
+    @staticmethod
+    def row_slots(engine, r, base: int) -> list[int]:
+        """Slots of request r's chain rows, at positions base .. base + k - 2 (base: its
+        num_computed after the verify window)."""
+        bs, blocks = engine.cache.spec.block_size, r.block_table.blocks
+        return [blocks[p // bs] * bs + p % bs for p in range(base, base + engine.k - 1)]
 
     def fill(self, engine, requests, features) -> None:
         n = len(requests)
@@ -350,18 +354,23 @@ class _ChainBucket(_Graphed):
             tables[j, :len(r.block_table.blocks)] = torch.tensor(r.block_table.blocks, dtype=torch.int32)
         self.tables.copy_(tables)
         bases = [r.num_computed for r in requests]
-        self.window.slot_mapping.copy_(self.host_slots.copy_(torch.tensor(self.chain_slots(engine, requests, bases))))
+        self.rows = [self.row_slots(engine, r, b) for r, b in zip(requests, bases)]
+        flat = [-1] * (self.size * (engine.k - 1))
+        for j, rows in enumerate(self.rows):
+            flat[j::self.size] = rows                                # step-major
+        self.window.slot_mapping.copy_(torch.tensor(flat))
         base = torch.tensor(bases + [0] * (self.size - n), device=engine.device)
         real = torch.arange(self.size, device=engine.device) < n
         self._set_rows(engine, base, real)
         self.features.zero_()
         self.features[:n].copy_(features)
 
-    def place(self, engine, base: torch.Tensor, real: torch.Tensor, features: torch.Tensor) -> None:
-        """The chain's inputs from the device: base [B] num_computed of each request (0 for
-        padding), real [B] bool, features [B, h] the head's output at each kept row."""
-        self._set_rows(engine, base, real)
-        self.features.copy_(torch.where(real[:, None], features, torch.zeros_like(features)))
+    def place(self, engine, base: torch.Tensor, drafting: torch.Tensor, features: torch.Tensor) -> None:
+        """The chain's inputs from the device: base [B] num_computed of each request (0 where it
+        does not draft), drafting [B] bool (False: padding, or finished in this window),
+        features [B, h] the head's output at each kept row."""
+        self._set_rows(engine, base, drafting)
+        self.features.copy_(torch.where(drafting[:, None], features, torch.zeros_like(features)))
 
     def _set_rows(self, engine, base, real) -> None:
         """Positions, cached lengths and slots of every chain row from base [B] (device ops)."""
@@ -387,8 +396,8 @@ class _ChainBucket(_Graphed):
 
 
 class GraphedDraft:
-    """The drafter's graphed path for chains not carried by the verify graph: steady chains
-    (every request drafts exactly k >= 2, greedy) near the requests' ends."""
+    """The drafter's graphed path for chains not carried by a verify graph (after an eager step,
+    e.g. the prefill's first drafts): every request drafts k >= 2, greedily."""
 
     def __init__(self, engine, max_size: int):
         self.engine = engine
@@ -400,7 +409,7 @@ class GraphedDraft:
     def eligible(self, requests) -> bool:
         e = self.engine
         return (e.k >= 2 and e.temperature == 0 and not e.observers and not e.config.debug
-                and len(requests) <= self.max_size and all(r.remaining - 1 >= e.k for r in requests))
+                and len(requests) <= self.max_size)
 
     def draft(self, requests, features, step_index: int, capture: bool):
         e = self.engine
@@ -417,18 +426,25 @@ class GraphedDraft:
         finally:
             pol.records = records
         self.steps += 1
-        return self.finish(b, requests, drafts[:len(requests)].tolist(), step_index, counted=b.ran_body)
+        ran = list(zip(requests, drafts[:len(requests)].tolist(), b.rows))
+        return self.finish(b, ran, step_index, counted=b.ran_body)
 
-    def finish(self, b: _ChainBucket, requests, drafted, step_index: int, *, counted: bool):
-        """Hand each request still running its drafts; the chain window's record (from the host
-        mirror `b.host_slots`, set by the caller: the chain ran for every request of the bucket)
-        -> (WindowTrace, Window)."""
-        e = self.engine
-        layer = e.head.layer_index
-        record = e.drafter.policy.replayed(b.host_window, b.host_reject, range(layer, layer + 1), counted=counted)
-        for r, row in zip(requests, drafted):
-            if not r.finished:
-                r.drafts, r.draft_probs = list(row), None
-        n = len(requests)
-        return WindowTrace(step_index, "draft", [r.req_id for r in requests], ["draft"] * n, [e.k - 1] * n,
-                           [0] * n, [[] for _ in requests], record), b.window
+    def finish(self, b: _ChainBucket, ran, step_index: int, *, counted: bool):
+        """`ran`: (request, its drafts d_1..d_k, its chain rows' slots) for every request the
+        chain ran for. Hand the drafts to those still running; record the chain window, counted
+        on a CPU window of those requests (not the bucket's padding) -> (WindowTrace, Window),
+        or None when it ran for none."""
+        pol = self.engine.drafter.policy
+        if not ran:
+            if counted:              # the body's begin..commit counted a window that wrote nothing
+                pol.windows_done -= 1
+            return None
+        layer = self.engine.head.layer_index
+        window = _chain_record_window([slots for _, _, slots in ran])
+        record = pol.replayed(window, Acceptance.rejecting_all(window), range(layer, layer + 1), counted=counted)
+        for r, drafts, _ in ran:
+            if not r.finished:       # (one that emitted the end token in a chained step)
+                r.drafts, r.draft_probs = list(drafts), None
+        n, k = len(ran), self.engine.k
+        return WindowTrace(step_index, "draft", [r.req_id for r, _, _ in ran], ["draft"] * n, [k - 1] * n,
+                           [0] * n, [[] for _ in ran], record), b.window
