@@ -74,7 +74,8 @@ class AttentionMetadata:
         if window_rows is None:
             window_rows = [range(write_offset + qsl[r], write_offset + qsl[r + 1]) for r in range(num_reqs)]
         tables = block_table_tensor(block_tables, dev)
-        token_req = torch.repeat_interleave(torch.arange(num_reqs, device=dev), qlens.to(dev))
+        # on the host: a device repeat_interleave without output_size syncs to learn its length
+        token_req = torch.repeat_interleave(torch.arange(num_reqs), qlens).to(dev)
         if slot_mapping is None:
             slot_mapping = build_slot_mapping(tables, token_req, positions, bs)
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.long, device=dev)
