@@ -2,7 +2,8 @@
 capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, the head's inputs
 and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
 in every write policy, and so does the static draft chain (d_1..d_k from the head, the head's
-layer only, every row rejected). The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
+layer only, every row rejected), in the verify step or alone, and so do steps pre-launched on the
+inputs the step before computed on the device. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
 import pytest
 import torch
 
@@ -40,6 +41,8 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     recs = lambda e: [(t.kind, t.record.to_dict()) for t in e.trace]   # noqa: E731
     assert recs(engine) == recs(eager_engine)
     assert engine.graphed.steps > 0                       # the path was taken
+    # steps launched before the host read the one before (inputs fed on the device)
+    assert engine.graphed.prelaunched > 0
     sizes = {size for size, _ in engine.graphed.buckets}
     assert sizes <= {1, 2, 4}
     assert len(sizes) >= 2                                # padding exercised (5 requests, 4 at a time)

@@ -4,11 +4,12 @@
 
 Prompts are held-out text (modules the pair never saw, `nwor_lab.train.corpus.HELD_OUT`): from
 `runs/corpus/eval.bin` when present, else tokenised from this interpreter's stdlib. Each
-configuration builds ONE engine, runs the prompts once (the cold run: Triton compiles its kernel
-variants, every batch bucket's CUDA graph is captured, as a server does at start-up), then queues
-the same prompts again on that engine and times that run end to end (scheduling, prefill,
-sampling, drafting included; model load excluded). Both times are in the JSON (`cold_seconds`,
-`seconds`). Greedy; float32 weights and cache unless --dtype says otherwise.
+configuration builds ONE engine and runs the prompts on it twice untimed (the cold run compiles the
+Triton kernel variants and warms every batch bucket up, the second captures each bucket's CUDA
+graph, as a server does at start-up), then queues the same prompts again `--repeats` times and
+times each run end to end (scheduling, prefill, sampling, drafting included; model load
+excluded); `seconds` is their median, `repeat_seconds` all of them, `cold_seconds` the first run.
+Greedy; float32 weights and cache unless --dtype says otherwise.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def timed(fn, device) -> tuple[object, float]:
 
 
 def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device,
-                     dtype=torch.float32) -> list[dict]:
+                     dtype=torch.float32, repeats: int = 3) -> list[dict]:
     """Hugging Face `generate` (greedy, no speculation) of the same target checkpoint, when
     transformers is importable: the outside baseline, timed the same way. Prompts have equal
     lengths, so batches need no padding."""
@@ -78,7 +79,8 @@ def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, dev
                 return [model.generate(torch.tensor(b, device=device), max_new_tokens=n, min_new_tokens=n,
                                        do_sample=False, pad_token_id=0) for b in batches]
         go(8)
-        outs, secs = timed(go, device)
+        runs = [timed(go, device) for _ in range(repeats)]
+        outs, secs = runs[0][0], float(np.median([t for _, t in runs]))
         ntok = sum((o.shape[1] - len(b[0])) * o.shape[0] for o, b in zip(outs, batches))
         rows.append({"batch_size": bs, "config": "hf-generate greedy", "k": 0, "requests": sum(map(len, batches)),
                      "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2)})
@@ -104,6 +106,7 @@ def main(argv=None) -> dict:
                    help="every step eager (default on CUDA: steady steps replayed from CUDA graphs)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="weights, activations and cache (the shipped pair is stored in bfloat16)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (the median is reported)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -123,12 +126,18 @@ def main(argv=None) -> dict:
             gen = prepare(ps, args.new_tokens, k, cfg, target=target, head=head, tokenizer=tok, device=device,
                           max_num_seqs=bs, dtype=dtype)
             engine = gen.engine
-            _, cold = timed(engine.run, device)     # compiles, captures every bucket's graphs
-            first_window, forwards = len(engine.trace), engine.target_forwards
+            _, cold = timed(engine.run, device)     # compiles, warms every bucket up
             reqs = [engine.add_request(p, args.new_tokens) for p in ps]
-            _, secs = timed(engine.run, device)
+            engine.run()                            # captures the buckets a run uses once
+            first_window, forwards = len(engine.trace), engine.target_forwards
+            times = []
+            for _ in range(args.repeats):
+                reqs = [engine.add_request(p, args.new_tokens) for p in ps]
+                times.append(timed(engine.run, device)[1])
+            secs = float(np.median(times))
             token_ids = [r.output for r in reqs]
             mean, by_pos = acceptance_stats(engine.trace[first_window:], max(k, 1))
+            forwards = (engine.target_forwards - forwards) // args.repeats
             ntok = sum(len(t) for t in token_ids)
             tps = ntok / secs
             if k == 0:
@@ -136,11 +145,12 @@ def main(argv=None) -> dict:
             graphed = engine.graphed
             row = {"batch_size": bs, "config": name, "k": k, "nwor": cfg.nwor_mode, "scv": cfg.scv_mode,
                    "requests": len(ps), "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(tps, 2),
-                   "cold_seconds": round(cold, 4),
+                   "cold_seconds": round(cold, 4), "repeat_seconds": [round(t, 4) for t in times],
                    "speedup_vs_target_only": round(tps / base_tps, 3),
-                   "target_forwards": engine.target_forwards - forwards,
+                   "target_forwards": forwards,
                    "graphed_steps": graphed.steps if graphed else 0,
                    "chained_steps": graphed.chained_steps if graphed else 0,
+                   "prelaunched_steps": graphed.prelaunched if graphed else 0,
                    "mean_acceptance_length": round(mean, 3) if k else None,
                    "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
                    "same_tokens_as_target_only": token_ids == base_ids}
@@ -148,7 +158,7 @@ def main(argv=None) -> dict:
             print(json.dumps(row), flush=True)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     if not args.no_hf:
-        rows += hf_generate_rows(prompts, sizes, args.new_tokens, device, dtype)
+        rows += hf_generate_rows(prompts, sizes, args.new_tokens, device, dtype, args.repeats)
     out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",

@@ -116,7 +116,8 @@ class SpecEngine:
         requests = self.scheduler.schedule()
         if not requests:
             return False
-        if self.graphed is not None and self.graphed.eligible(requests):
+        # a step the graphed path pre-launched must be taken up, whatever changed since (an observer)
+        if self.graphed is not None and (self.graphed.pending is not None or self.graphed.eligible(requests)):
             return self._graphed_step(requests)
         batch = self._prepare(requests)
         self.policy.begin(batch.window, kind="verify")

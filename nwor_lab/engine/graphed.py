@@ -42,35 +42,71 @@ from nwor_lab.window import Acceptance, Window
 
 class StaticInputs:
     """A graph's static input tensors, as views of one device buffer per dtype, filled from a
-    pinned host mirror (numpy views, `host[name]`) with one copy per dtype (`upload`).
+    pinned host mirror (numpy views: `host[name]`) with one copy per dtype (`upload`).
 
-    The host mirror is rewritten only after the step's readback synced the stream, so a copy in
-    flight never reads a half-written buffer."""
+    Two mirrors, used in turn: when a step is pre-launched, the copy enqueued for the step before
+    it may still be pending while the host writes the next mirror; the one before that has
+    completed (the host read that step's outputs, which the stream ordered after the copy)."""
 
     def __init__(self, device: torch.device, **specs):
         """specs: name=(shape, dtype)."""
         pin = device.type == "cuda"
         self.dev: dict[str, torch.Tensor] = {}
-        self.host: dict[str, np.ndarray] = {}
-        self.host_t: dict[str, torch.Tensor] = {}
-        self._pairs = []
+        self._mirrors: list[dict[str, np.ndarray]] = [{}, {}]
+        self._groups = []
+        self._turn = 0
         for dtype in {d for _, d in specs.values()}:
             names = [n for n, (_, d) in specs.items() if d == dtype]
             sizes = [int(np.prod(specs[n][0])) for n in names]
             dev = torch.zeros(sum(sizes), dtype=dtype, device=device)
-            host = torch.zeros(sum(sizes), dtype=dtype, pin_memory=pin)
-            self._pairs.append((dev, host))
+            hosts = [torch.zeros(sum(sizes), dtype=dtype, pin_memory=pin) for _ in range(2)]
+            self._groups.append((dev, hosts))
             at = 0
             for name, size in zip(names, sizes):
                 shape = specs[name][0]
                 self.dev[name] = dev[at:at + size].view(shape)
-                self.host_t[name] = host[at:at + size].view(shape)
-                self.host[name] = self.host_t[name].numpy()
+                for mirror, host in zip(self._mirrors, hosts):
+                    mirror[name] = host[at:at + size].view(shape).numpy()
                 at += size
 
+    @property
+    def host(self) -> dict[str, np.ndarray]:
+        """The mirror to write now (every field of it: the other mirror holds an older step)."""
+        return self._mirrors[self._turn]
+
     def upload(self) -> None:
-        for dev, host in self._pairs:
-            dev.copy_(host, non_blocking=True)
+        for dev, hosts in self._groups:
+            dev.copy_(hosts[self._turn], non_blocking=True)
+        self._turn ^= 1
+
+
+class Readback:
+    """A step's packed outputs copied into pinned host memory right after its launch (two
+    buffers, used in turn, so a pre-launched step's copy never overwrites one not yet read)."""
+
+    def __init__(self, device: torch.device, shape):
+        self.cuda = device.type == "cuda"
+        self._bufs = [torch.zeros(shape, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
+        self._turn = 0
+
+    def start(self, packed: torch.Tensor):
+        """Enqueue the copy of `packed` -> a handle for `rows`."""
+        buf = self._bufs[self._turn]
+        self._turn ^= 1
+        buf.copy_(packed, non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return buf, event
+
+    @staticmethod
+    def rows(handle, n: int) -> list[list[int]]:
+        """Wait for the copy (the step's one sync) -> its first n rows."""
+        buf, event = handle
+        if event is not None:
+            event.synchronize()
+        return buf[:n].tolist()
 
 
 def _bucket_size(n: int) -> int:
@@ -98,26 +134,29 @@ class _Graphed:
     graph = None
     outputs = None
     warmed = False
-    ran_body = False
 
     def body(self, engine):
         raise NotImplementedError
 
-    def run(self, engine, capture: bool):
-        """-> the body's outputs; `self.ran_body` says whether its Python ran this time."""
-        self.ran_body = self.graph is None
+    def run(self, engine, capture: bool, policies=()):
+        """-> the body's outputs. When the body's Python ran (warm-up, capture, or no capture),
+        the windows its `policies` opened and committed are taken off their counts again: the
+        host counts every window once, after the step (`WritePolicy.replayed`)."""
         if self.graph is not None:
             self.graph.replay()
             return self.outputs
         if not self.warmed or not capture:
             self.warmed = True
-            return self.body(engine)
-        holder = {}
-        self.graph = capture_graph(lambda: holder.setdefault("out", self.body(engine)), warmup=0,
-                                   device=engine.device)
-        self.outputs = holder["out"]
-        self.graph.replay()
-        return self.outputs
+            out = self.body(engine)
+        else:
+            holder = {}
+            self.graph = capture_graph(lambda: holder.setdefault("out", self.body(engine)), warmup=0,
+                                       device=engine.device)
+            self.outputs = out = holder["out"]
+            self.graph.replay()
+        for p in policies:
+            p.windows_done -= 1
+        return out
 
 
 class _Bucket(_Graphed):
@@ -128,17 +167,21 @@ class _Bucket(_Graphed):
         e, dev, k = engine, engine.device, engine.k
         self.size, t = size, size * (k + 1)
         self.inputs = StaticInputs(dev, ids=((t,), torch.long), positions=((t,), torch.long),
-                                   slots=((t,), torch.long), start=((size,), torch.long),
+                                   start=((size,), torch.long),
                                    remaining=((size,), torch.long),
-                                   drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32),
-                                   tables=((size, _max_blocks(e)), torch.int32))
+                                   drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32))
+        # the block tables travel alone: a pre-launched step sends them, and nothing else
+        self.table_inputs = StaticInputs(dev, tables=((size, _max_blocks(e)), torch.int32))
         i = self.inputs.dev
-        self.ids, self.positions, self.tables, self.cache_lens = i["ids"], i["positions"], i["tables"], i["cache_lens"]
+        self.ids, self.positions, self.cache_lens = i["ids"], i["positions"], i["cache_lens"]
+        self.tables = self.table_inputs.dev["tables"]
         self.start = i["start"]                                         # each request's num_computed
         self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
-        self.window = Window.from_metadata(self.spec, cu, i["slots"])
+        # slots are computed in the step from positions and block tables (`_slots`), so that a
+        # pre-launched step sees the blocks the host allocated for it
+        self.window = Window.from_metadata(self.spec, cu, torch.full((t,), -1, dtype=torch.long, device=dev))
         in_buffer = e.policy.window_in_buffer
         qsl = [0] + cu
         kernel = KernelArgs(self.tables, self.cache_lens, torch.tensor(qsl, dtype=torch.int32, device=dev),
@@ -150,26 +193,30 @@ class _Bucket(_Graphed):
         self.last_rows = self.starts + k
         self.no_drafts = Acceptance.from_accepted_len(self.window, [0] * size) if k == 0 else None
         self.chain = _ChainBucket(e, size, tables=self.tables) if chain else None
+        self.features = None                # head features [B, h] of the last run (None without a head)
         self.host_ids: list[int] = []      # this step's real rows, for the host's bookkeeping
         self.host_slots: list[int] = []
+        self.readback = Readback(dev, (size, 2 * k + 2 if chain else k + 2))
+        # the step computes the next one's inputs itself when it knows the next drafts: target-only
+        # decoding, or the chain aboard (with k = 1 the drafter runs after the host read the step)
+        self.feeds_itself = k == 0 or chain
 
-    def fill(self, engine, requests) -> None:
-        """Write this step's requests into the static inputs (padding rows stay padding), one
-        copy per dtype. With the chain aboard, blocks for its positions are allocated too."""
-        k, bs, n = engine.k, engine.cache.spec.block_size, len(requests)
+    def host_rows(self, engine, requests, *, ensure: bool = True) -> tuple[list, ...]:
+        """This step's rows from the requests' state: (ids, positions, slots, drafts, cache lens,
+        starts, tokens left) of the real rows; kept in `host_ids` / `host_slots` for the host's
+        bookkeeping. `ensure`: allocate the blocks the step writes (with the chain aboard, its
+        rows too: a chain runs only if a + 1 < remaining, up to position s + a + k - 1)."""
+        k, bs = engine.k, engine.cache.spec.block_size
         in_buffer = engine.policy.window_in_buffer
-        h = self.inputs.host
         ids, pos, slots, drafts, lens, start, left = [], [], [], [], [], [], []
-        tables = h["tables"]
-        tables.fill(0)
-        for r, req in enumerate(requests):
+        for req in requests:
             toks, s, _ = req.scheduled()
-            need = s + k + 1
-            if self.chain is not None:   # a chain runs only if a + 1 < remaining: up to s + a + k - 1
-                need = max(need, s + min(k, req.remaining - 2) + k)
-            req.block_table.ensure(need)
+            if ensure:
+                need = s + k + 1
+                if self.chain is not None:
+                    need = max(need, s + min(k, req.remaining - 2) + k)
+                req.block_table.ensure(need)
             blocks = req.block_table.blocks
-            tables[r, :len(blocks)] = blocks
             ids += toks
             pos += range(s, s + k + 1)
             slots += [blocks[p // bs] * bs + p % bs for p in range(s, s + k + 1)]
@@ -177,21 +224,42 @@ class _Bucket(_Graphed):
             lens.append(s + (0 if in_buffer else k + 1))
             start.append(s)
             left.append(req.remaining)
-        pad = self.size - n
         self.host_ids, self.host_slots = ids, slots
+        return ids, pos, slots, drafts, lens, start, left
+
+    def fill(self, engine, requests) -> None:
+        """Write this step's requests into the static inputs (padding rows stay padding), one
+        copy per dtype."""
+        k, pad = engine.k, self.size - len(requests)
+        in_buffer = engine.policy.window_in_buffer
+        ids, pos, slots, drafts, lens, start, left = self.host_rows(engine, requests)
+        h = self.inputs.host
         h["ids"][:] = ids + [0] * (pad * (k + 1))
         h["positions"][:] = pos + list(range(k + 1)) * pad
-        h["slots"][:] = slots + [-1] * (pad * (k + 1))
         h["drafts"][:] = drafts + [-1] * (pad * k)
         h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
         h["start"][:] = start + [0] * pad
         h["remaining"][:] = left + [0] * pad
         self.inputs.upload()
+        self.send_tables(requests)
+
+    def send_tables(self, requests) -> None:
+        tables = self.table_inputs.host["tables"]
+        tables.fill(0)
+        for r, req in enumerate(requests):
+            blocks = req.block_table.blocks
+            tables[r, :len(blocks)] = blocks
+        self.table_inputs.upload()
 
     def body(self, engine):
         """The step on the static buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted
         length, next drafts when the chain is aboard; head features [B, h] or None)."""
         e, w, spec, md = engine, self.window, self.spec, self.md
+        k, bs = e.k, e.cache.spec.block_size
+        real = self.remaining > 0                                        # [B] False: padding
+        pos = self.positions.view(self.size, k + 1)
+        slot = self.tables.long().gather(1, pos // bs) * bs + pos % bs
+        w.slot_mapping.copy_(torch.where(real[:, None], slot, -1).reshape(-1))
         e.policy.begin(w, kind="verify")
         aux_layers = e.head.aux_layers if e.drafting else ()
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)
@@ -220,7 +288,28 @@ class _Bucket(_Graphed):
             base = torch.where(live, self.start + accepted + 1, 0)       # num_computed after the window
             self.chain.place(e, base, live, features)
             packed.append(self.chain.body(e))
+        if self.feeds_itself:
+            self._next_inputs(e, real, sampled, accepted, packed[-1] if self.chain is not None else None)
         return torch.cat(packed, 1), features
+
+    def _next_inputs(self, engine, real, sampled, accepted, drafts) -> None:
+        """The next step's static inputs from this one's outputs, on the device: what `fill` would
+        write after the host advanced every request, so the next step can be launched before the
+        host has read this one (`GraphedVerify` pre-launches it only when no request can finish
+        now; a request that finishes keeps its inputs, padding rows stay padding)."""
+        k = engine.k
+        token = sampled.gather(1, accepted[:, None]).long()              # [B, 1] the next t_last
+        start = torch.where(real, self.start + accepted + 1, self.start)
+        ids = torch.cat([token, drafts], 1) if drafts is not None else token    # [B, k+1]
+        pos = start[:, None] + torch.arange(k + 1, device=start.device)
+        in_buffer = engine.policy.window_in_buffer
+        self.ids.copy_(torch.where(real[:, None], ids, 0).reshape(-1))
+        self.positions.copy_(pos.reshape(-1))
+        self.cache_lens.copy_(start + (0 if in_buffer else k + 1))
+        self.remaining.copy_(torch.where(real, self.remaining - accepted - 1, 0))
+        if drafts is not None:
+            self.spec.draft_token_ids.copy_(torch.where(real[:, None], drafts, -1).reshape(-1))
+        self.start.copy_(start)
 
 
 class GraphedVerify:
@@ -235,6 +324,8 @@ class GraphedVerify:
         self.max_size = _bucket_size(max_num_seqs)
         self.steps = 0            # steps that took this path (eager warm-ups included)
         self.chained_steps = 0    # of which the draft chain rode in the verify graph
+        self.prelaunched = 0      # of which were launched before the host read the step before
+        self.pending = None       # (bucket, requests, readback handle) of a pre-launched step
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
         engine.policy.reserve(max(max_num_batched_tokens, self.max_size * (engine.k + 1)))
@@ -252,36 +343,43 @@ class GraphedVerify:
         return self.draft is not None and self.engine.k >= 2
 
     def step(self, requests):
-        """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None,
-        the chain's (drafts [n][k], WindowRecord or None, host Window) or None)"""
+        """-> (VerifyBatch, Verdict, head features [n, h] or None, WindowRecord or None, each
+        request's next drafts [n][k] when the chain rode in the graph, else None).
+
+        The step is launched (or was, by the step before: `pending`), the next one pre-launched
+        when it can be (`_can_prelaunch`), and only then does the host wait for this step's
+        outputs and do its bookkeeping, while the GPU runs the next step."""
         e = self.engine
         chain = self.chain_aboard()
         key = (_bucket_size(len(requests)), chain)
         if key not in self.buckets:
             self.buckets[key] = _Bucket(e, key[0], chain)
         b = self.buckets[key]
-        b.fill(e, requests)
-        pols = [e.policy] + ([e.drafter.policy] if chain else [])
-        records = [p.records for p in pols]
-        for p in pols:
-            p.records = False                # a record reads counts on the host: not in a graph
-        try:
-            packed, features = b.run(e, self.capture)
-        finally:
-            for p, r in zip(pols, records):
-                p.records = r
+        if self.pending is not None:
+            pb, preqs, handle = self.pending
+            self.pending = None
+            if pb is not b or len(preqs) != len(requests) or any(x is not y for x, y in zip(preqs, requests)):
+                raise RuntimeError("graphed engine: a step was pre-launched for other requests than the scheduler "
+                                   "scheduled now (an engine bug; run with LabConfig(cuda_graph=False) meanwhile)")
+            b.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
+        else:
+            b.fill(e, requests)
+            packed = self._launch(b)
+            handle = b.readback.start(packed)
+        if self._can_prelaunch(b, requests):
+            self._prelaunch(b, requests)
         n, k = len(requests), e.k
-        rows = packed[:n].tolist()                                       # the step's one sync
+        rows = b.readback.rows(handle, n)                               # the step's one sync
         acc = [row[k + 1] for row in rows]
         written = range(e.target.num_layers + (1 if e.drafting else 0))  # the head's layer N when it ran
         # the record counts the requests (a CPU window of them), not the bucket's padding
         host_window = Window.from_counts([k + 1] * n, [k] * n, torch.tensor(b.host_slots))
         record = e.policy.replayed(host_window, Acceptance.from_accepted_len(host_window, acc), written,
-                                   opened=range(e.cache.num_layers), counted=b.ran_body)
+                                   opened=range(e.cache.num_layers))
         batch = VerifyBatch(list(requests), b.host_ids, [k + 1] * n, [r.num_computed for r in requests], [k] * n,
                             ["spec" if k else "decode"] * n, [(k + 1) * (i + 1) for i in range(n)], b.md, b.spec,
                             b.window)
-        verdict = Verdict(packed[:n, :k + 1], None, acc, [row[a] for row, a in zip(rows, acc)])
+        verdict = Verdict(torch.tensor(rows)[:, :k + 1], None, acc, [row[a] for row, a in zip(rows, acc)])
         drafted = None
         if chain:
             drafted = [row[k + 2:] for row in rows]
@@ -290,14 +388,53 @@ class GraphedVerify:
                               for j, (r, a) in enumerate(zip(requests, acc)) if a + 1 < r.remaining]
             self.chained_steps += 1
         self.steps += 1
+        features = b.features
         return batch, verdict, (features[:n] if features is not None else None), record, drafted
+
+    def _launch(self, b: "_Bucket") -> torch.Tensor:
+        """Run (replay, or warm up / capture) bucket b's step -> its packed outputs (device)."""
+        e = self.engine
+        pols = [e.policy] + ([e.drafter.policy] if b.chain is not None else [])
+        records = [p.records for p in pols]
+        for p in pols:
+            p.records = False                # a record reads counts on the host: not in a graph
+        try:
+            packed, b.features = b.run(e, self.capture, pols)
+        finally:
+            for p, r in zip(pols, records):
+                p.records = r
+        return packed
+
+    def _can_prelaunch(self, b: "_Bucket", requests) -> bool:
+        """The next step is this bucket again, with the inputs this step computes for it: every
+        request runs on (none can emit its last token now: it has 2k + 2 or more left; no end
+        token is watched, which only the host sees), the scheduler keeps them all and admits
+        nobody (no request finishes, so neither slots nor blocks free up), and the graph exists
+        (or, without capture, the eager body stands in for it: the CPU tests)."""
+        e, k = self.engine, self.engine.k
+        running = e.scheduler.running
+        return (b.feeds_itself and (b.graph is not None or not self.capture) and e.eos_token_id is None
+                and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
+                and all(r.remaining >= 2 * k + 2 for r in requests))
+
+    def _prelaunch(self, b: "_Bucket", requests) -> None:
+        """Launch the next step now, on the inputs this step computed on the device. Its blocks
+        are allocated for the most this step can accept (k): positions up to s + k + 1 + 2k - 1,
+        inside every request's reservation (it has 2k + 2 tokens left or more)."""
+        k = self.engine.k
+        for r in requests:
+            r.block_table.ensure(r.num_computed + k + 1 + (2 * k if b.chain is not None else k + 1))
+        b.send_tables(requests)
+        packed = self._launch(b)
+        self.pending = (b, list(requests), b.readback.start(packed))
+        self.prelaunched += 1
 
     def chain_done(self, requests, step_index: int) -> tuple[WindowTrace, Window] | None:
         """After `step` carried the chain and the engine advanced `requests` (every one of the
         step's): hand out the drafts, record the chain window -> (trace, window), or None when
         every request finished in the step (no chain row was written)."""
         b = self.buckets[(_bucket_size(len(requests)), True)]
-        return self.draft.finish(b.chain, self.chain_ran, step_index, counted=b.ran_body)
+        return self.draft.finish(b.chain, self.chain_ran, step_index)
 
 
 class _ChainBucket(_Graphed):
@@ -422,26 +559,24 @@ class GraphedDraft:
         records = pol.records
         pol.records = False
         try:
-            drafts = b.run(e, capture)
+            drafts = b.run(e, capture, [pol])
         finally:
             pol.records = records
         self.steps += 1
         ran = list(zip(requests, drafts[:len(requests)].tolist(), b.rows))
-        return self.finish(b, ran, step_index, counted=b.ran_body)
+        return self.finish(b, ran, step_index)
 
-    def finish(self, b: _ChainBucket, ran, step_index: int, *, counted: bool):
+    def finish(self, b: _ChainBucket, ran, step_index: int):
         """`ran`: (request, its drafts d_1..d_k, its chain rows' slots) for every request the
         chain ran for. Hand the drafts to those still running; record the chain window, counted
         on a CPU window of those requests (not the bucket's padding) -> (WindowTrace, Window),
         or None when it ran for none."""
         pol = self.engine.drafter.policy
         if not ran:
-            if counted:              # the body's begin..commit counted a window that wrote nothing
-                pol.windows_done -= 1
             return None
         layer = self.engine.head.layer_index
         window = _chain_record_window([slots for _, _, slots in ran])
-        record = pol.replayed(window, Acceptance.rejecting_all(window), range(layer, layer + 1), counted=counted)
+        record = pol.replayed(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
         for r, drafts, _ in ran:
             if not r.finished:       # (one that emitted the end token in a chained step)
                 r.drafts, r.draft_probs = list(drafts), None

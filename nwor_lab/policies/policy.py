@@ -188,15 +188,13 @@ class WritePolicy:
                      sorted(self._rows))
         return self._finish(None, cancelled=True)
 
-    def replayed(self, window: Window, acceptance: Acceptance, layers: range, *, opened: range | None = None,
-                 counted: bool = False) -> WindowRecord | None:
+    def replayed(self, window: Window, acceptance: Acceptance, layers: range, *,
+                 opened: range | None = None) -> WindowRecord | None:
         """Host bookkeeping for a window whose begin..commit kernels were replayed from a CUDA
         graph (nwor_lab.engine.graphed): the record `commit` would have made (every row of
-        `layers` written), counted in the metrics; None when records are off. `counted`: the
-        Python begin..commit ran for this window too (warm-up or capture), so it is not counted
-        again. `opened`: the layers `begin` opened, when more than those written (default: the same)."""
-        if counted:
-            self.windows_done -= 1
+        `layers` written), counted in the metrics and in `windows_done`; None when records are
+        off. `window` and `acceptance` may be CPU mirrors of the device's (no sync). `opened`: the
+        layers `begin` opened, when more than those written (default: the same)."""
         self.window, self.layers = window, (opened or layers)
         self._rows = {layer: [(0, window.num_tokens)] for layer in layers}
         try:

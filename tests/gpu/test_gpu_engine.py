@@ -65,6 +65,7 @@ def test_gpu_graphed_steps_decode_what_eager_steps_do(mode, k):
         if graphs:
             assert engine.graphed is not None and engine.graphed.steps > 0
             assert any(b.graph is not None for b in engine.graphed.buckets.values())
+            assert engine.graphed.prelaunched > 0     # steps launched before the host read the one before
             if k:   # the draft chain rode in the verify graph
                 assert engine.graphed.chained_steps > 0
                 assert any(b.graph is not None for (_, chain), b in engine.graphed.buckets.items() if chain)
