@@ -74,3 +74,47 @@ def test_a_request_ending_on_eos_inside_a_chained_step_ends_as_eagerly(pair, mod
     assert static == eager
     assert any(len(o) < 14 and o[-1] == eos for o in static)
     assert engine.graphed.chained_steps > 0
+
+
+def test_a_request_added_while_a_step_is_pre_launched_joins_one_step_later(pair):
+    """The pre-launched step is the engine's next step; a request queued meanwhile is admitted by
+    the scheduler at the step after it, and everyone decodes what they decode alone."""
+    target, head = pair
+    engine = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=4)
+    engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    first = [engine.add_request(p, 14) for p in PROMPTS[:2]]
+    while engine.graphed.pending is None:
+        engine.step()
+    late = engine.add_request(PROMPTS[2], 14)
+    engine.step()                                     # takes up the pre-launched step
+    assert late.num_computed == 0 and late in engine.scheduler.waiting
+    engine.run()
+    alone = []
+    for p in PROMPTS[:3]:
+        solo = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=4)
+        r = solo.add_request(p, 14)
+        solo.run()
+        alone.append(r.output)
+    assert [r.output for r in first + [late]] == alone
+
+
+def test_an_interrupt_after_a_pre_launch_leaves_an_engine_that_says_so(pair, monkeypatch):
+    """Ctrl-C between the pre-launch of the next step and this step's bookkeeping: the GPU went on,
+    the host did not, so the engine refuses to step on (instead of decoding from a wrong state)."""
+    from nwor_lab.engine import graphed as g
+    target, head = pair
+    engine = SpecEngine(target, head, LabConfig(nwor_mode="off"), k=3, block_size=4, max_num_seqs=4)
+    engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    [engine.add_request(p, 14) for p in PROMPTS[:2]]
+    while engine.graphed.pending is None:
+        engine.step()
+
+    def interrupted(handle, n):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(g.Readback, "rows", staticmethod(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="interrupted after the next one had been launched"):
+        engine.step()

@@ -118,6 +118,18 @@ def test_window_commit_and_engine_from_synthetic_results():
     assert_labelled(fig, "cpu (fake)")
 
 
+def test_engine_draws_the_hugging_face_baseline_as_its_own_series():
+    """`bench engine` rows of Hugging Face generate (k 0) are not the lab's target-only bars."""
+    result = engine_dict()
+    result["results"] += [dict(batch_size=b, config="hf-generate greedy", k=0, tokens_per_s=10.0 * b)
+                          for b in (1, 8)]
+    fig = perf.engine_throughput(result)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["target-only"].y) == [100.0, 800.0]
+    assert list(by_name[perf.HF_GENERATE].y) == [10.0, 80.0]
+    assert by_name[perf.HF_GENERATE].marker.color != by_name["target-only"].marker.color
+
+
 def test_live_results_are_drawn_beside_the_stored_ones():
     live_p, live_k = policies_dict("Live GPU", batches=(1,)), kernels_dict("Live GPU")
     fig = perf.policy_window_time(policies_dict(), live=live_p)

@@ -113,11 +113,13 @@ class SpecEngine:
     def step(self) -> bool:
         """One verify window over every scheduled request, then drafting for the next one.
         -> False when nothing was scheduled (no work)."""
-        requests = self.scheduler.schedule()
+        # a step the graphed path pre-launched is the next step, whatever changed since (a request
+        # added, an observer attached): it runs on the GPU already; the scheduler waits one step
+        pending = self.graphed.pending_requests if self.graphed is not None else None
+        requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False
-        # a step the graphed path pre-launched must be taken up, whatever changed since (an observer)
-        if self.graphed is not None and (self.graphed.pending is not None or self.graphed.eligible(requests)):
+        if pending is not None or (self.graphed is not None and self.graphed.eligible(requests)):
             return self._graphed_step(requests)
         batch = self._prepare(requests)
         self.policy.begin(batch.window, kind="verify")

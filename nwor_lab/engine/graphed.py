@@ -326,6 +326,7 @@ class GraphedVerify:
         self.chained_steps = 0    # of which the draft chain rode in the verify graph
         self.prelaunched = 0      # of which were launched before the host read the step before
         self.pending = None       # (bucket, requests, readback handle) of a pre-launched step
+        self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
         engine.policy.reserve(max(max_num_batched_tokens, self.max_size * (engine.k + 1)))
@@ -349,6 +350,22 @@ class GraphedVerify:
         The step is launched (or was, by the step before: `pending`), the next one pre-launched
         when it can be (`_can_prelaunch`), and only then does the host wait for this step's
         outputs and do its bookkeeping, while the GPU runs the next step."""
+        if self.broken:
+            raise RuntimeError(f"graphed engine: {self.broken}; the requests' state no longer matches the "
+                               f"cache: build a new engine")
+        try:
+            return self._step(requests)
+        except BaseException:
+            if self.pending is not None:   # the next step runs on the GPU, this one's bookkeeping is lost
+                self.broken = "a step was interrupted after the next one had been launched"
+            raise
+
+    @property
+    def pending_requests(self) -> list | None:
+        """The requests of the pre-launched step (the engine's next step), or None."""
+        return None if self.pending is None else list(self.pending[1])
+
+    def _step(self, requests):
         e = self.engine
         chain = self.chain_aboard()
         key = (_bucket_size(len(requests)), chain)
@@ -412,9 +429,11 @@ class GraphedVerify:
         nobody (no request finishes, so neither slots nor blocks free up), and the graph exists
         (or, without capture, the eager body stands in for it: the CPU tests)."""
         e, k = self.engine, self.engine.k
-        running = e.scheduler.running
+        sched = e.scheduler
+        running = sched.running
         return (b.feeds_itself and (b.graph is not None or not self.capture) and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
+                and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
                 and all(r.remaining >= 2 * k + 2 for r in requests))
 
     def _prelaunch(self, b: "_Bucket", requests) -> None:

@@ -392,7 +392,12 @@ def window_commit(kernels, *, live=None, title: str = "Committing a window: one 
 
 
 # -- engine -----------------------------------------------------------------------------------
+HF_GENERATE = "Hugging Face generate (greedy)"
+
+
 def _config_name(row: Mapping) -> str:
+    if str(row.get("config", "")).startswith("hf-generate"):
+        return HF_GENERATE             # the outside baseline: its own bars, not the lab's target-only
     if not row["k"]:
         return "target-only"
     name = f"EAGLE k={row['k']} · {row.get('nwor', '?')}"
@@ -409,7 +414,7 @@ def engine_throughput(engine, *, title: str = "Tokens/s: speculative decoding ag
     batches = list(dict.fromkeys(r["batch_size"] for r in rows))
     for i, name in enumerate(names):
         series = [r for r in rows if _config_name(r) == name]
-        mode = series[0].get("nwor") if series[0]["k"] else BASELINE
+        mode = series[0].get("nwor") if series[0]["k"] else (BASELINE if name == "target-only" else name)
         scv_on = series[0].get("scv") not in (None, "off")
         speed = [r.get("speedup_vs_target_only") for r in series]
         fig.add_trace(go.Bar(
