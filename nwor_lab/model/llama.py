@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nwor_lab.model.attention import AttentionMetadata, write_and_attend
+from nwor_lab.ops.fused import rms_norm, silu_mul
 from nwor_lab.model.config import LlamaConfig
 from nwor_lab.model.rope import Rotary
 
@@ -23,9 +24,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        """weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype): one Triton kernel on CUDA
+        at inference, torch's ops otherwise (`nwor_lab.ops.fused`)."""
+        return rms_norm(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -92,7 +93,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))  # SwiGLU
 
 
 class LlamaDecoderLayer(nn.Module):

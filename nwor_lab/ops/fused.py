@@ -1,0 +1,109 @@
+"""Fused element-wise ops of a Llama layer: RMSNorm, rotate-half RoPE, SwiGLU's silu(gate) * up.
+
+    rms_norm(x [N, D], weight [D], eps)        -> weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)
+    rope(x [T, H, D], cos [T, D], sin [T, D])  -> x * cos + rotate_half(x) * sin   (cos/sin per token)
+    silu_mul(gate [N, I], up [N, I])           -> silu(gate) * up
+
+Why: at decode sizes a layer is launch-bound, and in torch these are 8, 5 and 2 kernels (RMSNorm's
+cast, pow, mean, add, rsqrt, mul, cast, mul; RoPE's neg, cat, two muls and an add): about half
+the kernels of a layer of the shipped pair, each ~1.3 us inside a CUDA graph and tens of us of
+host time eager. Each op here is one Triton kernel.
+
+Numbers: each op rounds where torch rounds (products and sums of x's dtype are rounded to it
+one by one, as torch's element-wise kernels do), so `rope` and `silu_mul` give torch's bits
+in bf16/fp16 (`silu` up to the exp implementation), and `rms_norm` differs only by the order of
+its fp32 sum of squares (one bf16 ulp at most, rarely). Every path of one device uses the same
+kernels, so greedy tokens stay identical across write policies and graphed/eager steps.
+
+Backends: the Triton kernels run for CUDA tensors when triton imports and no autograd graph is
+being recorded (training, `forward_dense` with grad, keeps the torch reference, which has a
+backward); CPU tensors take the reference, or the kernels under Triton's interpreter
+(TRITON_INTERPRET=1 set before triton is first imported, as the tests do).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from nwor_lab._checks import FLOAT_DTYPES, check_tensor
+
+__all__ = ["rms_norm", "rope", "silu_mul", "rms_norm_reference", "rope_reference", "silu_mul_reference",
+           "use_fused"]
+
+_kernels = None
+_import_error = None
+
+
+def _load():
+    global _kernels, _import_error
+    if _kernels is None and _import_error is None:
+        try:
+            from nwor_lab.ops import _fused_triton
+            _kernels = _fused_triton
+        except Exception as err:     # ImportError, or triton failing to initialise its backend
+            _import_error = err
+    return _kernels
+
+
+def use_fused(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels run for these tensors (see the module docstring)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    t = tensors[0]
+    if t.device.type != "cuda":
+        kernels = _load() if t.device.type == "cpu" and _interpreter_requested() else None
+        return kernels is not None and kernels.INTERPRETED
+    return _load() is not None
+
+
+def _interpreter_requested() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# -- references (the model's own math, any device) ---------------------------------------------
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None):
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return torch.add(x * cos.unsqueeze(-2), rot * sin.unsqueeze(-2), out=out)
+
+
+def silu_mul_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+# -- the ops ------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x `[..., D]`, weight `[D]` -> `[..., D]` in promote(weight, x) dtype (see the module doc)."""
+    if not use_fused(x, weight) or x.shape[-1] > 16384:
+        return rms_norm_reference(x, weight, eps)
+    check_tensor("x", x, dtypes=FLOAT_DTYPES)
+    check_tensor("weight", weight, shape=(x.shape[-1],), dtypes=FLOAT_DTYPES, device=x.device)
+    return _kernels.rms_norm(x, weight, float(eps))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x `[T, H, D]`, cos/sin `[T, D]` -> `[T, H, D]`, into `out` when given (zero-copy staging:
+    the rotated keys land in the staging buffer)."""
+    if not use_fused(x, cos, sin) or x.dim() != 3 or cos.dim() != 2 or x.shape[-1] % 2 \
+            or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        return rope_reference(x, cos, sin, out)
+    T, H, D = x.shape
+    check_tensor("cos", cos, shape=(T, D), device=x.device)
+    check_tensor("sin", sin, shape=(T, D), device=x.device)
+    if out is not None:
+        check_tensor("out", out, shape=(T, H, D), dtypes=(x.dtype,), device=x.device)
+    return _kernels.rope(x, cos, sin, out)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up `[..., I]` (same shape and dtype) -> silu(gate) * up."""
+    if not use_fused(gate, up) or gate.shape != up.shape or gate.dtype != up.dtype:
+        return silu_mul_reference(gate, up)
+    return _kernels.silu_mul(gate, up)
