@@ -24,7 +24,9 @@ def test_gpu_rms_norm(dtype, n, d):
     w = (1 + 0.1 * torch.randn(d, device="cuda")).to(dtype)
     assert fused.use_fused(x, w)
     got, want = fused.rms_norm(x, w, 1e-5), fused.rms_norm_reference(x, w, 1e-5)
-    assert got.dtype == want.dtype and ulps(got, want) <= (8 if dtype == torch.float32 else 1)
+    # only the fp32 sum of squares' order differs: normalised x may land one ulp off in its dtype,
+    # and the weight's product rounds once more
+    assert got.dtype == want.dtype and ulps(got, want) <= (8 if dtype == torch.float32 else 2), ulps(got, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
