@@ -10,10 +10,10 @@ the kernels of a layer of the shipped pair, each ~1.3 us inside a CUDA graph and
 host time eager. Each op here is one Triton kernel.
 
 Numbers: each op rounds where torch rounds (products and sums of x's dtype are rounded to it
-one by one, as torch's element-wise kernels do), so `rope` and `silu_mul` give torch's bits
-in bf16/fp16 (`silu` up to the exp implementation), and `rms_norm` differs only by the order of
-its fp32 sum of squares (the normalised row may land one ulp off, the weight's product rounds once
-more: two ulps at most; seen on fp16 rows of 4096 on an H100). Every path of one device uses the same
+one by one, as torch's element-wise kernels do). Under Triton's CPU interpreter `rope` and
+`silu_mul` give torch's bits in bf16/fp16 and `rms_norm` is within an ulp (its fp32 sum of
+squares is added in another order). Compiled for an H100 they differed from torch by up to 2 ulps
+in bf16/fp16 (fp32: a few 1e-7 where RoPE's two products cancel), which tests/gpu bounds. Every path of one device uses the same
 kernels, so greedy tokens stay identical across write policies and graphed/eager steps.
 
 Backends: the Triton kernels run for CUDA tensors when triton imports and no autograd graph is
