@@ -41,13 +41,12 @@ def test_gpu_rope(dtype, t, h, d):
     out = torch.full_like(x, float("nan"))
     got = fused.rope(x, cos, sin, out=out)
     assert got.data_ptr() == out.data_ptr()
-    # Under the interpreter the kernel gives torch's bits (tests/test_fused.py); compiled for the
-    # GPU, results differed from torch's by 1-2 ulps in 16-bit on an H100, and in fp32 by a few
-    # 1e-7 where x*cos and rot*sin cancel (a fused multiply-add rounds once, not twice)
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, want)
-    else:
-        assert ulps(got, want) <= 2, ulps(got, want)
+    # Under the interpreter the kernel gives torch's bits (tests/test_fused.py). Compiled for an
+    # H100 a product can round one ulp apart, and where x*cos and rot*sin cancel that is many ulps
+    # of the small result: the error is bounded by the terms' scale, |x| (|cos|, |sin| <= 1)
+    err = (got.float() - want.float()).abs()
+    scale = x.float().abs().amax(-1, keepdim=True)        # per (token, head)
+    assert bool((err <= 2 * torch.finfo(dtype).eps * scale).all()), float((err / scale).max())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
