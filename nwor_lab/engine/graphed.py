@@ -16,15 +16,21 @@ shape to the end. A request that finishes in the step (accepted + 1 >= tokens it
 no chain rows: their slots are -1, decided on the device by the same rule the host applies. The
 chain's own graph (`GraphedDraft`) drafts after an eager step (the prefill's first drafts).
 
-Host work per step: the static inputs (token ids, positions, slots, block tables, cached lengths,
-draft ids) are written into one pinned buffer per dtype and sent with one copy each; the outputs
-(sampled ids, accepted lengths, next drafts) come back in one packed tensor, the one sync of the
-step. A bucket's first step runs the same code eagerly (it compiles the kernels and is the
-warm-up); its second step captures, then replays, so no step ever runs twice (a CoW log taken
-twice would restore the wrong bytes). Prefills, short draft lists, sampling at temperature > 0,
-observers and debug mode take the eager path. After a replay each policy makes the window's
-`WindowRecord` on the host (`WritePolicy.replayed`) from a CPU mirror of the window: no device
-work and no sync for bookkeeping.
+Host work per step: the static inputs (token ids, positions, starts, cached lengths, tokens
+left, draft ids; block tables apart) are written into pinned mirrors and sent with one copy per
+dtype (`StaticInputs`); the window's slots are computed in the step from positions and block
+tables. The outputs (sampled ids, accepted lengths, next drafts) come back in one packed tensor,
+the one sync of the step (`Readback`). The step also computes the NEXT step's inputs on the
+device, so when nothing can change that step (no request can finish now, nobody can be admitted,
+no end token is watched) the host launches it before reading this one and does its bookkeeping
+while the GPU runs (`GraphedVerify._can_prelaunch`).
+
+A bucket's first step runs the same code eagerly (it compiles the kernels and is the warm-up);
+its second step captures, then replays, so no step ever runs twice (a CoW log taken twice would
+restore the wrong bytes). Prefills, short draft lists, sampling at temperature > 0, observers
+and debug mode take the eager path. After a replay each policy makes the window's
+`WindowRecord` on the host (`WritePolicy.replayed`) from a CPU window of the real requests: no
+device work and no sync for bookkeeping.
 """
 from __future__ import annotations
 
@@ -179,7 +185,7 @@ class _Bucket(_Graphed):
         self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
-        # slots are computed in the step from positions and block tables (`_slots`), so that a
+        # slots are computed in the step (body) from positions and block tables, so that a
         # pre-launched step sees the blocks the host allocated for it
         self.window = Window.from_metadata(self.spec, cu, torch.full((t,), -1, dtype=torch.long, device=dev))
         in_buffer = e.policy.window_in_buffer
