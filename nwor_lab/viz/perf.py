@@ -426,7 +426,7 @@ def engine_throughput(engine, *, title: str = "Tokens/s: speculative decoding ag
     acc = [r.get("mean_acceptance_length") for r in rows if r["k"] and r.get("mean_acceptance_length")]
     extra = (" · ".join(str(result[k]) for k in ("dtype", "prompts") if result.get(k)) +
              (f"; mean accepted length {min(acc):.2f}–{max(acc):.2f}" if acc else "") +
-             "; bar labels: speed-up over target-only (tokens/s for target-only)")
+             "; bar labels: speed-up over target-only (tokens/s on the baselines' bars)")
     _layout(fig, title, result_subtitle(result, extra), height=520, width=max(700, 180 + 60 * len(names) * len(batches)),
             legend_y=-0.2, bottom=140)
     fig.update_layout(barmode="group")
