@@ -3,7 +3,7 @@ capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, 
 and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
 in every write policy, and so does the static draft chain (d_1..d_k from the head, the head's
 layer only, every row rejected), in the verify step or alone, and so do steps pre-launched on the
-inputs the step before computed on the device. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
+inputs the step before computed on the device, and prefill steps on padded static buffers. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
 import pytest
 import torch
 
@@ -43,6 +43,7 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     assert engine.graphed.steps > 0                       # the path was taken
     # steps launched before the host read the one before (inputs fed on the device)
     assert engine.graphed.prelaunched > 0
+    assert engine.graphed.prefill_steps > 0               # prompts prefilled from their own buckets
     sizes = {size for size, _ in engine.graphed.buckets}
     assert sizes <= {1, 2, 4}
     assert len(sizes) >= 2                                # padding exercised (5 requests, 4 at a time)

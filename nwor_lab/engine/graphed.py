@@ -335,13 +335,20 @@ class GraphedVerify:
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
-        engine.policy.reserve(max(max_num_batched_tokens, self.max_size * (engine.k + 1)))
+        self.reserved = max(max_num_batched_tokens, self.max_size * (engine.k + 1))
+        engine.policy.reserve(self.reserved)
+        self.prefill_buckets: dict = {}   # (requests, tokens) -> PrefillBucket (engine/graphed_prefill.py)
+        self.prefill_steps = 0
         self.draft = GraphedDraft(engine, self.max_size) if engine.drafting else None
 
     def eligible(self, requests) -> bool:
+        """A steady decode step, or a step of prefills alone (engine/graphed_prefill.py)."""
         e = self.engine
         if e.temperature != 0 or e.observers or e.config.debug or len(requests) > self.max_size:
             return False
+        if all(r.is_prefill for r in requests):
+            from nwor_lab.engine.graphed_prefill import token_bucket
+            return token_bucket(sum(len(r.prompt) for r in requests)) <= self.reserved
         k = e.k if e.drafting else 0
         return all(not r.is_prefill and len(r.drafts) == k for r in requests)
 
@@ -373,6 +380,8 @@ class GraphedVerify:
 
     def _step(self, requests):
         e = self.engine
+        if self.pending is None and all(r.is_prefill for r in requests):
+            return self._prefill_step(requests)
         chain = self.chain_aboard()
         key = (_bucket_size(len(requests)), chain)
         if key not in self.buckets:
@@ -414,10 +423,24 @@ class GraphedVerify:
         features = b.features
         return batch, verdict, (features[:n] if features is not None else None), record, drafted
 
-    def _launch(self, b: "_Bucket") -> torch.Tensor:
+    def _prefill_step(self, requests):
+        from nwor_lab.engine.graphed_prefill import PrefillBucket, prefill_bucket_key
+        e, n = self.engine, len(requests)
+        key = prefill_bucket_key(requests)
+        if key not in self.prefill_buckets:
+            self.prefill_buckets[key] = PrefillBucket(e, *key)
+        b = self.prefill_buckets[key]
+        b.fill(e, requests)
+        packed = self._launch(b)
+        rows = b.readback.rows(b.readback.start(packed), n)            # the step's one sync
+        batch, verdict, record = b.finish(e, requests, rows)
+        self.prefill_steps += 1
+        return batch, verdict, (b.features[:n] if b.features is not None else None), record, None
+
+    def _launch(self, b) -> torch.Tensor:
         """Run (replay, or warm up / capture) bucket b's step -> its packed outputs (device)."""
         e = self.engine
-        pols = [e.policy] + ([e.drafter.policy] if b.chain is not None else [])
+        pols = [e.policy] + ([e.drafter.policy] if getattr(b, "chain", None) is not None else [])
         records = [p.records for p in pols]
         for p in pols:
             p.records = False                # a record reads counts on the host: not in a graph
