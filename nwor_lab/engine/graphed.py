@@ -34,138 +34,19 @@ device work and no sync for bookkeeping.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from nwor_lab.engine.batch import Verdict, VerifyBatch
+from nwor_lab.engine.graphed_chain import ChainBucket, GraphedDraft
+from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.ops.scv import scv_mask
 from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
 
 
-class StaticInputs:
-    """A graph's static input tensors, as views of one device buffer per dtype, filled from a
-    pinned host mirror (numpy views: `host[name]`) with one copy per dtype (`upload`).
-
-    Two mirrors, used in turn: when a step is pre-launched, the copy enqueued for the step before
-    it may still be pending while the host writes the next mirror; the one before that has
-    completed (the host read that step's outputs, which the stream ordered after the copy)."""
-
-    def __init__(self, device: torch.device, **specs):
-        """specs: name=(shape, dtype)."""
-        pin = device.type == "cuda"
-        self.dev: dict[str, torch.Tensor] = {}
-        self._mirrors: list[dict[str, np.ndarray]] = [{}, {}]
-        self._groups = []
-        self._turn = 0
-        for dtype in {d for _, d in specs.values()}:
-            names = [n for n, (_, d) in specs.items() if d == dtype]
-            sizes = [int(np.prod(specs[n][0])) for n in names]
-            dev = torch.zeros(sum(sizes), dtype=dtype, device=device)
-            hosts = [torch.zeros(sum(sizes), dtype=dtype, pin_memory=pin) for _ in range(2)]
-            self._groups.append((dev, hosts))
-            at = 0
-            for name, size in zip(names, sizes):
-                shape = specs[name][0]
-                self.dev[name] = dev[at:at + size].view(shape)
-                for mirror, host in zip(self._mirrors, hosts):
-                    mirror[name] = host[at:at + size].view(shape).numpy()
-                at += size
-
-    @property
-    def host(self) -> dict[str, np.ndarray]:
-        """The mirror to write now (every field of it: the other mirror holds an older step)."""
-        return self._mirrors[self._turn]
-
-    def upload(self) -> None:
-        for dev, hosts in self._groups:
-            dev.copy_(hosts[self._turn], non_blocking=True)
-        self._turn ^= 1
-
-
-class Readback:
-    """A step's packed outputs copied into pinned host memory right after its launch (two
-    buffers, used in turn, so a pre-launched step's copy never overwrites one not yet read)."""
-
-    def __init__(self, device: torch.device, shape):
-        self.cuda = device.type == "cuda"
-        self._bufs = [torch.zeros(shape, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
-        self._turn = 0
-
-    def start(self, packed: torch.Tensor):
-        """Enqueue the copy of `packed` -> a handle for `rows`."""
-        buf = self._bufs[self._turn]
-        self._turn ^= 1
-        buf.copy_(packed, non_blocking=True)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return buf, event
-
-    @staticmethod
-    def rows(handle, n: int) -> list[list[int]]:
-        """Wait for the copy (the step's one sync) -> its first n rows."""
-        buf, event = handle
-        if event is not None:
-            event.synchronize()
-        return buf[:n].tolist()
-
-
-def _bucket_size(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def _max_blocks(engine) -> int:
-    return -(-engine.max_model_len // engine.cache.spec.block_size) + 1
-
-
-def _chain_record_window(slots: list[list[int]]) -> Window:
-    """CPU Window of a draft chain over len(slots) requests, request j's k - 1 rows at slots[j]
-    (step-major rows, as `engine.drafter.chain_window`): what the chain's record counts."""
-    n, m = len(slots), len(slots[0])
-    flat = [slots[j][s] for s in range(m) for j in range(n)]
-    return Window(torch.tensor(flat), torch.arange(n, dtype=torch.int32).repeat(m),
-                  torch.arange(1, m + 1, dtype=torch.int32).repeat_interleave(n),
-                  torch.arange(n * m).view(m, n).t().reshape(-1), [m] * n, [m] * n)
-
-
-class _Graphed:
-    """The capture protocol every bucket shares: first call eager (warm-up, compiles), second
-    captures then replays, later calls replay. `body(engine)` is the step on static buffers."""
-
-    graph = None
-    outputs = None
-    warmed = False
-
-    def body(self, engine):
-        raise NotImplementedError
-
-    def run(self, engine, capture: bool, policies=()):
-        """-> the body's outputs. When the body's Python ran (warm-up, capture, or no capture),
-        the windows its `policies` opened and committed are taken off their counts again: the
-        host counts every window once, after the step (`WritePolicy.replayed`)."""
-        if self.graph is not None:
-            self.graph.replay()
-            return self.outputs
-        if not self.warmed or not capture:
-            self.warmed = True
-            out = self.body(engine)
-        else:
-            holder = {}
-            self.graph = capture_graph(lambda: holder.setdefault("out", self.body(engine)), warmup=0,
-                                       device=engine.device)
-            self.outputs = out = holder["out"]
-            self.graph.replay()
-        for p in policies:
-            p.windows_done -= 1
-        return out
-
-
-class _Bucket(_Graphed):
+class _Bucket(GraphedBucket):
     """Static buffers, metadata and (after the warm-up) the graph of one padded batch size; with
     `chain`, the EAGLE draft chain for the next window runs in the same graph."""
 
@@ -177,7 +58,7 @@ class _Bucket(_Graphed):
                                    remaining=((size,), torch.long),
                                    drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32))
         # the block tables travel alone: a pre-launched step sends them, and nothing else
-        self.table_inputs = StaticInputs(dev, tables=((size, _max_blocks(e)), torch.int32))
+        self.table_inputs = StaticInputs(dev, tables=((size, max_blocks(e)), torch.int32))
         i = self.inputs.dev
         self.ids, self.positions, self.cache_lens = i["ids"], i["positions"], i["cache_lens"]
         self.tables = self.table_inputs.dev["tables"]
@@ -198,7 +79,7 @@ class _Bucket(_Graphed):
         self.starts = torch.arange(0, t, k + 1, device=dev)             # each request's t_last row
         self.last_rows = self.starts + k
         self.no_drafts = Acceptance.from_accepted_len(self.window, [0] * size) if k == 0 else None
-        self.chain = _ChainBucket(e, size, tables=self.tables) if chain else None
+        self.chain = ChainBucket(e, size, tables=self.tables) if chain else None
         self.features = None                # head features [B, h] of the last run (None without a head)
         self.host_ids: list[int] = []      # this step's real rows, for the host's bookkeeping
         self.host_slots: list[int] = []
@@ -327,7 +208,7 @@ class GraphedVerify:
         self.engine = engine
         self.capture = capture
         self.buckets: dict[tuple[int, bool], _Bucket] = {}
-        self.max_size = _bucket_size(max_num_seqs)
+        self.max_size = bucket_size(max_num_seqs)
         self.steps = 0            # steps that took this path (eager warm-ups included)
         self.chained_steps = 0    # of which the draft chain rode in the verify graph
         self.prelaunched = 0      # of which were launched before the host read the step before
@@ -383,7 +264,7 @@ class GraphedVerify:
         if self.pending is None and all(r.is_prefill for r in requests):
             return self._prefill_step(requests)
         chain = self.chain_aboard()
-        key = (_bucket_size(len(requests)), chain)
+        key = (bucket_size(len(requests)), chain)
         if key not in self.buckets:
             self.buckets[key] = _Bucket(e, key[0], chain)
         b = self.buckets[key]
@@ -481,153 +362,5 @@ class GraphedVerify:
         """After `step` carried the chain and the engine advanced `requests` (every one of the
         step's): hand out the drafts, record the chain window -> (trace, window), or None when
         every request finished in the step (no chain row was written)."""
-        b = self.buckets[(_bucket_size(len(requests)), True)]
+        b = self.buckets[(bucket_size(len(requests)), True)]
         return self.draft.finish(b.chain, self.chain_ran, step_index)
-
-
-class _ChainBucket(_Graphed):
-    """Static buffers and graph of the EAGLE draft chain d_1..d_k for one padded batch size: the
-    first draft from the verify step's head features, then k - 1 head passes, one row per request
-    each (step-major rows, as `engine.drafter.chain_window`), in one draft-policy window on the
-    head's layer, committed with every row rejected. Its inputs come from the host (`fill`) or,
-    inside the verify graph, from the device (`place`)."""
-
-    def __init__(self, engine, size: int, tables: torch.Tensor | None = None):
-        e, dev, k = engine, engine.device, engine.k
-        pol = e.drafter.policy
-        self.size, rows = size, size * (k - 1)
-        self.tables = tables if tables is not None else \
-            torch.zeros(size, _max_blocks(e), dtype=torch.int32, device=dev)
-        self.features = torch.zeros(size, e.head.config.hidden_size, dtype=e.dtype, device=dev)
-        slots = torch.full((rows,), -1, dtype=torch.long, device=dev)
-        token_req = torch.arange(size, dtype=torch.int32, device=dev).repeat(k - 1)
-        draft_pos = torch.arange(1, k, dtype=torch.int32, device=dev).repeat_interleave(size)
-        order = torch.arange(rows, device=dev).view(k - 1, size).t().reshape(-1)   # request-major
-        self.window = Window(slots, token_req, draft_pos, order, [k - 1] * size, [k - 1] * size)
-        self.reject = Acceptance.rejecting_all(self.window)
-        in_buffer = pol.window_in_buffer
-        self.lens_offset = torch.zeros(k - 1, 1, dtype=torch.long, device=dev) if in_buffer else \
-            torch.arange(1, k, device=dev)[:, None]                 # chain step s reads s own rows
-        self.step_offset = torch.arange(k - 1, device=dev)[:, None]
-        self.positions = torch.zeros(k - 1, size, dtype=torch.long, device=dev)   # [step, request]
-        self.lens = torch.zeros(k - 1, size, dtype=torch.int32, device=dev)
-        qsl = list(range(size + 1))
-        qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
-        self.steps = []
-        for s in range(1, k):
-            win_rows = win_start = None
-            if in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
-                win_rows = (torch.arange(s, device=dev)[None, :] * size + torch.arange(size, device=dev)[:, None]).reshape(-1)
-                win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
-            md = AttentionMetadata(self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None,
-                                   e.cache, pol, (s - 1) * size,
-                                   KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start))
-            self.steps.append(md)
-
-    @staticmethod
-    def row_slots(engine, r, base: int) -> list[int]:
-        """Slots of request r's chain rows, at positions base .. base + k - 2 (base: its
-        num_computed after the verify window)."""
-        bs, blocks = engine.cache.spec.block_size, r.block_table.blocks
-        return [blocks[p // bs] * bs + p % bs for p in range(base, base + engine.k - 1)]
-
-    def fill(self, engine, requests, features) -> None:
-        n = len(requests)
-        tables = torch.zeros(self.tables.shape, dtype=torch.int32)
-        for j, r in enumerate(requests):
-            r.block_table.ensure(r.num_computed + 1, lookahead=engine.k)     # the next window's slots too
-            tables[j, :len(r.block_table.blocks)] = torch.tensor(r.block_table.blocks, dtype=torch.int32)
-        self.tables.copy_(tables)
-        bases = [r.num_computed for r in requests]
-        self.rows = [self.row_slots(engine, r, b) for r, b in zip(requests, bases)]
-        flat = [-1] * (self.size * (engine.k - 1))
-        for j, rows in enumerate(self.rows):
-            flat[j::self.size] = rows                                # step-major
-        self.window.slot_mapping.copy_(torch.tensor(flat))
-        base = torch.tensor(bases + [0] * (self.size - n), device=engine.device)
-        real = torch.arange(self.size, device=engine.device) < n
-        self._set_rows(engine, base, real)
-        self.features.zero_()
-        self.features[:n].copy_(features)
-
-    def place(self, engine, base: torch.Tensor, drafting: torch.Tensor, features: torch.Tensor) -> None:
-        """The chain's inputs from the device: base [B] num_computed of each request (0 where it
-        does not draft), drafting [B] bool (False: padding, or finished in this window),
-        features [B, h] the head's output at each kept row."""
-        self._set_rows(engine, base, drafting)
-        self.features.copy_(torch.where(drafting[:, None], features, torch.zeros_like(features)))
-
-    def _set_rows(self, engine, base, real) -> None:
-        """Positions, cached lengths and slots of every chain row from base [B] (device ops)."""
-        bs = engine.cache.spec.block_size
-        pos = base[None, :] + self.step_offset                          # [k-1, B]
-        self.positions.copy_(pos)
-        self.lens.copy_(base[None, :] + self.lens_offset)
-        blk = self.tables.long().gather(1, (pos // bs).t()).t()          # [k-1, B] block of each row
-        self.window.slot_mapping.copy_(torch.where(real[None, :], blk * bs + pos % bs, -1).reshape(-1))
-
-    def body(self, engine):
-        e, head, pol = engine, engine.head, engine.drafter.policy
-        g = self.features
-        token = head.compute_logits(g).float().argmax(-1)
-        drafts = [token]
-        layer = head.layer_index
-        pol.begin(self.window, layers=range(layer, layer + 1), kind="draft")
-        for md in self.steps:
-            g = head(drafts[-1], g, md)
-            drafts.append(head.compute_logits(g).float().argmax(-1))
-        pol.commit(self.reject)
-        return torch.stack(drafts, 1)         # [B, k]
-
-
-class GraphedDraft:
-    """The drafter's graphed path for chains not carried by a verify graph (after an eager step,
-    e.g. the prefill's first drafts): every request drafts k >= 2, greedily."""
-
-    def __init__(self, engine, max_size: int):
-        self.engine = engine
-        self.buckets: dict[int, _ChainBucket] = {}
-        self.max_size = max_size
-        self.steps = 0
-        engine.drafter.policy.reserve(max_size * max(1, engine.k - 1))   # never reallocated (see above)
-
-    def eligible(self, requests) -> bool:
-        e = self.engine
-        return (e.k >= 2 and e.temperature == 0 and not e.observers and not e.config.debug
-                and len(requests) <= self.max_size)
-
-    def draft(self, requests, features, step_index: int, capture: bool):
-        e = self.engine
-        size = _bucket_size(len(requests))
-        if size not in self.buckets:
-            self.buckets[size] = _ChainBucket(e, size)
-        b = self.buckets[size]
-        b.fill(e, requests, features)
-        pol = e.drafter.policy
-        records = pol.records
-        pol.records = False
-        try:
-            drafts = b.run(e, capture, [pol])
-        finally:
-            pol.records = records
-        self.steps += 1
-        ran = list(zip(requests, drafts[:len(requests)].tolist(), b.rows))
-        return self.finish(b, ran, step_index)
-
-    def finish(self, b: _ChainBucket, ran, step_index: int):
-        """`ran`: (request, its drafts d_1..d_k, its chain rows' slots) for every request the
-        chain ran for. Hand the drafts to those still running; record the chain window, counted
-        on a CPU window of those requests (not the bucket's padding) -> (WindowTrace, Window),
-        or None when it ran for none."""
-        pol = self.engine.drafter.policy
-        if not ran:
-            return None
-        layer = self.engine.head.layer_index
-        window = _chain_record_window([slots for _, _, slots in ran])
-        record = pol.replayed(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
-        for r, drafts, _ in ran:
-            if not r.finished:       # (one that emitted the end token in a chained step)
-                r.drafts, r.draft_probs = list(drafts), None
-        n, k = len(ran), self.engine.k
-        return WindowTrace(step_index, "draft", [r.req_id for r, _, _ in ran], ["draft"] * n, [k - 1] * n,
-                           [0] * n, [[] for _ in ran], record), b.window

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.batch import Verdict, VerifyBatch
-from nwor_lab.engine.graphed import Readback, StaticInputs, _bucket_size, _Graphed, _max_blocks
+from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
@@ -29,14 +29,14 @@ def token_bucket(n: int) -> int:
     return max(16, 1 << n.bit_length())
 
 
-class PrefillBucket(_Graphed):
+class PrefillBucket(GraphedBucket):
     def __init__(self, engine, size: int, tokens: int):
         e, dev = engine, engine.device
         self.size, self.tokens = size, tokens
         self.inputs = StaticInputs(dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long),
                                    token_req=((tokens,), torch.long), last_rows=((size,), torch.long),
                                    qsl=((size + 1,), torch.int32), cache_lens=((size,), torch.int32),
-                                   real=((size,), torch.int32), tables=((size, _max_blocks(e)), torch.int32))
+                                   real=((size,), torch.int32), tables=((size, max_blocks(e)), torch.int32))
         i = self.inputs.dev
         self.ids, self.positions, self.token_req, self.last_rows = i["ids"], i["positions"], i["token_req"], \
             i["last_rows"]
@@ -128,4 +128,4 @@ class PrefillBucket(_Graphed):
 
 
 def prefill_bucket_key(requests) -> tuple[int, int]:
-    return _bucket_size(len(requests)), token_bucket(sum(len(r.prompt) for r in requests))
+    return bucket_size(len(requests)), token_bucket(sum(len(r.prompt) for r in requests))
