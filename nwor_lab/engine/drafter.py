@@ -45,17 +45,16 @@ class Drafter:
         is cut when emitted. Every decode step then has the same shape, so it replays from a CUDA
         graph to the end; the positions stay inside the request's reservation (prompt +
         max_new_tokens + k)."""
-        n_drafts = [self.k] * len(requests)
+        if self.k == 0:
+            return None
         ids, probs = self.propose(g)
         for j, r in enumerate(requests):
-            if n_drafts[j] > 0:
-                r.drafts = [int(ids[j])]
-                r.draft_probs = None if probs is None else probs[j:j + 1]
-                r.block_table.ensure(r.num_computed + 1, lookahead=n_drafts[j])   # the next window's slots
-        chained = [j for j in range(len(requests)) if n_drafts[j] > 1]
-        if not chained:
+            r.drafts = [int(ids[j])]
+            r.draft_probs = None if probs is None else probs[j:j + 1]
+            r.block_table.ensure(r.num_computed + 1, lookahead=self.k)   # the next window's slots
+        if self.k == 1:
             return None
-        return self._chain([requests[j] for j in chained], [n_drafts[j] for j in chained], g[chained], step)
+        return self._chain(requests, [self.k] * len(requests), g, step)
 
     def _chain(self, requests: list[Request], n_drafts: list[int], g: torch.Tensor, step: int):
         """Drafts d_2..d_n of every request, one head pass per chain step, in one policy window."""

@@ -40,6 +40,7 @@ from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.graphed_chain import ChainBucket, GraphedDraft
 from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
 from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.ops.scv import scv_mask
 from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
@@ -93,7 +94,7 @@ class _Bucket(GraphedBucket):
         starts, tokens left) of the real rows; kept in `host_ids` / `host_slots` for the host's
         bookkeeping. `ensure`: allocate the blocks the step writes (with the chain aboard, its
         rows too: a chain runs only if a + 1 < remaining, up to position s + a + k - 1)."""
-        k, bs = engine.k, engine.cache.spec.block_size
+        k = engine.k
         in_buffer = engine.policy.window_in_buffer
         ids, pos, slots, drafts, lens, start, left = [], [], [], [], [], [], []
         for req in requests:
@@ -103,10 +104,9 @@ class _Bucket(GraphedBucket):
                 if self.chain is not None:
                     need = max(need, s + min(k, req.remaining - 2) + k)
                 req.block_table.ensure(need)
-            blocks = req.block_table.blocks
             ids += toks
             pos += range(s, s + k + 1)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(s, s + k + 1)]
+            slots += req.block_table.slots(range(s, s + k + 1))
             drafts += req.drafts
             lens.append(s + (0 if in_buffer else k + 1))
             start.append(s)
@@ -144,9 +144,8 @@ class _Bucket(GraphedBucket):
         e, w, spec, md = engine, self.window, self.spec, self.md
         k, bs = e.k, e.cache.spec.block_size
         real = self.remaining > 0                                        # [B] False: padding
-        pos = self.positions.view(self.size, k + 1)
-        slot = self.tables.long().gather(1, pos // bs) * bs + pos % bs
-        w.slot_mapping.copy_(torch.where(real[:, None], slot, -1).reshape(-1))
+        real_rows = real[:, None].expand(self.size, k + 1).reshape(-1)
+        w.slot_mapping.copy_(build_slot_mapping(self.tables, w.token_req, torch.where(real_rows, self.positions, -1), bs))
         e.policy.begin(w, kind="verify")
         aux_layers = e.head.aux_layers if e.drafting else ()
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)

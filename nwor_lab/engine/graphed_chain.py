@@ -7,6 +7,7 @@ import torch
 
 from nwor_lab.engine.graphed_static import GraphedBucket, bucket_size, max_blocks
 from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.window import Acceptance, Window
 
@@ -64,8 +65,7 @@ class ChainBucket(GraphedBucket):
     def row_slots(engine, r, base: int) -> list[int]:
         """Slots of request r's chain rows, at positions base .. base + k - 2 (base: its
         num_computed after the verify window)."""
-        bs, blocks = engine.cache.spec.block_size, r.block_table.blocks
-        return [blocks[p // bs] * bs + p % bs for p in range(base, base + engine.k - 1)]
+        return r.block_table.slots(range(base, base + engine.k - 1))
 
     def fill(self, engine, requests, features) -> None:
         n = len(requests)
@@ -99,8 +99,8 @@ class ChainBucket(GraphedBucket):
         pos = base[None, :] + self.step_offset                          # [k-1, B]
         self.positions.copy_(pos)
         self.lens.copy_(base[None, :] + self.lens_offset)
-        blk = self.tables.long().gather(1, (pos // bs).t()).t()          # [k-1, B] block of each row
-        self.window.slot_mapping.copy_(torch.where(real[None, :], blk * bs + pos % bs, -1).reshape(-1))
+        rows = torch.where(real[None, :], pos, -1).reshape(-1)           # step-major, as the window
+        self.window.slot_mapping.copy_(build_slot_mapping(self.tables, self.window.token_req, rows, bs))
 
     def body(self, engine):
         head, pol = engine.head, engine.drafter.policy

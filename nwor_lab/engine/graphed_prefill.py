@@ -19,6 +19,7 @@ import torch
 
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
+from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
@@ -62,7 +63,6 @@ class PrefillBucket(GraphedBucket):
         self.host_lens: list[int] = []
 
     def fill(self, engine, requests) -> None:
-        bs = engine.cache.spec.block_size
         in_buffer = engine.policy.window_in_buffer
         h = self.inputs.host
         ids, pos, req_of, slots, qsl, last, lens = [], [], [], [], [0], [], []
@@ -75,7 +75,7 @@ class PrefillBucket(GraphedBucket):
             ids += toks
             pos += range(len(toks))
             req_of += [r] * len(toks)
-            slots += [blocks[p // bs] * bs + p % bs for p in range(len(toks))]
+            slots += req.block_table.slots(range(len(toks)))
             qsl.append(qsl[-1] + len(toks))
             last.append(qsl[-1] - 1)
             lens.append(0 if in_buffer else len(toks))
@@ -94,8 +94,8 @@ class PrefillBucket(GraphedBucket):
         """-> (sampled [B, 1] int64, head features [B, h] or None)."""
         e, md, bs = engine, self.md, engine.cache.spec.block_size
         row_ok = self.rows < self.qsl[-1]                                  # rows past the prompts: padding
-        slot = self.tables.long()[self.token_req, self.positions // bs] * bs + self.positions % bs
-        self.window.slot_mapping.copy_(torch.where(row_ok, slot, -1))
+        self.window.slot_mapping.copy_(build_slot_mapping(self.tables, self.token_req,
+                                                          torch.where(row_ok, self.positions, -1), bs))
         e.policy.begin(self.window, kind="verify")
         aux_layers = e.head.aux_layers if e.drafting else ()
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)

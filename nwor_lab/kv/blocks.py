@@ -103,10 +103,15 @@ def build_slot_mapping(block_tables: torch.Tensor, token_req: torch.Tensor, posi
     token_req:    `[T]` request index of each token
     positions:    `[T]` position of each token in its request; -1 = padding token
     returns       `[T]` int64 slots, -1 for padding
+
+    The bounds check reads the largest block index on the host: it is skipped while a CUDA graph
+    is being captured (the graphed engine allocates every block before a replay).
     """
     positions = positions.long()
     block_idx = (positions // block_size).clamp(min=0)
-    if positions.numel() and int(block_idx.max()) >= block_tables.shape[1]:
+    # (nwor_lab._checks.capturing, which sits above kv in the layering)
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if positions.numel() and not capturing and int(block_idx.max()) >= block_tables.shape[1]:
         raise IndexError(f"positions: {int(positions.max())} needs block {int(block_idx.max())} but "
                          f"block_tables has {block_tables.shape[1]} columns; allocate first")
     blocks = block_tables.long()[token_req.long(), block_idx]

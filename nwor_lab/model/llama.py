@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nwor_lab.model.attention import AttentionMetadata, write_and_attend
-from nwor_lab.ops.fused import rms_norm, silu_mul
 from nwor_lab.model.config import LlamaConfig
 from nwor_lab.model.rope import Rotary
+from nwor_lab.ops.fused import rms_norm, silu_mul
 
 
 class RMSNorm(nn.Module):

@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from nwor_lab.ops.fused import rope
+
 
 def inv_frequencies(head_dim: int, theta: float, rope_scaling: dict | None = None) -> torch.Tensor:
     """`[head_dim // 2]` float32 inverse frequencies, scaled per `rope_scaling`.
@@ -49,5 +51,4 @@ class Rotary(torch.nn.Module):
         into `out` when given (zero-copy staging: the last op writes the staging buffer). The
         same ops run either way, so the result is bit-identical with and without `out`; for
         `[T, heads, D]` on CUDA at inference they are one Triton kernel (`nwor_lab.ops.fused`)."""
-        from nwor_lab.ops.fused import rope
         return rope(x, cos, sin, out)

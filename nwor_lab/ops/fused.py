@@ -23,27 +23,18 @@ backward); CPU tensors take the reference, or the kernels under Triton's interpr
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 from nwor_lab._checks import FLOAT_DTYPES, check_tensor
+from nwor_lab.ops._lazy import LazyModule
 
 __all__ = ["rms_norm", "rope", "silu_mul", "rms_norm_reference", "rope_reference", "silu_mul_reference",
            "use_fused"]
 
-_kernels = None
-_import_error = None
-
-
-def _load():
-    global _kernels, _import_error
-    if _kernels is None and _import_error is None:
-        try:
-            from nwor_lab.ops import _fused_triton
-            _kernels = _fused_triton
-        except Exception as err:     # ImportError, or triton failing to initialise its backend
-            _import_error = err
-    return _kernels
+_kernels = LazyModule("nwor_lab.ops._fused_triton")   # imported once a CUDA tensor needs it
 
 
 def use_fused(*tensors: torch.Tensor) -> bool:
@@ -52,14 +43,10 @@ def use_fused(*tensors: torch.Tensor) -> bool:
         return False
     t = tensors[0]
     if t.device.type != "cuda":
-        kernels = _load() if t.device.type == "cpu" and _interpreter_requested() else None
+        # CPU tensors reach the kernels only under Triton's interpreter (the tests)
+        kernels = _kernels.get() if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" else None
         return kernels is not None and kernels.INTERPRETED
-    return _load() is not None
-
-
-def _interpreter_requested() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return _kernels.get() is not None
 
 
 # -- references (the model's own math, any device) ---------------------------------------------
@@ -86,7 +73,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return rms_norm_reference(x, weight, eps)
     check_tensor("x", x, dtypes=FLOAT_DTYPES)
     check_tensor("weight", weight, shape=(x.shape[-1],), dtypes=FLOAT_DTYPES, device=x.device)
-    return _kernels.rms_norm(x, weight, float(eps))
+    return _kernels.module.rms_norm(x, weight, float(eps))
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,11 +87,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tenso
     check_tensor("sin", sin, shape=(T, D), device=x.device)
     if out is not None:
         check_tensor("out", out, shape=(T, H, D), dtypes=(x.dtype,), device=x.device)
-    return _kernels.rope(x, cos, sin, out)
+    return _kernels.module.rope(x, cos, sin, out)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate, up `[..., I]` (same shape and dtype) -> silu(gate) * up."""
     if not use_fused(gate, up) or gate.shape != up.shape or gate.dtype != up.dtype:
         return silu_mul_reference(gate, up)
-    return _kernels.silu_mul(gate, up)
+    return _kernels.module.silu_mul(gate, up)

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_tensor
 from nwor_lab.kv.cache import is_fp8
 from nwor_lab.kv.layout import detect_layout
+from nwor_lab.ops._lazy import LazyModule
 from nwor_lab.ops.quant import dequantize, quantize
 from nwor_lab.ops.verify_attention_cases import VerifyAttentionCase, make_verify_attention_case
 
@@ -59,23 +60,17 @@ INSTALL_HINT = "install it with `pip install triton` (Linux), or use backend='re
 __all__ = ["verify_attention", "verify_attention_reference", "make_verify_attention_case",
            "VerifyAttentionCase", "triton_available"]
 
-_kernels = None          # the imported kernel module, once a triton call needed it
-_import_error = None     # why it could not be imported (kept: one import attempt per process)
+_kernels = LazyModule("nwor_lab.ops._verify_attention_triton")   # imported once a triton call needs it
 
 
 def _load_kernels():
     """The Triton kernel module, or raise with the reason and the install hint."""
-    global _kernels, _import_error
-    if _kernels is None and _import_error is None:
-        try:
-            from nwor_lab.ops import _verify_attention_triton
-            _kernels = _verify_attention_triton
-        except Exception as err:   # ImportError, or triton failing to initialise its backend
-            _import_error = err
-    if _kernels is None:
-        raise RuntimeError(f"backend='triton': triton could not be imported ({type(_import_error).__name__}: "
-                           f"{_import_error}); {INSTALL_HINT}") from _import_error
-    return _kernels
+    kernels = _kernels.get()
+    if kernels is None:
+        err = _kernels.error
+        raise RuntimeError(f"backend='triton': triton could not be imported ({type(err).__name__}: "
+                           f"{err}); {INSTALL_HINT}") from err
+    return kernels
 
 
 def triton_available() -> bool:
