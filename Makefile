@@ -33,13 +33,13 @@ $(STAMP): setup.py
 setup: $(STAMP)
 
 # The main job: the lab's health, then the default sweep of the shipped pair (every write policy
-# x k, chapter 07 run by papermill; CUDA when present, else CPU) and its HTML report. A re-run
+# x k, chapter 10 run by papermill; CUDA when present, else CPU) and its HTML report. A re-run
 # skips the runs already finished in runs/main.
 run: $(STAMP)
 	mkdir -p runs
 	$(VENV)/bin/nwor-lab doctor
 	$(VENV)/bin/nwor-lab selfcheck --out runs/selfcheck.json > /dev/null && echo "selfcheck ok: runs/selfcheck.json"
-	$(VENV)/bin/nwor-lab sweep notebooks/07_sweep.ipynb --grid nwor_mode=off,cow,stage --grid k=2,4 --out runs/main
+	$(VENV)/bin/nwor-lab sweep notebooks/10_sweep.ipynb --grid nwor_mode=off,cow,stage --grid k=2,4 --out runs/main
 	$(VENV)/bin/nwor-lab report runs/main
 	@echo "sweep rows: runs/main/results.jsonl   executed notebooks: runs/main/notebooks/   report: runs/main/report.html"
 

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # --- what to drive: change these when the chapter changes --------------------------------------
-CHAPTER = os.environ.get("NWOR_LAB_BROWSER_CHAPTER", "notebooks/04_stage.ipynb")
+CHAPTER = os.environ.get("NWOR_LAB_BROWSER_CHAPTER", "notebooks/05_stage.ipynb")
 PLACEHOLDER = "runs/browser/placeholder/stepper.ipynb"   # materialised from tests/data/notebooks/stepper.nb.json
 NEXT_BUTTON = "button.nwor-next"  # ipywidgets.Button(...).add_class("nwor-next")
 CAPTION = ".nwor-caption"  # ipywidgets.HTML(...).add_class("nwor-caption")

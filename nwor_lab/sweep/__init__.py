@@ -7,7 +7,7 @@ A chapter declares its knobs in a cell tagged `parameters` and records what it m
 
 then a sweep runs it once per combination and a report plots every metric against the grid::
 
-    nwor-lab sweep notebooks/07_sweep.ipynb --grid nwor_mode=off,cow,stage --grid batch=1,8 --out runs/modes
+    nwor-lab sweep notebooks/10_sweep.ipynb --grid nwor_mode=off,cow,stage --grid batch=1,8 --out runs/modes
     nwor-lab report runs/modes                  # -> runs/modes/report.html
 
 `runs/NAME/` holds `results.jsonl` (one row per finished run, see `nwor_lab.sweep.results`),

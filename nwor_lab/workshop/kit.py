@@ -39,7 +39,7 @@ PLOTLY_RENDERER = "plotly_mimetype+notebook"
 @dataclass
 class Built:
     """One chapter in the kit."""
-    name: str  # file stem, e.g. 04_stage
+    name: str  # file stem, e.g. 05_stage
     source: str
     title: str
     ok: bool
