@@ -34,5 +34,10 @@ setup(
         "dev": ["pytest", "hypothesis", "nbval", "ninja", "playwright"],
         "vllm": ["vllm"],
     },
-    entry_points={"console_scripts": ["nwor-lab=nwor_lab.cli:main"]},
+    entry_points={
+        "console_scripts": ["nwor-lab=nwor_lab.cli:main"],
+        # vLLM loads every general plugin in each of its processes; nwor_lab.vllm.register is a no-op
+        # for engines not configured with additional_config["nwor_lab"] (but for the expand fix)
+        "vllm.general_plugins": ["nwor_lab = nwor_lab.vllm:register"],
+    },
 )
