@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.ops import verify_attention_reference
 from nwor_lab.ops.quant import raw
@@ -47,6 +48,7 @@ class _Plan:
     """What `_prepare_inputs` scheduled: one entry per request, in the runner's batch order."""
     num_scheduled: list[int]
     metadata: object | None          # vLLM's SpecDecodeMetadata, or None (no speculative config)
+    req_ids: list[str]
 
 
 @dataclass
@@ -54,6 +56,7 @@ class _Open:
     """An open window and what the runtime needs to check and count it."""
     kind: str                        # "verify" or "draft"
     window: Window
+    req_ids: list[str]
     layers: range
     step: int
     acceptance: Acceptance | None = None
@@ -96,6 +99,8 @@ class NworRuntime:
         self.draft: _Open | None = None
         self.step = 0
         self.totals = Totals()
+        self.trace: list[WindowTrace] = []      # every committed window, in order (generate's statistics)
+        self.last_req_ids: list[str] = []
         self._record = None
         self.max_model_len = runner.model_config.max_model_len
         self.block_size = None
@@ -133,12 +138,12 @@ class NworRuntime:
         return self.policy is not None
 
     # -- runner hooks ---------------------------------------------------------------------------
-    def plan(self, num_scheduled, metadata) -> None:
+    def plan(self, num_scheduled, metadata, req_ids) -> None:
         if not self.active:
             return
         if self.verify or self.draft:     # a step that never reached sampling: leave the cache as off would
             self._cancel_open("a new step began before the last one's windows were committed")
-        self.plan_ = _Plan([int(n) for n in num_scheduled], metadata)
+        self.plan_ = _Plan([int(n) for n in num_scheduled], metadata, list(req_ids))
         self.step += 1
         self.totals.steps += 1
 
@@ -239,7 +244,7 @@ class NworRuntime:
         else:
             window = Window.from_counts(plan.num_scheduled, [0] * len(plan.num_scheduled), slots)
         layers = range(0, self.vc.cache.num_layers)
-        opened = _Open("verify", window, layers, self.step)
+        opened = _Open("verify", window, plan.req_ids, layers, self.step)
         if self.settings.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
         self.policy.begin(window, layers, kind="verify")
@@ -293,7 +298,7 @@ class NworRuntime:
         draft_rows = torch.arange(steps * num_reqs).view(steps, num_reqs).t().reshape(-1)   # request-major
         window = Window(slots, token_req, draft_pos, draft_rows, [steps] * num_reqs, [steps] * num_reqs)
         layers = range(layer, layer + 1)
-        opened = _Open("draft", window, layers, self.step)
+        opened = _Open("draft", window, self.last_req_ids, layers, self.step)
         if self.settings.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
         self.policy.begin(window, layers, kind="draft")
@@ -302,6 +307,7 @@ class NworRuntime:
 
     def _commit_verify(self) -> None:
         v, self.verify = self.verify, None
+        self.last_req_ids = v.req_ids
         if v.window.num_drafts and v.acceptance is None:
             self.policy.cancel()
             raise RuntimeError(f"nwor_lab.vllm: the verify window of step {v.step} has {v.window.num_drafts} "
@@ -332,6 +338,12 @@ class NworRuntime:
         if self.settings.check:
             self._check_cache(opened, kept)
             t.checks_passed += 1
+        emitted = []
+        if opened.sampled is not None:
+            emitted = [[int(t) for t in row if t != -1] for row in opened.sampled.tolist()]
+        accepted = acceptance.accepted_per_request() if acceptance is not None else [0] * w.num_reqs
+        self.trace.append(WindowTrace(opened.step, opened.kind, list(opened.req_ids), drafted=list(w.num_draft_tokens),
+                                      accepted=accepted, emitted=emitted, record=rec))
         if self._record is not None and rec is not None:
             row = {"vllm_step": opened.step, "kind": opened.kind, "layers": [opened.layers.start, opened.layers.stop],
                    "rejected_writes": reached, "rejected_left": left, **rec.to_dict()}

@@ -30,7 +30,7 @@ class NworRunnerMixin:
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens_np):
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens_np)
         if self.nwor is not None:
-            self.nwor.plan(num_scheduled_tokens_np.tolist(), out[1])
+            self.nwor.plan(num_scheduled_tokens_np.tolist(), out[1], self.input_batch.req_ids)
         return out
 
     def _sample(self, logits, spec_decode_metadata):
