@@ -52,7 +52,7 @@ class VllmLab:
                  plugin: bool = True, debug: bool = False, check: bool = False, record: str | None = None,
                  dtype: str = "float32", block_size: int = 32, max_model_len: int = 1024,
                  kv_cache_memory_bytes: int = 64 << 20, max_num_seqs: int = 8, seed: int = 0,
-                 keep_fc_bias: bool = True, models_root=None, extra: dict | None = None):
+                 keep_fc_bias: bool = True, models_root=None, source=None, extra: dict | None = None):
         from nwor_lab.config import check_int
         if method not in METHODS:
             raise ValueError(f"method={method!r}: choose one of {', '.join(METHODS)}")
@@ -66,7 +66,7 @@ class VllmLab:
         from nwor_lab.vllm.checkpoints import prepare
 
         self.method, self.k, self.plugin = method, (0 if method == "none" else k), plugin
-        dirs = prepare(models_root, keep_fc_bias=keep_fc_bias)
+        dirs = prepare(models_root, source=source, keep_fc_bias=keep_fc_bias)
         spec = None
         if method in ("eagle", "eagle3"):
             spec = {"method": method, "model": str(dirs[method]), "num_speculative_tokens": k}
@@ -97,9 +97,10 @@ class VllmLab:
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, seed: int | None = 0,
-                 nwor_mode: str | None = None, scv_mode: str | None = None) -> VllmResult:
-        """Every prompt to `max_new_tokens` (no early stop); `seed` seeds request i with seed + i
-        at temperature > 0 (None: unseeded)."""
+                 nwor_mode: str | None = None, scv_mode: str | None = None,
+                 stop_at_eos: bool = False) -> VllmResult:
+        """Every prompt to `max_new_tokens` (unless `stop_at_eos`); `seed` seeds request i with
+        seed + i at temperature > 0 (None: unseeded)."""
         from vllm import SamplingParams
 
         from nwor_lab.config import check_int, check_temperature
@@ -114,7 +115,7 @@ class VllmLab:
             if rt is None:
                 raise ValueError("nwor_mode/scv_mode: this engine runs without the plugin (plugin=False)")
             self.set_mode(nwor_mode, scv_mode)
-        params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, ignore_eos=True,
+        params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, ignore_eos=not stop_at_eos,
                                  seed=None if (seed is None or temperature == 0) else seed + i)
                   for i in range(len(prompts))]
         if rt is not None:
