@@ -53,8 +53,8 @@ def cli_generate(argv: list[str]) -> int:
     refuse_unsupported(args, argv)
     if args.stream and args.json:
         raise UsageError("--stream and --json: choose one (JSON is printed once, at the end)")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    logging.getLogger("vllm").setLevel(logging.WARNING)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     from nwor_lab.config import LabConfig
     from nwor_lab.vllm.generate import VllmLab
     from nwor_lab.vllm.settings import SettingsError

@@ -35,6 +35,7 @@ class VllmResult:
     target_forwards: int
     seconds: float                       # wall time of llm.generate
     totals: dict = field(default_factory=dict)        # NworRuntime.totals for this call
+    windows: list = field(default_factory=list)       # per window: vllm_step, kind, rejected_writes/_left, record
     vllm_metrics: dict = field(default_factory=dict)  # vLLM's spec-decode counters for this call
     nwor_mode: str | None = None
 
@@ -121,6 +122,7 @@ class VllmLab:
         if rt is not None:
             rt.reset_totals()
             rt.trace.clear()
+            rt.windows.clear()
         before = self._spec_counters()
         t0 = time.perf_counter()
         outs = self.llm.generate(list(prompts), params, use_tqdm=False)
@@ -130,14 +132,14 @@ class VllmLab:
         texts = [o.outputs[0].text for o in outs]
         metrics = {name: _delta(after.get(name), before.get(name)) for name in after}
         if rt is not None:
-            trace = list(rt.trace)
+            trace, windows = list(rt.trace), list(rt.windows)
             mean, by_pos = acceptance_stats(trace, max(self.k, 1))
             totals, forwards = rt.totals.to_dict(), rt.totals.steps
             mode = rt.config.nwor_mode
         else:
-            trace, totals, mode = [], {}, None
+            trace, windows, totals, mode = [], [], {}, None
             mean, by_pos, forwards = _stats_from_vllm(metrics, self.k)
-        return VllmResult(texts, token_ids, trace, mean, by_pos, forwards, seconds, totals, metrics, mode)
+        return VllmResult(texts, token_ids, trace, mean, by_pos, forwards, seconds, totals, windows, metrics, mode)
 
     def _spec_counters(self) -> dict:
         out = {}

@@ -100,6 +100,7 @@ class NworRuntime:
         self.step = 0
         self.totals = Totals()
         self.trace: list[WindowTrace] = []      # every committed window, in order (generate's statistics)
+        self.windows: list[dict] = []           # the same windows as the `record` JSONL rows
         self.last_req_ids: list[str] = []
         self._record = None
         self.max_model_len = runner.model_config.max_model_len
@@ -344,9 +345,10 @@ class NworRuntime:
         accepted = acceptance.accepted_per_request() if acceptance is not None else [0] * w.num_reqs
         self.trace.append(WindowTrace(opened.step, opened.kind, list(opened.req_ids), drafted=list(w.num_draft_tokens),
                                       accepted=accepted, emitted=emitted, record=rec))
-        if self._record is not None and rec is not None:
-            row = {"vllm_step": opened.step, "kind": opened.kind, "layers": [opened.layers.start, opened.layers.stop],
-                   "rejected_writes": reached, "rejected_left": left, **rec.to_dict()}
+        row = {"vllm_step": opened.step, "kind": opened.kind, "layers": [opened.layers.start, opened.layers.stop],
+               "rejected_writes": reached, "rejected_left": left, **(rec.to_dict() if rec is not None else {})}
+        self.windows.append(row)
+        if self._record is not None:
             self._record.write(json.dumps(row) + "\n")
             self._record.flush()
 

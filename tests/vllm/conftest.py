@@ -40,8 +40,8 @@ def _need_vllm():
 
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_vllm():
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    logging.getLogger("vllm").setLevel(logging.WARNING)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 @pytest.fixture(scope="session")
