@@ -9,8 +9,9 @@ One step of vLLM's runner, and what the runtime does at each point:
                                   layers 0..L-1 (target and EAGLE head alike)
     every layer writes K/V        policy.write(layer, key, value)  (stage: into its buffer)
     every layer attends           vLLM's kernel reads the cache; when the policy keeps the window
-                                  in a buffer (stage) the lab's verify-attention reference reads the
-                                  cache prefix plus the staged rows instead
+                                  in a buffer (stage) the lab's verify attention reads the cache
+                                  prefix plus the staged rows instead (ops.verify_attention_batched:
+                                  the reference's semantics, every request in one SDPA)
     runner._sample                accept(): SCV on the rejection sampler's output -> Acceptance
     head's first pass (layer N)   written into the verify window like any layer (same rows, slots)
     head's chain step 1           commit the verify window; begin the DRAFT window on layer N: all
@@ -33,7 +34,7 @@ import torch
 
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import build_slot_mapping
-from nwor_lab.ops import verify_attention_reference
+from nwor_lab.ops.verify_attention_batched import attend_batched, plan_batched
 from nwor_lab.ops.quant import raw
 from nwor_lab.policies import make_policy
 from nwor_lab.speculative import ScvRunner
@@ -103,6 +104,7 @@ class NworRuntime:
         self.windows: list[dict] = []           # the same windows as the `record` JSONL rows
         self.last_req_ids: list[str] = []
         self._record = None
+        self._plan_key, self._plan = None, None      # stage attention: the current pass's gather plan
         self.max_model_len = runner.model_config.max_model_len
         self.block_size = None
 
@@ -365,27 +367,35 @@ class NworRuntime:
         return None
 
     def _attend(self, layer, opened: _Open, query, md, scale, output) -> None:
-        w = opened.window
+        ranges = sorted(self.policy._rows[layer])
+        key = (id(opened), id(md), tuple(ranges))     # every layer of one pass shares this: plan once
+        if self._plan_key != key:
+            self._plan_key, self._plan = key, self._plan_pass(opened.window, ranges, md)
+        plan, t = self._plan
+        key_cache, value_cache = self.vc.cache.layer(layer)
+        win_key, win_value = self.policy.window_kv(layer)
+        attend_batched(plan, query[:t], key_cache, value_cache, win_key=win_key, win_value=win_value, scale=scale,
+                       out=output[:t])
+
+    def _plan_pass(self, w: Window, ranges, md):
+        """Where each request's keys come from in this pass: positions before its staged rows from
+        vLLM's cache (its block table), then its staged rows in position order; its queries are
+        the last q_len of those positions (vLLM's seq_lens count them all)."""
         num_reqs = w.num_reqs
-        rows = torch.cat([torch.arange(a, b) for a, b in sorted(self.policy._rows[layer])])
+        rows = torch.cat([torch.arange(a, b) for a, b in ranges])
         req = w.token_req[rows].long()
-        order = torch.sort(req, stable=True).indices          # per request, in row (= position) order
-        win_rows = rows[order]
+        win_rows = rows[torch.sort(req, stable=True).indices]     # per request, in row (= position) order
         counts = torch.bincount(req, minlength=num_reqs)
-        win_start = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+        win_start = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         qsl = md.query_start_loc[:num_reqs + 1].long()
         seq_lens = md.seq_lens[:num_reqs].long()
         q_lens = qsl.diff()
-        cache_lens = (seq_lens - counts).to(torch.int32)
         t = int(qsl[-1])
         token_req = torch.repeat_interleave(torch.arange(num_reqs), q_lens, output_size=t)
         positions = seq_lens[token_req] - q_lens[token_req] + (torch.arange(t) - qsl[token_req])
-        key_cache, value_cache = self.vc.cache.layer(layer)
-        win_key, win_value = self.policy.window_kv(layer)
-        verify_attention_reference(query[:t], key_cache, value_cache, md.block_table, cache_lens,
-                                   qsl.to(torch.int32), positions, win_key=win_key, win_value=win_value,
-                                   win_rows=win_rows, win_start=win_start, scale=scale, out=output[:t],
-                                   trusted=not self.config.validate)
+        plan = plan_batched(md.block_table, seq_lens - counts, qsl, positions, self.block_size, win_rows=win_rows,
+                            win_start=win_start)
+        return plan, t
 
     # -- checks -----------------------------------------------------------------------------------
     def _keep(self, opened: _Open, layer, key, value, offset: int = 0) -> None:
