@@ -133,7 +133,8 @@ class NworRuntime:
         self.scv = ScvRunner(self.config.scv_mode)
 
     def reset_totals(self) -> Totals:
-        done, self.totals = self.totals, Totals()
+        """Start counting afresh (steps numbered from 1 again); returns what was counted."""
+        done, self.totals, self.step = self.totals, Totals(), 0
         return done
 
     @property
