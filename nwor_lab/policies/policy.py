@@ -155,6 +155,11 @@ class WritePolicy:
         if self.observers:
             self._emit("write", layer=layer, rows=range(token_offset, token_offset + n))
 
+    def written_rows(self, layer: int) -> list[tuple[int, int]]:
+        """The open window's rows written so far for `layer`, as sorted `[start, end)` ranges
+        (empty: not written yet). What attention over a buffered window may read."""
+        return sorted(self._rows.get(layer, ()))
+
     def window_kv(self, layer: int):
         """`(key, value)` `[T, H, D]` of the window for attention when `window_in_buffer`, else None
         (attention reads the window from the cache, where `write` put it)."""

@@ -218,7 +218,7 @@ class NworRuntime:
         v, d = self.verify, self.draft
         if v is None and d is None and self.plan_ is not None and layer < n_target:
             v = self._begin_verify(slot_mapping, md)
-        if v is not None and layer in v.layers and layer not in self.policy._rows:
+        if v is not None and layer in v.layers and not self.policy.written_rows(layer):
             t = v.window.num_tokens
             if key.shape[0] < t or not torch.equal(slot_mapping[:t].long(), v.window.slot_mapping):
                 raise RuntimeError(f"nwor_lab.vllm: layer {layer} wrote {key.shape[0]} rows at slots that are not "
@@ -264,7 +264,7 @@ class NworRuntime:
         if d is None:
             d = self._begin_draft(layer, slot_mapping[:r].long(), md)
         step = d.window.num_tokens // d.window.num_reqs
-        written = sum(b - a for a, b in self.policy._rows.get(layer, []))
+        written = sum(b - a for a, b in self.policy.written_rows(layer))
         j = written // d.window.num_reqs
         rr = d.window.num_reqs
         if r < rr or j >= step:
@@ -364,12 +364,12 @@ class NworRuntime:
     # -- attention over the staged window ---------------------------------------------------------
     def _window_of(self, layer) -> _Open | None:
         for opened in (self.draft, self.verify):
-            if opened is not None and layer in opened.layers and layer in self.policy._rows:
+            if opened is not None and layer in opened.layers and self.policy.written_rows(layer):
                 return opened
         return None
 
     def _attend(self, layer, opened: _Open, query, md, scale, output) -> None:
-        ranges = sorted(self.policy._rows[layer])
+        ranges = self.policy.written_rows(layer)
         key = (id(opened), id(md), tuple(ranges))     # every layer of one pass shares this: plan once
         if self._plan_key != key:
             self._plan_key, self._plan = key, self._plan_pass(opened.window, ranges, md)
