@@ -85,7 +85,7 @@ browser-deps:
 	fi
 
 test-unit: $(STAMP)
-	$(PY) -m pytest -q tests --ignore=tests/vllm
+	$(PY) -m pytest -q tests --ignore=tests/vllm_plugin
 
 # a separate pytest run: with --nbval-lax, `pytest tests` would also collect tests/data/*.ipynb
 test-notebooks: $(STAMP)
@@ -95,13 +95,13 @@ else
 	@echo "test-notebooks: no chapters in notebooks/ yet, nothing for nbval to run"
 endif
 
-# The plugin inside real vLLM (tests/vllm) and chapter 09, run in .venv-vllm; without it the tests
+# The plugin inside real vLLM (tests/vllm_plugin) and chapter 09, run in .venv-vllm; without it the tests
 # skip naming `make setup-vllm` (under CI=true they fail).
 test-vllm: $(STAMP) setup-vllm
 	@if [ -f $(VLLM_STAMP) ]; then \
-	  $(VLLM_PY) -m pytest -q -rs -p no:warnings tests/vllm && \
+	  $(VLLM_PY) -m pytest -q -rs -p no:warnings tests/vllm_plugin && \
 	  { [ -z "$(VLLM_CHAPTERS)" ] || OMP_NUM_THREADS=1 $(PY) -m pytest -q $(filter-out --nbval-current-env,$(NBVAL)) $(VLLM_CHAPTERS); }; \
-	else $(PY) -m pytest -q -rs tests/vllm; fi
+	else $(PY) -m pytest -q -rs tests/vllm_plugin; fi
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests

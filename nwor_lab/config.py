@@ -16,7 +16,7 @@ SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")       # verify-window attention (nwor_lab.model.attention)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
-KV_LAYOUTS = ("NHD", "HND")                            # the names of nwor_lab.kv.KVLayout
+KV_LAYOUTS = ("NHD", "HND", "VLLM_CPU")                # the cache layouts of nwor_lab.kv (kv.layout.CACHE_LAYOUTS)
 
 # Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
 # accepts their names too. Kept here, not in policies/, so the config needs nothing above it.

@@ -207,7 +207,8 @@ def test_numpy_integers_are_layer_indices():
 def test_layout_error_names_the_field_and_the_choices():
     with pytest.raises(ValueError, match=r"KVCacheSpec.layout='XYZ': choose one of NHD, HND"):
         KVCacheSpec(1, 1, 1, 1, 2, layout="XYZ")
-    assert tuple(layout.value for layout in KVLayout) == KV_LAYOUTS      # the CLI's choices
+    from nwor_lab.kv.layout import CACHE_LAYOUTS
+    assert tuple(layout.value for layout in CACHE_LAYOUTS) == KV_LAYOUTS      # the CLI's choices
     assert tuple(CACHE_DTYPES) == ("auto", "fp8_e4m3", "fp8_e5m2")
 
 
