@@ -26,6 +26,10 @@ class CowPolicy(OffPolicy):
         self._log = None           # (key rows, value rows) saved at begin
 
     @classmethod
+    def transient_bytes_per_request(cls, k: int, spec) -> int:
+        return k * spec.num_layers * spec.bytes_per_token_layer   # the drafts' old rows, as stored
+
+    @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
         return num_layers + 2   # the writes, one log at begin, one restore at commit (all layers each)
 

@@ -75,6 +75,12 @@ class WritePolicy:
         return cls.preserves_rejected_slots and (cls.window_in_buffer or cls.evicted_in_log)
 
     @classmethod
+    def transient_bytes_per_request(cls, k: int, spec) -> int:
+        """Bytes the policy holds per speculative request (t_last + k drafts) only while a window
+        is open, over all `spec.num_layers` layers (a staging buffer, a log). Default: none."""
+        return 0
+
+    @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
         """Kernel launches the policy issues for a window over `num_layers` layers on the CUDA
         backend (what decides its cost at decode sizes: the write path is launch-bound).
