@@ -37,6 +37,15 @@ def sliding_window_for(config, k: int, policy_cls) -> SlidingWindow | None:
     return SlidingWindow(w, w, guard=ring == "guard")
 
 
+def exact_by_design(config, policy_cls) -> bool:
+    """Whether greedy speculative decoding must give the target-only tokens under this strategy:
+    always without a sliding window or with slack / full / guard; on a bare ring only when the
+    policy keeps it exact (a write-all policy evicts positions its own queries still need)."""
+    if not config.sliding_window:
+        return True
+    return resolve_kv_ring(config, policy_cls) != "ring" or policy_cls.keeps_ring_exact()
+
+
 def strategy_name(config, policy_cls) -> str:
     """"<nwor_mode>+<kv_ring>" (resolved), or the write policy alone without a sliding window."""
     if not config.sliding_window:
