@@ -44,66 +44,84 @@ def _first_divergence(got, want):
 
 
 # -- the shipped pair, through the engine ------------------------------------------------------
-def engine_rows(args, device, dtype) -> list[dict]:
-    from nwor_lab.bench.engine import held_out_stream, prompts_from, timed
+def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int, target, head, tokenizer=None,
+                       device="cpu", dtype=torch.float32, batch: int = 4, block_size: int = 16,
+                       cache_dtype: str = "auto", attention: str = "auto", repeats: int = 1,
+                       strategies=STRATEGIES) -> list[dict]:
+    """Target-only greedy decoding with W = `sliding_window`, then every (nwor_mode, kv_ring) of
+    `strategies` with `k` drafts, on the same prompts (token id lists, each <= W long) -> one row
+    each: correctness against target-only (and the first divergence), KV memory per request, mean
+    acceptance length, tokens per request and decode step, tokens/s (median of `repeats` timed
+    runs on a warm engine)."""
+    from nwor_lab.bench.engine import timed
     from nwor_lab.engine.generate import acceptance_stats, prepare
+
+    device = torch.device(device)
+    longest = max(len(p) for p in prompts)
+    if longest > sliding_window:
+        raise ValueError(f"prompts: one has {longest} tokens, more than the window {sliding_window}: a ring of W "
+                         f"slots cannot hold it (the lab does not chunk prefills); shorten the prompts")
+    configs = [("target-only", 0, LabConfig(sliding_window=sliding_window, kv_ring="full", attention=attention))]
+    configs += [(f"{m}+{r}", k, LabConfig(nwor_mode=m, kv_ring=r, sliding_window=sliding_window, attention=attention))
+                for m, r in strategies]
+    rows, reference = [], None
+    for name, kk, cfg in configs:
+        gen = prepare(prompts, new_tokens, kk, cfg, target=target, head=head, tokenizer=tokenizer, device=device,
+                      dtype=dtype, max_num_seqs=batch, block_size=block_size, cache_dtype=cache_dtype)
+        engine = gen.engine
+        engine.run()                                           # warm-up: first-call allocations untimed
+        first = [list(r.output) for r in gen.requests]
+        start, forwards = len(engine.trace), engine.target_forwards
+        times = []
+        for _ in range(max(1, repeats)):
+            reqs = [engine.add_request(p, new_tokens) for p in prompts]
+            times.append(timed(engine.run, device)[1])
+        secs = statistics.median(times)
+        ntok = sum(len(r.output) for r in reqs)
+        trace = engine.trace[start:]
+        verify = [t for t in trace if t.kind == "verify"]
+        mean, by_pos = acceptance_stats(trace, max(kk, 1))
+        decode = [(n, e) for t in verify for n, e, kind in zip(t.drafted, t.emitted, t.kinds) if kind != "prefill"]
+        if kk == 0:
+            reference = first
+        div = _first_divergence(first, reference)
+        pol = POLICIES[cfg.nwor_mode]
+        mem = kv_memory(engine.cache.spec, engine.sliding, pol, kk, longest + new_tokens + kk)
+        rows.append({
+            "sliding_window": sliding_window, "strategy": name, "nwor": cfg.nwor_mode, "kv_ring": cfg.kv_ring, "k": kk,
+            "ring_slots": engine.sliding.ring_slots if engine.sliding else None,
+            "correct": div is None, "exact_by_design": exact_by_design(cfg, pol), "first_divergence": div,
+            "kv_slots_per_request": mem.slots, "kv_memory_per_request": mem.as_dict(),
+            "mean_acceptance_length": round(mean, 3) if kk else None,
+            "acceptance_by_position": [round(a, 3) for a in by_pos] if kk else None,
+            "tokens_per_request_step": round(sum(len(e) for _, e in decode) / len(decode), 3) if decode else None,
+            "windows_with_drafts": round(sum(1 for n, _ in decode if n) / max(1, len(decode)), 3),
+            "target_forwards": (engine.target_forwards - forwards) // max(1, repeats),
+            "tokens": ntok // max(1, repeats), "seconds": round(secs, 4),
+            "tokens_per_s": round(ntok / max(1, repeats) / secs, 2), "repeat_seconds": [round(t, 4) for t in times],
+            "token_ids": first})
+    base = rows[0]["tokens_per_s"]
+    for r in rows:
+        r["speedup_vs_target_only"] = round(r["tokens_per_s"] / base, 3)
+    return rows
+
+
+def engine_rows(args, device, dtype) -> list[dict]:
+    from nwor_lab.bench.engine import held_out_stream, prompts_from
     from nwor_lab.model.shipped import load_tiny
 
     target, head, tok = load_tiny(device=device, head=args.head, dtype=dtype)
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
     rows = []
     for w in [int(x) for x in args.windows.split(",")]:
-        if args.prompt_len > w:
-            raise SystemExit(f"--prompt-len {args.prompt_len} exceeds the window {w}: a ring of W slots cannot "
-                             f"hold the prompt (the lab does not chunk prefills)")
-        configs = [("target-only", 0, LabConfig(sliding_window=w, kv_ring="full", attention=args.attention))]
-        configs += [(f"{m}+{r}", args.k, LabConfig(nwor_mode=m, kv_ring=r, sliding_window=w, attention=args.attention))
-                    for m, r in STRATEGIES]
-        reference = None
-        for name, k, cfg in configs:
-            gen = prepare(prompts, args.new_tokens, k, cfg, target=target, head=head, tokenizer=tok, device=device,
-                          dtype=dtype, max_num_seqs=args.batch, block_size=args.block_size,
-                          cache_dtype=args.cache_dtype)
-            engine = gen.engine
-            engine.run()                                       # warm-up: first-call allocations untimed
-            first = [list(r.output) for r in gen.requests]
-            start, forwards = len(engine.trace), engine.target_forwards
-            times = []
-            for _ in range(args.repeats):
-                reqs = [engine.add_request(p, args.new_tokens) for p in prompts]
-                times.append(timed(engine.run, device)[1])
-            secs = statistics.median(times)
-            ntok = sum(len(r.output) for r in reqs)
-            trace = engine.trace[start:]
-            verify = [t for t in trace if t.kind == "verify"]
-            mean, by_pos = acceptance_stats(trace, max(k, 1))
-            steps = sum(1 for t in verify for kind in t.kinds if kind != "prefill")   # (request, decode window)
-            emitted = sum(len(e) for t in verify for e, kind in zip(t.emitted, t.kinds) if kind != "prefill")
-            drafted = [n for t in verify for n, kind in zip(t.drafted, t.kinds) if kind != "prefill"]
-            if k == 0:
-                reference = first
-            div = _first_divergence(first, reference)
-            pol = POLICIES[cfg.nwor_mode]
-            mem = kv_memory(engine.cache.spec, engine.sliding, pol, k, args.prompt_len + args.new_tokens + k)
-            row = {"sliding_window": w, "strategy": name if k == 0 else strategy_name(cfg, pol),
-                   "nwor": cfg.nwor_mode, "kv_ring": cfg.kv_ring, "k": k,
-                   "ring_slots": engine.sliding.ring_slots if engine.sliding else None,
-                   "correct": div is None, "exact_by_design": exact_by_design(cfg, pol), "first_divergence": div,
-                   "kv_slots_per_request": mem.slots, "kv_memory_per_request": mem.as_dict(),
-                   "mean_acceptance_length": round(mean, 3) if k else None,
-                   "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
-                   "tokens_per_request_step": round(emitted / steps, 3) if steps else None,
-                   "target_forwards": (engine.target_forwards - forwards) // args.repeats,
-                   "windows_with_drafts": round(sum(1 for n in drafted if n) / max(1, len(drafted)), 3),
-                   "tokens": ntok // args.repeats, "seconds": round(secs, 4), "tokens_per_s": round(ntok / args.repeats / secs, 2),
-                   "repeat_seconds": [round(t, 4) for t in times]}
+        for row in compare_strategies(prompts, sliding_window=w, k=args.k, new_tokens=args.new_tokens, target=target,
+                                      head=head, tokenizer=tok, device=device, dtype=dtype, batch=args.batch,
+                                      block_size=args.block_size, cache_dtype=args.cache_dtype,
+                                      attention=args.attention, repeats=args.repeats):
+            row.pop("token_ids")
             rows.append(row)
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "acceptance_by_position"}), file=sys.stderr,
                   flush=True)
-        base = next(r for r in rows if r["sliding_window"] == w and r["k"] == 0)["tokens_per_s"]
-        for r in rows:
-            if r["sliding_window"] == w:
-                r["speedup_vs_target_only"] = round(r["tokens_per_s"] / base, 3)
     return rows
 
 

@@ -121,3 +121,31 @@ def ring_figure(panels, *, ring_slots: int, sliding_window: int, start: int, num
                       **{f"polar{'' if i == 1 else i}": polar for i in range(1, n + 1)})
     fig.update_layout(margin_t=fig.layout.margin.t + 30)    # room for the panel titles
     return fig
+
+
+def strategies_figure(rows, *, title: str = "Sliding-window strategies side by side",
+                      subtitle: str | None = None) -> go.Figure:
+    """The rows of `nwor_lab.bench.ring.compare_strategies` (or a `bench ring` JSON's `results`) as
+    three panels per strategy: tokens/s, KV memory per request (kept for its life, plus what the
+    policy holds during a window) and tokens per request and decode step; a bar is green when the
+    strategy's output equals target-only (✓), red when it does not (✗)."""
+    rows = [r for r in rows if r.get("k")]
+    names = [r["strategy"] for r in rows]
+    ok = ["#4db58a" if r["correct"] else HIGHLIGHT for r in rows]
+    marks = ["✓" if r["correct"] else "✗" for r in rows]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=["tokens/s", "KV memory per request (KiB)", "tokens per request step"])
+    fig.add_trace(go.Bar(x=names, y=[r["tokens_per_s"] for r in rows], marker_color=ok, text=marks,
+                         textposition="outside", showlegend=False), row=1, col=1)
+    mem = [r["kv_memory_per_request"] for r in rows]
+    fig.add_trace(go.Bar(x=names, y=[m["persistent_bytes"] / 1024 for m in mem], name="kept for the request's life",
+                         marker_color=STATE_COLOURS[SlotState.COMMITTED]), row=1, col=2)
+    fig.add_trace(go.Bar(x=names, y=[m["transient_bytes"] / 1024 for m in mem], name="held during a window "
+                         "(staging / log rows)", marker_color=STATE_COLOURS[SlotState.STAGED]), row=1, col=2)
+    steps = [r.get("tokens_per_request_step") or r.get("mean_acceptance_length") or 0 for r in rows]
+    fig.add_trace(go.Bar(x=names, y=steps, marker_color=ok, text=marks, textposition="outside", showlegend=False),
+                  row=1, col=3)
+    fig.update_layout(**base_layout(title, subtitle), barmode="stack", height=470, width=1050)
+    fig.update_layout(margin_t=fig.layout.margin.t + 24, margin_b=150)
+    fig.update_xaxes(tickangle=-35)
+    return fig
