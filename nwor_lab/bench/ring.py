@@ -52,7 +52,7 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
     `strategies` with `k` drafts, on the same prompts (token id lists, each <= W long) -> one row
     each: correctness against target-only (and the first divergence), KV memory per request, mean
     acceptance length, tokens per request and decode step, tokens/s (median of `repeats` timed
-    runs on a warm engine)."""
+    runs on a warm engine, the strategies timed round-robin)."""
     from nwor_lab.bench.engine import timed
     from nwor_lab.engine.generate import acceptance_stats, prepare
 
@@ -64,20 +64,26 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
     configs = [("target-only", 0, LabConfig(sliding_window=sliding_window, kv_ring="full", attention=attention))]
     configs += [(f"{m}+{r}", k, LabConfig(nwor_mode=m, kv_ring=r, sliding_window=sliding_window, attention=attention))
                 for m, r in strategies]
-    rows, reference = [], None
+    # every engine built and warmed up first, then the timed runs round-robin (run r of every
+    # strategy, then run r + 1): drift of a shared machine hits every strategy alike
+    built = []
     for name, kk, cfg in configs:
         gen = prepare(prompts, new_tokens, kk, cfg, target=target, head=head, tokenizer=tokenizer, device=device,
                       dtype=dtype, max_num_seqs=batch, block_size=block_size, cache_dtype=cache_dtype)
+        gen.engine.run()                                       # warm-up: first-call allocations untimed
+        built.append((name, kk, cfg, gen, [list(r.output) for r in gen.requests], len(gen.engine.trace),
+                      gen.engine.target_forwards))
+    times = {name: [] for name, *_ in built}
+    last = {}
+    for _ in range(max(1, repeats)):
+        for name, kk, cfg, gen, *_ in built:
+            last[name] = [gen.engine.add_request(p, new_tokens) for p in prompts]
+            times[name].append(timed(gen.engine.run, device)[1])
+    rows, reference = [], None
+    for name, kk, cfg, gen, first, start, forwards in built:
         engine = gen.engine
-        engine.run()                                           # warm-up: first-call allocations untimed
-        first = [list(r.output) for r in gen.requests]
-        start, forwards = len(engine.trace), engine.target_forwards
-        times = []
-        for _ in range(max(1, repeats)):
-            reqs = [engine.add_request(p, new_tokens) for p in prompts]
-            times.append(timed(engine.run, device)[1])
-        secs = statistics.median(times)
-        ntok = sum(len(r.output) for r in reqs)
+        secs = statistics.median(times[name])
+        ntok = sum(len(r.output) for r in last[name])
         trace = engine.trace[start:]
         verify = [t for t in trace if t.kind == "verify"]
         mean, by_pos = acceptance_stats(trace, max(kk, 1))
@@ -97,9 +103,8 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
             "tokens_per_request_step": round(sum(len(e) for _, e in decode) / len(decode), 3) if decode else None,
             "windows_with_drafts": round(sum(1 for n, _ in decode if n) / max(1, len(decode)), 3),
             "target_forwards": (engine.target_forwards - forwards) // max(1, repeats),
-            "tokens": ntok // max(1, repeats), "seconds": round(secs, 4),
-            "tokens_per_s": round(ntok / max(1, repeats) / secs, 2), "repeat_seconds": [round(t, 4) for t in times],
-            "token_ids": first})
+            "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2),
+            "repeat_seconds": [round(t, 4) for t in times[name]], "token_ids": first})
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["speedup_vs_target_only"] = round(r["tokens_per_s"] / base, 3)
@@ -230,7 +235,7 @@ def main(argv=None) -> dict:
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     g.add_argument("--cache-dtype", default="auto")
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (median)")
+    g.add_argument("--repeats", type=int, default=5, help="timed runs per strategy, round-robin (median)")
     s = p.add_argument_group("step path")
     s.add_argument("--batches", default="1,8")
     s.add_argument("--context", type=int, default=0, help="cached positions per request (default W + 512)")
