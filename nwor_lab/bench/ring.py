@@ -8,6 +8,7 @@ length, tokens/s (LabConfig.sliding_window + kv_ring + nwor_mode; nwor_lab.engin
         the 8B-shaped verify step of `bench step` (random bf16 weights, forced acceptance), one
         step per strategy on the same logical context, captured in a CUDA graph and replayed
         round-robin; correctness = the step's final hidden states equal the whole-context cache's
+        (within 1 % of their largest value; `bit_identical_to_full` says whether to the bit)
 
 Strategies (write policy + cache): off+ring (W slots, write-all: wrong once the ring wraps),
 off+slack (W + k slots, llama.cpp), off+full (no ring), off+guard (W slots, no drafts once
@@ -198,7 +199,9 @@ def step_rows(args, device) -> list[dict]:
                 rows_here.append({
                     "model": args.model, "sliding_window": w, "context": context, "batch": batch, "k": k,
                     "strategy": name, "ring_slots": sliding.ring_slots if sliding else None,
-                    "correct": diff == 0.0 if k == args.k else diff <= 1e-2 * scale,
+                    # exact strategies give full's bits (same keys, same tiles); the guard's step has other
+                    # shapes (1 row per request), so rounding differs: within 1 % of the largest value
+                    "correct": diff <= 1e-2 * scale, "bit_identical_to_full": diff == 0.0,
                     "max_abs_diff_vs_full": diff, "kv_slots_per_request": mem.slots,
                     "kv_memory_per_request": mem.as_dict(), "mean_acceptance_length": 1 + accepted,
                     "step_us": round(us[name], 1), "graphed": bool(args.graphs and device.type == "cuda"),
