@@ -32,7 +32,7 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
          "max_num_batched_tokens": "--max-num-batched-tokens", "num_blocks": "--num-blocks",
          "block_size": "--block-size", "max_cache_memory": "--max-cache-memory", "cache_dtype": "--cache-dtype",
          "truncate_prompts=True": "--truncate-prompt", "k=": "--k=", "temperature=": "--temperature=",
-         "seed=": "--seed=", "prompts[": "prompt["}
+         "seed=": "--seed=", "prompts[": "prompt[", "kv_ring='full'": "--kv-ring full"}
 
 
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
