@@ -41,21 +41,9 @@ class SlidingWindow:
             raise ValueError(f"ring_slots={self.ring_slots!r}: a ring must hold at least the window's "
                              f"W={self.size} positions (or None: no ring)")
 
-    @property
-    def slack(self) -> int | None:
-        """Ring slots beyond the window (S - W); None without a ring."""
-        return None if self.ring_slots is None else self.ring_slots - self.size
-
     def first_key(self, query_position: int) -> int:
         """The lowest position a query at `query_position` attends to."""
         return max(0, query_position - self.size + 1)
-
-    def evicts(self, position: int) -> int | None:
-        """The position whose K/V a write of `position` overwrites, or None (no ring, or the ring
-        slot never held an earlier position)."""
-        if self.ring_slots is None or position < self.ring_slots:
-            return None
-        return position - self.ring_slots
 
     def drafts_allowed(self, start: int, k: int) -> int:
         """Drafts a window with t_last at position `start` may verify without its writes evicting a
@@ -65,10 +53,6 @@ class SlidingWindow:
         if self.ring_slots is None or not self.guard:
             return k
         return min(k, max(self.ring_slots - self.size, self.ring_slots - 1 - start))
-
-    def slots_per_request(self, context: int) -> int:
-        """Slots a request with `context` positions keeps in each layer."""
-        return context if self.ring_slots is None else min(context, self.ring_slots)
 
 
 def evicted_needed(ring_slots: int, sliding_window: int, start: int, num_tokens: int) -> list[tuple[int, int]]:

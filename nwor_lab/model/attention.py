@@ -90,7 +90,13 @@ class AttentionMetadata:
         dev = cache.device
         bs = cache.spec.block_size
         ring = sliding.ring_slots if sliding is not None else None
+        # the host copy, from the caller's list (a device tensor's copy syncs: made only when needed)
+        on_host = not torch.is_tensor(positions) or positions.device.type == "cpu"
+        pos_host = torch.as_tensor(positions, dtype=torch.long) if on_host else None
         positions = torch.as_tensor(positions, dtype=torch.long, device=dev)
+        triton = use_kernel(attention, dev)
+        if pos_host is None and (sliding is not None or not triton):
+            pos_host = positions.cpu()
         qlens = torch.as_tensor([int(n) for n in query_lens], dtype=torch.long)
         qsl = [0] + qlens.cumsum(0).tolist()
         if qsl[-1] != positions.numel():
@@ -114,7 +120,6 @@ class AttentionMetadata:
             if -(-held // bs) > len(table):
                 raise ValueError(f"request {r}: {held} cached positions need {-(-held // bs)} "
                                  f"blocks, its block table has {len(table)}")
-        pos_host = positions.cpu()
         # each request reads the cache from its first (lowest) query's window on
         read_from = [0] * num_reqs if sliding is None else \
             [min(n_cache[r], sliding.first_key(int(pos_host[qsl[r]]))) if qlens[r] else n_cache[r]
@@ -129,7 +134,7 @@ class AttentionMetadata:
                 row += int(nd)
         extra = dict(read_from=read_from, cache_ends=n_cache, log_ranges=log_ranges, sliding=sliding,
                      ledger=ledger)
-        if use_kernel(attention, dev):
+        if triton:
             rows = torch.as_tensor([r for w in window_rows for r in w], dtype=torch.long, device=dev) \
                 if in_buffer else None
             i32 = dict(dtype=torch.int32, device=dev)
