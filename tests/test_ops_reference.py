@@ -204,8 +204,13 @@ def test_per_layer_bad_input_names_the_argument(small):
     with pytest.raises(TypeError, match="value_caches: expected a list"):
         log_slots(keys, c.value, small.slot_mapping)
     odd = [values[0].clone().transpose(1, 2).contiguous().transpose(1, 2)]         # HND layer among NHD
-    with pytest.raises(ValueError, match=r"value_caches\[0\]: strides"):
-        log_slots(keys, odd, small.slot_mapping)
+    with pytest.raises(ValueError, match=r"value_caches\[1\]: strides"):
+        log_slots(keys + keys, values + odd, small.slot_mapping)
+    # keys and values in two layouts (vLLM's CPU cache) are read by the reference; the CUDA ops refuse
+    from nwor_lab.ops.slots import resolve_layer_ptrs
+    log_slots(keys, odd, small.slot_mapping)
+    with pytest.raises(ValueError, match="value_caches: strides .* differ from key_caches'"):
+        resolve_layer_ptrs(keys, odd, None, True)
     with pytest.raises(ValueError, match=r"key_caches\[0\]: expected a 4-D"):
         log_slots([c.key], [c.value], small.slot_mapping)
     with pytest.raises(TypeError, match=r"value_caches\[0\]: dtype"):

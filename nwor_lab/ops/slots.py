@@ -73,13 +73,14 @@ def _check_layer_lists(key_caches, value_caches) -> tuple[int, ...]:
                          f"pass one [num_blocks, block_size, num_kv_heads, head_size] tensor per layer in each")
     first = check_tensor("key_caches[0]", key_caches[0], ndim=4,
                          what="[num_blocks, block_size, num_kv_heads, head_size] (one layer)")
-    detect_layout(first)
     for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
+        detect_layout(caches[0])
         for l, t in enumerate(caches):
             check_tensor(f"{name}[{l}]", t, shape=tuple(first.shape), dtypes=(first.dtype,), device=first.device,
                          what="(every layer alike: the shape and dtype of key_caches[0])")
-            if t.stride() != first.stride():
-                raise ValueError(f"{name}[{l}]: strides {t.stride()} differ from key_caches[0]'s {first.stride()}; "
+            # keys and values may differ (vLLM's CPU cache: keys HDN, values HND), each list not
+            if t.stride() != caches[0].stride():
+                raise ValueError(f"{name}[{l}]: strides {t.stride()} differ from {name}[0]'s {caches[0].stride()}; "
                                  f"allocate every layer in the same layout")
     return (len(key_caches), *first.shape)
 
@@ -96,6 +97,9 @@ def check_caches(key_cache, value_cache) -> tuple[int, ...]:
 def resolve_layer_ptrs(key_caches, value_caches, layer_ptrs, validate: bool) -> torch.Tensor:
     """The `[2, L]` table for per-layer caches on CUDA: the caller's (checked against the lists
     when validating, one host sync), or a fresh one (impossible while capturing a CUDA graph)."""
+    if key_caches[0].stride() != value_caches[0].stride():
+        raise ValueError(f"value_caches: strides {value_caches[0].stride()} differ from key_caches' "
+                         f"{key_caches[0].stride()}; the per-layer CUDA kernels read keys and values alike")
     if layer_ptrs is None:
         if capturing():
             raise ValueError("layer_ptrs: per-layer caches inside a CUDA graph capture need the table built "

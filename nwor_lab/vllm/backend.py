@@ -1,0 +1,64 @@
+"""vLLM's CPU attention backend with the lab's write policies behind its two entry points.
+
+`register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_CLS)` (plugin.py) makes vLLM build
+this class wherever it would build `CPUAttentionBackend`. Without an active `NworRuntime` (the
+engine was not configured for the plugin, or a forward outside a step) both methods are vLLM's.
+
+    do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)   # per layer, before forward
+        -> runtime.write(...): the policy writes (off, cow) or stages (stage) the rows
+    forward(layer, query, key, value, kv_cache, attn_metadata, output)
+        -> runtime.attend(...) when the policy keeps the window in its buffer (stage): the cache
+           prefix plus the staged rows, with the lab's reference; else vLLM's C++ kernel
+"""
+from __future__ import annotations
+
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.attention.backend import AttentionType
+
+from nwor_lab.vllm.settings import NworSettings
+
+class NworCPUAttentionBackendImpl(CPUAttentionBackendImpl):
+    nwor = None       # the worker's NworRuntime, set on each layer's impl by the worker (worker.py)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from vllm.config import get_current_vllm_config
+        settings = NworSettings.from_vllm_config(get_current_vllm_config())   # bad values: refused here
+        if settings is not None and self.attn_type == AttentionType.DECODER:
+            unsupported = [what for what, bad in (("sliding_window", self.sliding_window != -1),
+                                                  ("alibi_slopes", self.alibi_slopes is not None),
+                                                  ("logits_soft_cap", bool(self.logits_soft_cap)),
+                                                  ("sinks", self.sinks is not None)) if bad]
+            if unsupported:
+                raise ValueError(f"nwor_lab.vllm: the model's attention uses {', '.join(unsupported)}, which the "
+                                 f"lab's verify attention (stage) does not implement; remove "
+                                 f"additional_config['nwor_lab'] for this model")
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        rt = self.nwor
+        if rt is not None and self.attn_type == AttentionType.DECODER:
+            from vllm.model_executor.layers.attention.attention import get_attention_context
+            md = get_attention_context(layer.layer_name)[0]
+            if rt.write(layer.layer_name, key, value, slot_mapping, md):
+                return
+        super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                output_block_scale=None):
+        rt = self.nwor
+        if rt is not None and attn_metadata is not None and self.attn_type == AttentionType.DECODER \
+                and rt.attend(layer.layer_name, query[:attn_metadata.num_actual_tokens], attn_metadata,
+                              self.scale, output):
+            return output
+        return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                               output_block_scale)
+
+
+class NworCPUAttentionBackend(CPUAttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "CPU_ATTN"             # vLLM's name: code that checks the backend by name still sees it
+
+    @staticmethod
+    def get_impl_cls():
+        return NworCPUAttentionBackendImpl

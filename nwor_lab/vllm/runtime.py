@@ -1,0 +1,451 @@
+"""NWOR inside one vLLM worker: the window state machine between vLLM's hooks and the lab's policy.
+
+One step of vLLM's runner, and what the runtime does at each point:
+
+    runner._prepare_inputs        plan(): the step's requests, scheduled tokens and drafts
+                                  (vLLM's SpecDecodeMetadata, used as it is)
+    target layer 0 writes K/V     begin the VERIFY window: Window.from_metadata(metadata,
+                                  query_start_loc, the slot mapping vLLM hands the layer),
+                                  layers 0..L-1 (target and EAGLE head alike)
+    every layer writes K/V        policy.write(layer, key, value)  (stage: into its buffer)
+    every layer attends           vLLM's kernel reads the cache; when the policy keeps the window
+                                  in a buffer (stage) the lab's verify attention reads the cache
+                                  prefix plus the staged rows instead (ops.verify_attention_batched:
+                                  the reference's semantics, every request in one SDPA)
+    runner._sample                accept(): SCV on the rejection sampler's output -> Acceptance
+    head's first pass (layer N)   written into the verify window like any layer (same rows, slots)
+    head's chain step 1           commit the verify window; begin the DRAFT window on layer N: all
+                                  k-1 chain steps' slots, step-major, as vLLM will compute them
+    chain step j                  policy.write(N, key, value, token_offset=(j-1)*R)
+    end of runner.sample_tokens   commit what is still open (the draft window rejecting every row)
+
+A window that cannot be matched to vLLM's step (an unknown drafting method, a slot mapping that
+is not the one predicted) raises with what differed: nothing is written silently.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.kv import build_slot_mapping
+from nwor_lab.ops.verify_attention_batched import attend_batched, plan_batched
+from nwor_lab.ops.quant import raw
+from nwor_lab.policies import make_policy
+from nwor_lab.speculative import ScvRunner
+from nwor_lab.vllm.settings import NworSettings
+from nwor_lab.window import Acceptance, Window
+
+log = logging.getLogger("nwor_lab.vllm")
+
+
+@dataclass
+class _Plan:
+    """What `_prepare_inputs` scheduled: one entry per request, in the runner's batch order."""
+    num_scheduled: list[int]
+    metadata: object | None          # vLLM's SpecDecodeMetadata, or None (no speculative config)
+    req_ids: list[str]
+
+
+@dataclass
+class _Open:
+    """An open window and what the runtime needs to check and count it."""
+    kind: str                        # "verify" or "draft"
+    window: Window
+    req_ids: list[str]
+    layers: range
+    step: int
+    acceptance: Acceptance | None = None
+    sampled: torch.Tensor | None = None
+    before: dict = field(default_factory=dict)     # layer -> raw (key, value) rows at the window's slots
+    written: dict = field(default_factory=dict)    # layer -> (key, value) rows handed to write()
+
+
+@dataclass
+class Totals:
+    """What the runtime saw, summed over windows (the numbers a note or a chapter reports)."""
+    steps: int = 0
+    verify_windows: int = 0          # verify windows that had drafts
+    drafts: int = 0
+    accepted: int = 0
+    draft_windows: int = 0           # EAGLE chains
+    chain_rows: int = 0              # chain rows (all rejected), per layer written
+    rejected_writes: int = 0         # rejected rows x layers that landed in vLLM's cache
+    rejected_left: int = 0           # ... and were still there after the window
+    checks_passed: int = 0           # windows whose cache bytes were checked (settings.check)
+    bytes_written: int = 0
+    seconds_in_nwor: float = 0.0     # host time inside the runtime's hooks
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class NworRuntime:
+    """Owned by the worker's model runner (`runner.nwor`). Inactive until `attach_cache`."""
+
+    def __init__(self, settings: NworSettings, runner):
+        self.settings = settings
+        self.config = settings.lab
+        self.runner = runner
+        self.vc = None                   # nwor_lab.vllm.cache.VllmCache
+        self.policy = None
+        self.scv = ScvRunner(self.config.scv_mode)
+        self.plan_: _Plan | None = None
+        self.verify: _Open | None = None
+        self.draft: _Open | None = None
+        self.step = 0
+        self.totals = Totals()
+        self.trace: list[WindowTrace] = []      # every committed window, in order (generate's statistics)
+        self.windows: list[dict] = []           # the same windows as the `record` JSONL rows
+        self.last_req_ids: list[str] = []
+        self._record = None
+        self._plan_key, self._plan = None, None      # stage attention: the current pass's gather plan
+        self.max_model_len = runner.model_config.max_model_len
+        self.block_size = None
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def attach_cache(self) -> None:
+        from nwor_lab.vllm.cache import build
+
+        self.vc = build(self.runner, self.runner.model_config.dtype)
+        self.block_size = self.vc.cache.spec.block_size
+        self.policy = make_policy(self.config, self.vc.cache)
+        if self.settings.record:
+            path = self.settings.record
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._record = open(path, "a", encoding="utf-8")
+        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d",
+                 self.settings.describe(), self.vc.cache.num_layers, self.vc.num_target_layers,
+                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size)
+
+    def set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> None:
+        """Switch the write policy / SCV mode between steps (no window may be open)."""
+        if self.verify or self.draft:
+            raise RuntimeError("set_mode: a window is open; switch between steps")
+        changes = {k: v for k, v in (("nwor_mode", nwor_mode), ("scv_mode", scv_mode)) if v is not None}
+        self.config = self.config.replace(**changes)
+        self.policy = make_policy(self.config, self.vc.cache)
+        self.scv = ScvRunner(self.config.scv_mode)
+
+    def reset_totals(self) -> Totals:
+        done, self.totals = self.totals, Totals()
+        return done
+
+    @property
+    def active(self) -> bool:
+        return self.policy is not None
+
+    # -- runner hooks ---------------------------------------------------------------------------
+    def plan(self, num_scheduled, metadata, req_ids) -> None:
+        if not self.active:
+            return
+        if self.verify or self.draft:     # a step that never reached sampling: leave the cache as off would
+            self._cancel_open("a new step began before the last one's windows were committed")
+        self.plan_ = _Plan([int(n) for n in num_scheduled], metadata, list(req_ids))
+        self.step += 1
+        self.totals.steps += 1
+
+    def accept(self, sampled_token_ids: torch.Tensor) -> None:
+        """The rejection sampler's output `[R, max_spec_len + 1]` (-1 placeholders) for the open
+        verify window: SCV turns it into the Acceptance the policy commits."""
+        v = self.verify
+        if v is None:
+            return
+        t0 = time.perf_counter()
+        w = v.window
+        v.sampled = sampled_token_ids[:w.num_reqs]
+        if w.num_drafts:
+            v.acceptance = self.scv.accept(w, v.sampled)
+            if self.config.debug:
+                self._check_count(v)
+        self.totals.seconds_in_nwor += time.perf_counter() - t0
+
+    def end_step(self) -> None:
+        """End of `sample_tokens`: commit what is open (verify first: chain rows come after)."""
+        t0 = time.perf_counter()
+        try:
+            if self.verify is not None:
+                self._commit_verify()
+            if self.draft is not None:
+                self._commit(self.draft, Acceptance.rejecting_all(self.draft.window))
+                self.draft = None
+        finally:
+            self.plan_ = None
+            self.totals.seconds_in_nwor += time.perf_counter() - t0
+
+    # -- backend hooks --------------------------------------------------------------------------
+    def write(self, layer_name: str, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
+              attn_metadata) -> bool:
+        """A layer's K/V for this forward; False: not ours (vLLM writes it as it would)."""
+        if not self.active:
+            return False
+        layer = self.vc.index.get(layer_name)
+        if layer is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            return self._write(layer, key, value, slot_mapping, attn_metadata)
+        finally:
+            self.totals.seconds_in_nwor += time.perf_counter() - t0
+
+    def attend(self, layer_name: str, query: torch.Tensor, attn_metadata, scale: float,
+               output: torch.Tensor) -> bool:
+        """Attention for a layer whose window rows wait in the policy's buffer (stage): the cache
+        prefix plus the staged rows, with the lab's reference. False: vLLM's kernel reads the cache."""
+        if not self.active or not self.policy.window_in_buffer:
+            return False
+        layer = self.vc.index.get(layer_name)
+        opened = self._window_of(layer)
+        if opened is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            self._attend(layer, opened, query, attn_metadata, scale, output)
+        finally:
+            self.totals.seconds_in_nwor += time.perf_counter() - t0
+        return True
+
+    # -- the state machine ----------------------------------------------------------------------
+    def _write(self, layer, key, value, slot_mapping, md) -> bool:
+        n_target = self.vc.num_target_layers
+        v, d = self.verify, self.draft
+        if v is None and d is None and self.plan_ is not None and layer < n_target:
+            v = self._begin_verify(slot_mapping, md)
+        if v is not None and layer in v.layers and layer not in self.policy._rows:
+            t = v.window.num_tokens
+            if key.shape[0] < t or not torch.equal(slot_mapping[:t].long(), v.window.slot_mapping):
+                raise RuntimeError(f"nwor_lab.vllm: layer {layer} wrote {key.shape[0]} rows at slots that are not "
+                                   f"the verify window's {t} (step {self.step}); this drafting method writes its "
+                                   f"head's first pass differently, and the plugin does not support it")
+            self._keep(v, layer, key[:t], value[:t])
+            self.policy.write(layer, key[:t], value[:t])
+            return True
+        if layer >= n_target and (v is not None or d is not None):
+            return self._chain_write(layer, key, value, slot_mapping, md)
+        if self.plan_ is None and v is None and d is None:
+            return False             # a forward vLLM runs outside a step (profiling, warm-up)
+        raise RuntimeError(f"nwor_lab.vllm: unexpected K/V write to layer {layer} in step {self.step} "
+                           f"(verify window {'open' if v else 'closed'}, draft window {'open' if d else 'closed'})")
+
+    def _begin_verify(self, slot_mapping, md) -> _Open:
+        plan, self.plan_ = self.plan_, None
+        t = sum(plan.num_scheduled)
+        slots = slot_mapping[:t].long()
+        cu = torch.tensor(plan.num_scheduled, dtype=torch.int64).cumsum(0)
+        if md is not None and torch.is_tensor(getattr(md, "query_start_loc", None)):
+            qsl = md.query_start_loc[1:len(plan.num_scheduled) + 1].long()
+            if not torch.equal(qsl, cu):
+                raise RuntimeError(f"nwor_lab.vllm: query_start_loc {qsl.tolist()[:8]} disagrees with the scheduled "
+                                   f"tokens {plan.num_scheduled[:8]} (step {self.step})")
+        if plan.metadata is not None:
+            window = Window.from_metadata(plan.metadata, cu, slots)
+        else:
+            window = Window.from_counts(plan.num_scheduled, [0] * len(plan.num_scheduled), slots)
+        layers = range(0, self.vc.cache.num_layers)
+        opened = _Open("verify", window, plan.req_ids, layers, self.step)
+        if self.settings.check:
+            opened.before = self._raw_rows(window.slot_mapping, layers)
+        self.policy.begin(window, layers, kind="verify")
+        self.verify = opened
+        return opened
+
+    def _chain_write(self, layer, key, value, slot_mapping, md) -> bool:
+        if self.verify is not None:          # chain step 1: the verify window is complete
+            self._commit_verify()
+        d = self.draft
+        r = key.shape[0]
+        if d is None:
+            d = self._begin_draft(layer, slot_mapping[:r].long(), md)
+        step = d.window.num_tokens // d.window.num_reqs
+        written = sum(b - a for a, b in self.policy._rows.get(layer, []))
+        j = written // d.window.num_reqs
+        rr = d.window.num_reqs
+        if r < rr or j >= step:
+            raise RuntimeError(f"nwor_lab.vllm: chain write {j + 1} of {r} rows to layer {layer} does not fit the "
+                               f"draft window ({step} steps x {rr} requests) in step {self.step}")
+        want = d.window.slot_mapping[j * rr:(j + 1) * rr]
+        if not torch.equal(slot_mapping[:rr].long(), want):
+            raise RuntimeError(f"nwor_lab.vllm: chain step {j + 1} writes slots {slot_mapping[:rr].tolist()[:8]}, the "
+                               f"draft window predicted {want.tolist()[:8]} (step {self.step}); vLLM's chain slot rule "
+                               f"changed")
+        self._keep(d, layer, key[:rr], value[:rr], offset=j * rr)
+        self.policy.write(layer, key[:rr], value[:rr], token_offset=j * rr)
+        return True
+
+    def _begin_draft(self, layer, first_slots, md) -> _Open:
+        """The EAGLE chain's window: k-1 steps x R requests, step-major (row j * R + r is step j+1
+        of request r, as the lab's engine builds it: engine/drafter.py:chain_window), every row a
+        draft. Slots as vLLM's `eagle_step_slot_mapping_metadata_kernel` computes them: step 1 at
+        position seq_len - 1, then +1 per step; a position past max_model_len becomes position 0
+        with slot -1, and the next step goes on from there."""
+        steps = self.runner.speculative_config.num_speculative_tokens - 1
+        num_reqs = first_slots.numel()
+        pos = md.seq_lens[:num_reqs].long() - 1
+        over = pos == 0                                     # step 1 was clamped already
+        positions = []
+        for j in range(steps):
+            if j:
+                pos = pos + 1
+                over = pos >= self.max_model_len
+                pos = torch.where(over, torch.zeros_like(pos), pos)
+            positions.append(torch.where(over, torch.full_like(pos, -1), pos))
+        positions = torch.cat(positions)                    # [steps * R], step-major; -1: no slot
+        token_req = torch.arange(num_reqs, dtype=torch.int32).repeat(steps)
+        slots = build_slot_mapping(md.block_table, token_req, positions, self.block_size)
+        draft_pos = torch.arange(1, steps + 1, dtype=torch.int32).repeat_interleave(num_reqs)
+        draft_rows = torch.arange(steps * num_reqs).view(steps, num_reqs).t().reshape(-1)   # request-major
+        window = Window(slots, token_req, draft_pos, draft_rows, [steps] * num_reqs, [steps] * num_reqs)
+        layers = range(layer, layer + 1)
+        opened = _Open("draft", window, self.last_req_ids, layers, self.step)
+        if self.settings.check:
+            opened.before = self._raw_rows(window.slot_mapping, layers)
+        self.policy.begin(window, layers, kind="draft")
+        self.draft = opened
+        return opened
+
+    def _commit_verify(self) -> None:
+        v, self.verify = self.verify, None
+        self.last_req_ids = v.req_ids
+        if v.window.num_drafts and v.acceptance is None:
+            self.policy.cancel()
+            raise RuntimeError(f"nwor_lab.vllm: the verify window of step {v.step} has {v.window.num_drafts} "
+                               f"drafts but no sampler output reached the plugin (runner._sample)")
+        self._commit(v, v.acceptance)
+
+    def _commit(self, opened: _Open, acceptance: Acceptance | None) -> None:
+        rec = self.policy.commit(acceptance)
+        w = opened.window
+        layers_written = len(opened.written)
+        real = w.slot_mapping >= 0
+        kept = real if acceptance is None else (real & acceptance.commit_mask)
+        rejected_rows = int((real & ~kept).sum())
+        reached = 0 if self.policy.window_in_buffer else rejected_rows * layers_written
+        left = 0 if self.policy.preserves_rejected_slots else reached
+        t = self.totals
+        if opened.kind == "verify" and w.num_drafts:
+            t.verify_windows += 1
+            t.drafts += w.num_drafts
+            t.accepted += rec.num_accepted if rec is not None else int(acceptance.accepted_len.sum())
+        if opened.kind == "draft":
+            t.draft_windows += 1
+            t.chain_rows += int(real.sum()) * layers_written
+        t.rejected_writes += reached
+        t.rejected_left += left
+        if rec is not None:
+            t.bytes_written += rec.bytes_written
+        if self.settings.check:
+            self._check_cache(opened, kept)
+            t.checks_passed += 1
+        emitted = []
+        if opened.sampled is not None:
+            emitted = [[int(t) for t in row if t != -1] for row in opened.sampled.tolist()]
+        accepted = acceptance.accepted_per_request() if acceptance is not None else [0] * w.num_reqs
+        self.trace.append(WindowTrace(opened.step, opened.kind, list(opened.req_ids), drafted=list(w.num_draft_tokens),
+                                      accepted=accepted, emitted=emitted, record=rec))
+        row = {"vllm_step": opened.step, "kind": opened.kind, "layers": [opened.layers.start, opened.layers.stop],
+               "rejected_writes": reached, "rejected_left": left, **(rec.to_dict() if rec is not None else {})}
+        self.windows.append(row)
+        if self._record is not None:
+            self._record.write(json.dumps(row) + "\n")
+            self._record.flush()
+
+    def _cancel_open(self, why: str) -> None:
+        log.warning("nwor_lab.vllm: %s; cancelling the open window (the cache keeps every row written, as off)", why)
+        self.policy.cancel()
+        self.verify = self.draft = None
+
+    # -- attention over the staged window ---------------------------------------------------------
+    def _window_of(self, layer) -> _Open | None:
+        for opened in (self.draft, self.verify):
+            if opened is not None and layer in opened.layers and layer in self.policy._rows:
+                return opened
+        return None
+
+    def _attend(self, layer, opened: _Open, query, md, scale, output) -> None:
+        ranges = sorted(self.policy._rows[layer])
+        key = (id(opened), id(md), tuple(ranges))     # every layer of one pass shares this: plan once
+        if self._plan_key != key:
+            self._plan_key, self._plan = key, self._plan_pass(opened.window, ranges, md)
+        plan, t = self._plan
+        key_cache, value_cache = self.vc.cache.layer(layer)
+        win_key, win_value = self.policy.window_kv(layer)
+        attend_batched(plan, query[:t], key_cache, value_cache, win_key=win_key, win_value=win_value, scale=scale,
+                       out=output[:t])
+
+    def _plan_pass(self, w: Window, ranges, md):
+        """Where each request's keys come from in this pass: positions before its staged rows from
+        vLLM's cache (its block table), then its staged rows in position order; its queries are
+        the last q_len of those positions (vLLM's seq_lens count them all)."""
+        num_reqs = w.num_reqs
+        rows = torch.cat([torch.arange(a, b) for a, b in ranges])
+        req = w.token_req[rows].long()
+        win_rows = rows[torch.sort(req, stable=True).indices]     # per request, in row (= position) order
+        counts = torch.bincount(req, minlength=num_reqs)
+        win_start = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        qsl = md.query_start_loc[:num_reqs + 1].long()
+        seq_lens = md.seq_lens[:num_reqs].long()
+        q_lens = qsl.diff()
+        t = int(qsl[-1])
+        token_req = torch.repeat_interleave(torch.arange(num_reqs), q_lens, output_size=t)
+        positions = seq_lens[token_req] - q_lens[token_req] + (torch.arange(t) - qsl[token_req])
+        plan = plan_batched(md.block_table, seq_lens - counts, qsl, positions, self.block_size, win_rows=win_rows,
+                            win_start=win_start)
+        return plan, t
+
+    # -- checks -----------------------------------------------------------------------------------
+    def _keep(self, opened: _Open, layer, key, value, offset: int = 0) -> None:
+        if self.settings.check:
+            opened.written.setdefault(layer, []).append((offset, key.clone(), value.clone()))
+        else:
+            opened.written.setdefault(layer, [])
+
+    def _raw_rows(self, slots: torch.Tensor, layers: range) -> dict:
+        bs = self.block_size
+        s = slots.clamp(min=0)
+        out = {}
+        for layer in layers:
+            k, v = self.vc.cache.layer(layer)
+            out[layer] = (raw(k[s // bs, s % bs]).clone(), raw(v[s // bs, s % bs]).clone())
+        return out
+
+    def _check_cache(self, opened: _Open, kept: torch.Tensor) -> None:
+        """After a window: rejected slots as the policy declares (bit-identical to before when it
+        preserves them), kept slots holding exactly the rows that were written."""
+        w = opened.window
+        real = w.slot_mapping >= 0
+        after = self._raw_rows(w.slot_mapping, opened.layers)
+        rejected = real & ~kept
+        for layer, parts in opened.written.items():
+            k_now, v_now = after[layer]
+            k_old, v_old = opened.before[layer]
+            if self.policy.preserves_rejected_slots:
+                for what, now, old in (("key", k_now, k_old), ("value", v_now, v_old)):
+                    if not torch.equal(now[rejected], old[rejected]):
+                        raise AssertionError(f"nwor_lab.vllm check: {self.policy.name} {opened.kind} window of step "
+                                             f"{opened.step}: a rejected {what} slot of layer {layer} is not "
+                                             f"bit-identical to before the window")
+            wk = torch.zeros_like(k_now)
+            wv = torch.zeros_like(v_now)
+            for offset, key, value in parts:
+                wk[offset:offset + key.shape[0]] = raw(key.to(self.vc.cache.spec.storage_dtype))
+                wv[offset:offset + value.shape[0]] = raw(value.to(self.vc.cache.spec.storage_dtype))
+            if not (torch.equal(k_now[kept], wk[kept]) and torch.equal(v_now[kept], wv[kept])):
+                raise AssertionError(f"nwor_lab.vllm check: {self.policy.name} {opened.kind} window of step "
+                                     f"{opened.step}: a kept slot of layer {layer} does not hold the K/V written")
+
+    def _check_count(self, v: _Open) -> None:
+        """Debug: the committed count is vLLM's own (the runner's (ids != -1).sum(1) - 1)."""
+        w = v.window
+        emitted = (v.sampled != -1).sum(1)
+        has = torch.tensor([n > 0 for n in w.num_draft_tokens])
+        vllm_count = int(torch.where(has, (emitted - 1).clamp(min=0), torch.zeros_like(emitted)).sum())
+        ours = int(v.acceptance.accepted_len.sum())
+        if ours != vllm_count:
+            raise AssertionError(f"nwor_lab.vllm debug: step {v.step}: SCV accepted {ours} drafts, vLLM's sampler "
+                                 f"output says {vllm_count}")
+

@@ -1,0 +1,102 @@
+"""The worker class that installs the runner hooks (`worker_cls="nwor_lab.vllm.worker.NworCPUWorker"`).
+
+vLLM 0.32's `CPUWorker.init_device` constructs `CPUModelRunner` itself; rather than copy that
+method, the worker gives the runner object it built the hooks of `NworRunnerMixin` (a subclass
+made once: `NworCPUModelRunner`) and, after the KV cache exists, the runtime. With no
+`additional_config["nwor_lab"]` the worker is vLLM's `CPUWorker` and the runner vLLM's runner.
+"""
+from __future__ import annotations
+
+import logging
+
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from nwor_lab.vllm.backend import NworCPUAttentionBackendImpl
+from nwor_lab.vllm.plugin import check_version
+from nwor_lab.vllm.runtime import NworRuntime
+from nwor_lab.vllm.settings import NworSettings
+
+log = logging.getLogger("nwor_lab.vllm")
+SUPPORTED_METHODS = (None, "eagle", "eagle3", "ngram")
+
+
+class NworRunnerMixin:
+    """The three points of a step the runtime needs (see runtime.py): what was scheduled, what the
+    rejection sampler returned, and the end of the step."""
+
+    nwor: NworRuntime | None = None
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens_np):
+        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens_np)
+        if self.nwor is not None:
+            self.nwor.plan(num_scheduled_tokens_np.tolist(), out[1], self.input_batch.req_ids)
+        return out
+
+    def _sample(self, logits, spec_decode_metadata):
+        sampler_output = super()._sample(logits, spec_decode_metadata)
+        if self.nwor is not None:
+            self.nwor.accept(sampler_output.sampled_token_ids)
+        return sampler_output
+
+    def sample_tokens(self, grammar_output):
+        try:
+            return super().sample_tokens(grammar_output)
+        finally:
+            if self.nwor is not None:
+                self.nwor.end_step()
+
+
+class NworCPUModelRunner(NworRunnerMixin, CPUModelRunner):
+    pass
+
+
+class NworCPUWorker(CPUWorker):
+    """vLLM's CPU worker plus the NWOR runtime when the engine is configured for it."""
+
+    def __init__(self, vllm_config, *args, **kwargs):
+        super().__init__(vllm_config, *args, **kwargs)
+        self.nwor_settings = NworSettings.from_vllm_config(vllm_config)   # bad values: refused at start
+        if self.nwor_settings is not None:
+            check_version()
+            spec = vllm_config.speculative_config
+            method = getattr(spec, "method", None)
+            if method not in SUPPORTED_METHODS:
+                raise ValueError(f"nwor_lab.vllm: speculative method {method!r} is not supported by the plugin; "
+                                 f"use one of eagle, eagle3, ngram (or no speculative_config)")
+
+    def init_device(self):
+        super().init_device()
+        if self.nwor_settings is not None:
+            if type(self.model_runner) is not CPUModelRunner:
+                raise RuntimeError(f"nwor_lab.vllm: the worker built a {type(self.model_runner).__name__}; the plugin "
+                                   f"hooks vLLM's V1 CPUModelRunner only")
+            self.model_runner.__class__ = NworCPUModelRunner       # same object, the mixin's hooks added
+            self.model_runner.nwor = NworRuntime(self.nwor_settings, self.model_runner)
+
+    def initialize_from_config(self, kv_cache_config) -> None:
+        super().initialize_from_config(kv_cache_config)
+        rt = getattr(self.model_runner, "nwor", None)
+        if rt is not None:
+            rt.attach_cache()
+            for mod in self.model_runner.compilation_config.static_forward_context.values():
+                impl = getattr(mod, "impl", None)
+                if isinstance(impl, NworCPUAttentionBackendImpl):
+                    impl.nwor = rt
+
+    # -- collective_rpc entry points (llm.collective_rpc("nwor_...")) ---------------------------------
+    def nwor_set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> str:
+        rt = self._runtime()
+        rt.set_mode(nwor_mode, scv_mode)
+        return rt.config.nwor_mode
+
+    def nwor_totals(self, reset: bool = False) -> dict:
+        rt = self._runtime()
+        return (rt.reset_totals() if reset else rt.totals).to_dict()
+
+    def _runtime(self) -> NworRuntime:
+        rt = getattr(self.model_runner, "nwor", None)
+        if rt is None or not rt.active:
+            raise RuntimeError("nwor_lab.vllm: this engine runs without the plugin's settings "
+                               "(additional_config['nwor_lab'])")
+        return rt
