@@ -1,8 +1,9 @@
-"""One configuration object for the lab: write policy, SCV mode, backend, debug.
+"""One configuration object for the lab: write policy, SCV mode, backend, sliding window, debug.
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
 overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
-`NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`, `NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
+`NWOR_LAB_KV_RING`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
+`NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ BACKENDS = ("auto", "cuda", "torch")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")       # verify-window attention (nwor_lab.model.attention)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
 KV_LAYOUTS = ("NHD", "HND", "VLLM_CPU")                # the cache layouts of nwor_lab.kv (kv.layout.CACHE_LAYOUTS)
+# How a sliding-window cache is kept (LabConfig.kv_ring; nwor_lab.kv.ring has the arithmetic):
+KV_RINGS = ("auto", "ring", "slack", "full", "guard")
 
 # Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
 # accepts their names too. Kept here, not in policies/, so the config needs nothing above it.
@@ -67,7 +70,19 @@ class LabConfig:
         else the torch reference), `triton` (kernel required), `torch` (reference only).
     cuda_graph: on CUDA (with the Triton attention), replay steady verify steps from one CUDA
         graph per batch bucket (`nwor_lab.engine.graphed`); False keeps every step eager.
-    debug:     log each window's lifecycle and assert committed == accepted every window.
+    sliding_window: W > 0: a query at position q attends keys q - W + 1 .. q in every layer, the
+        target's and the draft head's (0: the whole context).
+    kv_ring:   with a sliding window, how each request's cache is kept (one line each):
+        `ring`  a ring of W slots (position p at p mod W); the write policy decides correctness
+                (`off` is wrong once the ring wraps, `cow` and `stage` are exact);
+        `slack` a ring of W + k slots, every row written (llama.cpp's SWA cache): exact;
+        `full`  no ring: every position kept, memory grows with the context: exact;
+        `guard` a ring of W slots, drafts cut so no write can evict a needed position (mlx-lm's
+                fallback: no speculation once the ring has wrapped): exact;
+        `auto`  `ring` for a policy that keeps a ring exact (`WritePolicy.keeps_ring_exact`), else
+                `slack`: never wrong.
+    debug:     log each window's lifecycle and assert committed == accepted every window; with a
+        sliding window, name any read of a ring slot that no longer holds the position read.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
         automatically while a CUDA graph is being captured.
     """
@@ -77,15 +92,22 @@ class LabConfig:
     backend: str = "auto"
     attention: str = "auto"
     cuda_graph: bool = True
+    sliding_window: int = 0
+    kv_ring: str = "auto"
     debug: bool = False
     validate: bool = True
 
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
-                               ("attention", ATTENTION_BACKENDS)):
+                               ("attention", ATTENTION_BACKENDS), ("kv_ring", KV_RINGS)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
+        w = self.sliding_window
+        if isinstance(w, bool) or not hasattr(w, "__index__") or w.__index__() < 0:
+            raise ValueError(f"LabConfig.sliding_window={w!r}: give the attention window W as an int >= 1 "
+                             f"(0: attend to the whole context)")
+        object.__setattr__(self, "sliding_window", w.__index__())
 
     def replace(self, **changes) -> "LabConfig":
         return dataclasses.replace(self, **changes)
@@ -107,6 +129,13 @@ class LabConfig:
         for var, field in ENV_BOOLS:
             if var in env:
                 changes[field] = parse_bool(var, env[var])
+        for var, field in ENV_INTS:
+            if env.get(var, "").strip():
+                text = env[var].strip()
+                if not text.isdigit():
+                    raise ValueError(f"LabConfig.{field}={text!r} (from {var}): expected an integer >= 0, "
+                                     f"or unset {var}")
+                changes[field] = int(text)
         return cfg.replace(**changes)
 
 
@@ -114,8 +143,10 @@ class LabConfig:
 # boolean switches. `nwor-lab doctor` reports each of them (and NWOR_LAB_* names nobody reads).
 ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
                ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
-               ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS))
+               ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS),
+               ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
+ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
 
 
 # -- scalar argument checks, shared by the engine and the CLI ------------------------------------

@@ -29,6 +29,8 @@ class Window:
     num_draft_tokens: list[int]       # [R] host
     draft_token_ids: torch.Tensor | None = None  # [Dtot], when known (SCV needs them)
     cu_draft: torch.Tensor | None = None           # [R] int32 inclusive cumsum, when the metadata has it
+    positions: torch.Tensor | None = None          # [T] int64 position of each token, when known (on a
+                                                   #   ring, what a row's write evicts follows from it)
 
     @classmethod
     def from_counts(cls, num_scheduled_tokens, num_draft_tokens, slot_mapping: torch.Tensor,
@@ -64,9 +66,11 @@ class Window:
                    num_scheduled_tokens=sched, num_draft_tokens=drafts, draft_token_ids=draft_token_ids)
 
     @classmethod
-    def from_metadata(cls, metadata, cu_num_scheduled_tokens, slot_mapping: torch.Tensor) -> "Window":
+    def from_metadata(cls, metadata, cu_num_scheduled_tokens, slot_mapping: torch.Tensor,
+                      positions: torch.Tensor | None = None) -> "Window":
         """From vLLM-style `SpecDecodeMetadata` and inclusive `cu_num_scheduled_tokens` `[R]`: the
-        draft counts, draft ids and their cumsum are the metadata's own tensors, not recounted."""
+        draft counts, draft ids and their cumsum are the metadata's own tensors, not recounted.
+        positions `[T]`: each token's position, when the caller has them."""
         cu = [int(x) for x in (cu_num_scheduled_tokens.tolist() if torch.is_tensor(cu_num_scheduled_tokens)
                                else cu_num_scheduled_tokens)]
         sched = [b - a for a, b in zip([0] + cu[:-1], cu)]
@@ -74,6 +78,7 @@ class Window:
         window = cls.from_counts(sched, metadata.num_draft_tokens, slot_mapping,
                                  metadata.draft_token_ids.to(dev))
         window.cu_draft = metadata.cu_num_draft_tokens.to(dev)
+        window.positions = None if positions is None else positions.to(dev).long()
         return window
 
     # -- sizes ---------------------------------------------------------------------------------

@@ -195,3 +195,43 @@ def test_cow_restore_catches_a_layout_mix_up():
     r = failed(exercises.check_cow_restore(restore_with_nhd_offsets), "cow_restore",
                "HND layout with block_size == num_kv_heads")
     assert "differs bit for bit" in r.message and "\n    got " in r.message
+
+
+# -- (e) ring_evictions ----------------------------------------------------------------------------
+def evictions_whole_ring(ring_slots, sliding_window, start, num_tokens):
+    """Forgets the window: every committed position the writes overwrite counts as lost."""
+    return [(p % ring_slots, p - ring_slots) for p in range(start, start + num_tokens) if p >= ring_slots]
+
+
+def evictions_off_by_one(ring_slots, sliding_window, start, num_tokens):
+    """Believes the query at `start` needs only start - W + 2 onward."""
+    return [(p % ring_slots, p - ring_slots) for p in range(start, start + num_tokens)
+            if p - ring_slots >= max(0, start - sliding_window + 2)]
+
+
+def evictions_of_empty_slots(ring_slots, sliding_window, start, num_tokens):
+    """Counts slots that never held a position (p - S < 0) as evictions."""
+    return [(p % ring_slots, p - ring_slots) for p in range(start, start + num_tokens)
+            if p - ring_slots >= start - sliding_window + 1]
+
+
+def test_ring_evictions_reference_agrees_with_the_package():
+    from nwor_lab.exercises import ring_evictions
+    from nwor_lab.kv import evicted_needed
+    for case in ring_evictions.cases(1, 200):
+        assert solutions.ring_evictions(**case.inputs) == evicted_needed(**case.inputs)
+
+
+def test_ring_evictions_catches_forgetting_the_window():
+    r = failed(exercises.check_ring_evictions(evictions_whole_ring), "ring_evictions", "edge")
+    assert "not evicted-and-needed" in r.message
+
+
+def test_ring_evictions_catches_an_off_by_one_window():
+    r = failed(exercises.check_ring_evictions(evictions_off_by_one), "ring_evictions", "edge")
+    assert "missing [(" in r.message
+
+
+def test_ring_evictions_catches_empty_slots_counted_as_evictions():
+    r = failed(exercises.check_ring_evictions(evictions_of_empty_slots), "ring_evictions", "edge")
+    assert "was never written" in r.message

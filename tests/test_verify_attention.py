@@ -269,6 +269,21 @@ INTERP_SPECS = [
     spec("stage-equals-commit-fp8", kind="window_vs_cache", window=True, cache_dtype="fp8_e4m3", seed=23),
     spec("stage-equals-commit-fp32-hnd", kind="window_vs_cache", dtype="float32", window=True, layout="HND",
          max_context=200, seed=24),
+    # sliding windows: on the linear cache, on rings (slack k: every row written; cow's log on a
+    # ring of W; stage's window buffer on a ring of W), fp8, HND, forced splits
+    dict(spec("sliding-linear-bf16", num_reqs=3, max_query_len=5, max_context=90, seed=30), ring=dict(W=16, linear=True)),
+    dict(spec("sliding-ring-slack-fp32", dtype="float32", num_reqs=3, query_lens=5, max_context=90, seed=31),
+         ring=dict(W=16, slack=4)),
+    dict(spec("sliding-ring-log-bf16-hnd", layout="HND", num_reqs=3, query_lens=[5, 1, 3], max_context=90, seed=32),
+         ring=dict(W=16, log=True)),
+    dict(spec("sliding-ring-log-fp8", cache_dtype="fp8_e4m3", num_reqs=2, query_lens=4, max_context=80, seed=33),
+         ring=dict(W=12, log=True)),
+    dict(spec("sliding-ring-window-fp8", cache_dtype="fp8_e5m2", window=True, num_reqs=3, max_query_len=4,
+              max_context=80, seed=34), ring=dict(W=16)),
+    dict(spec("sliding-ring-window-fp32-bs4", dtype="float32", window=True, block_size=4, num_reqs=2,
+              max_query_len=4, max_context=70, seed=35), ring=dict(W=10)),
+    dict(spec("sliding-ring-log-3-splits", launch=dict(num_splits=3), num_reqs=2, query_lens=4, max_context=300,
+              seed=36), ring=dict(W=150, log=True)),
     dict(id="fp8-round-trip-e4m3", kind="fp8_round_trip", storage="float8_e4m3fn", scale=0.037),
     dict(id="fp8-round-trip-e5m2", kind="fp8_round_trip", storage="float8_e5m2", scale=0.011),
 ]

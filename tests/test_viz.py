@@ -153,3 +153,30 @@ def test_stepper_from_a_source_and_static(frames_by_mode):
         [f"cow · verify window 0 · {p} · layer 0" for p in ("begin", "write", "write", "acceptance", "commit")]
     assert "restored bit-exactly" in figs[-1].layout.title.subtitle.text.replace("<br>", " ")
     assert show_frames(frames_by_mode["off"], layer=1)[0].layout.title.text.endswith("layer 1")
+
+
+def test_ring_cells_follow_what_each_policy_declares():
+    from nwor_lab.policies import POLICIES
+    from nwor_lab.viz import ring_cells, ring_figure, strategies_figure
+
+    def of(name):
+        cls = POLICIES[name]
+        return ring_cells(8, 8, 20, 4, window_in_buffer=cls.window_in_buffer, evicted_in_log=cls.evicted_in_log)
+    off, _ = of("off")
+    # t_last at 20 evicts 12 (no query needs it); drafts 21..23 evict 13..15, which the query at 20 needs
+    assert [(c.position, c.lost) for c in off if c.state == "evicted"] == [(21, 13), (22, 14), (23, 15)]
+    assert [c.state for c in off].count("window") == 1
+    cow, _ = of("cow")
+    assert [c.index for c in cow if c.state == "logged"] == [c.index for c in off if c.state == "evicted"]
+    stage, staged = of("stage")
+    assert staged == [20, 21, 22, 23] and {c.state for c in stage} == {"live", "outside"}
+    fig = ring_figure([("off", POLICIES["off"]), ("stage", POLICIES["stage"])], ring_slots=8, sliding_window=8,
+                      start=20, num_tokens=4, title="ring")
+    json.loads(fig.to_json())
+    assert fig.layout.polar2 is not None and any("was 13" in (t.text or [""])[0] for t in fig.data
+                                                  if t.type == "scatterpolar" and t.text)
+    from pathlib import Path
+    rows = json.loads((Path(__file__).parents[1] / "benchmarks/results/ring_cpu.json").read_text())["results"]
+    bars = strategies_figure(rows)
+    assert list(bars.data[0].x) == [r["strategy"] for r in rows if r["k"]]
+    assert "✗" in list(bars.data[0].text) and bars.data[0].marker.color[0] != bars.data[0].marker.color[1]

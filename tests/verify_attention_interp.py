@@ -6,7 +6,10 @@ specs.json: a list of {"id", "kind", "case": make_verify_attention_case kwargs (
 "launch": launch knobs}. kind "vs_reference": kernel vs the torch reference; "window_vs_cache":
 the kernel on a stage window vs the same window committed to the cache (must be bit-identical);
 "fp8_round_trip": the kernel's quantise-dequantise vs nwor_lab.ops.quant on every fp8 value,
-the midpoints between them and random values. results.json: {id: {...numbers...}}.
+the midpoints between them and random values. A "ring": {"W", "slack", "log"} entry turns a
+vs_reference case into a sliding-window one: the kernel on the case moved into a ring of W + slack
+slots (with cow's log when "log") against the reference on the same linear case with the window;
+"ring": {"W", "linear": true} runs the window on the linear cache. results.json: {id: {...numbers...}}.
 A separate process because the interpreter must be switched on before triton is imported, and
 stays on for the whole process (tests/test_verify_attention.py starts this one).
 """
@@ -32,7 +35,7 @@ def run(spec: dict) -> dict:
     from nwor_lab.ops import _verify_attention_triton as kernels
     from nwor_lab.ops.verify_attention import (make_verify_attention_case, verify_attention,
                                                verify_attention_reference)
-    from nwor_lab.ops.verify_attention_cases import window_written_to_cache
+    from nwor_lab.ops.verify_attention_cases import RING_FIELDS, as_ring, window_written_to_cache, with_window
 
     kind = spec["kind"]
     if kind == "fp8_round_trip":
@@ -60,9 +63,24 @@ def run(spec: dict) -> dict:
         a = c.kwargs()
         out = torch.empty(a["q"].shape, dtype=a["q"].dtype)
         scales = [s.reshape(-1) if s is not None else None for s in (a["k_scale"], a["v_scale"])]
+        ring = {name: a[name] for name in RING_FIELDS if name in a}
         return kernels.launch(a["q"], a["key_cache"], a["value_cache"], a["block_tables"], a["cache_lens"],
                               a["query_start_loc"], a["positions"], a["win_key"], a["win_value"],
-                              a["win_rows"], a["win_start"], *scales, a["scale"], out, **launch)
+                              a["win_rows"], a["win_start"], *scales, a["scale"], out, **ring, **launch)
+
+    if "ring" in spec:
+        rs = spec["ring"]
+        linear = with_window(case, rs["W"])
+        moved = linear if rs.get("linear") else as_ring(case, rs["W"], rs["W"] + rs.get("slack", 0),
+                                                        log=rs.get("log", False), seed=spec["case"].get("seed", 0))
+        t0 = time.perf_counter()
+        got = kernel(moved)
+        seconds = time.perf_counter() - t0
+        ref = verify_attention_reference(**linear.kwargs())
+        err = (got.float() - ref.float()).abs()
+        tol_excess = err - (spec["tol"] + spec["tol"] * ref.float().abs())
+        return dict(max_err=float(err.max()), max_ref=float(ref.float().abs().max()),
+                    worst_excess=float(tol_excess.max()), finite=bool(torch.isfinite(got).all()), seconds=seconds)
 
     t0 = time.perf_counter()
     got = kernel(case)

@@ -88,31 +88,68 @@ def make_model(name: str, device="cuda"):
 
 
 class StepCase:
-    """One (model, batch, k, context) verify window, built once; `step(writer)` runs it."""
+    """One (model, batch, k, context) verify window, built once; `step(writer)` runs it.
 
-    def __init__(self, model, batch: int, k: int, context: int, attention: str, seed: int = 0):
+    sliding: a SlidingWindow (nwor_lab.kv.ring): every layer attends the last W positions and, with
+    a ring, each request holds a ring of `ring_slots` slots. fill_from: another case of the same
+    model, batch and context whose cache holds the K/V to use (its last `ring_slots` positions
+    copied into this ring): the same logical context, so the two steps must agree.
+    """
+
+    def __init__(self, model, batch: int, k: int, context: int, attention: str, seed: int = 0, *,
+                 sliding=None, fill_from: "StepCase | None" = None):
         cfg, dev = model.config, next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        self.model, self.batch, self.k, self.attention = model, batch, k, attention
+        self.model, self.batch, self.k, self.attention, self.sliding = model, batch, k, attention, sliding
+        ring = sliding.ring_slots if sliding is not None else None
         g = torch.Generator().manual_seed(seed)
-        per_req = -(-(context + k + 1) // BLOCK)
+        per_req = -(-(context + k + 1) // BLOCK) if ring is None else -(-ring // BLOCK)
         blocks = torch.randperm(batch * per_req + 1, generator=g)[:batch * per_req].view(batch, per_req)
         self.tables = blocks.tolist()
         spec = KVCacheSpec(cfg.num_hidden_layers, batch * per_req + 1, BLOCK, cfg.num_key_value_heads,
                            cfg.head_dim, dtype=dtype)
         self.cache = PagedKVCache(spec, dev)
-        self.cache.key.normal_(generator=torch.Generator(dev).manual_seed(seed))
-        self.cache.value.normal_(generator=torch.Generator(dev).manual_seed(seed + 1))
+        if fill_from is None:
+            self.cache.key.normal_(generator=torch.Generator(dev).manual_seed(seed))
+            self.cache.value.normal_(generator=torch.Generator(dev).manual_seed(seed + 1))
+        else:
+            self._copy_context(fill_from, context, ring)
         t = k + 1
         self.positions = [context + j for _ in range(batch) for j in range(t)]
         self.qlens, self.ctx = [t] * batch, [context] * batch
         self.ids = torch.randint(0, cfg.vocab_size, (batch * t,), generator=g).to(dev)
+        if fill_from is not None:                   # the same tokens and drafts (a prefix of them when k is smaller)
+            self.ids = fill_from.ids.view(batch, -1)[:, :t].reshape(-1).clone()
         drafts = self.ids.view(batch, t)[:, 1:].reshape(-1).to(torch.int32)
         cu = [t * (r + 1) for r in range(batch)]
         self.spec = SpecDecodeMetadata.build([k] * batch, cu, drafts, device=dev)
         probe = AttentionMetadata.build(self.cache, NullWriter(), self.positions, self.qlens, self.tables,
-                                        self.ctx, attention="torch")
+                                        self.ctx, attention="torch", sliding=sliding)
         self.window = Window.from_metadata(self.spec, cu, probe.slot_mapping)
+
+    def _copy_context(self, other: "StepCase", context: int, ring: int | None) -> None:
+        """This cache's positions (the last `ring` of 0..context-1) from `other`'s linear cache."""
+        from nwor_lab.kv import block_table_tensor, build_slot_mapping
+        keep = torch.arange(max(0, context - ring) if ring else 0, context)
+        req = torch.arange(self.batch).repeat_interleave(len(keep))
+        pos = keep.repeat(self.batch)
+        src = build_slot_mapping(block_table_tensor(other.tables), req, pos, BLOCK)
+        dst = build_slot_mapping(block_table_tensor(self.tables), req, pos, BLOCK, ring)
+        for mine, theirs in ((self.cache.key, other.cache.key), (self.cache.value, other.cache.value)):
+            mine[:, dst // BLOCK, dst % BLOCK] = theirs[:, src // BLOCK, src % BLOCK]
+
+    def forward(self, policy, acceptance: Acceptance):
+        """One fresh step through `policy` (begin, target forward, commit) -> final hidden `[T, h]`."""
+        md = self._metadata(policy)
+        policy.begin(self.window, kind="verify")
+        hidden = self.model(self.ids, md)
+        policy.commit(acceptance)
+        return hidden
+
+    def _metadata(self, writer):
+        return AttentionMetadata.build(self.cache, writer, self.positions, self.qlens, self.tables, self.ctx,
+                                       attention=self.attention, slot_mapping=self.window.slot_mapping,
+                                       sliding=self.sliding, num_drafts=[self.k] * self.batch)
 
     def forced(self, rate: float) -> Acceptance:
         """`round(rate * k * R)` accepted drafts, spread evenly over the requests (prefix rule)."""
@@ -123,8 +160,7 @@ class StepCase:
     def step_fn(self, policy, acceptance: Acceptance | None):
         """The step's closure for `policy` (None: the NullWriter step without a KV path)."""
         writer = policy if policy is not None else NullWriter()
-        md = AttentionMetadata.build(self.cache, writer, self.positions, self.qlens, self.tables, self.ctx,
-                                     attention=self.attention, slot_mapping=self.window.slot_mapping)
+        md = self._metadata(writer)
         w, spec, model = self.window, self.spec, self.model
         rows = spec.logits_indices.long()
 

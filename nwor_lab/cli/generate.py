@@ -7,6 +7,12 @@ far, and exits 130.
 Every engine limit it enforces is a flag: --max-num-seqs, --max-num-batched-tokens, --num-blocks,
 --block-size, --max-cache-memory; prompt + --max-new-tokens must fit the model's positions
 (--truncate-prompt keeps each prompt's last tokens that fit instead).
+
+Sliding windows: --sliding-window W (every layer attends the last W positions) with --kv-ring
+(how each request's cache is kept: ring / slack / full / guard / auto, see LabConfig) and --nwor
+(the write policy) make the strategy. With a sliding window and --k > 0 the command also decodes
+target-only with the same W and reports whether the speculative output equals it, and where it
+first differs (`equals_target_only`, `first_divergence` in --json).
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names
-from nwor_lab.config import CACHE_DTYPE_NAMES, NWOR_MODES, SCV_MODES
+from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES
 
 SEPARATOR = "-" * 60
 
@@ -26,7 +32,7 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
          "max_num_batched_tokens": "--max-num-batched-tokens", "num_blocks": "--num-blocks",
          "block_size": "--block-size", "max_cache_memory": "--max-cache-memory", "cache_dtype": "--cache-dtype",
          "truncate_prompts=True": "--truncate-prompt", "k=": "--k=", "temperature=": "--temperature=",
-         "seed=": "--seed=", "prompts[": "prompt["}
+         "seed=": "--seed=", "prompts[": "prompt[", "kv_ring='full'": "--kv-ring full"}
 
 
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -35,6 +41,13 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("prompts", nargs="+", help="one or more prompts (batched together)")
     p.add_argument("--k", type=types.int_at_least(0), default=4, help="drafts per window (0: target only)")
     p.add_argument("--nwor", choices=NWOR_MODES, default="off", help="KV write policy")
+    p.add_argument("--sliding-window", type=types.int_at_least(0), default=None, metavar="W",
+                   help="attend the last W positions in every layer (default 0: the whole context; "
+                        "NWOR_LAB_SLIDING_WINDOW)")
+    p.add_argument("--kv-ring", choices=KV_RINGS, default=None,
+                   help="with --sliding-window, how each request's cache is kept: ring (W slots), slack "
+                        "(W + k), full (no ring), guard (W slots, no draft that could evict a needed "
+                        "position), auto (ring when the write policy keeps it exact, else slack; default)")
     p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
@@ -125,6 +138,31 @@ def stats_line(res, args, cfg) -> str:
             f"mean acceptance length {res.mean_acceptance_length:.2f}, acceptance by position {by_pos}")
 
 
+def first_divergence(got: list[list[int]], want: list[list[int]]) -> dict | None:
+    """The first (prompt, token index) where `got` differs from `want`, or None."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        for j, (a, b) in enumerate(zip(g, w)):
+            if a != b:
+                return {"prompt": i, "token": j, "got": a, "target_only": b}
+        if len(g) != len(w):
+            return {"prompt": i, "token": min(len(g), len(w)), "got": None, "target_only": None}
+    return None
+
+
+def ring_line(res, check: dict | None) -> str:
+    """One line on the sliding-window strategy and, when checked, the comparison with target-only."""
+    kv = res.kv
+    mem = kv["kv_memory_per_request"]
+    keep = (f"a ring of {kv['ring_slots']} slots" if kv["ring_slots"] else "the whole context") + \
+        f" per request and layer ({mem['persistent_bytes'] / 2**10:.0f} KiB, +{mem['transient_bytes'] / 2**10:.0f} KiB per window)"
+    line = f"sliding window {kv['sliding_window']}, {kv['strategy']}: {keep}"
+    if check is not None:
+        d = check["first_divergence"]
+        line += ("; output equals target-only" if check["equals_target_only"] else
+                 f"; output DIFFERS from target-only (same W) at prompt {d['prompt']}, token {d['token']}")
+    return line
+
+
 def cli_generate(argv=None) -> int:
     from nwor_lab.cli.main import check_backend_arg, check_device_arg, lab_config
     args = parser().parse_args(argv)
@@ -136,7 +174,9 @@ def cli_generate(argv=None) -> int:
     if args.stream and args.json:
         raise UsageError("--stream and --json: choose one (JSON is printed once, at the end)")
     stream = (sys.stdout.isatty() and not args.json) if args.stream is None else args.stream
-    cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv)
+    ring = {name: v for name, v in (("sliding_window", args.sliding_window), ("kv_ring", args.kv_ring))
+            if v is not None}
+    cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv, **ring)
     if args.cuda_graph is not None:
         cfg = cfg.replace(cuda_graph=args.cuda_graph)
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
@@ -172,8 +212,18 @@ def cli_generate(argv=None) -> int:
     except KeyboardInterrupt:      # the engine cancelled the open window; what was emitted stands
         interrupted = True
     res = gen.result()
+    check = None
+    if cfg.sliding_window and args.k and not interrupted:
+        # the reference: target-only greedy with the same window (a ring of W is exact with no drafts)
+        ref = prepare(args.prompts, args.max_new_tokens, 0, cfg.replace(nwor_mode="off"), target=target, head=head,
+                      tokenizer=tok, temperature=args.temperature, seed=args.seed, device=device,
+                      stop_at_eos=args.stop_at_eos, cache_dtype=args.cache_dtype, block_size=args.block_size,
+                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                      truncate_prompts=args.truncate_prompt).run().result()
+        div = first_divergence(res.token_ids, ref.token_ids)
+        check = {"equals_target_only": div is None, "first_divergence": div}
     if args.json:
-        print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(),
+        print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(), **(check or {}),
                           "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "interrupted": interrupted}))
     else:
         if streamer:
@@ -183,6 +233,8 @@ def cli_generate(argv=None) -> int:
                 print(prompt + text)
                 print(SEPARATOR)
         print(stats_line(res, args, cfg) + (" (interrupted: statistics so far)" if interrupted else ""))
+        if cfg.sliding_window:
+            print(ring_line(res, check))
     if interrupted:
         sys.stdout.flush()
         print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "

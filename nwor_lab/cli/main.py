@@ -17,7 +17,7 @@ from nwor_lab.cli.errors import (EXIT_INTERRUPTED, EXIT_USAGE, PROG, LabArgument
                                  check_output_path, describe)
 from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES, LabConfig, env_bool
 
-BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp")   # nwor_lab/bench/<name>.py, each with its own parser
+BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring")   # nwor_lab/bench/<name>.py, each with its own parser
 
 
 def lab_config(**explicit) -> LabConfig:
@@ -99,7 +99,7 @@ def _build(args) -> int:
 
 # -- bench -----------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies`, `engine`, `step`, `attention` or `tp` (each has its own --help)")
+    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies`, `engine`, `step`, `attention`, `tp` or `ring` (each has its own --help)")
     be.add_argument("what", choices=BENCHMARKS)
 
 

@@ -23,9 +23,12 @@ class Drafter:
     """Proposes each request's drafts with an EAGLE head writing cache layer `head.layer_index`
     through its own write policy (`policy`, never open at the same time as the verify policy)."""
 
-    def __init__(self, head, cache, policy, k: int, temperature: float, generator: torch.Generator):
+    def __init__(self, head, cache, policy, k: int, temperature: float, generator: torch.Generator, *,
+                 sliding=None, ledger=None):
+        """sliding: the engine's SlidingWindow (None: whole context); ledger: debug read checks."""
         self.head, self.cache, self.policy = head, cache, policy
         self.k, self.temperature, self.generator = k, temperature, generator
+        self.sliding, self.ledger = sliding, ledger
 
     def propose(self, g: torch.Tensor):
         """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy)."""
@@ -35,7 +38,7 @@ class Drafter:
         q = torch.softmax(logits / self.temperature, -1)
         return sample_from_probs(q, self.generator), q
 
-    def draft(self, requests: list[Request], g: torch.Tensor, step: int):
+    def draft(self, requests: list[Request], g: torch.Tensor, step: int, n_drafts: list[int] | None = None):
         """Give every request its drafts for the next window. g `[len(requests), h]`: the head's
         output at each request's last committed row. -> (WindowTrace, Window) of the chain, or None
         when no request drafts more than one token.
@@ -44,21 +47,27 @@ class Drafter:
         num_speculative_tokens whatever max_tokens is left): a token verified past max_new_tokens
         is cut when emitted. Every decode step then has the same shape, so it replays from a CUDA
         graph to the end; the positions stay inside the request's reservation (prompt +
-        max_new_tokens + k)."""
+        max_new_tokens + k). `n_drafts[j]` (0..k) overrides k per request: the sliding-window
+        guard cuts drafts (a request with none decodes its next token alone)."""
         if self.k == 0:
             return None
+        n_drafts = [self.k] * len(requests) if n_drafts is None else list(n_drafts)
         ids, probs = self.propose(g)
         for j, r in enumerate(requests):
-            r.drafts = [int(ids[j])]
-            r.draft_probs = None if probs is None else probs[j:j + 1]
+            r.drafts = [int(ids[j])] if n_drafts[j] else []
+            r.draft_probs = None if probs is None or not n_drafts[j] else probs[j:j + 1]
             r.block_table.ensure(r.num_computed + 1, lookahead=self.k)   # the next window's slots
-        if self.k == 1:
+        chained = [j for j, n in enumerate(n_drafts) if n >= 2]
+        if not chained:
             return None
-        return self._chain(requests, [self.k] * len(requests), g, step)
+        if len(chained) < len(requests):
+            return self._chain([requests[j] for j in chained], [n_drafts[j] for j in chained], g[chained], step)
+        return self._chain(requests, n_drafts, g, step)
 
     def _chain(self, requests: list[Request], n_drafts: list[int], g: torch.Tensor, step: int):
         """Drafts d_2..d_n of every request, one head pass per chain step, in one policy window."""
-        window, rows_of = chain_window(requests, n_drafts, self.cache)
+        ring = self.sliding.ring_slots if self.sliding is not None else None
+        window, rows_of = chain_window(requests, n_drafts, self.cache, ring)
         layer = self.head.layer_index
         self.policy.begin(window, layers=range(layer, layer + 1), kind="draft")   # the head's layer only
         try:
@@ -87,7 +96,8 @@ class Drafter:
                                      [r.num_computed for r in reqs], window_rows=window_rows,
                                      write_offset=offset,
                                      slot_mapping=self.policy.window.slot_mapping[offset:offset + len(reqs)],
-                                     attention=self.policy.config.attention)
+                                     attention=self.policy.config.attention, sliding=self.sliding,
+                                     ledger=self.ledger)
         out = self.head(torch.tensor([r.drafts[-1] for r in reqs], dtype=torch.long, device=self.cache.device),
                         g_live, md)
         ids, probs = self.propose(out)
@@ -98,9 +108,11 @@ class Drafter:
         return out
 
 
-def chain_window(requests: list[Request], n_drafts: list[int], cache) -> tuple[Window, list[list[int]]]:
+def chain_window(requests: list[Request], n_drafts: list[int], cache,
+                 ring_slots: int | None = None) -> tuple[Window, list[list[int]]]:
     """The chain window of requests drafting `n_drafts[j] >= 2` tokens -> (window, rows per request).
-    Every row is a draft (d_2..d_n of its request); slots from the one slot-mapping builder."""
+    Every row is a draft (d_2..d_n of its request); slots from the one slot-mapping builder
+    (through each request's ring of `ring_slots` on a sliding-window cache)."""
     dev = cache.device
     rows_of: list[list[int]] = [[] for _ in requests]
     token_req, draft_pos, positions = [], [], []
@@ -111,9 +123,10 @@ def chain_window(requests: list[Request], n_drafts: list[int], cache) -> tuple[W
                 token_req.append(j), draft_pos.append(s), positions.append(r.num_computed + s - 1)
     tables = block_table_tensor([r.block_table.blocks for r in requests], dev)
     token_req_t = torch.tensor(token_req, dtype=torch.int32, device=dev)
-    slots = build_slot_mapping(tables, token_req_t, torch.tensor(positions, device=dev), cache.spec.block_size)
+    pos = torch.tensor(positions, dtype=torch.long, device=dev)
+    slots = build_slot_mapping(tables, token_req_t, pos, cache.spec.block_size, ring_slots)
     counts = [n - 1 for n in n_drafts]
     draft_rows = [row for rows in rows_of for row in rows]         # request-major, as Window wants
     window = Window(slots, token_req_t, torch.tensor(draft_pos, dtype=torch.int32, device=dev),
-                    torch.tensor(draft_rows, dtype=torch.long, device=dev), counts, counts)
+                    torch.tensor(draft_rows, dtype=torch.long, device=dev), counts, counts, positions=pos)
     return window, rows_of

@@ -11,6 +11,11 @@ drafts is just not advancing). The draft chain d_2..d_n then runs in its own win
 Observers (`engine.observers`) see every phase of every window through the policies
 (`on_phase(PhaseEvent)`, nwor_lab.policies.observer); one that also has
 `on_window_end(engine, trace, window)` is called once the engine has advanced its requests.
+
+Sliding windows (`LabConfig.sliding_window`, `kv_ring`; nwor_lab.engine.ring): every layer attends
+the last W positions, each request's cache is a ring of `sliding.ring_slots` slots (or the whole
+context), the guard cuts drafts that could evict a needed position, and debug mode checks every
+cache read against a `RingLedger`. Steps with a sliding window run eagerly (`graphed_off` says why).
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.model.attention import AttentionMetadata, use_kernel
-from nwor_lab.policies import make_policy
+from nwor_lab.engine.ring import sliding_window_for, strategy_name
+from nwor_lab.policies import POLICIES, RingCorruption, RingLedger, make_policy
 from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, check_against_sampler, rejection_sample
 from nwor_lab.window import Window
 
@@ -65,8 +71,16 @@ class SpecEngine:
         num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cache = PagedKVCache(_cache_spec(target, head, num_blocks, block_size, self.dtype, cache_dtype),
                                   device=self.device, max_bytes=max_cache_memory)
-        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k)
+        policy_cls = policy_class(self.config)
+        self.sliding = sliding_window_for(self.config, self.k, policy_cls)   # None: whole-context attention
+        self.strategy = strategy_name(self.config, policy_cls)
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k,
+                                   ring_slots=self.sliding.ring_slots if self.sliding else None)
         self.observers: list = []          # shared with both policies: see the module docstring
+        # debug on a sliding window: which position each slot holds, every cache read checked
+        self.ledger = RingLedger(self.cache, self.sliding) if self.sliding and self.config.debug else None
+        if self.ledger is not None:
+            self.observers.append(self.ledger)
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
         self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
@@ -74,11 +88,17 @@ class SpecEngine:
         self.drafter = None
         if head is not None:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
-            self.drafter = Drafter(head, self.cache, draft_policy, self.k, self.temperature, self.generator)
+            self.drafter = Drafter(head, self.cache, draft_policy, self.k, self.temperature, self.generator,
+                                   sliding=self.sliding, ledger=self.ledger)
         self.eos_token_id = eos_token_id
         self.graphed = None          # steady verify steps replayed from CUDA graphs (engine/graphed.py)
+        self.graphed_off = None      # why steps stay eager although CUDA graphs were asked for
         if self.config.cuda_graph and self.device.type == "cuda" and use_kernel(self.config.attention, self.device):
-            self.graphed = GraphedVerify(self, max_num_seqs, max_num_batched_tokens)
+            if self.sliding is not None:
+                self.graphed_off = ("sliding-window caches run every step eagerly: the graphed engine builds "
+                                    "linear slots and full-context attention only")
+            else:
+                self.graphed = GraphedVerify(self, max_num_seqs, max_num_batched_tokens)
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
@@ -128,15 +148,28 @@ class SpecEngine:
             verdict = self._sample_and_accept(batch, hidden)
             features = self._head_pass(batch, verdict, hidden, aux)
             record = self.policy.commit(verdict.acceptance)
-        except BaseException:
+        except BaseException as err:
             if self.policy.window is not None:
                 self.policy.cancel()        # the cache ends as `off` would leave it
+            self._locate(err, batch.requests)
             raise
         live = self._advance(batch, verdict, record)
         if self.drafting and live:
-            self._draft([batch.requests[i] for i in live], features[live])
+            try:
+                self._draft([batch.requests[i] for i in live], features[live])
+            except RingCorruption as err:
+                self._locate(err, [batch.requests[i] for i in live])
+                raise
         self.step_index += 1
         return True
+
+    def _locate(self, err: BaseException, requests: list[Request]) -> None:
+        """A RingCorruption names the step and the request id (the ledger knows window indices)."""
+        if isinstance(err, RingCorruption) and err.step is None:
+            err.step = self.step_index
+            if 0 <= err.request < len(requests):
+                err.req_id = requests[err.request].req_id
+            err.args = (err.describe(),)
 
     def _graphed_step(self, requests: list[Request]) -> bool:
         """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`;
@@ -173,9 +206,10 @@ class SpecEngine:
         cu = torch.tensor(qlens).cumsum(0).tolist()
         attention = AttentionMetadata.build(self.cache, self.policy, positions, qlens,
                                             [r.block_table.blocks for r in requests], ctx,
-                                            attention=self.config.attention)
+                                            attention=self.config.attention, sliding=self.sliding,
+                                            num_drafts=ndrafts, ledger=self.ledger)
         spec = SpecDecodeMetadata.build(ndrafts, cu, torch.tensor(drafts, dtype=torch.int32), device=self.device)
-        window = Window.from_metadata(spec, cu, attention.slot_mapping)
+        window = Window.from_metadata(spec, cu, attention.slot_mapping, attention.positions)
         return VerifyBatch(requests, ids, qlens, ctx, ndrafts, kinds, cu, attention, spec, window)
 
     def _target_forward(self, batch: VerifyBatch):
@@ -242,7 +276,10 @@ class SpecEngine:
         if graphed is not None and graphed.eligible(requests):
             self._end_window(*graphed.draft(requests, features, self.step_index, self.graphed.capture))
             return
-        chain = self.drafter.draft(requests, features, self.step_index)
+        n_drafts = None
+        if self.sliding is not None and self.sliding.guard:   # t_last of the next window sits at num_computed
+            n_drafts = [self.sliding.drafts_allowed(r.num_computed, self.k) for r in requests]
+        chain = self.drafter.draft(requests, features, self.step_index, n_drafts)
         if chain is not None:
             self._end_window(*chain)
 
@@ -261,6 +298,13 @@ class SpecEngine:
             end = getattr(o, "on_window_end", None)
             if end is not None:
                 end(self, entry, window)
+
+
+def policy_class(config: LabConfig):
+    """The write policy class `config.nwor_mode` names (what it declares decides `kv_ring='auto'`)."""
+    if config.nwor_mode not in POLICIES:
+        raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: {', '.join(POLICIES)}")
+    return POLICIES[config.nwor_mode]
 
 
 def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVCacheSpec:

@@ -12,7 +12,8 @@ import torch
 
 from nwor_lab._checks import check_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
-from nwor_lab.engine.engine import SpecEngine
+from nwor_lab.engine.engine import SpecEngine, policy_class
+from nwor_lab.engine.ring import sliding_window_for
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.trace import WindowTrace
 
@@ -34,12 +35,29 @@ class GenerationResult:
     target_forwards: int
     engine: SpecEngine = field(repr=False)
     complete: bool = True          # False: taken before every request finished (e.g. interrupted)
+    kv: dict = field(default_factory=dict)   # the strategy and the KV memory per request (`kv_summary`)
 
     def summary(self) -> dict:
         return {"mean_acceptance_length": self.mean_acceptance_length,
                 "acceptance_by_position": self.acceptance_by_position,
                 "target_forwards": self.target_forwards,
-                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete}
+                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete, **self.kv}
+
+
+def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
+    """The engine's strategy (write policy + sliding-window cache) and what one request holds:
+    `kv_slots_per_request` (positions kept per layer), the bytes kept for its life and the bytes
+    the policy holds while a window is open, for the longest request."""
+    from nwor_lab.engine.engine import policy_class
+    from nwor_lab.engine.ring import kv_memory, resolve_kv_ring
+    cls = policy_class(engine.config)
+    sw = engine.sliding
+    longest = max((len(r.prompt) + r.max_new_tokens + engine.k for r in requests), default=0)
+    mem = kv_memory(engine.cache.spec, sw, cls, engine.k, longest)
+    return {"strategy": engine.strategy, "sliding_window": sw.size if sw else 0,
+            "kv_ring": resolve_kv_ring(engine.config, cls) if sw else None,
+            "ring_slots": sw.ring_slots if sw else None, "kv_slots_per_request": mem.slots,
+            "kv_memory_per_request": mem.as_dict(), "cuda_graph_off": engine.graphed_off}
 
 
 def acceptance_stats(trace: list[WindowTrace], k: int) -> tuple[float, list[float]]:
@@ -91,7 +109,7 @@ class Generation:
         texts = [self.tokenizer.decode(o) for o in out] if self.tokenizer is not None else None
         mean, by_pos = acceptance_stats(self.engine.trace, max(self.k, 1))
         return GenerationResult(out, texts, list(self.engine.trace), mean, by_pos, self.engine.target_forwards,
-                                self.engine, complete=self.done)
+                                self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests))
 
 
 def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
@@ -131,6 +149,10 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
                                limit, truncate_prompts))
     if num_blocks is None:
         per = -(-(max(len(p) for p in ids) + max_new_tokens + k) // block_size)
+        sliding = sliding_window_for(config or LabConfig(), k if head is not None else 0,
+                                     policy_class(config or LabConfig()))
+        if sliding is not None and sliding.ring_slots is not None:   # a ring: ceil(S / BS) blocks at most
+            per = min(per, -(-sliding.ring_slots // block_size))
         num_blocks = per * min(len(ids), max_num_seqs) + 1
     eos = target.config.eos_token_id if stop_at_eos else None
     engine = SpecEngine(target, head if k > 0 else None, config, k=k, num_blocks=num_blocks,

@@ -1,7 +1,8 @@
 """Continuous batching: requests join as others finish; blocks are allocated as positions grow.
 
-Admission reserves each request's worst case (prompt + max_new_tokens + k positions), so a
-running request never runs out of blocks (the lab has no preemption). Blocks are *allocated*
+Admission reserves each request's worst case (prompt + max_new_tokens + k positions, or its ring:
+`ring_slots` positions, for sliding-window rings), so a running request never runs out of blocks
+(the lab has no preemption). Blocks are *allocated*
 lazily: the prompt at admission, then `num_computed + 1 + num_drafts` before each draft chain
 (the lookahead the next verify window needs).
 
@@ -22,12 +23,13 @@ from nwor_lab.kv import BlockAllocator, BlockTable
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int = 8,
-                 max_num_batched_tokens: int = 512, k: int = 0):
+                 max_num_batched_tokens: int = 512, k: int = 0, ring_slots: int | None = None):
         self.allocator = BlockAllocator(check_int("num_blocks", num_blocks, 1))
         self.block_size = check_int("block_size", block_size, 1)
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.k = check_int("k", k, 0)
+        self.ring_slots = ring_slots          # sliding-window rings: each request holds ceil(S / BS) blocks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -44,12 +46,18 @@ class Scheduler:
             raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens="
                              f"{self.max_num_batched_tokens} (the lab does not chunk prefills); raise "
                              f"max_num_batched_tokens or shorten the prompt")
+        if self.ring_slots is not None and len(prompt) > self.ring_slots:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the ring of {self.ring_slots} slots "
+                             f"(sliding_window + slack): its prefill would overwrite its own positions; "
+                             f"shorten the prompt or keep the whole context (kv_ring='full')")
         worst = self.blocks_for(len(prompt) + max_new_tokens + self.k)
+        if self.ring_slots is not None:
+            worst = min(worst, self.blocks_for(self.ring_slots))
         if worst > self.allocator.num_blocks:
             raise ValueError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new + {self.k} drafts needs "
                              f"{worst} blocks of {self.block_size}, the cache has {self.allocator.num_blocks}; "
                              f"shorten the prompt or build a bigger cache (num_blocks)")
-        req = Request(self._next_id, list(prompt), max_new_tokens, BlockTable(self.allocator, self.block_size),
+        req = Request(self._next_id, list(prompt), max_new_tokens, BlockTable(self.allocator, self.block_size, self.ring_slots),
                       worst_case_blocks=worst)
         self._next_id += 1
         self.waiting.append(req)

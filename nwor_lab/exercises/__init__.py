@@ -1,9 +1,11 @@
-"""Four exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample.
+"""Five exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample.
 
   (a) slot_mapping       where each window token's K/V goes          check_slot_mapping
   (b) acceptance_mask    which drafts survived (prefix rule, bounds)  check_acceptance_mask
   (c) stage_commit_rows  which staged rows the commit writes, where   check_stage_commit_rows
   (d) cow_restore        put back the rejected drafts' old bits       check_cow_restore
+  (e) ring_evictions     what a write-all window loses on a ring      check_ring_evictions
+                         (chapter 07_sliding_window)
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. A checker runs
 your function on 300 cases (edge cases first), prints `PASS (300 cases)` or the first
@@ -19,8 +21,9 @@ from nwor_lab.exercises.slot_mapping import check_slot_mapping
 from nwor_lab.exercises.acceptance_mask import check_acceptance_mask
 from nwor_lab.exercises.stage_commit_rows import check_stage_commit_rows
 from nwor_lab.exercises.cow_restore import check_cow_restore
+from nwor_lab.exercises.ring_evictions import check_ring_evictions
 
-NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore")
+NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions")
 
 
 def choose(name: str, user_fn, use_solutions: bool = False):
@@ -36,4 +39,4 @@ def spec(name: str) -> str:
 
 
 __all__ = ["solutions", "CheckResult", "choose", "spec", "NAMES", "check_slot_mapping",
-           "check_acceptance_mask", "check_stage_commit_rows", "check_cow_restore"]
+           "check_acceptance_mask", "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions"]

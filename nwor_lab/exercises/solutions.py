@@ -1,4 +1,4 @@
-"""Reference solutions of the four exercises: plain loops, obviously right, slow on purpose.
+"""Reference solutions of the five exercises: plain loops, obviously right, slow on purpose.
 
 A chapter with `use_solutions=True` checks these instead of the reader's functions (that is how
 CI runs the exercises chapter); every checker passes them.
@@ -102,3 +102,29 @@ def cow_restore(key_cache: torch.Tensor, value_cache: torch.Tensor, log_key: tor
             raw(key_cache)[s // bs, s % bs] = raw(log_key)[i]
             raw(value_cache)[s // bs, s % bs] = raw(log_value)[i]
     return key_cache, value_cache
+
+
+def ring_evictions(ring_slots: int, sliding_window: int, start: int, num_tokens: int) -> list[tuple[int, int]]:
+    """Which ring entries a write-all verify window evicts while its own queries still need them.
+
+    A request has committed positions 0 .. start-1 into a ring of `ring_slots` slots: position p
+    lives at ring index p % ring_slots, and a later position overwrites an earlier one at the
+    same index. A verify window writes positions start .. start + num_tokens - 1 (t_last, then
+    its drafts) into the ring BEFORE attention, as `off` does. A query at position q attends to
+    positions q - sliding_window + 1 .. q.
+
+    ring_slots:     int >= 1, slots in the ring (W + slack)
+    sliding_window: int, 1 <= sliding_window <= ring_slots
+    start:          int >= 0, the window's first position (t_last)
+    num_tokens:     int, 1 <= num_tokens <= ring_slots (t_last + drafts)
+    returns         list of (ring index, evicted position) pairs, in position order: every
+                    committed position that a write of the window overwrites while some query
+                    of the window still needs it
+    """
+    out = []
+    for p in range(start, start + num_tokens):
+        old = p - ring_slots                  # what p's ring index held: the latest earlier position there
+        needed_from = max(0, start - sliding_window + 1)   # the query at `start` needs the oldest keys
+        if old >= 0 and old >= needed_from:
+            out.append((p % ring_slots, old))
+    return out

@@ -1,9 +1,10 @@
-"""Paged KV cache: layouts (NHD/HND from strides), block tables, slot mapping, fp8 scales."""
+"""Paged KV cache: layouts (NHD/HND from strides), block tables, slot mapping, fp8 scales, rings."""
 from nwor_lab.kv.layout import KVLayout, detect_layout
 from nwor_lab.kv.cache import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.kv.blocks import (BlockAllocator, BlockTable, NoFreeBlocksError, block_table_tensor,
                                 build_slot_mapping, slot_to_block_offset)
+from nwor_lab.kv.ring import SlidingWindow, evicted_needed
 
 __all__ = ["KVLayout", "detect_layout", "CACHE_DTYPES", "KVCacheSpec", "PagedKVCache",
            "BlockAllocator", "BlockTable", "NoFreeBlocksError", "block_table_tensor", "build_slot_mapping",
-           "slot_to_block_offset"]
+           "slot_to_block_offset", "SlidingWindow", "evicted_needed"]

@@ -3,6 +3,10 @@
 A request's token at position `p` lives in block `table[p // block_size]` at offset
 `p % block_size`, i.e. slot `table[p // BS] * BS + p % BS`. Drafts need their slots before they
 are verified, so `BlockTable.ensure` takes a lookahead: allocate for `num_tokens + lookahead`.
+
+A ring (`ring_slots=S`, sliding-window caches, `nwor_lab.kv.ring`) maps position `p` to ring index
+`p mod S` first: slot `table[(p mod S) // BS] * BS + (p mod S) % BS`; the table never holds more
+than `ceil(S / BS)` blocks.
 """
 from __future__ import annotations
 
@@ -46,11 +50,12 @@ class BlockAllocator:
 
 
 class BlockTable:
-    """The blocks of one request, in position order."""
+    """The blocks of one request, in position order (ring order when `ring_slots` is set)."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int):
+    def __init__(self, allocator: BlockAllocator, block_size: int, ring_slots: int | None = None):
         self.allocator = allocator
         self.block_size = block_size
+        self.ring_slots = ring_slots
         self.blocks: list[int] = []
 
     @property
@@ -58,9 +63,17 @@ class BlockTable:
         """Tokens that fit in the blocks held now."""
         return len(self.blocks) * self.block_size
 
+    @property
+    def max_blocks(self) -> int | None:
+        """Blocks a ring holds at most (None: no ring, the table grows with the positions)."""
+        return None if self.ring_slots is None else -(-self.ring_slots // self.block_size)
+
     def ensure(self, num_tokens: int, lookahead: int = 0) -> None:
-        """Hold enough blocks for positions `0 .. num_tokens + lookahead - 1`."""
-        need = -(-(num_tokens + lookahead) // self.block_size) - len(self.blocks)
+        """Hold enough blocks for positions `0 .. num_tokens + lookahead - 1` (a ring: at most its own)."""
+        need = -(-(num_tokens + lookahead) // self.block_size)
+        if self.ring_slots is not None:
+            need = min(need, self.max_blocks)
+        need -= len(self.blocks)
         if need > 0:
             self.blocks.extend(self.allocator.allocate(need))
 
@@ -68,11 +81,12 @@ class BlockTable:
         """Slot ids of `positions` (ints); raises if a position has no block yet."""
         out = []
         for p in positions:
-            idx = p // self.block_size
+            i = p if self.ring_slots is None or p < 0 else p % self.ring_slots
+            idx = i // self.block_size
             if p < 0 or idx >= len(self.blocks):
                 raise IndexError(f"position {p} has no block (capacity {self.capacity}); "
                                  f"call ensure(num_tokens, lookahead) first")
-            out.append(self.blocks[idx] * self.block_size + p % self.block_size)
+            out.append(self.blocks[idx] * self.block_size + i % self.block_size)
         return out
 
     def release(self) -> None:
@@ -96,24 +110,26 @@ def block_table_tensor(tables, device=None) -> torch.Tensor:
 
 
 def build_slot_mapping(block_tables: torch.Tensor, token_req: torch.Tensor, positions: torch.Tensor,
-                       block_size: int) -> torch.Tensor:
+                       block_size: int, ring_slots: int | None = None) -> torch.Tensor:
     """Vectorised slot mapping, as the model runner builds it on the device.
 
     block_tables: `[R, max_blocks]` int (unused entries may be anything, e.g. -1)
     token_req:    `[T]` request index of each token
     positions:    `[T]` position of each token in its request; -1 = padding token
+    ring_slots:   S for a ring cache (position p at ring index p mod S), None for a linear one
     returns       `[T]` int64 slots, -1 for padding
 
     The bounds check reads the largest block index on the host: it is skipped while a CUDA graph
     is being captured (the graphed engine allocates every block before a replay).
     """
     positions = positions.long()
-    block_idx = (positions // block_size).clamp(min=0)
+    index = positions if ring_slots is None else positions.remainder(ring_slots)   # padding fixed below
+    block_idx = (index // block_size).clamp(min=0)
     # (nwor_lab._checks.capturing, which sits above kv in the layering)
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     if positions.numel() and not capturing and int(block_idx.max()) >= block_tables.shape[1]:
         raise IndexError(f"positions: {int(positions.max())} needs block {int(block_idx.max())} but "
                          f"block_tables has {block_tables.shape[1]} columns; allocate first")
     blocks = block_tables.long()[token_req.long(), block_idx]
-    slots = blocks * block_size + positions % block_size
+    slots = blocks * block_size + index % block_size
     return torch.where(positions >= 0, slots, torch.full_like(slots, -1))

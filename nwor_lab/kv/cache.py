@@ -230,13 +230,16 @@ class PagedKVCache:
         """Dequantised `(key, value)` `[n, H, D]` in the model dtype at `slots` (no -1 allowed)."""
         k_cache, v_cache = self.layer(layer)
         block, offset = slot_to_block_offset(slots.to(device=self.device, dtype=torch.long), self.spec.block_size)
-        k = k_cache[block, offset]
-        v = v_cache[block, offset]
+        return self.dequantize_rows(layer, k_cache[block, offset], v_cache[block, offset])
+
+    def dequantize_rows(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `[n, H, D]` as stored in this cache (e.g. a CoW log) -> the model dtype, exactly
+        as `gather` hands back the same bytes read from a slot."""
         if not self.is_fp8:
-            return k, v
+            return key, value
         ks, vs = self.layer_scales(layer)
         dtype = self.spec.dtype
-        return (k.float() * ks[:, None]).to(dtype), (v.float() * vs[:, None]).to(dtype)
+        return (key.float() * ks[:, None]).to(dtype), (value.float() * vs[:, None]).to(dtype)
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the whole key/value storage (for tests and teaching: before/after diffs),

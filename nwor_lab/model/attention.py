@@ -7,6 +7,11 @@ Where a request's keys come from is what the writer declares (nwor_lab.model.wri
                                        rows `window_rows[r]` (causal inside the window).
 `AttentionMetadata.build` fixes both per forward pass, once for all layers.
 
+With a sliding window (`sliding`, nwor_lab.kv.ring.SlidingWindow) a query at q attends q - W + 1 .. q:
+each request reads the cache from its first query's q - W + 1 on (through the ring when the cache
+is one). On a ring, a writer that declares `evicted_in_log` (cow) has saved what its drafts'
+writes evict; those positions are read from `writer.log_kv(layer)` instead of the overwritten slots.
+
 Two implementations read the same metadata (`attention` in `build`, `LabConfig.attention`):
   torch    the reference below: per request, gather its keys, one masked SDPA (lists of masks)
   triton   `nwor_lab.ops.verify_attention`: one launch per layer for the whole batch, keys read
@@ -22,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from nwor_lab.kv.blocks import block_table_tensor, build_slot_mapping
+from nwor_lab.kv.ring import SlidingWindow
 from nwor_lab.model.writer import DirectWriter, KVWriter
 
 
@@ -35,10 +41,19 @@ class AttentionMetadata:
     read_slots      list[[n_r]] cache slots of the positions read from the cache
     window_rows     list[[w_r]] | None   rows of `writer.window_kv(layer)` holding the request's
                     window positions after the cached ones (None: everything from the cache)
-    masks           list[[q_r, n_r + w_r]] bool, True where a query may attend (key pos <= query pos)
+    masks           list[[q_r, n_r + w_r]] bool, True where a query may attend (key pos <= query
+                    pos, and > query pos - W with a sliding window)
     writer          the KVWriter this pass writes through (a write policy with an open window,
                     or a DirectWriter)
     write_offset    row of this pass's first token inside the writer's window
+    read_from       list[int]   the first position each request reads from the cache (0 without
+                    a sliding window); its keys are positions read_from[r] .. cache_ends[r] - 1,
+                    then its window rows
+    cache_ends      list[int]   one past the last position each request reads from the cache
+    log_ranges      list[(first position, first log row, count)] | None: positions read from
+                    `writer.log_kv(layer)` instead of the cache (cow on a ring)
+    sliding         the SlidingWindow, or None
+    ledger          a RingLedger checking every cache read (debug mode), or None
     """
 
     positions: torch.Tensor
@@ -51,21 +66,37 @@ class AttentionMetadata:
     writer: KVWriter
     write_offset: int = 0
     kernel: "KernelArgs | None" = None
+    read_from: list | None = None
+    cache_ends: list | None = None
+    log_ranges: list | None = None
+    sliding: SlidingWindow | None = None
+    ledger: object = None
 
     @classmethod
     def build(cls, cache, writer: KVWriter | None, positions, query_lens, block_tables, context_lens, *,
-              window_rows=None, write_offset: int = 0, slot_mapping=None,
-              attention: str = "auto") -> "AttentionMetadata":
+              window_rows=None, write_offset: int = 0, slot_mapping=None, attention: str = "auto",
+              sliding: SlidingWindow | None = None, num_drafts=None, ledger=None) -> "AttentionMetadata":
         """positions [T]; query_lens, context_lens: ints per request; block_tables: block-id lists.
 
         context_lens[r]: positions of request r committed before the window (always read from
         the cache). window_rows[r]: the window's rows holding request r's tokens so far, this
         pass's included (default: this pass's rows, `write_offset + query_start_loc[r] ..`).
         writer None: a DirectWriter writing to `slot_mapping` (default: from the block tables).
+        sliding: the sliding window and ring (None: whole context, linear cache).
+        num_drafts[r]: drafts among request r's rows (its last ones), for a pass over a whole
+        verify window: with a ring and a writer that declares `evicted_in_log`, the positions their
+        writes evict are read from the log. ledger: checks every cache read (debug mode).
         """
         dev = cache.device
         bs = cache.spec.block_size
+        ring = sliding.ring_slots if sliding is not None else None
+        # the host copy, from the caller's list (a device tensor's copy syncs: made only when needed)
+        on_host = not torch.is_tensor(positions) or positions.device.type == "cpu"
+        pos_host = torch.as_tensor(positions, dtype=torch.long) if on_host else None
         positions = torch.as_tensor(positions, dtype=torch.long, device=dev)
+        triton = use_kernel(attention, dev)
+        if pos_host is None and (sliding is not None or not triton):
+            pos_host = positions.cpu()
         qlens = torch.as_tensor([int(n) for n in query_lens], dtype=torch.long)
         qsl = [0] + qlens.cumsum(0).tolist()
         if qsl[-1] != positions.numel():
@@ -77,7 +108,7 @@ class AttentionMetadata:
         # on the host: a device repeat_interleave without output_size syncs to learn its length
         token_req = torch.repeat_interleave(torch.arange(num_reqs), qlens).to(dev)
         if slot_mapping is None:
-            slot_mapping = build_slot_mapping(tables, token_req, positions, bs)
+            slot_mapping = build_slot_mapping(tables, token_req, positions, bs, ring)
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.long, device=dev)
         if writer is None:
             writer = DirectWriter(cache, slot_mapping)
@@ -85,31 +116,53 @@ class AttentionMetadata:
         n_win = [len(w) for w in window_rows]
         n_cache = [int(c) + (0 if in_buffer else w) for c, w in zip(context_lens, n_win)]
         for r, table in enumerate(block_tables):
-            if -(-n_cache[r] // bs) > len(table):
-                raise ValueError(f"request {r}: {n_cache[r]} cached positions need {-(-n_cache[r] // bs)} "
+            held = n_cache[r] if ring is None else min(n_cache[r], ring)
+            if -(-held // bs) > len(table):
+                raise ValueError(f"request {r}: {held} cached positions need {-(-held // bs)} "
                                  f"blocks, its block table has {len(table)}")
-        if use_kernel(attention, dev):
+        # each request reads the cache from its first (lowest) query's window on
+        read_from = [0] * num_reqs if sliding is None else \
+            [min(n_cache[r], sliding.first_key(int(pos_host[qsl[r]]))) if qlens[r] else n_cache[r]
+             for r in range(num_reqs)]
+        log_ranges = None
+        if ring is not None and num_drafts is not None and getattr(writer, "evicted_in_log", False):
+            # the drafts are each request's last rows; the log holds their slots' old rows in draft order
+            log_ranges, row = [], 0
+            for r, nd in enumerate(num_drafts):
+                first_draft = int(pos_host[qsl[r + 1] - nd]) if nd else 0
+                log_ranges.append((first_draft - ring, row, int(nd)))
+                row += int(nd)
+        extra = dict(read_from=read_from, cache_ends=n_cache, log_ranges=log_ranges, sliding=sliding,
+                     ledger=ledger)
+        if triton:
             rows = torch.as_tensor([r for w in window_rows for r in w], dtype=torch.long, device=dev) \
                 if in_buffer else None
-            kernel = KernelArgs(tables.to(torch.int32), torch.tensor(n_cache, dtype=torch.int32, device=dev),
-                                torch.tensor(qsl, dtype=torch.int32, device=dev), rows,
-                                torch.tensor([0, *accumulate(n_win)], dtype=torch.int32, device=dev)
-                                if in_buffer else None)
-            return cls(positions, slot_mapping, qsl, None, None, None, cache, writer, write_offset, kernel)
+            i32 = dict(dtype=torch.int32, device=dev)
+            kernel = KernelArgs(tables.to(torch.int32), torch.tensor(n_cache, **i32), torch.tensor(qsl, **i32), rows,
+                                torch.tensor([0, *accumulate(n_win)], **i32) if in_buffer else None,
+                                sliding.size if sliding is not None else 0, ring or 0,
+                                torch.tensor([a for a, _, _ in log_ranges], **i32) if log_ranges else None,
+                                torch.tensor([0, *accumulate(n for _, _, n in log_ranges)], **i32)
+                                if log_ranges else None)
+            return cls(positions, slot_mapping, qsl, None, None, None, cache, writer, write_offset, kernel, **extra)
         # every cached position of every request in one slot-mapping call, then split per request
-        counts = torch.tensor(n_cache, dtype=torch.long)
-        starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        counts = torch.tensor([e - a for a, e in zip(read_from, n_cache)], dtype=torch.long)
+        starts = torch.repeat_interleave(counts.cumsum(0) - counts - torch.tensor(read_from), counts)
         read_pos = (torch.arange(int(counts.sum())) - starts).to(dev)
         read_req = torch.repeat_interleave(torch.arange(num_reqs), counts).to(dev)
-        read_slots = list(build_slot_mapping(tables, read_req, read_pos, bs).split(n_cache))
-        pos_host = positions.cpu()
-        n_keys = [c + (w if in_buffer else 0) for c, w in zip(n_cache, n_win)]
-        masks = [(torch.arange(n_keys[r])[None, :] <= pos_host[qsl[r]:qsl[r + 1], None]).to(dev)
-                 for r in range(num_reqs)]
+        read_slots = list(build_slot_mapping(tables, read_req, read_pos, bs, ring).split(counts.tolist()))
+        masks = []
+        for r in range(num_reqs):
+            key_pos = read_from[r] + torch.arange(int(counts[r]) + (n_win[r] if in_buffer else 0))
+            q = pos_host[qsl[r]:qsl[r + 1], None]
+            visible = key_pos[None, :] <= q
+            if sliding is not None:
+                visible &= key_pos[None, :] > q - sliding.size
+            masks.append(visible.to(dev))
         rows = None
         if in_buffer:
             rows = [torch.as_tensor(list(w), dtype=torch.long, device=dev) for w in window_rows]
-        return cls(positions, slot_mapping, qsl, read_slots, rows, masks, cache, writer, write_offset)
+        return cls(positions, slot_mapping, qsl, read_slots, rows, masks, cache, writer, write_offset, **extra)
 
 
 @dataclass
@@ -119,6 +172,8 @@ class KernelArgs:
     block_tables `[R, max_blocks]` int32, cache_lens `[R]` int32 (positions read from the cache),
     query_start_loc `[R+1]` int32; when the writer keeps the window in a buffer: win_rows
     `[sum w_r]` int64 (each request's window rows, in position order) and win_start `[R+1]` int32.
+    sliding_window / ring_slots: W and S (0: off); log_lo `[R]` / log_start `[R+1]` int32: the
+    positions read from the writer's log (cow on a ring), or None.
     """
 
     block_tables: torch.Tensor
@@ -126,6 +181,10 @@ class KernelArgs:
     query_start_loc: torch.Tensor
     win_rows: torch.Tensor | None
     win_start: torch.Tensor | None
+    sliding_window: int = 0
+    ring_slots: int = 0
+    log_lo: torch.Tensor | None = None
+    log_start: torch.Tensor | None = None
 
 
 _triton_ok: bool | None = None
@@ -157,8 +216,13 @@ def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     cache = md.cache
     md.writer.write(layer, k, v, token_offset=md.write_offset)
+    if md.ledger is not None:
+        md.ledger.check_reads(layer, md)      # debug: every cache read holds the position it is read as
     if md.kernel is not None:
         return _kernel_attend(layer, q, md, scale)
+    log_k = log_v = None
+    if md.log_ranges is not None:
+        log_k, log_v = md.writer.log_kv(layer)
     win_k = win_v = None
     if md.window_rows is not None:
         win = md.writer.window_kv(layer)
@@ -181,6 +245,15 @@ def write_and_attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if s == e:
             continue
         keys, values = cache.gather(layer, md.read_slots[r])
+        if log_k is not None and md.log_ranges[r][2]:
+            # positions this window's draft writes evicted from the ring: their rows as logged
+            first, row, n = md.log_ranges[r]
+            a, b = max(first, md.read_from[r]), min(first + n, md.cache_ends[r])
+            if b > a:
+                keys, values = keys.clone(), values.clone()
+                rows = slice(row + a - first, row + b - first)
+                keys[a - md.read_from[r]:b - md.read_from[r]], values[a - md.read_from[r]:b - md.read_from[r]] = \
+                    cache.dequantize_rows(layer, log_k[rows], log_v[rows])
         if win_k is not None:
             rows = md.window_rows[r]
             keys = torch.cat([keys, win_k[rows].to(keys.dtype)])
@@ -202,7 +275,12 @@ def _kernel_attend(layer: int, q: torch.Tensor, md: AttentionMetadata, scale: fl
         win_k, win_v = md.writer.window_kv(layer)
     ks, vs = cache._scales[layer] if cache.is_fp8 else (None, None)
     key_cache, value_cache = cache._layers[layer]
+    log_k = log_v = None
+    if a.log_lo is not None:
+        log_k, log_v = md.writer.log_kv(layer)
     return verify_attention(q, key_cache, value_cache, a.block_tables, a.cache_lens, a.query_start_loc,
                             md.positions, win_key=win_k, win_value=win_v, win_rows=a.win_rows,
                             win_start=a.win_start, k_scale=ks, v_scale=vs, scale=scale,
-                            backend="triton" if q.is_cuda else "reference", trusted=True)
+                            backend="triton" if q.is_cuda else "reference", sliding_window=a.sliding_window,
+                            ring_slots=a.ring_slots, log_key=log_k, log_value=log_v, log_lo=a.log_lo,
+                            log_start=a.log_start, trusted=True)

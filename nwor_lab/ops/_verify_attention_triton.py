@@ -12,6 +12,12 @@ cache and one at or past it from the window rows. The alignment means a key tile
 positions whichever source feeds it, so a window read from the staging buffer is reduced in the
 same order as the same window read back from the cache.
 
+Sliding windows (`sliding_window` W > 0): a key is visible to a query at q iff q - W < p <= q, and
+the key loop starts at the tile holding the request's first query's q - W + 1, so a request reads
+about W keys whatever its context. A ring cache (`ring_slots` S > 0) maps position p to ring index
+p mod S before the block table lookup. A log source (`cow` on a ring) serves a range of positions
+per request from the log rows instead of the ring: a pointer select, as log and cache share a dtype.
+
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32
 and `_merge_splits_kernel` combines them; with one split the program writes the output directly.
@@ -105,16 +111,18 @@ def _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr,
 def _verify_attention_kernel(
         q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
         win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse,
-        qk_scale, keys_per_split,
+        log_k, log_v, log_lo, log_start,
+        qk_scale, keys_per_split, win_size, ring_slots,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         stride_wkt, stride_wkh, stride_wvt, stride_wvh,
+        stride_lkt, stride_lkh, stride_lvt, stride_lvh,
         stride_ps, stride_pt, stride_ph,
         GROUP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
         FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-        ROW_LOOP: tl.constexpr):
+        ROW_LOOP: tl.constexpr, SLIDING: tl.constexpr, RING: tl.constexpr, HAS_LOG: tl.constexpr):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -130,9 +138,21 @@ def _verify_attention_kernel(
     else:
         w_start = 0
         n_keys = cache_len
+    if SLIDING:
+        # tiles wholly below the window of the request's first (lowest) query hold no visible key
+        first = tl.load(positions + q_start, mask=q_rows > 0, other=0).to(tl.int32)
+        base = tl.maximum(first - win_size + 1, 0) // BLOCK_N * BLOCK_N
+    else:
+        base = 0
+    if HAS_LOG:
+        # positions lg_lo .. lg_hi - 1 are read from the log rows lg_row0 .. (what the window's
+        # draft writes evicted from the ring, saved by cow before they were overwritten)
+        lg_lo = tl.load(log_lo + req)
+        lg_row0 = tl.load(log_start + req)
+        lg_hi = lg_lo + (tl.load(log_start + req + 1) - lg_row0)
     # this split's keys; the last split runs to the end, so the window and any cache the split
     # plan did not foresee are always covered
-    lo = split * keys_per_split
+    lo = base + split * keys_per_split
     hi = tl.where(split == num_splits - 1, n_keys, tl.minimum(lo + keys_per_split, n_keys))
     if FP8:
         ks = tl.load(k_scale + kvh)
@@ -167,39 +187,59 @@ def _verify_attention_kernel(
         # tiles wholly inside the paged cache
         for start in range(lo, full_end, BLOCK_N):
             p = start + tl.arange(0, BLOCK_N)
-            blk = tl.load(bt_row + p // BS).to(tl.int64)
-            off = (p % BS).to(tl.int64)
-            k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :])
-            v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :])
+            if RING:
+                ri = p % ring_slots
+            else:
+                ri = p
+            blk = tl.load(bt_row + ri // BS).to(tl.int64)
+            off = (ri % BS).to(tl.int64)
+            k_at = k_head + (blk * stride_kb + off * stride_ks)
+            v_at = v_head + (blk * stride_vb + off * stride_vs)
+            if HAS_LOG:    # a pointer select: log rows have the cache's dtype
+                in_log = (p >= lg_lo) & (p < lg_hi)
+                lrow = (lg_row0 + p - lg_lo).to(tl.int64)
+                k_at = tl.where(in_log, log_k + (lrow * stride_lkt + kvh * stride_lkh), k_at)
+                v_at = tl.where(in_log, log_v + (lrow * stride_lvt + kvh * stride_lvh), v_at)
+            k = tl.load(k_at[:, None] + d[None, :])
+            v = tl.load(v_at[:, None] + d[None, :])
             if FP8:    # as cache.gather: float * scale, rounded to the model dtype
                 k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
                 v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
             visible = p[None, :] <= pos[:, None]
+            if SLIDING:
+                visible = visible & (p[None, :] > pos[:, None] - win_size)
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # tail tiles: the cache's last partial tile and the window rows, masked per position
         for start in range(full_end, end, BLOCK_N):
             p = start + tl.arange(0, BLOCK_N)
             in_cache = p < cache_len
-            blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
-            off = (p % BS).to(tl.int64)
+            if RING:
+                ri = p % ring_slots
+            else:
+                ri = p
+            blk = tl.load(bt_row + ri // BS, mask=in_cache, other=0).to(tl.int64)
+            off = (ri % BS).to(tl.int64)
+            k_at = k_head + (blk * stride_kb + off * stride_ks)
+            v_at = v_head + (blk * stride_vb + off * stride_vs)
+            if HAS_LOG:
+                in_log = (p >= lg_lo) & (p < lg_hi)
+                lrow = (lg_row0 + p - lg_lo).to(tl.int64)
+                k_at = tl.where(in_log, log_k + (lrow * stride_lkt + kvh * stride_lkh), k_at)
+                v_at = tl.where(in_log, log_v + (lrow * stride_lvt + kvh * stride_lvh), v_at)
             if HAS_WINDOW and not FP8:
                 # one load per row from whichever source holds it (a pointer select): loading
                 # both sources and blending them kept two K/V tiles live, and the extra
                 # registers slowed every tile of the kernel, not just this one
                 in_win = (p >= cache_len) & (p < end)
                 row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                k_rows = tl.where(in_cache, k_head + (blk * stride_kb + off * stride_ks),
-                                  win_k + (row * stride_wkt + kvh * stride_wkh))
-                v_rows = tl.where(in_cache, v_head + (blk * stride_vb + off * stride_vs),
-                                  win_v + (row * stride_wvt + kvh * stride_wvh))
+                k_rows = tl.where(in_cache, k_at, win_k + (row * stride_wkt + kvh * stride_wkh))
+                v_rows = tl.where(in_cache, v_at, win_v + (row * stride_wvt + kvh * stride_wvh))
                 some = (in_cache | in_win)[:, None]
                 k = tl.load(k_rows[:, None] + d[None, :], mask=some, other=0.0)
                 v = tl.load(v_rows[:, None] + d[None, :], mask=some, other=0.0)
             else:
-                k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :],
-                            mask=in_cache[:, None], other=0.0)
-                v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :],
-                            mask=in_cache[:, None], other=0.0)
+                k = tl.load(k_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
+                v = tl.load(v_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
                 if FP8:
                     k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
                     v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
@@ -216,6 +256,8 @@ def _verify_attention_kernel(
                     k = tl.where(in_win[:, None], wk, k)
                     v = tl.where(in_win[:, None], wv, v)
             visible = (p[None, :] <= pos[:, None]) & (p < end)[None, :]
+            if SLIDING:
+                visible = visible & (p[None, :] > pos[:, None] - win_size)
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # no visible key: 0, not NaN
@@ -290,6 +332,7 @@ def plan_splits(num_reqs: int, num_kv_heads: int, max_cache_keys: int, device, b
 
 def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
            win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, *,
+           sliding_window=0, ring_slots=0, log_key=None, log_value=None, log_lo=None, log_start=None,
            num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None):
     """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench."""
     T, hq, d = q.shape
@@ -298,6 +341,10 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     group = hq // h
     block_n = block_n or BLOCK_N
     max_cache_keys = block_tables.shape[1] * bs
+    if sliding_window:
+        # a request reads at most W keys before its first query, its rows and one tile of alignment
+        # (the last split runs to the end, so this bounds the work, never what is read)
+        max_cache_keys = sliding_window + block_n + 16
     if num_splits is None:
         num_splits, per_split = plan_splits(num_reqs, h, max_cache_keys, q.device, block_n)
     else:
@@ -312,6 +359,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     fp8 = key_cache.dtype in FP8_FORMATS
     mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
     has_window = win_key is not None
+    has_log = log_key is not None
     split = num_splits > 1
     if split:
         part_o = torch.empty((num_splits, T, hq, d), dtype=torch.float32, device=q.device)
@@ -325,17 +373,21 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         win_key if has_window else q, win_value if has_window else q,
         win_rows if has_window else dummy_idx, win_start if has_window else dummy_idx,
         k_scale if fp8 else q, v_scale if fp8 else q, out, part_o, part_lse,
-        float(scale) * LOG2E, per_split,
+        log_key if has_log else key_cache, log_value if has_log else value_cache,
+        log_lo if has_log else dummy_idx, log_start if has_log else dummy_idx,
+        float(scale) * LOG2E, per_split, int(sliding_window), int(ring_slots),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
         win_key.stride(0) if has_window else 0, win_key.stride(1) if has_window else 0,
         win_value.stride(0) if has_window else 0, win_value.stride(1) if has_window else 0,
+        log_key.stride(0) if has_log else 0, log_key.stride(1) if has_log else 0,
+        log_value.stride(0) if has_log else 0, log_value.stride(1) if has_log else 0,
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
         GROUP=group, D=d, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
         SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
-        ROW_LOOP=row_loop,
+        ROW_LOOP=row_loop, SLIDING=bool(sliding_window), RING=bool(ring_slots), HAS_LOG=has_log,
         num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     if split:
         _merge_splits_kernel[(T, hq)](

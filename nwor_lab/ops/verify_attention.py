@@ -9,6 +9,13 @@
     win_key, ...    [Tw, H, D]      optional window source (NWOR `stage`): request r's keys at
     win_rows        [n] int32/64      positions cache_lens[r] + j are rows
     win_start       [R+1] int32       win_key[win_rows[win_start[r] + j]], j < win_start[r+1] - win_start[r]
+    sliding_window  int             W > 0: query t attends key p iff positions[t] - W < p <= positions[t]
+                                      (each request's first query row holds its lowest position); 0: all
+    ring_slots      int             S > 0: the cache is a ring, position p at ring index p mod S (block
+                                      [r, (p mod S) // BS], offset (p mod S) % BS); needs W > 0, S >= W
+    log_key, ...    [n, H, D]       optional log source (NWOR `cow` on a ring), the cache's dtype (raw
+    log_lo          [R] int32         stored rows): request r's positions log_lo[r] + j, j < log_start[r+1]
+    log_start       [R+1] int32       - log_start[r], come from log_key[log_start[r] + j], not the cache
     -> out          [T, Hq, D]      q's dtype; Hq // H query heads share a KV head (GQA)
 
 An fp8 cache hands back `float(stored) * scale` rounded to q's dtype; window rows are put through
@@ -50,11 +57,12 @@ from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, capturing, check_tensor
 from nwor_lab.kv.cache import is_fp8
 from nwor_lab.kv.layout import detect_layout
 from nwor_lab.ops._lazy import LazyModule
-from nwor_lab.ops.quant import dequantize, quantize
+from nwor_lab.ops.quant import dequantize, quantize, raw
 from nwor_lab.ops.verify_attention_cases import VerifyAttentionCase, make_verify_attention_case
 
 BACKENDS = ("triton", "reference")
 WINDOW_ARGS = ("win_key", "win_value", "win_rows", "win_start")
+LOG_ARGS = ("log_key", "log_value", "log_lo", "log_start")
 INSTALL_HINT = "install it with `pip install triton` (Linux), or use backend='reference'"
 
 __all__ = ["verify_attention", "verify_attention_reference", "make_verify_attention_case",
@@ -101,7 +109,8 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
 # -- argument checks ---------------------------------------------------------------------------
 def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                       win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out,
-                      validate: bool = True) -> None:
+                      validate: bool = True, sliding_window: int = 0, ring_slots: int = 0,
+                      log_key=None, log_value=None, log_lo=None, log_start=None) -> None:
     """Raise, naming the argument and the fix, unless the call is well formed.
 
     validate: also check the index VALUES (offsets, lengths, block ids, window rows) on the host:
@@ -158,6 +167,35 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
                      what="[total window length]: rows of win_key, request by request")
         check_tensor("win_start", win_start, shape=(R + 1,), dtypes=(torch.int32,), device=dev,
                      what="[num_reqs + 1]: offsets of each request's window in win_rows")
+    for name, v in (("sliding_window", sliding_window), ("ring_slots", ring_slots)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}={v!r}: expected an int >= 0 (0: off)")
+    if ring_slots and not 0 < sliding_window <= ring_slots:
+        raise ValueError(f"ring_slots={ring_slots}: a ring keeps the last S positions, so it needs a sliding "
+                         f"window of 1..S positions (sliding_window={sliding_window})")
+    logged = [name for name, t in zip(LOG_ARGS, (log_key, log_value, log_lo, log_start)) if t is not None]
+    if logged and len(logged) < len(LOG_ARGS):
+        missing = [n for n in LOG_ARGS if n not in logged]
+        raise ValueError(f"{', '.join(missing)}: missing; a log source needs all of {', '.join(LOG_ARGS)} "
+                         f"(or none of them)")
+    if logged:
+        if given:
+            raise ValueError("log_key and win_key: give one extra source (a log is read by cow on a ring, a "
+                             "window buffer by stage), not both")
+        if not ring_slots:
+            raise ValueError("log_key: a log serves positions a ring write evicted; pass ring_slots (S > 0)")
+        check_tensor("log_key", log_key, ndim=3, dtypes=(key_cache.dtype,), device=dev,
+                     what="[logged rows, num_kv_heads, head_size] in the cache's dtype")
+        if tuple(log_key.shape[1:]) != (h, d):
+            raise ValueError(f"log_key: expected shape [*, {h}, {d}], got {tuple(log_key.shape)}")
+        check_tensor("log_value", log_value, shape=tuple(log_key.shape), dtypes=(key_cache.dtype,), device=dev,
+                     what="(same shape and dtype as log_key)")
+        if log_key.stride(-1) != 1 or log_value.stride(-1) != 1:
+            raise ValueError("log_key/log_value: head_size must be the contiguous dimension; call .contiguous()")
+        check_tensor("log_lo", log_lo, shape=(R,), dtypes=(torch.int32,), device=dev,
+                     what="[num_reqs]: the first position each request reads from the log")
+        check_tensor("log_start", log_start, shape=(R + 1,), dtypes=(torch.int32,), device=dev,
+                     what="[num_reqs + 1]: offsets of each request's rows in log_key")
     if is_fp8(key_cache.dtype):
         for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
             if sc is None:
@@ -174,11 +212,11 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
             raise ValueError("out: head_size must be the contiguous dimension")
     if validate and not capturing():
         _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions,
-                      win_key, win_rows, win_start)
+                      win_key, win_rows, win_start, sliding_window, ring_slots, log_key, log_start)
 
 
 def _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions, win_key, win_rows,
-                  win_start) -> None:
+                  win_start, sliding_window=0, ring_slots=0, log_key=None, log_start=None) -> None:
     """Offsets and indices in range; every query sees at least key 0."""
     qsl = query_start_loc.long().cpu()
     qlens = qsl.diff()
@@ -186,10 +224,13 @@ def _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, position
         raise ValueError(f"query_start_loc: must rise from 0 to num_tokens={T}, got {qsl.tolist()[:8]}")
     lens = cache_lens.long().cpu()
     cap = block_tables.shape[1] * bs
-    if bool((lens < 0).any()) or bool((lens > cap).any()):
+    if ring_slots and ring_slots > cap:
+        raise ValueError(f"ring_slots={ring_slots}: block_tables hold {cap} slots per request "
+                         f"(block_tables.shape[1] x block_size); give each request ceil(S / BS) blocks")
+    if bool((lens < 0).any()) or (not ring_slots and bool((lens > cap).any())):
         bad = lens[(lens < 0) | (lens > cap)][:4].tolist()
         raise ValueError(f"cache_lens: values {bad} are outside 0..{cap} (= block_tables.shape[1] x block_size)")
-    need = -(-lens // bs)
+    need = -(-(lens.clamp(max=ring_slots) if ring_slots else lens) // bs)
     used = torch.arange(block_tables.shape[1])[None, :] < need[:, None]
     blocks = block_tables.cpu()[used]
     if blocks.numel() and (int(blocks.min()) < 0 or int(blocks.max()) >= nb):
@@ -208,6 +249,18 @@ def _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, position
             raise ValueError(f"win_rows: rows must be in 0..{win_key.shape[0] - 1} (win_key.shape[0] - 1)")
     if T and int(positions.min()) < 0:
         raise ValueError("positions: must be >= 0 (a query at position p sees keys 0..p)")
+    if sliding_window and T:
+        pos = positions.long().cpu()
+        for r in range(len(qlens)):
+            a, b = int(qsl[r]), int(qsl[r + 1])
+            if b > a and int(pos[a]) != int(pos[a:b].min()):
+                raise ValueError(f"positions: request {r}'s first query row is not its lowest position; with a "
+                                 f"sliding window the kernel starts reading at that row's window")
+    if log_start is not None:
+        ls = log_start.long().cpu()
+        if int(ls[0]) < 0 or int(ls[-1]) > log_key.shape[0] or bool((ls.diff() < 0).any()):
+            raise ValueError(f"log_start: must rise from >= 0 to <= log_key.shape[0]={log_key.shape[0]}, "
+                             f"got {ls.tolist()[:8]}")
     empty = (qlens > 0) & (lens + wlens == 0)
     if bool(empty.any()):
         r = int(empty.nonzero()[0])
@@ -219,14 +272,17 @@ def _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, position
 def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
                                positions, *, win_key=None, win_value=None, win_rows=None, win_start=None,
                                k_scale=None, v_scale=None, scale, out=None, backend=None,
-                               trusted: bool = False) -> torch.Tensor:
+                               sliding_window: int = 0, ring_slots: int = 0, log_key=None, log_value=None,
+                               log_lo=None, log_start=None, trusted: bool = False) -> torch.Tensor:
     """The obviously right version (torch, any device): per request, gather its keys from the
-    cache (dequantised as `PagedKVCache.gather` does) and its window rows (round-tripped through
-    the cache dtype as `write_and_attend` does), then SDPA with the position mask. `backend` is
-    accepted for a drop-in signature and ignored."""
+    cache (dequantised as `PagedKVCache.gather` does; positions of the log range from the log)
+    and its window rows (round-tripped through the cache dtype as `write_and_attend` does), then
+    SDPA with the position mask. `backend` is accepted for a drop-in signature and ignored."""
     if not trusted:
         check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
-                          win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out)
+                          win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out,
+                          sliding_window=sliding_window, ring_slots=ring_slots, log_key=log_key,
+                          log_value=log_value, log_lo=log_lo, log_start=log_start)
     T, hq, d = q.shape
     bs, h = key_cache.shape[1], key_cache.shape[2]
     groups = hq // h
@@ -240,20 +296,33 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
     qsl = query_start_loc.tolist()
     lens = cache_lens.tolist()
     ws = win_start.tolist() if win_start is not None else None
+    logs = (log_lo.tolist(), log_start.tolist()) if log_key is not None else None
     for r, n in enumerate(lens):
         s, e = qsl[r], qsl[r + 1]
         if s == e:
             continue
-        p = torch.arange(n, device=q.device)
-        blk, off = block_tables[r].long()[p // bs], p % bs
-        keys = dequantize(key_cache[blk, off], q.dtype, k_scale)        # [n, H, D]
-        values = dequantize(value_cache[blk, off], q.dtype, v_scale)
+        lo = min(n, max(0, int(positions[s]) - sliding_window + 1)) if sliding_window else 0
+        p = torch.arange(lo, n, device=q.device)                        # positions read from the cache
+        ring = p % ring_slots if ring_slots else p
+        blk, off = block_tables[r].long()[ring // bs], ring % bs
+        stored_k, stored_v = key_cache[blk, off], value_cache[blk, off]  # [n - lo, H, D] as stored
+        if logs is not None:
+            first, (a, b) = logs[0][r], logs[1][r:r + 2]
+            from_log = (p >= first) & (p < first + b - a)
+            rows = (a + p[from_log] - first).long()
+            stored_k, stored_v = stored_k.clone(), stored_v.clone()
+            raw(stored_k)[from_log], raw(stored_v)[from_log] = raw(log_key)[rows], raw(log_value)[rows]
+        keys = dequantize(stored_k, q.dtype, k_scale)
+        values = dequantize(stored_v, q.dtype, v_scale)
         if ws is not None:
             rows = win_rows[ws[r]:ws[r + 1]].long()
             keys, values = torch.cat([keys, wk[rows]]), torch.cat([values, wv[rows]])
         keys = keys.repeat_interleave(groups, dim=1)                    # [n_r, Hq, D]
         values = values.repeat_interleave(groups, dim=1)
-        mask = torch.arange(keys.shape[0], device=q.device)[None, :] <= positions[s:e, None]
+        key_pos = lo + torch.arange(keys.shape[0], device=q.device)
+        mask = key_pos[None, :] <= positions[s:e, None]
+        if sliding_window:
+            mask &= key_pos[None, :] > positions[s:e, None] - sliding_window
         o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), keys.transpose(0, 1),
                                            values.transpose(0, 1), attn_mask=mask, scale=scale)
         out[s:e] = o.transpose(0, 1)
@@ -263,7 +332,8 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
 def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                      *, win_key=None, win_value=None, win_rows=None, win_start=None,
                      k_scale=None, v_scale=None, scale, out=None, backend=None,
-                     trusted: bool = False) -> torch.Tensor:
+                     sliding_window: int = 0, ring_slots: int = 0, log_key=None, log_value=None,
+                     log_lo=None, log_start=None, trusted: bool = False) -> torch.Tensor:
     """Attention of every request's query rows to its cached keys (and window rows), `[T, Hq, D]`.
 
     See the module docstring for shapes and semantics. out: written in place when given.
@@ -271,15 +341,17 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
     trusted: the caller (the engine) built the arguments and checked them once: skip the Python
     checks, which cost more host time than the launch.
     """
+    extra = dict(sliding_window=sliding_window, ring_slots=ring_slots, log_key=log_key, log_value=log_value,
+                 log_lo=log_lo, log_start=log_start)
     if not trusted:
         check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
-                          win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out)
+                          win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, **extra)
     which = resolve_backend(backend, q.device)
     if which == "reference":
         return verify_attention_reference(
             q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
             win_key=win_key, win_value=win_value, win_rows=win_rows, win_start=win_start,
-            k_scale=k_scale, v_scale=v_scale, scale=scale, out=out, trusted=True)
+            k_scale=k_scale, v_scale=v_scale, scale=scale, out=out, trusted=True, **extra)
     T, hq, d = q.shape
     if not trusted and (d < 16 or d > 256 or d & (d - 1)):
         raise ValueError(f"q: head_size {d} is not a power of two in 16..256, which the Triton kernel needs "
@@ -294,5 +366,5 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
         v_scale = v_scale.reshape(-1).expand(h).contiguous() if v_scale.numel() != h else v_scale.reshape(-1)
     return _load_kernels().launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
                                   positions, win_key, win_value, win_rows, win_start, k_scale, v_scale,
-                                  scale, out)
+                                  scale, out, **extra)
 

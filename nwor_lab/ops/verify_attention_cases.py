@@ -17,7 +17,7 @@ import torch
 
 from nwor_lab.kv.cache import CACHE_DTYPES
 from nwor_lab.kv.layout import allocate
-from nwor_lab.ops.quant import quantize
+from nwor_lab.ops.quant import quantize, raw
 
 
 @dataclass
@@ -39,12 +39,21 @@ class VerifyAttentionCase:
     win_start: torch.Tensor | None = None
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    sliding_window: int = 0
+    ring_slots: int = 0
+    log_key: torch.Tensor | None = None
+    log_value: torch.Tensor | None = None
+    log_lo: torch.Tensor | None = None
+    log_start: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
 
     def kwargs(self) -> dict:
-        return {name: getattr(self, name) for name in (
+        kw = {name: getattr(self, name) for name in (
             "q", "key_cache", "value_cache", "block_tables", "cache_lens", "query_start_loc", "positions",
             "win_key", "win_value", "win_rows", "win_start", "k_scale", "v_scale", "scale")}
+        if self.sliding_window:      # only when used: older callers pass kwargs() to the bare launch
+            kw.update({name: getattr(self, name) for name in RING_FIELDS})
+        return kw
 
     def kv_bytes(self) -> int:
         """Bytes of K and V a kernel must read: every cached key plus every window row, once."""
@@ -53,6 +62,9 @@ class VerifyAttentionCase:
         if self.win_rows is not None:
             n += self.win_rows.numel() * self.win_key.element_size()
         return 2 * n * h * d
+
+
+RING_FIELDS = ("sliding_window", "ring_slots", "log_key", "log_value", "log_lo", "log_start")
 
 
 def _ints(value, n: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
@@ -151,8 +163,80 @@ def case_to(case: VerifyAttentionCase, device) -> VerifyAttentionCase:
         base.copy_(t)
         return base
 
-    moved = {name: move(getattr(case, name)) for name in case.kwargs() if name != "scale"}
-    return VerifyAttentionCase(case.name, **moved, scale=case.scale, meta=dict(case.meta))
+    moved = {name: move(getattr(case, name)) for name in case.kwargs() if name not in ("scale", *RING_FIELDS)}
+    ring = {name: move(getattr(case, name)) if torch.is_tensor(getattr(case, name)) else getattr(case, name)
+            for name in RING_FIELDS}
+    return VerifyAttentionCase(case.name, **moved, **ring, scale=case.scale, meta=dict(case.meta))
+
+
+def as_ring(case: VerifyAttentionCase, sliding_window: int, ring_slots: int, log: bool = False,
+            seed: int = 0) -> VerifyAttentionCase:
+    """The same attention, with a sliding window of W = `sliding_window`, on a ring cache.
+
+    Every request's cached positions 0 .. cache_lens[r]-1 are written in order into a ring of
+    `ring_slots` slots (position p at ring index p mod S, later positions overwriting earlier
+    ones) in fresh, shuffled blocks; slots no position reached hold noise. `log` (cow on a ring;
+    a case without a window source): the positions the request's query rows after the first
+    evicted (row at P evicts P - S) come from a log of the rows they held, as cow saved them.
+    The linear case with `sliding_window` set (`with_window(case, W)`) is the same attention.
+    """
+    if log and case.win_rows is not None:
+        raise ValueError("as_ring(log=True): cow writes its window into the cache; give a case without a window")
+    gen = torch.Generator().manual_seed(seed)
+    nb, bs, h, d = case.key_cache.shape
+    lens, qsl = case.cache_lens.tolist(), case.query_start_loc.tolist()
+    per = -(-ring_slots // bs)
+    R = len(lens)
+    num_blocks = R * per + 2
+    layout = case.meta.get("layout", "NHD")
+    key_cache = allocate((num_blocks, bs, h, d), layout, case.key_cache.dtype, case.key_cache.device)
+    value_cache = allocate((num_blocks, bs, h, d), layout, case.key_cache.dtype, case.key_cache.device)
+    noise = (torch.randn(num_blocks, bs, h, d, generator=gen) * 3).to(case.q.dtype)
+    for c, sc in ((key_cache, case.k_scale), (value_cache, case.v_scale)):
+        c.copy_(quantize(noise.view(-1, h, d), c.dtype, sc).view(num_blocks, bs, h, d))
+    perm = torch.randperm(num_blocks, generator=gen)[:R * per].view(R, per).to(torch.int32)
+    tables = torch.cat([perm, torch.full((R, 1), -1, dtype=torch.int32)], 1)   # a spare -1 column
+
+    def at(table, p, ring):   # (block, offset) of positions p
+        i = p % ring if ring else p
+        return table.long()[i // bs], i % bs
+
+    log_k, log_v, log_lo, log_start = [], [], [], [0]
+    for r, n in enumerate(lens):
+        keep = torch.arange(max(0, n - ring_slots), n)            # what survives in the ring
+        sb, so = at(case.block_tables[r], keep, 0)
+        db, do = at(tables[r], keep, ring_slots)
+        raw(key_cache)[db, do], raw(value_cache)[db, do] = raw(case.key_cache)[sb, so], raw(case.value_cache)[sb, so]
+        if log:
+            first = int(case.positions[qsl[r]]) if qsl[r + 1] > qsl[r] else n
+            count = max(0, qsl[r + 1] - qsl[r] - 1)               # the drafts: rows after the first
+            evicted = torch.arange(first + 1 - ring_slots, first + 1 - ring_slots + count)
+            rows_k = torch.zeros((count, h, d), dtype=case.key_cache.dtype)
+            rows_v = torch.zeros_like(rows_k)
+            ok = evicted >= 0                                     # negative: the slot held nothing
+            eb, eo = at(case.block_tables[r], evicted[ok], 0)
+            raw(rows_k)[ok], raw(rows_v)[ok] = raw(case.key_cache)[eb, eo], raw(case.value_cache)[eb, eo]
+            log_k.append(rows_k), log_v.append(rows_v)
+            log_lo.append(first + 1 - ring_slots), log_start.append(log_start[-1] + count)
+    ring = VerifyAttentionCase(case.name + f"-ring{ring_slots}-W{sliding_window}" + ("-log" if log else ""),
+                               q=case.q, key_cache=key_cache, value_cache=value_cache, block_tables=tables,
+                               cache_lens=case.cache_lens, query_start_loc=case.query_start_loc,
+                               positions=case.positions, scale=case.scale, win_key=case.win_key,
+                               win_value=case.win_value, win_rows=case.win_rows, win_start=case.win_start,
+                               k_scale=case.k_scale, v_scale=case.v_scale, sliding_window=sliding_window,
+                               ring_slots=ring_slots, meta=dict(case.meta))
+    if log:
+        ring.log_key, ring.log_value = torch.cat(log_k), torch.cat(log_v)
+        ring.log_lo = torch.tensor(log_lo, dtype=torch.int32)
+        ring.log_start = torch.tensor(log_start, dtype=torch.int32)
+    return ring
+
+
+def with_window(case: VerifyAttentionCase, sliding_window: int) -> VerifyAttentionCase:
+    """The same linear case, its queries attending the last `sliding_window` positions only."""
+    kw = {name: getattr(case, name) for name in case.kwargs() if name not in ("scale", *RING_FIELDS)}
+    return VerifyAttentionCase(case.name + f"-W{sliding_window}", **kw, scale=case.scale,
+                               sliding_window=sliding_window, meta=dict(case.meta))
 
 
 def window_written_to_cache(case: VerifyAttentionCase) -> VerifyAttentionCase:

@@ -13,6 +13,7 @@ from nwor_lab.policies.cow import CowPolicy
 from nwor_lab.policies.observer import LogObserver, PhaseEvent, WindowObserver
 from nwor_lab.policies.off import OffPolicy
 from nwor_lab.policies.policy import WindowStateError, WritePolicy
+from nwor_lab.policies.ring_ledger import RingCorruption, RingLedger
 from nwor_lab.policies.stage import StagePolicy
 from nwor_lab.window import Acceptance, Window
 
@@ -45,4 +46,4 @@ def make_policy(config: LabConfig, cache: PagedKVCache, metrics: LabMetrics | No
 
 __all__ = ["make_policy", "register_policy", "POLICIES", "WritePolicy", "OffPolicy", "CowPolicy",
            "StagePolicy", "Window", "Acceptance", "WindowStateError", "PhaseEvent", "WindowObserver",
-           "LogObserver"]
+           "LogObserver", "RingLedger", "RingCorruption"]

@@ -5,6 +5,10 @@ Logging happens once at `begin` for all the window's layers (one launch over the
 `cache.key[layers]` is a view) and restoring once at `commit` (one launch), instead of the seed's
 extra kernels per layer. After commit every rejected slot is bit-identical to its content
 before the window.
+
+On a ring cache (sliding windows) a draft's slot held an older position that the window's earlier
+queries still need; the log holds exactly those rows, so attention reads them from `log_kv(layer)`
+(`evicted_in_log`), and the restore puts them back for the next window.
 """
 from __future__ import annotations
 
@@ -14,11 +18,16 @@ from nwor_lab.ops import log_slots, restore_slots
 
 class CowPolicy(OffPolicy):
     preserves_rejected_slots = True   # restored from the log at commit
+    evicted_in_log = True             # attention reads what the drafts' writes evicted from the log
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._draft_slots = None   # [Dtot] slots of the open window's drafts
         self._log = None           # (key rows, value rows) saved at begin
+
+    @classmethod
+    def transient_bytes_per_request(cls, k: int, spec) -> int:
+        return k * spec.num_layers * spec.bytes_per_token_layer   # the drafts' old rows, as stored
 
     @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
@@ -35,6 +44,14 @@ class CowPolicy(OffPolicy):
 
     def _logged_slots(self):
         return self._draft_slots
+
+    def log_kv(self, layer: int):
+        self._need_window("log_kv")
+        if layer not in self.layers:
+            raise ValueError(f"layer={layer}: this window was opened for layers {self.layers.start}.."
+                             f"{self.layers.stop - 1}; its log holds only those")
+        i = layer - self.layers.start
+        return self._log[0][i], self._log[1][i]
 
     def _commit(self, acceptance) -> None:
         rejected = self._draft_slots.masked_fill(acceptance.draft_mask, -1)  # accepted: nothing to restore

@@ -15,6 +15,11 @@ mode names:
     window_in_buffer          the window's K/V wait in a buffer until commit: attention reads the
                               prefix from the cache and the window from `window_kv(layer)`
     preserves_rejected_slots  after commit every rejected slot is bit-identical to before the window
+    evicted_in_log            the old contents of the window's draft slots wait in a log until commit:
+                              on a ring cache (sliding windows), attention reads the positions those
+                              writes evicted from `log_kv(layer)` instead of the overwritten slots
+`keeps_ring_exact()` follows from these: whether a ring of exactly W slots stays correct under the
+policy (nwor_lab.kv.ring says why a write-all window is not).
 Every argument is checked before anything is written; slot checks run once, at `begin`.
 Observers (`policy.observers`) see every phase (nwor_lab.policies.observer).
 """
@@ -45,6 +50,7 @@ class WritePolicy:
     name: ClassVar[str] = "?"                       # the registry key (set by register_policy)
     window_in_buffer: ClassVar[bool] = False
     preserves_rejected_slots: ClassVar[bool] = False
+    evicted_in_log: ClassVar[bool] = False
 
     def __init__(self, cache: PagedKVCache, config: LabConfig | None = None,
                  metrics: LabMetrics | None = None, records: bool = True, observers: list | None = None):
@@ -59,6 +65,20 @@ class WritePolicy:
         self.windows_done = 0
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
         self._kv_shape = torch.Size((cache.spec.num_kv_heads, cache.spec.head_size))
+
+    @classmethod
+    def keeps_ring_exact(cls) -> bool:
+        """Whether a ring of exactly W slots (no slack) stays exact under this policy: the window's
+        queries never read a slot its own writes overwrote (the window waits in a buffer, or the
+        evicted rows are read from a log), and after commit every rejected slot holds what it held
+        before (the positions the next window still needs)."""
+        return cls.preserves_rejected_slots and (cls.window_in_buffer or cls.evicted_in_log)
+
+    @classmethod
+    def transient_bytes_per_request(cls, k: int, spec) -> int:
+        """Bytes the policy holds per speculative request (t_last + k drafts) only while a window
+        is open, over all `spec.num_layers` layers (a staging buffer, a log). Default: none."""
+        return 0
 
     @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
@@ -163,6 +183,11 @@ class WritePolicy:
     def window_kv(self, layer: int):
         """`(key, value)` `[T, H, D]` of the window for attention when `window_in_buffer`, else None
         (attention reads the window from the cache, where `write` put it)."""
+        return None
+
+    def log_kv(self, layer: int):
+        """`(key, value)` `[Dtot, H, D]` in the cache's storage dtype (raw bytes): what each draft
+        slot of `window.draft_slots` held before the window, when `evicted_in_log`; else None."""
         return None
 
     def commit(self, acceptance: Acceptance | None = None) -> WindowRecord | None:

@@ -32,6 +32,11 @@ class StagePolicy(WritePolicy):
         self.reserve(initial_capacity)
 
     @classmethod
+    def transient_bytes_per_request(cls, k: int, spec) -> int:
+        row = 2 * spec.num_kv_heads * spec.head_size * torch.empty((), dtype=spec.dtype).element_size()
+        return (1 + k) * spec.num_layers * row    # the window's K and V, in the model dtype
+
+    @classmethod
     def launches_per_window(cls, num_layers: int) -> int:
         return 1   # the model projects into the buffer (zero-copy); one commit of all layers
 
