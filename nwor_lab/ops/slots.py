@@ -137,19 +137,34 @@ def _restore_stacked(key_cache, value_cache, slots, log_k, log_v) -> None:
 
 
 def log_slots_reference(key_cache, value_cache, slots):
-    """Stacked: one gather over all layers. Per layer: the same code on each layer as a stack of
-    one (`[1, NB, BS, H, D]` view), logs concatenated, so both forms give the same bytes."""
+    """Stacked: one gather over all layers. Per layer: the slot arithmetic once, then one gather per
+    layer and cache, stacked; both forms give the same bytes (rows of invalid slots zero)."""
     if not is_layer_list(key_cache):
         return _log_stacked(key_cache, value_cache, slots)
-    logs = [_log_stacked(k[None], v[None], slots) for k, v in zip(key_cache, value_cache)]
-    return torch.cat([lk for lk, _ in logs]), torch.cat([lv for _, lv in logs])
+    nb, bs = key_cache[0].shape[:2]
+    s = slots.long()
+    invalid = (s < 0) | (s >= nb * bs)
+    s = torch.where(invalid, torch.zeros_like(s), s)
+    block, offset = s // bs, s % bs
+    logs = []
+    for caches in (key_cache, value_cache):
+        log = torch.stack([raw(c)[block, offset] for c in caches])    # [L, n, H, D] raw bytes
+        log[:, invalid] = 0
+        logs.append(log.view(caches[0].dtype))
+    return logs[0], logs[1]
 
 
 def restore_slots_reference(key_cache, value_cache, slots, log_k, log_v) -> None:
     if not is_layer_list(key_cache):
         return _restore_stacked(key_cache, value_cache, slots, log_k, log_v)
-    for l, (k, v) in enumerate(zip(key_cache, value_cache)):
-        _restore_stacked(k[None], v[None], slots, log_k[l:l + 1], log_v[l:l + 1])
+    nb, bs = key_cache[0].shape[:2]
+    rows = valid_slot_rows(slots, nb * bs)
+    s = slots.long()[rows]
+    block, offset = s // bs, s % bs
+    for caches, log in ((key_cache, log_k), (value_cache, log_v)):
+        rows_log = raw(log)[:, rows]
+        for l, c in enumerate(caches):
+            raw(c)[block, offset] = rows_log[l]
 
 
 def log_slots(key_cache, value_cache, slots, *, layer_ptrs: torch.Tensor | None = None,

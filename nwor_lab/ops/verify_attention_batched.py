@@ -17,8 +17,9 @@ The nwor_lab.vllm plugin's `stage` attention runs it on every layer of every ver
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,35 +38,50 @@ class BatchedPlan:
     real_q: torch.Tensor          # [R, Q] bool
     mask: torch.Tensor            # [R, 1, Q, K] bool: query may see key
     out_rows: torch.Tensor        # [sum q_len] query rows in (request, j) order
+    _masks: dict = field(default_factory=dict)   # GQA group size -> the mask repeated along the group
+
+    def mask_for(self, groups: int) -> torch.Tensor:
+        """`[R, 1, G*Q, K]`: the mask of each query row, once per head of its KV group (made once)."""
+        if groups not in self._masks:
+            self._masks[groups] = self.mask if groups == 1 else self.mask.repeat(1, 1, groups, 1)
+        return self._masks[groups]
 
 
 def plan_batched(block_tables, cache_lens, query_start_loc, positions, block_size: int, *, win_rows=None,
                  win_start=None) -> BatchedPlan:
-    """The layer-independent half of `verify_attention_batched` (see the module doc)."""
+    """The layer-independent half of `verify_attention_batched` (see the module doc). CPU tensors:
+    the index arithmetic runs in numpy (a few microseconds an op; torch's dispatch costs more than
+    the arithmetic at these sizes) on zero-copy views, and comes back as torch tensors."""
+    if positions.device.type != "cpu":
+        raise ValueError(f"positions: on {positions.device}; verify_attention_batched runs CPU tensors (on a GPU "
+                         f"use verify_attention's Triton kernel)")
     num_reqs = cache_lens.numel()
-    dev = positions.device
-    qsl = query_start_loc.long()[:num_reqs + 1]
-    q_lens = qsl.diff()
-    clen = cache_lens.long()
-    wlen = win_start.long().diff()[:num_reqs] if win_start is not None else torch.zeros_like(clen)
+    qsl = query_start_loc.numpy().astype(np.int64)[:num_reqs + 1]
+    q_lens = np.diff(qsl)
+    clen = cache_lens.numpy().astype(np.int64)
+    wlen = np.diff(win_start.numpy().astype(np.int64))[:num_reqs] if win_start is not None else np.zeros_like(clen)
     n_keys = clen + wlen
     kmax, qmax = int(n_keys.max()), int(q_lens.max())
-    p = torch.arange(kmax, device=dev)[None, :]                               # [1, K] key positions
+    p = np.arange(kmax)[None, :]                                               # [1, K] key positions
     from_cache = p < clen[:, None]                                             # [R, K]
-    col = torch.clamp(p // block_size, max=block_tables.shape[1] - 1).expand(num_reqs, kmax)
-    blocks = torch.where(from_cache, block_tables.long().gather(1, col), torch.zeros_like(col))
+    tables = block_tables.numpy()
+    col = np.minimum(p // block_size, tables.shape[1] - 1)
+    blocks = np.where(from_cache, np.take_along_axis(tables, np.broadcast_to(col, (num_reqs, kmax)), 1), 0)
     rows = from_win = None
     if win_start is not None:
         from_win = ~from_cache & (p < n_keys[:, None])
-        idx = torch.where(from_win, win_start.long()[:num_reqs, None] + p - clen[:, None], torch.zeros_like(col))
-        rows, from_win = win_rows.long()[idx], from_win[..., None, None]
-    j = torch.arange(qmax, device=dev)[None, :]
+        idx = np.where(from_win, win_start.numpy().astype(np.int64)[:num_reqs, None] + p - clen[:, None], 0)
+        rows = torch.from_numpy(win_rows.numpy().astype(np.int64)[idx])
+        from_win = torch.from_numpy(from_win[..., None, None])
+    j = np.arange(qmax)[None, :]
     real_q = j < q_lens[:, None]                                               # [R, Q]
-    tok = torch.where(real_q, qsl[:num_reqs, None] + j, torch.zeros_like(j))
-    pos = positions.long()[tok]                                                # [R, Q]
+    tok = np.where(real_q, qsl[:num_reqs, None] + j, 0)
+    pos = positions.numpy().astype(np.int64)[tok]                              # [R, Q]
     mask = (p[:, None, :] <= pos[:, :, None]) & (p < n_keys[:, None])[:, None, :]   # [R, Q, K]
     mask |= ~real_q[:, :, None] & (p == 0)[:, None, :]                         # padded rows: key 0 (no NaN)
-    return BatchedPlan(blocks, p % block_size, rows, from_win, tok, real_q, mask[:, None], tok[real_q])
+    return BatchedPlan(torch.from_numpy(np.ascontiguousarray(blocks)), torch.from_numpy(p % block_size), rows,
+                       from_win, torch.from_numpy(tok), torch.from_numpy(real_q), torch.from_numpy(mask[:, None]),
+                       torch.from_numpy(tok[real_q]))
 
 
 def attend_batched(plan: BatchedPlan, q, key_cache, value_cache, *, win_key=None, win_value=None, scale,
@@ -83,12 +99,15 @@ def attend_batched(plan: BatchedPlan, q, key_cache, value_cache, *, win_key=None
     if plan.win_rows is not None:
         keys = torch.where(plan.from_win, win_key[plan.win_rows].to(q.dtype), keys)
         values = torch.where(plan.from_win, win_value[plan.win_rows].to(q.dtype), values)
-    groups = hq // key_cache.shape[2]
-    if groups > 1:
-        keys, values = keys.repeat_interleave(groups, dim=2), values.repeat_interleave(groups, dim=2)
-    o = F.scaled_dot_product_attention(q[plan.tok].transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                       attn_mask=plan.mask, scale=scale)      # [R, Hq, Q, D]
-    out[plan.out_rows] = o.transpose(1, 2)[plan.real_q]
+    r, h = plan.tok.shape[0], key_cache.shape[2]
+    groups, qmax = hq // h, plan.tok.shape[1]
+    # GQA without copying K/V: query head j*G+g reads KV head j, so the G heads of a group ride as
+    # G*Q query rows of one head ([R, H, G*Q, D]) and the mask repeats along them
+    qg = q[plan.tok].view(r, qmax, h, groups, d).permute(0, 2, 3, 1, 4).reshape(r, h, groups * qmax, d)
+    o = F.scaled_dot_product_attention(qg, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=plan.mask_for(groups),
+                                       scale=scale)                             # [R, H, G*Q, D]
+    o = o.view(r, h, groups, qmax, d).permute(0, 3, 1, 2, 4).reshape(r, qmax, hq, d)
+    out[plan.out_rows] = o[plan.real_q]
     return out
 
 

@@ -12,6 +12,8 @@ engine was not configured for the plugin, or a forward outside a step) both meth
 """
 from __future__ import annotations
 
+import functools
+
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 from vllm.v1.attention.backend import AttentionType
 
@@ -36,9 +38,8 @@ class NworCPUAttentionBackendImpl(CPUAttentionBackendImpl):
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         rt = self.nwor
-        if rt is not None and self.attn_type == AttentionType.DECODER:
-            from vllm.model_executor.layers.attention.attention import get_attention_context
-            md = get_attention_context(layer.layer_name)[0]
+        if rt is not None and rt.active and self.attn_type == AttentionType.DECODER:
+            md = functools.partial(_metadata_of, layer.layer_name)     # read only when the runtime needs it
             if rt.write(layer.layer_name, key, value, slot_mapping, md):
                 return
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
@@ -52,6 +53,11 @@ class NworCPUAttentionBackendImpl(CPUAttentionBackendImpl):
             return output
         return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                output_block_scale)
+
+
+def _metadata_of(layer_name: str):
+    from vllm.model_executor.layers.attention.attention import get_attention_context
+    return get_attention_context(layer_name)[0]
 
 
 class NworCPUAttentionBackend(CPUAttentionBackend):

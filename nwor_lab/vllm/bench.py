@@ -1,9 +1,12 @@
 """`python -m nwor_lab.vllm bench`: the plugin against vLLM alone, per drafting method and policy (JSON).
 
-Per method (EAGLE-1, EAGLE-3, ngram), in ONE process: an engine without the plugin's settings
-(vLLM's own code: "vllm") and an engine with the plugin, the same prompts and engine settings.
-Then, round-robin so the machine's drift hits every entry alike, `--repeats` timed generate calls
-each of vllm, off, cow, stage (after one untimed warm-up round); medians and ratios to vllm.
+Per method (EAGLE-1, EAGLE-3, ngram), ONE engine with the plugin; "vllm" is the same engine with
+the plugin stood down (`VllmLab.stand_down`: every hook defers to vLLM's own write, attention and
+sampling, one attribute check per hook), so vLLM alone and each policy share the engine, its
+memory and its warm caches. Round-robin, so the machine's drift hits every entry alike:
+`--repeats` timed generate calls each of vllm, off, cow, stage (after one untimed warm-up round);
+medians and ratios to vllm. (A second engine in one process is not an option for ngram: vLLM 0.32
+starts no engine after its ngram proposer exists, docs/vllm.md.)
 A last, untimed run per policy with `check=True` counts the windows whose cache bytes were checked.
 
     python -m nwor_lab.vllm bench --out benchmarks/results/vllm_cpu.json
@@ -29,17 +32,16 @@ POLICIES = ("off", "cow", "stage")
 def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict:
     from nwor_lab.vllm.generate import VllmLab
 
-    t0 = time.perf_counter()
-    alone = VllmLab(method, k, plugin=False, max_num_seqs=len(PROMPTS))
-    t1 = time.perf_counter()
     lab = VllmLab(method, k, max_num_seqs=len(PROMPTS))
-    t2 = time.perf_counter()
     times = {name: [] for name in ("vllm", *POLICIES)}
     runs = {}
     for rep in range(repeats + 1):
         for name in times:
-            res = alone.generate(PROMPTS, max_new_tokens) if name == "vllm" else \
-                lab.generate(PROMPTS, max_new_tokens, nwor_mode=name)
+            if name == "vllm":
+                lab.stand_down()
+                res = lab.generate(PROMPTS, max_new_tokens)
+            else:
+                res = lab.generate(PROMPTS, max_new_tokens, nwor_mode=name)
             if rep:                     # round 0 warms up (first calls compile and allocate)
                 times[name].append(res.seconds)
             runs[name] = res
@@ -51,7 +53,7 @@ def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict
         res = lab.generate(PROMPTS, max_new_tokens, nwor_mode=mode)
         checked[mode] = {"windows": len(res.trace), "checks_passed": res.totals["checks_passed"]}
     med = {name: statistics.median(v) for name, v in times.items()}
-    out = {"method": method, "k": k, "engine_start_s": {"vllm": t1 - t0, "plugin": t2 - t1},
+    out = {"method": method, "k": k, "engine_start_s": lab.start_seconds,
            "generate_s_median": med, "generate_s_all": times,
            "ratio_to_vllm": {name: med[name] / med["vllm"] for name in med},
            "tokens_identical": True, "policies": {}}
@@ -66,7 +68,6 @@ def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict
             "acceptance_by_position": runs[mode].acceptance_by_position,
             "seconds_in_plugin_hooks": t["seconds_in_nwor"]}
     out["vllm_metrics"] = runs["vllm"].vllm_metrics
-    alone.close()
     lab.close()
     return out
 

@@ -94,7 +94,12 @@ class VllmLab:
         return getattr(self.worker.model_runner, "nwor", None)
 
     def set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> None:
+        self.llm.collective_rpc("nwor_set_active", args=(True,))
         self.llm.collective_rpc("nwor_set_mode", args=(nwor_mode, scv_mode))
+
+    def stand_down(self) -> None:
+        """Until the next `set_mode`: the plugin defers to vLLM's own code (vLLM alone, same engine)."""
+        self.llm.collective_rpc("nwor_set_active", args=(False,))
 
     # -- generation -------------------------------------------------------------------------------
     def generate(self, prompts, max_new_tokens: int = 32, *, temperature: float = 0.0, seed: int | None = 0,
@@ -116,6 +121,8 @@ class VllmLab:
             if rt is None:
                 raise ValueError("nwor_mode/scv_mode: this engine runs without the plugin (plugin=False)")
             self.set_mode(nwor_mode, scv_mode)
+        if rt is not None and not rt.active:
+            rt = None                                  # stood down: vLLM alone on this engine
         params = [SamplingParams(temperature=temperature, max_tokens=max_new_tokens, ignore_eos=not stop_at_eos,
                                  seed=None if (seed is None or temperature == 0) else seed + i)
                   for i in range(len(prompts))]

@@ -30,6 +30,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nwor_lab.engine.trace import WindowTrace
@@ -63,6 +64,7 @@ class _Open:
     acceptance: Acceptance | None = None
     sampled: torch.Tensor | None = None
     before: dict = field(default_factory=dict)     # layer -> raw (key, value) rows at the window's slots
+    slots_seen: object = None                      # the last slot tensor found equal to the window's
     written: dict = field(default_factory=dict)    # layer -> (key, value) rows handed to write()
 
 
@@ -95,6 +97,7 @@ class NworRuntime:
         self.runner = runner
         self.vc = None                   # nwor_lab.vllm.cache.VllmCache
         self.policy = None
+        self._parked = None                  # the policy while the runtime stands down (set_active)
         self.scv = ScvRunner(self.config.scv_mode)
         self.plan_: _Plan | None = None
         self.verify: _Open | None = None
@@ -132,6 +135,16 @@ class NworRuntime:
         self.config = self.config.replace(**changes)
         self.policy = make_policy(self.config, self.vc.cache)
         self.scv = ScvRunner(self.config.scv_mode)
+
+    def set_active(self, active: bool) -> None:
+        """Stand the plugin down (False: every hook defers to vLLM's own code, as if the engine had no
+        NWOR settings) or back up, between steps. The benchmark's "vLLM alone" on the same engine."""
+        if self.verify or self.draft:
+            raise RuntimeError("set_active: a window is open; switch between steps")
+        if active and self.policy is None:
+            self.policy = self._parked
+        elif not active and self.policy is not None:
+            self._parked, self.policy = self.policy, None
 
     def reset_totals(self) -> Totals:
         """Start counting afresh (steps numbered from 1 again); returns what was counted."""
@@ -183,7 +196,8 @@ class NworRuntime:
     # -- backend hooks --------------------------------------------------------------------------
     def write(self, layer_name: str, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
               attn_metadata) -> bool:
-        """A layer's K/V for this forward; False: not ours (vLLM writes it as it would)."""
+        """A layer's K/V for this forward; False: not ours (vLLM writes it as it would).
+        `attn_metadata`: the layer's metadata, or a callable returning it (read only when needed)."""
         if not self.active:
             return False
         layer = self.vc.index.get(layer_name)
@@ -217,18 +231,24 @@ class NworRuntime:
         n_target = self.vc.num_target_layers
         v, d = self.verify, self.draft
         if v is None and d is None and self.plan_ is not None and layer < n_target:
-            v = self._begin_verify(slot_mapping, md)
+            v = self._begin_verify(slot_mapping, md() if callable(md) else md)
         if v is not None and layer in v.layers and not self.policy.written_rows(layer):
             t = v.window.num_tokens
-            if key.shape[0] < t or not torch.equal(slot_mapping[:t].long(), v.window.slot_mapping):
+            # vLLM hands every layer of a pass the same slot tensor: compare its values once per tensor
+            same = slot_mapping is v.slots_seen or (key.shape[0] >= t and torch.equal(slot_mapping[:t].long(),
+                                                                                       v.window.slot_mapping))
+            if not same:
                 raise RuntimeError(f"nwor_lab.vllm: layer {layer} wrote {key.shape[0]} rows at slots that are not "
                                    f"the verify window's {t} (step {self.step}); this drafting method writes its "
                                    f"head's first pass differently, and the plugin does not support it")
-            self._keep(v, layer, key[:t], value[:t])
-            self.policy.write(layer, key[:t], value[:t])
+            v.slots_seen = slot_mapping
+            if key.shape[0] != t:
+                key, value = key[:t], value[:t]
+            self._keep(v, layer, key, value)
+            self.policy.write(layer, key, value)
             return True
         if layer >= n_target and (v is not None or d is not None):
-            return self._chain_write(layer, key, value, slot_mapping, md)
+            return self._chain_write(layer, key, value, slot_mapping, md() if callable(md) else md)
         if self.plan_ is None and v is None and d is None:
             return False             # a forward vLLM runs outside a step (profiling, warm-up)
         raise RuntimeError(f"nwor_lab.vllm: unexpected K/V write to layer {layer} in step {self.step} "
@@ -382,21 +402,22 @@ class NworRuntime:
     def _plan_pass(self, w: Window, ranges, md):
         """Where each request's keys come from in this pass: positions before its staged rows from
         vLLM's cache (its block table), then its staged rows in position order; its queries are
-        the last q_len of those positions (vLLM's seq_lens count them all)."""
+        the last q_len of those positions (vLLM's seq_lens count them all). Host arithmetic in numpy."""
         num_reqs = w.num_reqs
-        rows = torch.cat([torch.arange(a, b) for a, b in ranges])
-        req = w.token_req[rows].long()
-        win_rows = rows[torch.sort(req, stable=True).indices]     # per request, in row (= position) order
-        counts = torch.bincount(req, minlength=num_reqs)
-        win_start = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-        qsl = md.query_start_loc[:num_reqs + 1].long()
-        seq_lens = md.seq_lens[:num_reqs].long()
-        q_lens = qsl.diff()
+        rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+        req = w.token_req.numpy()[rows]
+        win_rows = rows[np.argsort(req, kind="stable")]          # per request, in row (= position) order
+        counts = np.bincount(req, minlength=num_reqs)
+        win_start = np.concatenate([[0], np.cumsum(counts)])
+        qsl = md.query_start_loc.numpy()[:num_reqs + 1].astype(np.int64)
+        seq_lens = md.seq_lens.numpy()[:num_reqs].astype(np.int64)
+        q_lens = np.diff(qsl)
         t = int(qsl[-1])
-        token_req = torch.repeat_interleave(torch.arange(num_reqs), q_lens, output_size=t)
-        positions = seq_lens[token_req] - q_lens[token_req] + (torch.arange(t) - qsl[token_req])
-        plan = plan_batched(md.block_table, seq_lens - counts, qsl, positions, self.block_size, win_rows=win_rows,
-                            win_start=win_start)
+        token_req = np.repeat(np.arange(num_reqs), q_lens)
+        positions = seq_lens[token_req] - q_lens[token_req] + (np.arange(t) - qsl[token_req])
+        t_ = torch.from_numpy
+        plan = plan_batched(md.block_table, t_(seq_lens - counts), t_(qsl), t_(positions), self.block_size,
+                            win_rows=t_(win_rows), win_start=t_(win_start))
         return plan, t
 
     # -- checks -----------------------------------------------------------------------------------

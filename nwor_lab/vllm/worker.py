@@ -90,9 +90,20 @@ class NworCPUWorker(CPUWorker):
         rt.set_mode(nwor_mode, scv_mode)
         return rt.config.nwor_mode
 
+    def nwor_set_active(self, active: bool) -> bool:
+        self._runtime_any().set_active(active)
+        return active
+
     def nwor_totals(self, reset: bool = False) -> dict:
         rt = self._runtime()
         return (rt.reset_totals() if reset else rt.totals).to_dict()
+
+    def _runtime_any(self) -> NworRuntime:
+        rt = getattr(self.model_runner, "nwor", None)
+        if rt is None:
+            raise RuntimeError("nwor_lab.vllm: this engine runs without the plugin's settings "
+                               "(additional_config['nwor_lab'])")
+        return rt
 
     def _runtime(self) -> NworRuntime:
         rt = getattr(self.model_runner, "nwor", None)
