@@ -32,16 +32,16 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or LabArgumentParser(prog=prog, description="Speculative decoding with the shipped tiny Llama + EAGLE "
                                                       "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("prompts", nargs="+", help="one or more prompts (batched together)")
+    p.add_argument("prompts", nargs="+", type=types.prompt, help="one or more prompts (batched together)")
     p.add_argument("--k", type=types.int_at_least(0), default=4, help="drafts per window (0: target only)")
     p.add_argument("--nwor", choices=NWOR_MODES, default="off", help="KV write policy")
     p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=types.seed, default=0)
     p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1", help="which shipped draft head")
     p.add_argument("--checkpoint", default=None, help="directory laid out like nwor_lab/checkpoints/tiny")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=types.device, default="cpu")
     p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
     p.add_argument("--stop-at-eos", action="store_true")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
@@ -49,7 +49,7 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         "NWOR_LAB_CUDA_GRAPH)")
     p.add_argument("--tp", type=types.int_at_least(1), default=1,
                    help="tensor-parallel ranks (started here: NCCL on --device cuda, gloo on cpu)")
-    p.add_argument("--tp-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--tp-timeout", type=types.seconds, default=60.0, metavar="SECONDS",
                    help="with --tp: collective timeout (a failed or stuck rank ends the run within it)")
     limits = p.add_argument_group("engine limits (checked before anything is allocated)")
     limits.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8,
