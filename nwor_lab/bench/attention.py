@@ -287,7 +287,7 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> int:
     parser = LabArgumentParser(prog="nwor-lab bench attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="FILE", type=lambda t: t if t == "-" else types.output_file(t),
+    parser.add_argument("--json", metavar="FILE", type=types.output_file_or_stdout,
                         help="write the result as JSON to FILE ('-': stdout)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and query lengths (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time launch plans at the headline sizes")

@@ -171,6 +171,11 @@ def output_file(text: str) -> Path:
     return p
 
 
+def output_file_or_stdout(text: str):
+    """An argparse type: `-` (stdout, returned as the str '-') or an `output_file`."""
+    return text if text == "-" else output_file(text)
+
+
 def output_folder(text: str) -> Path:
     """An argparse type: a folder to write into (created if missing): not a file, writable."""
     p = Path(text)

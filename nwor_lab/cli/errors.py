@@ -6,8 +6,10 @@ A command raises; `nwor_lab.cli.main.main` catches, once:
     (ValueError, TypeError, IndexError, OSError,  the message names the argument, file or
      MemoryError, RuntimeError: CheckpointError,  variable and the fix
      ExtensionBuildError, a failed backend, ...)
-  KeyboardInterrupt                               exit 130 (a command with partial results prints
-                                                  them first, e.g. `generate`)
+  KeyboardInterrupt (Ctrl-C), and SIGTERM, which  exit 128 + the signal (130, 143); a command with
+    arrives as `Interrupted`, a KeyboardInterrupt   partial results prints them first (`generate`),
+                                                  and every `finally` runs: temporary files go,
+                                                  helper processes are stopped
   anything else (AssertionError, ...)             a bug: one line saying so, exit 1
 
   SystemExit with a message (a library's        the same one line, exit 2 (never swallowed)
@@ -30,7 +32,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -42,6 +46,23 @@ EXIT_INTERRUPTED = 130   # 128 + SIGINT, what shells report for Ctrl-C
 
 class UsageError(Exception):
     """A bad argument, file or environment value. The message names it and says how to fix it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or another stop signal) delivered as an exception, so a command stops the way Ctrl-C
+    stops it (cleanup runs, partial results print); `signum` makes the exit code 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupted_exit_code(err: KeyboardInterrupt) -> int:
+    return 128 + getattr(err, "signum", signal.SIGINT)
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
 
 
 class LabArgumentParser(argparse.ArgumentParser):
@@ -106,6 +127,9 @@ def run(dispatch, argv: list[str]) -> int:
     argv = list(argv)
     show_stack = "--traceback" in argv or _debug_env()
     argv = [a for a in argv if a != "--traceback"]
+    previous = None
+    if threading.current_thread() is threading.main_thread():     # signals reach only the main thread
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return dispatch(argv) or 0
     except SystemExit as done:          # --help, parsers that exit themselves, `raise SystemExit("why")`
@@ -117,17 +141,20 @@ def run(dispatch, argv: list[str]) -> int:
     except BrokenPipeError:             # `nwor-lab generate ... | head`: the reader left, stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if show_stack:
             traceback.print_exc()
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupted_exit_code(stop)
     except Exception as err:  # noqa: BLE001 - the one error path: every command's errors end here
         code, line = describe(err)
         if show_stack:
             traceback.print_exc()
         print(line, file=sys.stderr)
         return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def flag_names(text: str, flags: dict[str, str]) -> str:

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names
+from nwor_lab.cli.errors import (EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names,
+                                 interrupted_exit_code)
 from nwor_lab.config import CACHE_DTYPE_NAMES, NWOR_MODES, SCV_MODES
 
 SEPARATOR = "-" * 60
@@ -153,15 +154,15 @@ def cli_generate(argv=None) -> int:
     except (ValueError, TypeError, MemoryError) as err:      # an engine limit: say it with the flags
         raise UsageError(flag_names(str(err), FLAGS)) from err
 
-    interrupted = False
+    interrupted, code = False, EXIT_INTERRUPTED
     if streamer:
         streamer.start(gen.requests)
     try:
         while gen.step():          # one verify window (and its drafting) at a time
             if streamer:
                 streamer.flush()
-    except KeyboardInterrupt:      # the engine cancelled the open window; what was emitted stands
-        interrupted = True
+    except KeyboardInterrupt as stop:   # Ctrl-C or SIGTERM: the engine cancelled the open window;
+        interrupted, code = True, interrupted_exit_code(stop)   # what was emitted stands
     res = gen.result()
     if args.json:
         print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(),
@@ -178,7 +179,7 @@ def cli_generate(argv=None) -> int:
         sys.stdout.flush()
         print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "
               f"so far", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return code
     return 0
 
 

@@ -16,7 +16,7 @@ import shlex
 import sys
 
 from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, run
+from nwor_lab.cli.errors import LabArgumentParser, interrupted_exit_code, run
 from nwor_lab.sweep.grid import parse_grid, parse_set
 
 
@@ -44,9 +44,9 @@ def cmd_sweep(args) -> int:
         outcome = run_sweep(args.notebook, grid, args.out, fixed=fixed, workers=args.workers,
                             timeout=args.timeout, kernel_name=args.kernel, progress=not args.no_progress,
                             resume_hint=_resume_command(args))
-    except KeyboardInterrupt:  # before the runs started (the runner handles Ctrl-C during them)
+    except KeyboardInterrupt as stop:  # before the runs started (the runner handles signals during them)
         print(f"{args.prog_name}: interrupted before any run started; nothing recorded", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(stop)
     return outcome.exit_code
 
 

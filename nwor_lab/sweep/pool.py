@@ -21,6 +21,7 @@ from nwor_lab import lifeline
 from nwor_lab.sweep.plan import Run
 
 POLL_S = 0.1
+EXIT_NO_SPACE = 28       # = errno ENOSPC: a worker that could not write its files exits with it
 
 
 def child_pids(pid: int) -> list[int]:

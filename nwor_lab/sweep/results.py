@@ -77,7 +77,7 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _repair_tail(path: Path) -> None:
+def repair_tail(path: Path) -> None:
     """Before appending: give a complete last row its missing newline; cut a torn last row."""
     try:
         size = path.stat().st_size
@@ -129,7 +129,7 @@ class ResultsLog:
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / RESULTS_FILE
         try:
-            _repair_tail(self.path)
+            repair_tail(self.path)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
             raise OutputError(self.path, err) from None

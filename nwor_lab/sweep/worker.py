@@ -25,10 +25,10 @@ import sys
 import time
 
 from nwor_lab import atomic
+from nwor_lab.sweep.pool import EXIT_NO_SPACE
 from nwor_lab.sweep.record import METRICS_ENV
 
 MAX_ERROR_CHARS = 400
-EXIT_NO_SPACE = 28       # = errno ENOSPC: the worker could not write its files
 _NO_SPACE_TEXT = ("No space left on device", "ENOSPC", "Disk quota exceeded", "EDQUOT")
 
 
