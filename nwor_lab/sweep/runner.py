@@ -200,8 +200,9 @@ def _stop_for_space(out: Path, run_id: str, outcome: SweepOutcome) -> None:
     """The disk is full: every further run would fail the same way, so stop, in one line."""
     done = len(outcome.ok) + len(outcome.failed)
     raise atomic.OutputError(out, OSError(errno.ENOSPC, "no space"),
-                             f"run {run_id} could not write its files and will be redone; the {done} runs finished "
-                             f"before are recorded in {out / RESULTS_FILE}; free space, then run the same sweep again")
+                             f"run {run_id} could not write its files and will be redone; {_runs(done)} finished "
+                             f"before it stay recorded in {out / RESULTS_FILE}; free space, then run the same sweep "
+                             f"again")
 
 
 def _disk_full(folder: Path) -> bool:

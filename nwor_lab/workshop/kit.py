@@ -146,8 +146,7 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
                 progress_bar=False, log_output=False, request_save_on_cell_execute=False,
                 kernel_manager_class=kernel_manager_class())
     except Exception as err:
-        if atomic.no_space(err) or isinstance(err, atomic.OutputError):
-            raise                                   # the machine's problem, not the chapter's
+        _raise_if_disk(err, running)               # the machine's problem, not the chapter's
         built.ok, built.error = False, error_text(err)
     built.seconds = round(time.perf_counter() - start, 2)
     if running.exists():
@@ -156,11 +155,18 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
         nb = nbformat.read(str(executed), as_version=4) if executed.exists() else ch.read(path)
         built.html, built.slides = export(nb, out, name)
     except Exception as err:
-        if atomic.no_space(err) or isinstance(err, atomic.OutputError):
-            raise
+        _raise_if_disk(err, out)
         built.ok = False
         built.error = (built.error + "; " if built.error else "") + f"export failed: {error_text(err)}"
     return built
+
+
+def _raise_if_disk(err: Exception, path: Path) -> None:
+    """A full disk stops the build in one line naming the file; any other error is the chapter's."""
+    if isinstance(err, atomic.OutputError):
+        raise err
+    if atomic.no_space(err):
+        raise atomic.OutputError(getattr(err, "filename", None) or path, err) from None
 
 
 def build(chapters, out=DEFAULT_OUT, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
