@@ -3,8 +3,9 @@ full disk (issue 20).
 
 Commands: generate (streaming), sweep (3 runs of the probe notebook), report, workshop build (one
 tiny chapter) and selfcheck (--out). For each command and each signal, one run is stopped at a
-point drawn from a seeded RNG (`SEED`): generate once its text streams, plus 0-2 s; the others at
-20-90 % of the time an uninterrupted run of the same command took here (`durations`), and then:
+point drawn from a seeded RNG (`SEED`): generate once its text streams, and workshop build once its
+chapter's kernel runs, plus 0-2 s; the others at 20-90 % of the time an uninterrupted run of the
+same command took here (`durations`), and then:
 - finished results survive: the rows written before the signal are still there, byte for byte,
   and a resume completes the sweep with every run recorded once; generate's streamed text and
   statistics are printed on SIGINT / SIGTERM;
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_tools import (MARK, fill, jsonl_rows, kill_marked, new_mark, temp_leftovers, tmpfs, wait_gone,
+from fault_tools import (MARK, fill, jsonl_rows, kill_marked, marked, new_mark, temp_leftovers, tmpfs, wait_gone,
                          whole_html, whole_json)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,28 +128,30 @@ def workshop_argv(kit: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def finished_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "sweep"
-    s = start(["sweep", str(PROBE), "--grid", "x=1,2", "--out", str(out), "--no-progress"], out.parent)
-    assert s.finish() == 0, s.stderr
-    return out
-
-
-@pytest.fixture(scope="module")
-def durations(tmp_path_factory, finished_sweep) -> dict[str, float]:
-    """Seconds an uninterrupted run of each command takes on this machine now: the signals land
-    inside that span, wherever the suite runs."""
-    where = tmp_path_factory.mktemp("durations")
-    report_dir = where / "sweep"
-    shutil.copytree(finished_sweep, report_dir)
-    runs = {"sweep": sweep_argv(where / "sweep_run"), "report": ["report", str(report_dir)],
-            "workshop": workshop_argv(where / "kit"), "selfcheck": ["selfcheck", "--out", str(where / "sc.json")]}
+def reference(tmp_path_factory) -> tuple[dict[str, float], Path]:
+    """Seconds an uninterrupted run of each command takes on this machine now (the signals land
+    inside that span, wherever the suite runs), and the finished sweep folder (for the reports)."""
+    where = tmp_path_factory.mktemp("reference")
+    sweep = where / "sweep"
+    runs = {"sweep": sweep_argv(sweep), "report": ["report", str(sweep)], "workshop": workshop_argv(where / "kit"),
+            "selfcheck": ["selfcheck", "--out", str(where / "sc.json")]}
     took = {}
     for name, argv in runs.items():
         s = start(argv, where)
         assert s.finish() == 0, s.stderr
         took[name] = time.monotonic() - s.t0
-    return took
+    (sweep / "report.html").unlink()
+    return took, sweep
+
+
+@pytest.fixture(scope="module")
+def durations(reference) -> dict[str, float]:
+    return reference[0]
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(reference) -> Path:
+    return reference[1]
 
 
 def point_in(durations: dict, command: str, sig: str) -> float:
@@ -231,12 +234,14 @@ def test_report_under_a_signal(sig, finished_sweep, tmp_path, durations):
     assert whole_html(page), "report.html is half-written"
     new = "the previous report" not in page.read_text()
     if sig != "SIGKILL":
-        assert not temp_leftovers(out)
-    r = start(["report", str(out)], tmp_path)
-    assert r.finish() == 0 and whole_html(page) and not temp_leftovers(out), r.stderr
+        assert not temp_leftovers(out)                           # SIGINT / SIGTERM: its own cleanup ran
+    else:                                                        # SIGKILL: the next run cleans up
+        r = start(["report", str(out)], tmp_path)
+        assert r.finish() == 0 and whole_html(page) and not temp_leftovers(out), r.stderr
     record(command="report", signal=sig, delay_s=round(delay, 2), **point, exit_code=code,
            uninterrupted_s=round(durations["report"], 2),
-           survived=("the new report, whole" if new else "the previous report, whole") + "; rerun wrote it, no temp file")
+           survived=("the new report, whole" if new else "the previous report, whole") + "; no temp file"
+           + ("" if sig != "SIGKILL" else " after the rerun"))
 
 
 # -- workshop build -----------------------------------------------------------------------------------
@@ -251,21 +256,25 @@ def check_kit(kit: Path) -> None:
 def test_workshop_build_under_a_signal(sig, tmp_path, durations):
     kit = tmp_path / "kit"
     argv = workshop_argv(kit)
-    delay = point_in(durations, "workshop", sig)
+    delay = rng_for("workshop", sig).uniform(0.0, 2.0)        # after the chapter's kernel is up
     s = start(argv, tmp_path)
-    point = stop_after(s, SIGNALS[sig], delay)
+    point = stop_after(s, SIGNALS[sig], delay, ready=lambda s: len(marked(s.token)) >= 2)
     code = s.finish()
     no_process_left(s)                                           # the chapter's kernel too
     check_kit(kit) if kit.exists() else None
     present = sorted(str(p.relative_to(kit)) for p in kit.rglob("*") if p.is_file()) if kit.exists() else []
-    r = start(argv, tmp_path)
-    assert r.finish() == 0, r.stderr
-    no_process_left(r)
-    check_kit(kit)
-    assert (kit / "index.html").exists() and not (kit / ".work").exists() and not temp_leftovers(kit)
+    if sig != "SIGKILL":                                         # its own cleanup ran
+        assert not (kit / ".work").exists() and (not kit.exists() or not temp_leftovers(kit))
+    else:
+        r = start(argv, tmp_path)
+        assert r.finish() == 0, r.stderr
+        no_process_left(r)
+        check_kit(kit)
+        assert (kit / "index.html").exists() and not (kit / ".work").exists() and not temp_leftovers(kit)
     record(command="workshop build", signal=sig, delay_s=round(delay, 2), **point, exit_code=code,
            uninterrupted_s=round(durations["workshop"], 2),
-           survived=f"{len(present)} whole files present after the signal; rebuild complete, no .work or temp")
+           survived=f"{len(present)} files present after the signal, all whole"
+           + ("; the rebuild completed, no .work or temp left" if sig == "SIGKILL" else ""))
 
 
 # -- selfcheck ----------------------------------------------------------------------------------------
@@ -280,8 +289,11 @@ def test_selfcheck_under_a_signal(sig, tmp_path, durations):
     no_process_left(s)
     assert whole_json(out), "selfcheck.json is half-written"
     new = "previous" not in out.read_text()
-    r = start(["selfcheck", "--out", str(out)], tmp_path)
-    assert r.finish() == 0 and json.loads(out.read_text())["ok"] and not temp_leftovers(tmp_path), r.stderr
+    if sig != "SIGKILL":
+        assert not temp_leftovers(tmp_path)
+    else:
+        r = start(["selfcheck", "--out", str(out)], tmp_path)
+        assert r.finish() == 0 and json.loads(out.read_text())["ok"] and not temp_leftovers(tmp_path), r.stderr
     record(command="selfcheck", signal=sig, delay_s=round(delay, 2), **point, exit_code=code,
            uninterrupted_s=round(durations["selfcheck"], 2),
            survived="the new result, whole" if new else "the previous result, whole")

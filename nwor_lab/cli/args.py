@@ -154,8 +154,9 @@ def prompt(text: str) -> str:
     return text
 
 
-def output_file(text: str) -> Path:
-    """An argparse type: a file to write: not a folder, in an existing folder we can write."""
+def output_file(text: str) -> str:
+    """An argparse type: a file to write: not a folder, in an existing folder we can write (the
+    path is returned as given)."""
     p = Path(text)
     if not text:
         raise argparse.ArgumentTypeError("expected a file path, got ''")
@@ -168,7 +169,7 @@ def output_file(text: str) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{text}: not writable (read-only file system or permissions); "
                                          f"choose a path you can write")
-    return p
+    return text
 
 
 def output_file_or_stdout(text: str):
@@ -176,8 +177,9 @@ def output_file_or_stdout(text: str):
     return text if text == "-" else output_file(text)
 
 
-def output_folder(text: str) -> Path:
-    """An argparse type: a folder to write into (created if missing): not a file, writable."""
+def output_folder(text: str) -> str:
+    """An argparse type: a folder to write into (created if missing): not a file, writable (the
+    path is returned as given)."""
     p = Path(text)
     if not text:
         raise argparse.ArgumentTypeError("expected a folder, got ''")
@@ -187,18 +189,16 @@ def output_folder(text: str) -> Path:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: {existing} is not a writable folder (read-only file system "
                                          f"or permissions); choose a folder you can write")
-    return p
+    return text
 
 
-def existing_folder(text: str) -> Path:
-    p = Path(text)
-    if not p.is_dir():
+def existing_folder(text: str) -> str:
+    if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text}: no such folder")
-    return p
+    return text
 
 
-def existing_file(text: str) -> Path:
-    p = Path(text)
-    if not p.is_file():
+def existing_file(text: str) -> str:
+    if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"{text}: no such file")
-    return p
+    return text

@@ -106,7 +106,7 @@ def check_output_path(flag: str, path) -> Path:
     folder). -> the path. Raises UsageError naming `flag` (the rule: `nwor_lab.cli.args.output_file`)."""
     from nwor_lab.cli.args import output_file
     try:
-        return output_file(os.fspath(path))
+        return Path(output_file(os.fspath(path)))
     except argparse.ArgumentTypeError as err:
         raise UsageError(f"{flag} {err}") from None
 

@@ -45,15 +45,15 @@ def check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, 
                  what="[num_tokens, num_kv_heads, head_size] matching the cache")
     check_tensor("value", value, shape=tuple(key.shape), dtypes=FLOAT_DTYPES, device=dev,
                  what="(same shape as key)")
-    if value.dtype != key.dtype:      # the cache check below looks at key only: never cast V silently
-        raise TypeError(f"value: dtype {value.dtype} differs from key's {key.dtype}; K and V of a window share "
-                        f"one dtype: cast with value.to({key.dtype})")
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("key/value: head_size must be the contiguous dimension; call .contiguous()")
     check_tensor("slot_mapping", slot_mapping, shape=(key.shape[0],), dtypes=INDEX_DTYPES, device=dev,
                  what="[num_tokens], one slot per key row")
     check_cache_source("key", key, key_cache, k_scale, v_scale, lambda sc: sc.numel() in (1, h),
                        f"(a scalar or [num_kv_heads={h}])", "PagedKVCache.layer_scales(layer)")
+    if value.dtype != key.dtype:      # the check above looks at key only: never cast V silently
+        raise TypeError(f"value: dtype {value.dtype} differs from key's {key.dtype}; K and V of a window share "
+                        f"one dtype: cast with value.to({key.dtype})")
     check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
 
 

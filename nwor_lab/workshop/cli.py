@@ -35,7 +35,7 @@ def _check_environment() -> None:
 def _build(args) -> int:
     chapters = kit.find_chapters(args.chapters)
     if not chapters:
-        raise UsageError(f"--chapters {args.chapters!r}: no notebook matches; give a glob, a folder or an .ipynb")
+        raise UsageError(f"--chapters {args.chapters!r}: no chapters match; give a glob, a folder or an .ipynb")
     _check_environment()
     _check_kernels(chapters, args.kernel)
     built = kit.build(chapters, args.out, timeout=args.timeout, kernel_name=args.kernel)

@@ -178,15 +178,17 @@ def build(chapters, out=DEFAULT_OUT, timeout: float = DEFAULT_TIMEOUT, kernel_na
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise atomic.OutputError(out, err) from None
-    shutil.rmtree(out / ".work", ignore_errors=True)          # what a stopped build left half-written
+    shutil.rmtree(out / ".work", ignore_errors=True)          # what a killed build left half-written
     kit = []
-    for path in chapters:
-        log(f"workshop: {path} ...")
-        built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name)
-        log(f"workshop: {path} {'ok' if built.ok else 'FAILED: ' + built.error} ({built.seconds:.1f} s)")
-        kit.append(built)
-    write_index(kit, out)
-    shutil.rmtree(out / ".work", ignore_errors=True)
+    try:
+        for path in chapters:
+            log(f"workshop: {path} ...")
+            built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name)
+            log(f"workshop: {path} {'ok' if built.ok else 'FAILED: ' + built.error} ({built.seconds:.1f} s)")
+            kit.append(built)
+        write_index(kit, out)
+    finally:                                                   # Ctrl-C, SIGTERM, a full disk: no partial file
+        shutil.rmtree(out / ".work", ignore_errors=True)
     return kit
 
 
