@@ -126,6 +126,11 @@ def test_generate_checks_seed_and_k_before_sizing_the_cache(sure_pair):
         generate([[1]], 2, 100_000, target=target, head=head)
 
 
+def test_a_prompt_that_is_not_utf8_is_named():
+    with pytest.raises(ValueError, match=r"prompts\[1\]: not valid UTF-8 text \(character 0 is a lone surrogate"):
+        generate(["ok", "\udcff"], max_new_tokens=2, k=2)
+
+
 # -- API misuse named -------------------------------------------------------------------------------
 def test_a_string_where_a_labconfig_is_expected(sure_pair):
     target, head = sure_pair

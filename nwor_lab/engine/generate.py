@@ -149,6 +149,11 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
         if isinstance(p, str):
             if tokenizer is None:
                 raise ValueError("prompts: text prompts need a tokenizer (or pass token id lists)")
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError as err:   # bytes that are not UTF-8 arrive as lone surrogates
+                raise ValueError(f"prompts[{i}]: not valid UTF-8 text (character {err.start} is a lone "
+                                 f"surrogate, e.g. a byte read with errors='surrogateescape'); pass text") from None
             p = tokenizer.encode(p).ids
         ids.append(fit_context(f"prompts[{i}]", check_prompt(f"prompts[{i}]", p, vocab), max_new_tokens,
                                limit, truncate_prompts))

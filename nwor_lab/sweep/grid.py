@@ -109,16 +109,24 @@ def parse_set(specs: list[str], grid: dict[str, list[Any]]) -> dict[str, Any]:
     return fixed
 
 
-def check_parameters(grid: dict[str, list[Any]], fixed: dict[str, Any], declared: dict[str, Any], notebook: str) -> None:
-    """Every swept or set name must be declared in the notebook's `parameters` cell."""
-    if not declared:
+def check_parameters(grid: dict[str, list[Any]], fixed: dict[str, Any], declared: dict[str, Any], notebook: str,
+                     assigned: set[str] = frozenset()) -> None:
+    """Every swept or set name must be declared in the notebook's `parameters` cell, as papermill
+    reads it (`declared`); `assigned`: the names the cell assigns as Python reads it, so a line
+    papermill cannot parse is named as such instead of "not a parameter"."""
+    if not declared and not assigned:
         raise SweepInputError(f"{notebook} has no cell tagged 'parameters'; tag the cell that assigns "
                               "the defaults (cell toolbar > Tags > parameters)")
     for flag, names in (("--grid", grid), ("--set", fixed)):
         for name in names:
-            if name not in declared:
-                raise SweepInputError(f"{flag} {name}: not a parameter of {notebook}; "
-                                      f"its parameters cell declares: {', '.join(declared)}")
+            if name in declared:
+                continue
+            if name in assigned:
+                raise SweepInputError(f"{flag} {name}: {notebook}'s parameters cell assigns it, but papermill "
+                                      f"cannot read that line (its comment holds '=', or it spans lines); write "
+                                      f"it as `{name} = value  # a comment without an equals sign`")
+            raise SweepInputError(f"{flag} {name}: not a parameter of {notebook}; "
+                                  f"its parameters cell declares: {', '.join(declared)}")
 
 
 def expand_grid(grid: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> list[dict[str, Any]]:

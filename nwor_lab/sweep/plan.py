@@ -37,6 +37,18 @@ def notebook_parameters(notebook: str | Path) -> dict[str, Any]:
         raise SweepInputError(f"NOTEBOOK {notebook}: cannot be read as a notebook ({type(err).__name__}: {err})") from None
 
 
+def assigned_parameters(notebook: str | Path) -> set[str]:
+    """Names the `parameters` cell assigns, as Python reads it (papermill reads the cell line by
+    line and skips a line it cannot parse)."""
+    from nwor_lab.workshop import chapters
+
+    try:
+        cells = chapters.parameters_cells(chapters.read(notebook))
+        return set(chapters.parameters(cells[0])) if cells else set()
+    except Exception:  # noqa: BLE001 - only used to explain a refusal; papermill's view decides
+        return set()
+
+
 def check_kernel(notebook: str | Path, kernel_name: str | None) -> str:
     """The Jupyter kernel the runs will use (`kernel_name`, else the notebook's), checked to exist:
     a missing kernel would otherwise fail every run the same way."""
@@ -109,7 +121,8 @@ def plan_runs(notebook: str | Path, grid: dict[str, list[Any]], fixed: dict[str,
               declared: dict[str, Any] | None = None) -> list[Run]:
     """Every combination of `grid` (plus `fixed`), each checked against the notebook's parameters."""
     fixed = fixed or {}
-    check_parameters(grid, fixed, notebook_parameters(notebook) if declared is None else declared, str(notebook))
+    check_parameters(grid, fixed, notebook_parameters(notebook) if declared is None else declared, str(notebook),
+                     assigned_parameters(notebook))
     names = list(grid)
     runs = [Run(run_id(params, names), params) for params in expand_grid(grid, fixed)]
     ids = [r.run_id for r in runs]
