@@ -150,5 +150,13 @@ def test_ctrl_c_under_tensor_parallel_generate_prints_what_was_generated():
     assert "target forwards, mean acceptance length" in last and last.endswith("(interrupted: statistics so far)")
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nwor-lab: interrupted after"), err
-    assert not [p for p in ranks if os.path.exists(f"/proc/{p}") and b"Z" not in
-                Path(f"/proc/{p}/stat").read_bytes().split(b")")[1][:3]], "a rank outlived the command"
+    def alive(pid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            return False
+        return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"      # a zombie has ended
+    deadline = time.monotonic() + 10          # the ranks (and multiprocessing's resource tracker) end
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in ranks if alive(p)], "a rank outlived the command"

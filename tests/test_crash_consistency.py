@@ -273,7 +273,7 @@ def test_workshop_build_under_a_signal(sig, tmp_path, durations):
         assert (kit / "index.html").exists() and not (kit / ".work").exists() and not temp_leftovers(kit)
     record(command="workshop build", signal=sig, delay_s=round(delay, 2), **point, exit_code=code,
            uninterrupted_s=round(durations["workshop"], 2),
-           survived=f"{len(present)} files present after the signal, all whole"
+           survived=f"{len(present)} file(s) present after the signal, all whole"
            + ("; the rebuild completed, no .work or temp left" if sig == "SIGKILL" else ""))
 
 
@@ -357,7 +357,7 @@ def test_full_disk_mid_sweep_stops_in_one_line_keeps_rows_and_resumes(tmp_path):
         after = check_sweep_folder(out)
         assert after[: len(before)] == before and sorted(x["run_id"] for x in after) == ["x=1", "x=2", "x=3"]
     record(command="sweep", signal="full disk", exit_code=code,
-           survived=f"{len(before)} finished rows kept; resume completed the other {3 - len(before)}", message=line)
+           survived=f"{len(before)} finished row(s) kept; resume completed the other {3 - len(before)}", message=line)
 
 
 def test_full_disk_workshop_build_names_the_file(tmp_path):

@@ -201,8 +201,8 @@ def _stop_for_space(out: Path, run_id: str, outcome: SweepOutcome) -> None:
     done = len(outcome.ok) + len(outcome.failed)
     raise atomic.OutputError(out, OSError(errno.ENOSPC, "no space"),
                              f"run {run_id} could not write its files and will be redone; {_runs(done)} finished "
-                             f"before it stay recorded in {out / RESULTS_FILE}; free space, then run the same sweep "
-                             f"again")
+                             f"before it {'is' if done == 1 else 'are'} recorded in {out / RESULTS_FILE}; free space, "
+                             f"then run the same sweep again")
 
 
 def _disk_full(folder: Path) -> bool:
