@@ -42,6 +42,14 @@ def check_tensor(name: str, t, *, ndim: int | None = None, shape: Sequence | Non
     return t
 
 
+def check_whole(name: str, t) -> None:
+    """Counts (accepted lengths, ...) are whole numbers: a float tensor would be truncated by the
+    cast the kernels make (1.7 -> 1), so it is refused, naming the values."""
+    if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()):
+        raise TypeError(f"{name}: {str(t.dtype).replace('torch.', '')} values {t.flatten()[:4].tolist()}; these are "
+                        f"counts of drafts, whole numbers in int32/int64 (a cast would truncate 1.7 to 1)")
+
+
 def _hint(what: str) -> str:
     return f" {what}" if what else ""
 
@@ -139,8 +147,8 @@ def check_device(name: str, device) -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"{name}={device!r}: there are {torch.cuda.device_count()} CUDA devices "
                              f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
-    elif dev.type not in ("cpu", "meta"):
-        raise ValueError(f"{name}={device!r}: the lab runs on cpu or cuda")
+    elif dev.type != "cpu":      # meta tensors hold no data; mps, xpu, ... have no kernels here
+        raise ValueError(f"{name}={device!r}: the lab runs on cpu or cuda (cuda:N)")
     return dev
 
 

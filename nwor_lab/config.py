@@ -108,6 +108,12 @@ class LabConfig:
             raise ValueError(f"LabConfig.sliding_window={w!r}: give the attention window W as an int >= 1 "
                              f"(0: attend to the whole context)")
         object.__setattr__(self, "sliding_window", w.__index__())
+        for f in dataclasses.fields(self):      # every switch: a real bool ('no' and 'false' are truthy)
+            value = getattr(self, f.name)
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise TypeError(f"LabConfig.{f.name}={value!r}: expected True or False, got {type(value).__name__}"
+                                + (f" (text such as {value!r} counts as True; parse it with "
+                                   f"nwor_lab.config.parse_bool)" if isinstance(value, str) else ""))
 
     def replace(self, **changes) -> "LabConfig":
         return dataclasses.replace(self, **changes)
@@ -139,6 +145,17 @@ class LabConfig:
         return cfg.replace(**changes)
 
 
+def check_config(name: str, config) -> LabConfig:
+    """`config` as a LabConfig (None: the defaults); anything else is a TypeError naming `name`."""
+    if config is None:
+        return LabConfig()
+    if not isinstance(config, LabConfig):
+        hint = f"LabConfig(nwor_mode={config!r})" if isinstance(config, str) else "LabConfig(...)"
+        raise TypeError(f"{name}={config!r}: expected a nwor_lab.LabConfig, got {type(config).__name__}; "
+                        f"pass e.g. {hint}")
+    return config
+
+
 # The environment overrides LabConfig.from_env reads: (variable, field, allowed values) and the
 # boolean switches. `nwor-lab doctor` reports each of them (and NWOR_LAB_* names nobody reads).
 ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
@@ -153,13 +170,19 @@ ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
 # Torch-free on purpose: the CLI checks its flags with them before it imports torch. `name` is
 # what the caller calls the value (`max_num_seqs` in the API, `--max-num-seqs` on the command line).
 
-def check_int(name: str, value, minimum: int | None = None) -> int:
-    """`value` as an int (Python or numpy integer; never a bool or a float), >= `minimum`."""
+INT64_MAX = 2 ** 63 - 1    # what torch (sizes, seeds) and the kernels' index types can hold
+
+
+def check_int(name: str, value, minimum: int | None = None, maximum: int = INT64_MAX) -> int:
+    """`value` as an int (Python or numpy integer; never a bool or a float) in `minimum..maximum`
+    (every int is bounded: past int64 torch fails with "Overflow when unpacking long long")."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{name}={value!r}: expected an integer, got {type(value).__name__}")
     value = value.__index__()
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}={value}: must be >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value}: must be <= {maximum}" + (" (int64)" if maximum == INT64_MAX else ""))
     return value
 
 

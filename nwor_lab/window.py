@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nwor_lab._checks import INDEX_DTYPES, check_tensor
+from nwor_lab._checks import INDEX_DTYPES, check_tensor, check_whole
 
 
 @dataclass
@@ -169,8 +169,12 @@ class Acceptance:
     @classmethod
     def from_accepted_len(cls, window: Window, accepted_len) -> "Acceptance":
         """From accepted lengths `[R]` (ints or a tensor): drafts 1..a_r of request r accepted."""
-        acc = torch.as_tensor(accepted_len, dtype=torch.int32, device=window.token_req.device)
-        check_tensor("accepted_len", acc, shape=(window.num_reqs,), what="[num_reqs]")
+        acc = torch.as_tensor(accepted_len, device=window.token_req.device)
+        if acc.numel() == 0:            # [] has no dtype to check (torch makes it float32)
+            acc = acc.to(torch.int32)
+        check_whole("accepted_len", acc)
+        check_tensor("accepted_len", acc, shape=(window.num_reqs,), dtypes=INDEX_DTYPES, what="[num_reqs]")
+        acc = acc.to(torch.int32)
         draft_pos = window.token_draft_pos[window.draft_rows]
         draft_mask = draft_pos <= acc[window.draft_req.long()]
         return cls(draft_mask, acc, window.commit_mask_from(acc))

@@ -35,6 +35,7 @@ REPO = Path(nwor_lab.__file__).resolve().parents[1]
 TIMEOUT = 240            # seconds per subprocess: generous for 2 busy cores; a hang still fails
 HAS_CUDA = torch.cuda.is_available()
 LONG_PROMPT = "abc " * 600          # 1200 tokens with the shipped tokenizer: past its 1024 positions
+PROBE = str(REPO / "tests" / "data" / "sweep_probe.ipynb")
 
 
 @contextlib.contextmanager
@@ -92,7 +93,7 @@ def cases(sandbox: Path) -> list[Case]:
              env={"NWOR_LAB_BACKEND": "cuda"}, skip="CUDA is available" if HAS_CUDA else ""),
         Case("device-cuda", gen + ["--device", "cuda"], r"--device='cuda': CUDA is not available .*--device=cpu",
              skip="CUDA is available" if HAS_CUDA else ""),
-        Case("device-bogus", gen + ["--device", "gpu"], r"--device='gpu': not a torch device"),
+        Case("device-bogus", gen + ["--device", "gpu"], r"argument --device: the lab runs on cpu, cuda or cuda:N; got 'gpu'"),
         Case("checkpoint-missing", gen + ["--checkpoint", str(ck / "nope")],
              r"--checkpoint .*nope: no such folder"),
         Case("checkpoint-corrupt-weights", gen + ["--checkpoint", str(ck / "bad_weights")],
@@ -106,11 +107,52 @@ def cases(sandbox: Path) -> list[Case]:
         Case("build-without-nvcc", ["build"], r"nvcc not found \(looked in CUDA_HOME=.*\): .*set CUDA_HOME",
              env={"CUDA_HOME": str(sandbox / "no-cuda")}),
         Case("selfcheck-out-missing-folder", ["selfcheck", "--out", str(sandbox / "missing" / "sc.json")],
-             r"--out .*missing/sc.json: the folder .*missing does not exist; create it"),
-        Case("selfcheck-out-is-folder", ["selfcheck", "--out", str(sandbox / "work")], r"--out .*work: is a folder"),
+             r"argument --out: .*missing/sc.json: the folder .*missing does not exist; create it"),
+        Case("selfcheck-out-is-folder", ["selfcheck", "--out", str(sandbox / "work")],
+             r"argument --out: .*work: is a folder"),
         Case("selfcheck-device-cuda", ["selfcheck", "--device", "cuda"], r"--device='cuda': CUDA is not available",
              skip="CUDA is available" if HAS_CUDA else ""),
         Case("stream-and-json", gen + ["--stream", "--json"], r"--stream and --json: choose one"),
+        # issue 20: accepted nonsense and vague messages, each class through the one validation layer
+        Case("seed-overflow", gen + ["--seed", "1" + "0" * 24],
+             r"argument --seed: must be >= 0 and <= 9223372036854775807, got 10{24}"),
+        Case("selfcheck-seed-negative", ["selfcheck", "--seed", "-1"], r"argument --seed: must be >= 0, got -1"),
+        Case("device-meta", gen + ["--device", "meta"], r"argument --device: the lab runs on cpu, cuda or cuda:N; got 'meta'"),
+        Case("k-huge", gen + ["--k", "1000000"],
+             r"--k=1000000: a verify window of 1 \+ k tokens needs as many positions; the model has 1024; lower k"),
+        Case("prompt-not-utf8", ["generate", "ok", "\udcff\udcfe", "--max-new-tokens", "4"],
+             r"argument prompts: not valid UTF-8 text \(byte ff at character 0\)"),
+        Case("checkpoint-config-mistyped", gen + ["--checkpoint", str(ck / "typed_config")],
+             r"typed_config/config.json: num_attention_heads='8': expected an integer >= 1, got str"),
+        Case("checkpoint-config-range", gen + ["--checkpoint", str(ck / "range_config")],
+             r"range_config/config.json: rms_norm_eps=0: expected a finite number > 0"),
+        Case("bench-kernels-without-gpu", ["bench", "kernels"], r"bench kernels: needs a CUDA device",
+             skip="CUDA is available" if HAS_CUDA else ""),
+        Case("bench-engine-repeats-0", ["bench", "engine", "--repeats", "0"], r"argument --repeats: must be >= 1, got 0"),
+        Case("bench-engine-out-folder", ["bench", "engine", "--out", str(sandbox / "work")],
+             r"argument --out: .*work: is a folder; give a file path"),
+        Case("bench-engine-scv-bogus", ["bench", "engine", "--scv", "off,never"],
+             r"argument --scv: 'never' in 'off,never': choose from off, graph, adaptive"),
+        Case("bench-tp-timeout-nan", ["bench", "tp", "--timeout", "nan"],
+             r"argument --timeout: must be a finite number of seconds > 0, got 'nan'"),
+        Case("sweep-timeout-nan", ["sweep", PROBE, "--grid", "x=1", "--timeout", "nan", "--out", str(sandbox / "sw")],
+             r"argument --timeout: must be a finite number of seconds > 0, got 'nan'"),
+        Case("sweep-set-empty", ["sweep", PROBE, "--set", "x=", "--out", str(sandbox / "sw")],
+             r"--set 'x=': empty value; give one"),
+        Case("sweep-set-bad-json", ["sweep", PROBE, "--set", "sizes=[1,2", "--out", str(sandbox / "sw")],
+             r"--set sizes '\[1,2': not a valid JSON list"),
+        Case("sweep-env-bad", ["sweep", PROBE, "--grid", "x=1", "--out", str(sandbox / "sw")],
+             r"environment: LabConfig.scv_mode='never' \(from NWOR_LAB_SCV_MODE\)", env={"NWOR_LAB_SCV_MODE": "never"}),
+        Case("report-out-folder", ["report", str(sandbox / "work"), "--out", str(sandbox / "work")],
+             r"argument --out: .*work: is a folder"),
+        Case("workshop-timeout-0", ["workshop", "build", "--timeout", "0"],
+             r"argument --timeout: must be a finite number of seconds > 0, got '0'"),
+        Case("workshop-timeout-nan", ["workshop", "build", "--timeout", "nan"],
+             r"argument --timeout: must be a finite number of seconds > 0, got 'nan'"),
+        Case("workshop-kernel-bogus", ["workshop", "build", "--chapters", PROBE, "--kernel", "bogus",
+                                       "--out", str(sandbox / "kit")], r"--kernel: no Jupyter kernel named 'bogus'"),
+        Case("workshop-out-file", ["workshop", "build", "--out", str(ck / "bad_config" / "config.json")],
+             r"argument --out: .*config.json: is a file; give a folder"),
         Case("unknown-command", ["frobnicate"], r"argument COMMAND: invalid choice: 'frobnicate'"),
         Case("unknown-flag", ["selfcheck", "--bogus"], r"unrecognized arguments: --bogus"),
         Case("no-prompt", ["generate"], r"the following arguments are required: prompts"),
@@ -123,8 +165,11 @@ def make_sandbox(root: Path) -> Path:
 
     from nwor_lab.model.shipped import TINY_DIR
     ck = root / "checkpoints"
-    for name in ("bad_weights", "bad_head", "bad_config", "no_tokenizer"):
+    for name in ("bad_weights", "bad_head", "bad_config", "no_tokenizer", "typed_config", "range_config"):
         shutil.copytree(TINY_DIR, ck / name)
+    for name, field, value in (("typed_config", "num_attention_heads", "8"), ("range_config", "rms_norm_eps", 0)):
+        config = json.loads((ck / name / "config.json").read_text())
+        (ck / name / "config.json").write_text(json.dumps({**config, field: value}))
     (ck / "bad_weights" / "model.safetensors").write_bytes(b"\x00\x01 not safetensors")
     head = ck / "bad_head" / "eagle.safetensors"
     head.write_bytes(head.read_bytes()[:4096])                       # truncated
@@ -169,7 +214,7 @@ def sandbox(tmp_path_factory):
 # forks (a thread pool would not survive them).
 FORK_SERVER = r"""
 import json, os, signal, sys, time, traceback
-import torch, nwor_lab.cli.generate, nwor_lab.engine, nwor_lab.model.shipped, nwor_lab.selfcheck
+import torch, nwor_lab.cli.generate, nwor_lab.engine, nwor_lab.model.shipped, nwor_lab.selfcheck, papermill
 from nwor_lab.cli import main
 for line in sys.stdin:
     req = json.loads(line)

@@ -2,7 +2,8 @@
 metrics contract, results log, figures) on their own.
 
 The probe records `x_squared = x*x`, `step_ms = 10*x (+1 when mode == "b")`, `mode_upper`,
-sleeps `sleep_s` and raises `ValueError` when `mode == fail_on`. A papermill run costs ~2-4 s
+`sizes_sum` (of its list parameter `sizes`) and `interactive`, sleeps `sleep_s` and raises
+`ValueError` when `mode == fail_on`. A papermill run costs ~2-4 s
 here (kernel start), so only the first test sweeps 8 combinations; the rest stay small.
 """
 from __future__ import annotations
@@ -29,8 +30,10 @@ PROBE = str(REPO / "tests" / "data" / "sweep_probe.ipynb")
 SWEEP = ["sweep", PROBE, "--no-progress"]
 
 
-def expected_metrics(x: int, mode: str) -> dict:
-    return {"x_squared": x * x, "step_ms": 10.0 * x + (1.0 if mode == "b" else 0.0), "mode_upper": mode.upper()}
+def expected_metrics(x: int, mode: str, sizes=(1, 2)) -> dict:
+    """What the probe records; `interactive` is False: the sweep injects interactive=False."""
+    return {"x_squared": x * x, "step_ms": 10.0 * x + (1.0 if mode == "b" else 0.0), "mode_upper": mode.upper(),
+            "sizes_sum": sum(sizes), "interactive": False}
 
 
 def lines_of(path: Path) -> list[dict]:
@@ -193,7 +196,7 @@ def test_report_is_one_self_contained_page_with_a_row_per_run(sweep8, capsys):
     (["--grid", "x="], "--grid 'x='"),
     (["--grid", "nope=1,2"], "--grid nope"),
     (["--grid", "x=1,2", "--set", "x=3"], "--set x"),
-    (["--grid", "x=1", "--workers", "0"], "--workers 0"),
+    (["--grid", "x=1", "--workers", "0"], "argument --workers: must be >= 1, got 0"),
     (["--grid", "x=1", "--kernel", "no-such-kernel"], "--kernel"),
 ])
 def test_bad_input_exits_2_with_one_line(args, names, tmp_path, capsys):
@@ -239,7 +242,7 @@ def test_values_are_typed_like_python_literals():
     assert parse_grid(["batch=1,8", "mode=off, stage"]) == {"batch": [1, 8], "mode": ["off", "stage"]}
     with pytest.raises(SweepInputError, match="given twice"):
         parse_grid(["x=1", "x=2"])
-    assert parse_set(["max_new_tokens=64", "tag="], {}) == {"max_new_tokens": 64, "tag": ""}
+    assert parse_set(["max_new_tokens=64", "tag=''"], {}) == {"max_new_tokens": 64, "tag": ""}
 
 
 def test_grid_expands_in_flag_order_and_run_ids_are_stable_and_safe():
@@ -270,9 +273,9 @@ def test_record_metrics_contract(tmp_path, monkeypatch):
 
 
 def test_results_log_drops_a_torn_tail_before_appending(tmp_path):
-    (tmp_path / "results.jsonl").write_text('{"run_id": "a", "status": "ok"}\n{"run_id": "b", "sta')
+    (tmp_path / "results.jsonl").write_text('{"run_id": "a", "params": {}, "status": "ok"}\n{"run_id": "b", "sta')
     with ResultsLog(tmp_path) as log:
-        log.append({"run_id": "c", "status": "ok"})
+        log.append({"run_id": "c", "params": {}, "status": "ok"})
     assert [r["run_id"] for r in lines_of(tmp_path / "results.jsonl")] == ["a", "c"]
 
 

@@ -103,14 +103,15 @@ def test_no_chapters_is_an_error(tmp_path, capsys):
     assert "no chapters match" in capsys.readouterr().err
 
 
-def test_add_parsers_wires_workshop_build_for_the_lab_cli():
+def test_add_parsers_wires_workshop_build_for_the_lab_cli(tmp_path):
     parser = argparse.ArgumentParser(prog="nwor-lab")
     add_parsers(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["workshop", "build", "--chapters", "x/*.ipynb", "--timeout", "5"])
     assert args.cmd == "workshop" and args.chapters == "x/*.ipynb" and args.timeout == 5 and args.out == "runs/workshop"
     assert callable(args.func) and args.func.__name__ == "_build"
-    args = parser.parse_args(["workshop", "clean", "--execute", "a.ipynb"])
-    assert args.func.__name__ == "_clean" and args.notebooks == ["a.ipynb"]
+    (tmp_path / "a.ipynb").write_text("{}")           # clean checks its files exist when parsing
+    args = parser.parse_args(["workshop", "clean", "--execute", str(tmp_path / "a.ipynb")])
+    assert args.func.__name__ == "_clean" and args.notebooks == [str(tmp_path / "a.ipynb")]
 
 
 def test_python_dash_m_entry_point():

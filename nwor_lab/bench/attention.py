@@ -21,7 +21,6 @@ fastest plan (in this process only; the kernel module's defaults are set from su
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -30,6 +29,9 @@ import time
 import torch
 
 from nwor_lab.bench.kernels import copy_bandwidth_gbps, graph_time_us, rotating, time_us
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, UsageError
 
 H, HQ, D, BS = 8, 32, 128, 16
 DTYPE = torch.bfloat16
@@ -284,23 +286,22 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="nwor-lab bench attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="FILE", help="write the result as JSON to FILE ('-': stdout)")
+    parser = LabArgumentParser(prog="nwor-lab bench attention", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="FILE", type=types.output_file_or_stdout,
+                        help="write the result as JSON to FILE ('-': stdout)")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and query lengths (smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time launch plans at the headline sizes")
     parser.add_argument("--tune", action="store_true",
                         help="sweep first, then measure everything with the fastest plan that matched the reference")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("nwor-lab bench attention: needs a CUDA device", file=sys.stderr)
-        return 2
+        raise UsageError("bench attention: needs a CUDA device (none is visible here); run it on a GPU machine")
     result = run(quick=args.quick, do_sweep=args.sweep, tune=args.tune)
     text = json.dumps(result, indent=1)
     if args.json == "-":
         print(text)
     elif args.json:
-        with open(args.json, "w") as fh:
-            fh.write(text + "\n")
+        atomic.write_text(args.json, text + "\n")
     print(table(result), file=sys.stderr if args.json == "-" else sys.stdout)
     return 0
 

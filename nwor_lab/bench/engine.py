@@ -13,7 +13,6 @@ Greedy; float32 weights and cache unless --dtype says otherwise.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,6 +24,9 @@ import numpy as np
 import torch
 
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser
 from nwor_lab.engine.generate import acceptance_stats, prepare
 from nwor_lab.model.shipped import load_tiny
 from nwor_lab.ops import backend
@@ -89,15 +91,15 @@ def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, dev
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="nwor-lab bench engine")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=96)
-    p.add_argument("--batch-sizes", default="1,8")
-    p.add_argument("--k", type=int, default=4)
+    p = LabArgumentParser(prog="nwor-lab bench engine", description=__doc__.splitlines()[0])
+    p.add_argument("--device", type=types.device, default="cpu")
+    p.add_argument("--prompts", type=types.integer(1, 4096), default=8)
+    p.add_argument("--prompt-len", type=types.integer(1, 1 << 20), default=64)
+    p.add_argument("--new-tokens", type=types.integer(1, 1 << 20), default=96)
+    p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(1, 8))
+    p.add_argument("--k", type=types.integer(0, 1024), default=4)
     p.add_argument("--head", choices=("eagle1", "eagle3"), default="eagle1")
-    p.add_argument("--scv", default="off,graph",
+    p.add_argument("--scv", type=types.listed(types.one_of(SCV_MODES), "SCV modes"), default=("off", "graph"),
                    help=f"SCV modes to pair with every write policy, comma-separated ({', '.join(SCV_MODES)})")
     p.add_argument("--attention", default="auto", choices=("auto", "triton", "torch"),
                    help="verify-window attention (LabConfig.attention)")
@@ -106,10 +108,12 @@ def main(argv=None) -> dict:
                    help="every step eager (default on CUDA: steady steps replayed from CUDA graphs)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="weights, activations and cache (the shipped pair is stored in bfloat16)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (the median is reported)")
-    p.add_argument("--out", default=None)
+    p.add_argument("--repeats", type=types.integer(1, 1000), default=3,
+                   help="timed runs per configuration (the median is reported)")
+    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    device = torch.device(args.device)
+    from nwor_lab.cli.main import check_device_arg
+    device = check_device_arg("--device", args.device)
     dtype = getattr(torch, args.dtype)
     target, head, tok = load_tiny(device=device, head=args.head, dtype=dtype)
     prompts = prompts_from(held_out_stream(tok), args.prompts, args.prompt_len)
@@ -117,9 +121,9 @@ def main(argv=None) -> dict:
     configs = [("target-only", 0, LabConfig(attention=args.attention, cuda_graph=graphs))] + [
         (f"{args.head} k={args.k} nwor={m} scv={s}", args.k,
          LabConfig(nwor_mode=m, scv_mode=s, attention=args.attention, cuda_graph=graphs))
-        for m in NWOR_MODES for s in args.scv.split(",")]
+        for m in NWOR_MODES for s in args.scv]
     rows = []
-    for bs in [int(b) for b in args.batch_sizes.split(",")]:
+    for bs in args.batch_sizes:
         ps = prompts[:max(bs, 2)] if bs == 1 else prompts[:bs]
         base_ids, base_tps = None, None
         for name, k, cfg in configs:
@@ -156,7 +160,7 @@ def main(argv=None) -> dict:
                    "same_tokens_as_target_only": token_ids == base_ids}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    sizes = list(args.batch_sizes)
     if not args.no_hf:
         rows += hf_generate_rows(prompts, sizes, args.new_tokens, device, dtype, args.repeats)
     out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -168,8 +172,7 @@ def main(argv=None) -> dict:
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
            "results": rows}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
     return out
 
 

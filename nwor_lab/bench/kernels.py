@@ -22,7 +22,6 @@ bandwidth is DRAM bandwidth, not L2's. Targets are reported (`targets` in the JS
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,6 +30,9 @@ import time
 import torch
 
 from nwor_lab.ops.graphs import capture_graph
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, UsageError
 
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHAPES = {
@@ -257,7 +259,7 @@ def run(quick: bool = False, tokens=TOKENS) -> dict:
     from nwor_lab.ops import _ext
 
     if not torch.cuda.is_available():
-        raise SystemExit("bench kernels needs a CUDA device")
+        raise UsageError("bench kernels: needs a CUDA device (none is visible here); run it on a GPU machine")
     _ext.load()
     t0 = time.perf_counter()
     props = torch.cuda.get_device_properties(0)
@@ -324,17 +326,16 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="nwor-lab bench kernels", description=__doc__.splitlines()[0])
+    parser = LabArgumentParser(prog="nwor-lab bench kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    parser.add_argument("--out", help="also write the JSON to this path")
+    parser.add_argument("--out", type=types.output_file, help="also write the JSON to this path")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and sizes (smoke run)")
     args = parser.parse_args(argv)
     tokens = (8, 64, 512, 4096) if args.quick else TOKENS
     result = run(quick=args.quick, tokens=tokens)
     text = json.dumps(result, indent=1)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+        atomic.write_text(args.out, text + "\n")
     print(table(result), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(text)

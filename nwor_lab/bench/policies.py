@@ -12,7 +12,6 @@ hot path a serving engine would run. Numbers are reported, never asserted.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -26,6 +25,9 @@ from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies import make_policy
 from nwor_lab.window import Acceptance, Window
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, UsageError
 
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 K = 4
@@ -128,22 +130,21 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nwor-lab bench policies", description=__doc__.splitlines()[0])
+    p = LabArgumentParser(prog="nwor-lab bench policies", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--out", help="also write the JSON here")
-    p.add_argument("--batches", default="1,8,64", help="requests per window, comma separated")
+    p.add_argument("--out", type=types.output_file, help="also write the JSON here")
+    p.add_argument("--batches", type=types.listed(types.integer(1, 4096), "request counts"), default=(1, 8, 64),
+                   help="requests per window, comma separated")
     p.add_argument("--backend", default="cuda", choices=["cuda", "torch"])
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench policies needs a CUDA device", file=sys.stderr)
-        return 2
+        raise UsageError("bench policies: needs a CUDA device (none is visible here); run it on a GPU machine")
     argv = sys.argv[1:] if argv is None else argv
-    result = run(tuple(int(b) for b in args.batches.split(",")), args.backend,
+    result = run(args.batches, args.backend,
                  "nwor-lab bench policies " + " ".join(argv))
     text = json.dumps(result, indent=1)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        atomic.write_text(args.out, text + "\n")
     if args.json:
         print(text)
     else:

@@ -24,7 +24,6 @@ step, from the same run. Ratios cow/off and stage/off are from the same run too.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -33,6 +32,9 @@ import time
 import torch
 
 from nwor_lab.bench.kernels import interleaved_time_us
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.model.attention import AttentionMetadata
@@ -253,33 +255,32 @@ def main(argv=None) -> int:
     if any(a == "--tp" or a.startswith("--tp=") for a in argv):   # tp 1 vs 2: the engine across ranks
         from nwor_lab.bench.tp import main as tp_main
         return tp_main(argv)
-    p = argparse.ArgumentParser(prog="nwor-lab bench step", description=__doc__.splitlines()[0])
+    p = LabArgumentParser(prog="nwor-lab bench step", description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--out", help="also write the JSON here")
-    p.add_argument("--models", default="shipped,8b", help="comma separated: shipped, 8b")
-    p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--ks", default="2,4,8")
-    p.add_argument("--rates", default="0.2,0.5,0.8", help="forced acceptance rates")
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--out", type=types.output_file, help="also write the JSON here")
+    p.add_argument("--models", type=types.listed(types.one_of(("shipped", "8b")), "models"), default=("shipped", "8b"),
+                   help="comma separated: shipped, 8b")
+    p.add_argument("--batches", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(1, 16, 64))
+    p.add_argument("--ks", type=types.listed(types.integer(1, 64), "draft counts"), default=(2, 4, 8))
+    p.add_argument("--rates", type=types.listed(types.fraction, "rates in 0..1"), default=(0.2, 0.5, 0.8),
+                   help="forced acceptance rates")
+    p.add_argument("--context", type=types.integer(1, 1 << 20), default=1024, help="cached tokens per request")
     p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--no-graphs", action="store_true", help="eager only")
-    p.add_argument("--profile", metavar="MODE", help="run one eager step of MODE (off/cow/stage) of the first "
+    p.add_argument("--profile", metavar="MODE", choices=NWOR_MODES,
+                   help="run one eager step of MODE (off/cow/stage) of the first "
                    "model/batch/k/rate between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench step needs a CUDA device", file=sys.stderr)
-        return 2
+        raise UsageError("bench step: needs a CUDA device (none is visible here); run it on a GPU machine")
     if args.profile:
-        return profile_one(args.models.split(",")[0], int(args.batches.split(",")[0]), int(args.ks.split(",")[0]),
-                           float(args.rates.split(",")[0]), args.context, args.attention, args.profile)
-    ints = lambda s: tuple(int(x) for x in s.split(","))   # noqa: E731
-    result = run(tuple(args.models.split(",")), ints(args.batches), ints(args.ks),
-                 tuple(float(x) for x in args.rates.split(",")), args.context, args.attention,
+        return profile_one(args.models[0], args.batches[0], args.ks[0], args.rates[0], args.context,
+                           args.attention, args.profile)
+    result = run(args.models, args.batches, args.ks, args.rates, args.context, args.attention,
                  not args.no_graphs, "nwor-lab bench step " + " ".join(argv))
     text = json.dumps(result, indent=1)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        atomic.write_text(args.out, text + "\n")
     if args.json:
         print(text)
     return 0

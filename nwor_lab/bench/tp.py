@@ -14,17 +14,18 @@ The 8B shape needs about 16 GB of bf16 weights per tp=1 rank (an H100 or H200).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from nwor_lab.config import LabConfig
+from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
+from nwor_lab import atomic
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser
 from nwor_lab.model.config import LlamaConfig
 
 SHAPES = {
@@ -86,32 +87,35 @@ def _rank_bench(group, shape: str, dtype, configs: list[dict], prompt_len: int, 
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="nwor-lab bench tp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tp", default="1,2", help="tensor-parallel sizes to compare, comma-separated")
+    p = LabArgumentParser(prog="nwor-lab bench tp", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tp", type=types.listed(types.integer(1, 64), "rank counts"), default=(1, 2),
+                   help="tensor-parallel sizes to compare, comma-separated")
     p.add_argument("--model", choices=sorted(SHAPES), default=None,
                    help="shape of the random target (default: llama3-8b on cuda, tiny on cpu)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=types.device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--batch-sizes", default="1,8")
-    p.add_argument("--k", default="0,4", help="drafts per window, comma-separated (0: target only)")
-    p.add_argument("--nwor", default="off,stage", help="write policies, comma-separated")
-    p.add_argument("--scv", default="graph")
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--timeout", type=float, default=300.0, help="collective timeout per rank, seconds")
-    p.add_argument("--out", default=None)
+    p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(1, 8))
+    p.add_argument("--k", type=types.listed(types.integer(0, 64), "draft counts"), default=(0, 4),
+                   help="drafts per window, comma-separated (0: target only)")
+    p.add_argument("--nwor", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=("off", "stage"),
+                   help="write policies, comma-separated")
+    p.add_argument("--scv", choices=SCV_MODES, default="graph")
+    p.add_argument("--prompt-len", type=types.integer(1, 1 << 20), default=128)
+    p.add_argument("--warmup", type=types.integer(0, 10000), default=3)
+    p.add_argument("--steps", type=types.integer(1, 100000), default=20)
+    p.add_argument("--block-size", type=types.integer(1, 4096), default=16)
+    p.add_argument("--timeout", type=types.seconds, default=300.0, help="collective timeout per rank, seconds")
+    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
+    from nwor_lab.cli.main import check_device_arg
     from nwor_lab.distributed.launcher import launch
-    device = torch.device(args.device)
+    device = check_device_arg("--device", args.device)
     shape = args.model or ("llama3-8b" if device.type == "cuda" else "tiny")
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
-    configs = [{"batch_size": int(b), "k": int(k), "nwor": m, "scv": args.scv}
-               for b in args.batch_sizes.split(",") for k in args.k.split(",")
-               for m in (args.nwor.split(",") if int(k) else ["off"])]
+    configs = [{"batch_size": b, "k": k, "nwor": m, "scv": args.scv}
+               for b in args.batch_sizes for k in args.k for m in (args.nwor if k else ["off"])]
     rows = []
-    for tp in [int(t) for t in args.tp.split(",")]:
+    for tp in args.tp:
         per_rank = launch(_rank_bench, tp, (shape, dtype, configs, args.prompt_len, args.warmup, args.steps,
                                             args.block_size), device=device, timeout_s=args.timeout)
         for row in per_rank[0]:
@@ -128,8 +132,7 @@ def main(argv=None) -> dict:
            "backend": "nccl" if device.type == "cuda" else "gloo", "torch": torch.__version__,
            "weights": "random (same seed on every rank)", "results": rows}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
     return out
 
 

@@ -22,7 +22,8 @@ BUILD_VARS = {"NWOR_LAB_CACHE_DIR": "extension build cache root",
               "NWOR_LAB_VERBOSE_BUILD": "show the compiler (boolean)"}
 OTHER_VARS = {"NWOR_LAB_SCV_GRAPH_FAIL": "tests: make every SCV graph capture fail",
               "NWOR_LAB_SANITIZE": "GPU tests: smaller case matrix under compute-sanitizer",
-              "NWOR_LAB_METRICS_OUT": "where sweeps write metrics"}
+              "NWOR_LAB_METRICS_OUT": "where sweeps write metrics",
+              "NWOR_LAB_OWNER": "set by a sweep on its workers and kernels (nwor_lab.lifeline: reaping)"}
 
 
 def add_parsers(subparsers) -> None:

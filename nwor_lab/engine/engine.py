@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab._checks import check_backend_device
-from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.graphed import GraphedVerify
@@ -54,7 +54,7 @@ class SpecEngine:
         # Every limit is checked here, before the cache is allocated (its size is checked against
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
-        self.config = config or LabConfig()
+        self.config = check_config("config", config)
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
         self.temperature = check_temperature("temperature", temperature)

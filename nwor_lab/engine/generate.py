@@ -22,9 +22,12 @@ from nwor_lab.engine.trace import WindowTrace
 class GenerationResult:
     """texts / token_ids per prompt (generated part only); trace: every window in order.
 
-    mean_acceptance_length: tokens produced per target forward of a speculative request, i.e.
-    mean of (accepted + 1) over (request, verify window) pairs that had drafts.
-    acceptance_by_position[j]: fraction of drafts d_{j+1} that were accepted.
+    mean_acceptance_length: tokens emitted per target forward of a speculative request: the
+    mean, over (request, verify window) pairs that had drafts, of the tokens that window appended
+    to the request's output (accepted drafts + the target's own token, as emitted: tokens past
+    max_new_tokens or an end token were never emitted and do not count). At most k + 1.
+    acceptance_by_position[j]: fraction of drafts d_{j+1} accepted, over the windows where d_{j+1}
+    could still be emitted (a window cut at its e-th token counts positions 1..e only).
     """
 
     token_ids: list[list[int]]
@@ -61,18 +64,24 @@ def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
 
 
 def acceptance_stats(trace: list[WindowTrace], k: int) -> tuple[float, list[float]]:
+    """(mean acceptance length, acceptance by position) as `GenerationResult` defines them,
+    counting what was emitted: every request drafts k to its last window, and the tokens verified
+    past its end are cut, so `accepted + 1` would count tokens nobody received."""
     produced, windows = 0, 0
     drafted_at, accepted_at = [0] * k, [0] * k
     for w in trace:
         if w.kind != "verify":
             continue
-        for n, a in zip(w.drafted, w.accepted):
+        for n, a, out in zip(w.drafted, w.accepted, w.emitted):
             if n:
-                produced += a + 1
+                e = len(out)
+                produced += e
                 windows += 1
-                for j in range(n):
+                # cut (e <= a): the e emitted tokens are d_1..d_e, all accepted; else all n positions count
+                counted, kept = (e, e) if e <= a else (n, a)
+                for j in range(min(counted, k)):
                     drafted_at[j] += 1
-                    accepted_at[j] += int(j < a)
+                    accepted_at[j] += int(j < kept)
     mean = produced / windows if windows else 1.0
     return mean, [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
 
@@ -112,6 +121,18 @@ class Generation:
                                 self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests))
 
 
+def check_window_limits(k: int, max_new_tokens: int, max_model_len: int) -> None:
+    """The limits that hold whatever the prompts are (checked before the cache is sized or, for
+    tensor parallelism, before a rank starts): a window of t_last + k drafts fits the model's
+    positions (a huge k would otherwise size the cache for it, and be blamed on num_blocks), and
+    so do max_new_tokens after a one-token prompt. (A window larger than max_num_batched_tokens
+    is fine: its drafts are cut to the budget.)"""
+    if k >= max_model_len:
+        raise ValueError(f"k={k}: a verify window of 1 + k tokens needs as many positions; the model has "
+                         f"{max_model_len}; lower k")
+    fit_context("prompt", [0], max_new_tokens, max_model_len)
+
+
 def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
             target=None, head=None, tokenizer=None, temperature: float = 0.0, seed: int = 0,
             num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
@@ -133,17 +154,24 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
         check_int("num_blocks", num_blocks, 1)
     max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
     check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    check_int("seed", seed, 0)
     if target is None:
         from nwor_lab.model.shipped import load_tiny
         target, shipped_head, shipped_tok = load_tiny(device=check_device("device", device), dtype=dtype)
         head = shipped_head if head is None else head
         tokenizer = shipped_tok if tokenizer is None else tokenizer
     limit, vocab = target.config.max_position_embeddings, target.config.vocab_size
+    check_window_limits(k, max_new_tokens, limit)
     ids = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
             if tokenizer is None:
                 raise ValueError("prompts: text prompts need a tokenizer (or pass token id lists)")
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError as err:   # bytes that are not UTF-8 arrive as lone surrogates
+                raise ValueError(f"prompts[{i}]: not valid UTF-8 text (character {err.start} is a lone "
+                                 f"surrogate, e.g. a byte read with errors='surrogateescape'); pass text") from None
             p = tokenizer.encode(p).ids
         ids.append(fit_context(f"prompts[{i}]", check_prompt(f"prompts[{i}]", p, vocab), max_new_tokens,
                                limit, truncate_prompts))

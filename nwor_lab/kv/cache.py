@@ -135,6 +135,9 @@ class PagedKVCache:
     def __init__(self, spec: KVCacheSpec, device="cpu", max_bytes: int | None = None):
         self.spec = spec
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r}: CUDA is not available here (no GPU or driver visible); "
+                             f"use device='cpu'")
         check_cache_memory(spec, self.device, max_bytes)   # one clear error instead of a failed allocation
         shape = (spec.num_layers, spec.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
         self.key, self.value = allocate_pair(shape, spec.layout, spec.storage_dtype, self.device)
@@ -229,6 +232,14 @@ class PagedKVCache:
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantised `(key, value)` `[n, H, D]` in the model dtype at `slots` (no -1 allowed)."""
         k_cache, v_cache = self.layer(layer)
+        if not isinstance(slots, torch.Tensor) or slots.dtype not in (torch.int32, torch.int64) or slots.dim() != 1:
+            raise TypeError(f"slots: expected a 1-D int32/int64 tensor of slot ids, got "
+                            f"{getattr(slots, 'dtype', type(slots).__name__)} {tuple(getattr(slots, 'shape', ()))}")
+        capturing = slots.is_cuda and torch.cuda.is_current_stream_capturing()     # no host sync then
+        if slots.numel() and not capturing and (int(slots.min()) < 0 or int(slots.max()) >= self.num_slots):
+            bad = slots[(slots < 0) | (slots >= self.num_slots)][:4].tolist()
+            raise IndexError(f"slots: {bad} are not slots of this cache; gather reads slots 0..{self.num_slots - 1} "
+                             f"(-1, 'padding', holds nothing to read)")
         block, offset = slot_to_block_offset(slots.to(device=self.device, dtype=torch.long), self.spec.block_size)
         return self.dequantize_rows(layer, k_cache[block, offset], v_cache[block, offset])
 

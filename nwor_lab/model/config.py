@@ -4,6 +4,39 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 ROPE_TYPES = ("default", "linear", "llama3")
+_COUNTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+           "num_key_value_heads", "head_dim", "max_position_embeddings")      # ints >= 1 (None: derived)
+_POSITIVE = ("rms_norm_eps", "rope_theta")                                      # finite floats > 0
+_SWITCHES = ("tie_word_embeddings", "attention_bias")
+_TOKEN_IDS = ("bos_token_id", "eos_token_id")
+
+
+def check_fields(cfg) -> None:
+    """Every field of the right type and range, or a ValueError naming it (a config.json written by
+    hand or for another architecture fails here, not deep inside the model)."""
+    def bad(name, value, want):
+        raise ValueError(f"{name}={value!r}: expected {want}, got {type(value).__name__}"
+                         if not isinstance(value, (int, float)) or isinstance(value, bool)
+                         else f"{name}={value!r}: expected {want}")
+    for name in _COUNTS:
+        v = getattr(cfg, name)
+        if v is None and name in ("num_key_value_heads", "head_dim"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            bad(name, v, "an integer >= 1")
+    for name in _POSITIVE:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            bad(name, v, "a finite number > 0")
+    for name in _SWITCHES:
+        if not isinstance(getattr(cfg, name), bool):
+            bad(name, getattr(cfg, name), "true or false")
+    for name in _TOKEN_IDS:
+        v = getattr(cfg, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < cfg.vocab_size):
+            bad(name, v, f"null or a token id in 0..{cfg.vocab_size - 1}")
+    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, dict):
+        bad("rope_scaling", cfg.rope_scaling, "null or an object")
 
 
 @dataclass(frozen=True)
@@ -32,6 +65,7 @@ class LlamaConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:

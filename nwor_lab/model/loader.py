@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from nwor_lab import atomic
 from nwor_lab.model.config import LlamaConfig
 from nwor_lab.model.eagle import EagleHead
 from nwor_lab.model.eagle3 import Eagle3Head, default_aux_layers
@@ -194,9 +195,9 @@ def save_llama(model: LlamaForCausalLM, directory, dtype=torch.bfloat16) -> None
     directory.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_dict()
     cfg["torch_dtype"] = str(dtype).replace("torch.", "")
-    (directory / "config.json").write_text(json.dumps(cfg, indent=1))
-    save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()},
-              str(directory / "model.safetensors"))
+    atomic.write_text(directory / "config.json", json.dumps(cfg, indent=1))
+    with atomic.staged_path(directory / "model.safetensors") as tmp:       # never a half-written checkpoint
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}, tmp)
 
 
 def save_eagle(head, config_path, weights_path, dtype=torch.bfloat16) -> None:
@@ -206,6 +207,7 @@ def save_eagle(head, config_path, weights_path, dtype=torch.bfloat16) -> None:
     if isinstance(head, Eagle3Head):
         cfg.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=head.draft_vocab_size,
                    eagle_config={"eagle_aux_hidden_state_layer_ids": list(head.aux_layers)})
-    Path(config_path).write_text(json.dumps(cfg, indent=1))
-    save_file({k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-               for k, v in head.state_dict().items()}, str(weights_path))
+    atomic.write_text(config_path, json.dumps(cfg, indent=1))
+    with atomic.staged_path(weights_path) as tmp:
+        save_file({k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in head.state_dict().items()}, tmp)

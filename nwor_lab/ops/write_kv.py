@@ -63,6 +63,9 @@ def check_write_args(key, value, key_cache, value_cache, slot_mapping, k_scale, 
                  what="[num_tokens], one slot per key row")
     check_cache_source("key", key, key_cache, k_scale, v_scale, lambda sc: sc.numel() in (1, h),
                        f"(a scalar or [num_kv_heads={h}])", "PagedKVCache.layer_scales(layer)")
+    if value.dtype != key.dtype:      # the check above looks at key only: never cast V silently
+        raise TypeError(f"value: dtype {value.dtype} differs from key's {key.dtype}; K and V of a window share "
+                        f"one dtype: cast with value.to({key.dtype})")
     check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
 
 

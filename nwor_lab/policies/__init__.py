@@ -6,7 +6,7 @@ policy declares, never its name.
 """
 from __future__ import annotations
 
-from nwor_lab.config import LabConfig, add_nwor_mode
+from nwor_lab.config import LabConfig, add_nwor_mode, check_config
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.policies.cow import CowPolicy
@@ -38,6 +38,9 @@ register_policy("stage", StagePolicy)
 def make_policy(config: LabConfig, cache: PagedKVCache, metrics: LabMetrics | None = None,
                 records: bool = True, observers: list | None = None) -> WritePolicy:
     """The write policy `config.nwor_mode` for `cache` (one policy per cache, i.e. per device)."""
+    config = check_config("config", config)
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache: expected a nwor_lab.kv.PagedKVCache, got {type(cache).__name__}")
     if config.nwor_mode not in POLICIES:
         raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: "
                          f"{', '.join(POLICIES)}")

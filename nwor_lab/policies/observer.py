@@ -44,6 +44,15 @@ class WindowObserver(Protocol):
     def on_phase(self, event: PhaseEvent) -> None: ...
 
 
+def check_observers(name: str, observers) -> None:
+    """Every observer has a callable `on_phase` (checked when a window opens, before anything is
+    written, so a wrong object is named instead of failing half-way through a window)."""
+    for i, o in enumerate(observers):
+        if not callable(getattr(o, "on_phase", None)):
+            raise TypeError(f"{name}[{i}]: {type(o).__name__} object has no on_phase(event) method; an observer "
+                            f"defines on_phase (see nwor_lab.policies.observer), e.g. LogObserver()")
+
+
 class LogObserver:
     """Collects one line per phase (`lines`); handy in a notebook or a test."""
 

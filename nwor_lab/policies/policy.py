@@ -30,11 +30,12 @@ from typing import ClassVar
 
 import torch
 
-from nwor_lab._checks import FLOAT_DTYPES, capturing, check_index, check_slots, check_tensor, same_device
-from nwor_lab.config import LabConfig
+from nwor_lab._checks import (FLOAT_DTYPES, INDEX_DTYPES, capturing, check_index, check_slots, check_tensor,
+                              check_whole, same_device)
+from nwor_lab.config import LabConfig, check_config
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics, WindowRecord
-from nwor_lab.policies.observer import PhaseEvent
+from nwor_lab.policies.observer import PhaseEvent, check_observers
 from nwor_lab.window import Acceptance, Window
 
 log = logging.getLogger("nwor_lab.policies")
@@ -55,7 +56,7 @@ class WritePolicy:
     def __init__(self, cache: PagedKVCache, config: LabConfig | None = None,
                  metrics: LabMetrics | None = None, records: bool = True, observers: list | None = None):
         self.cache = cache
-        self.config = config or LabConfig(nwor_mode=self.name)
+        self.config = LabConfig(nwor_mode=self.name) if config is None else check_config("config", config)
         self.metrics = metrics if metrics is not None else LabMetrics()
         self.records = records
         self.observers = observers if observers is not None else []   # WindowObserver objects
@@ -101,6 +102,8 @@ class WritePolicy:
             raise WindowStateError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
             raise TypeError(f"window: expected nwor_lab.policies.Window, got {type(window).__name__}")
+        if self.observers:
+            check_observers("observers", self.observers)
         if not same_device(window.slot_mapping.device, self.cache.device):
             raise ValueError(f"window: slot_mapping is on {window.slot_mapping.device}, the cache on "
                              f"{self.cache.device}; build the window on the cache's device")
@@ -278,8 +281,9 @@ class WritePolicy:
                             f"; wrap a draft mask with Acceptance.from_draft_mask(window, mask)")
         check_tensor("acceptance.draft_mask", acceptance.draft_mask, shape=(w.num_drafts,),
                      dtypes=(torch.bool,), device=dev, what="[num_drafts] bool, one per draft token")
+        check_whole("acceptance.accepted_len", acceptance.accepted_len)
         check_tensor("acceptance.accepted_len", acceptance.accepted_len, shape=(w.num_reqs,), device=dev,
-                     what="[num_reqs]")
+                     dtypes=INDEX_DTYPES, what="[num_reqs]")
         if acceptance.commit_mask is None:
             acceptance = Acceptance(acceptance.draft_mask, acceptance.accepted_len,
                                     w.commit_mask_from(acceptance.accepted_len))

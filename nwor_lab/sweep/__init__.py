@@ -11,7 +11,10 @@ then a sweep runs it once per combination and a report plots every metric agains
     nwor-lab report runs/modes                  # -> runs/modes/report.html
 
 `runs/NAME/` holds `results.jsonl` (one row per finished run, see `nwor_lab.sweep.results`),
-`notebooks/<run_id>.ipynb` (each executed notebook) and `logs/<run_id>.log` (the worker's output).
+`notebooks/<run_id>.ipynb` (each executed notebook) and `logs/<run_id>.log` (the worker's output),
+both moved there when the run ends, `sweep.json` (the notebook the folder belongs to) and `.lock`
+(the running sweep, and what a dead one left to reap). docs/reliability.md says what survives
+signals, crashes and full disks.
 
 Importing this package imports neither torch nor papermill nor plotly.
 """

@@ -5,17 +5,19 @@
                    [--workers N] [--timeout S] [--set name=value ...] [--kernel NAME]
     nwor-lab report runs/NAME [--out FILE]
 
-Exit codes: 0 every run ok; 1 some run failed (ids and errors printed); 2 bad input (one line
-on stderr, nothing run); 130 interrupted by Ctrl-C (143 by SIGTERM), finished runs kept.
+Exit codes: 0 every run ok; 1 some run failed (ids and errors printed); 2 bad input, a full or
+read-only disk (one line on stderr; bad input: nothing run); 130 interrupted by Ctrl-C (143 by
+SIGTERM), finished runs kept. Every flag is checked before anything runs (`nwor_lab.cli.args`),
+and errors take the `nwor-lab` command's one error path (`nwor_lab.cli.errors.run`).
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 
-from nwor_lab.sweep.grid import SweepInputError, parse_grid, parse_set
-
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, interrupted_exit_code, run
+from nwor_lab.sweep.grid import parse_grid, parse_set
 
 
 def _resume_command(args) -> str:
@@ -24,7 +26,7 @@ def _resume_command(args) -> str:
         parts += ["--grid", spec]
     for spec in args.set:
         parts += ["--set", spec]
-    parts += ["--out", args.out, "--workers", str(args.workers)]
+    parts += ["--out", str(args.out), "--workers", str(args.workers)]
     if args.timeout is not None:
         parts += ["--timeout", f"{args.timeout:g}"]
     if args.kernel:
@@ -32,35 +34,26 @@ def _resume_command(args) -> str:
     return f"{args.prog_name} {shlex.join(parts)}"  # the prog is a command prefix, not one word
 
 
-def _input_error(args, err: SweepInputError) -> int:
-    print(f"{args.prog_name}: error: {err}", file=sys.stderr)
-    return 2
-
-
 def cmd_sweep(args) -> int:
+    """Raises SweepInputError (a ValueError: one line, exit 2) for bad input, before any run."""
     from nwor_lab.sweep.runner import run_sweep
 
+    grid = parse_grid(args.grid)
+    fixed = parse_set(args.set, grid)
     try:
-        grid = parse_grid(args.grid)
-        fixed = parse_set(args.set, grid)
         outcome = run_sweep(args.notebook, grid, args.out, fixed=fixed, workers=args.workers,
                             timeout=args.timeout, kernel_name=args.kernel, progress=not args.no_progress,
                             resume_hint=_resume_command(args))
-    except SweepInputError as err:
-        return _input_error(args, err)
-    except KeyboardInterrupt:  # before the runs started (the runner handles Ctrl-C during them)
+    except KeyboardInterrupt as stop:  # before the runs started (the runner handles signals during them)
         print(f"{args.prog_name}: interrupted before any run started; nothing recorded", file=sys.stderr)
-        return 130
+        return interrupted_exit_code(stop)
     return outcome.exit_code
 
 
 def cmd_report(args) -> int:
     from nwor_lab.sweep.report import write_report
 
-    try:
-        path = write_report(args.run_dir, args.out)
-    except SweepInputError as err:
-        return _input_error(args, err)
+    path = write_report(args.run_dir, args.out)
     print(f"wrote {path}")
     return 0
 
@@ -78,23 +71,29 @@ def add_parsers(subparsers) -> None:
     s.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                    help="a swept parameter and its values (repeat for more; every combination runs)")
     s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a parameter fixed for every run")
-    s.add_argument("--out", required=True, metavar="DIR", help="folder for results.jsonl, notebooks/ and logs/, e.g. runs/NAME")
-    s.add_argument("--workers", type=int, default=1, metavar="N",
+    s.add_argument("--out", required=True, metavar="DIR", type=types.output_folder,
+                   help="folder for results.jsonl, notebooks/ and logs/, e.g. runs/NAME (one notebook's runs)")
+    s.add_argument("--workers", type=types.integer(1, 256), default=1, metavar="N",
                    help="runs at once (each pinned to one GPU via CUDA_VISIBLE_DEVICES when several exist)")
-    s.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per run (wall clock, kernel start included) before it is killed and recorded as failed")
+    s.add_argument("--timeout", type=types.seconds, default=None, metavar="S",
+                   help="seconds per run (wall clock, kernel start included) before it is killed and recorded as failed")
     s.add_argument("--kernel", default=None, metavar="NAME", help="Jupyter kernel (default: the notebook's own)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep, prog_name=s.prog)
     r = subparsers.add_parser("report", help="one self-contained HTML page of a sweep's runs and metrics",
                               description="Table of every run and one figure per numeric metric, plotly inline.")
     r.add_argument("run_dir", metavar="RUN_DIR", help="the sweep's --out folder (holds results.jsonl)")
-    r.add_argument("--out", default=None, metavar="FILE", help="HTML file (default RUN_DIR/report.html)")
+    r.add_argument("--out", type=types.output_file, default=None, metavar="FILE",
+                   help="HTML file (default RUN_DIR/report.html; replaced atomically)")
     r.set_defaults(func=cmd_report, prog_name=r.prog)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nwor_lab.sweep",
-                                     description="Papermill sweeps of the lab's notebooks, and their HTML report.")
-    add_parsers(parser.add_subparsers(dest="cmd", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    parser = LabArgumentParser(prog="python -m nwor_lab.sweep",
+                               description="Papermill sweeps of the lab's notebooks, and their HTML report.")
+    add_parsers(parser.add_subparsers(dest="cmd", required=True, parser_class=LabArgumentParser))
+
+    def dispatch(argv):
+        args = parser.parse_args(argv)
+        return args.func(args)
+    return run(dispatch, sys.argv[1:] if argv is None else argv)

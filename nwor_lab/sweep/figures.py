@@ -3,12 +3,20 @@
 Layout of a metric's figure, from the varying parameters in grid order:
 1st -> x axis (lines when it is numeric with 3+ values, grouped bars otherwise),
 2nd -> colour (legend), the rest -> one panel each (shared y axis, so panels compare).
-Only "ok" runs are plotted; failures are listed by the report instead.
+Only "ok" runs are plotted; failures are listed by the report instead. A metric with one value
+in every ok run gets no figure (`constant_metrics`; the report lists it in a table).
+
+Every figure of a report shows a value the same way: one colour per value of the colour
+parameter (`color_map`, made once from all rows), and values in one order (`value_order`): the
+lab's declared order for its named choices (write policies off, cow, stage, then registered
+ones; SCV modes; backends), numbers ascending, other values as text.
 """
 from __future__ import annotations
 
 import math
 from typing import Any
+
+from nwor_lab.config import ATTENTION_BACKENDS, BACKENDS, CACHE_DTYPE_NAMES, SCV_MODES, nwor_modes
 
 # metric-name suffix -> unit; longest first, so `_tok_s` wins over `_s`
 UNIT_SUFFIXES = [
@@ -44,6 +52,50 @@ def sort_key(value: Any) -> tuple:
     return (0, value, "") if _is_number(value) else (1, 0, str(value))
 
 
+def declared_orders() -> dict[str, tuple]:
+    """Parameter name -> the lab's own order of its values (where the lab declares one)."""
+    return {"nwor_mode": nwor_modes(), "nwor": nwor_modes(), "mode": nwor_modes(), "scv_mode": SCV_MODES,
+            "scv": SCV_MODES, "backend": BACKENDS, "attention": ATTENTION_BACKENDS, "cache_dtype": CACHE_DTYPE_NAMES}
+
+
+def param_sort_key(name: str | None):
+    """A key ordering the values of parameter `name`: declared order first, then `sort_key`."""
+    order = declared_orders().get(name or "", ())
+
+    def key(value: Any) -> tuple:
+        if isinstance(value, str) and value in order:
+            return (0, order.index(value), "")
+        return (1,) + sort_key(value)
+    return key
+
+
+def value_order(rows: list[dict], name: str | None) -> list:
+    """The distinct values of parameter `name` over `rows`, in display order."""
+    seen: dict[str, Any] = {}
+    for r in rows:
+        v = r["params"].get(name) if name else None
+        seen.setdefault(repr(v), v)
+    return sorted(seen.values(), key=param_sort_key(name))
+
+
+def color_map(rows: list[dict], name: str | None) -> dict[str, str]:
+    """Label -> colour for every value of the colour parameter `name`, fixed for the whole report."""
+    from plotly.colors import qualitative
+    palette = qualitative.Plotly
+    return {_label(v): palette[i % len(palette)] for i, v in enumerate(value_order(rows, name))}
+
+
+def constant_metrics(rows: list[dict]) -> dict[str, Any]:
+    """Numeric metrics with the same value in every ok run that recorded them -> that value."""
+    out = {}
+    for name in numeric_metrics(rows):
+        values = {(r.get("metrics") or {}).get(name) for r in rows if r.get("status") == "ok"}
+        values.discard(None)
+        if len(values) == 1:
+            out[name] = values.pop()
+    return out
+
+
 def numeric_metrics(rows: list[dict]) -> list[str]:
     """Metric names whose recorded values (ok runs) are all numbers; first-seen order."""
     names: dict[str, bool] = {}
@@ -72,10 +124,10 @@ def _label(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def metric_figure(rows: list[dict], metric: str, params: list[str]):
-    """The figure of one metric over `rows` (ok runs), keyed by `params` (see module docstring)."""
+def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict[str, str] | None = None):
+    """The figure of one metric over `rows` (ok runs), keyed by `params` (see module docstring).
+    `colors`: label -> colour of the colour parameter's values (default: made from `rows`)."""
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     points = [r for r in rows if r.get("status") == "ok" and _is_number((r.get("metrics") or {}).get(metric))]
@@ -91,34 +143,38 @@ def metric_figure(rows: list[dict], metric: str, params: list[str]):
 
     panel_order: dict[str, list] = {}
     for r in points:
-        panel_order.setdefault(panel_of(r), [sort_key(r["params"][n]) for n in panel_names])
+        panel_order.setdefault(panel_of(r), [param_sort_key(n)(r["params"][n]) for n in panel_names])
     panels = sorted(panel_order, key=panel_order.get)
-    colors = sorted({value(r, color_name) for r in points}, key=sort_key)
-    xs = sorted({value(r, x_name) for r in points}, key=sort_key)
+    colour_of = colors if colors is not None else color_map(rows, color_name)
+    legend = value_order(points, color_name)          # the colour parameter's values, declared order
+    xs = value_order(points, x_name)
     as_lines = x_name is not None and len(xs) >= 3 and all(_is_number(x) for x in xs)
     ncols = max(1, min(len(panels), MAX_PANEL_COLUMNS))
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig = make_subplots(rows=nrows, cols=ncols, shared_yaxes=True, subplot_titles=panels if panel_names else None,
                         horizontal_spacing=0.06, vertical_spacing=0.18 if nrows > 1 else 0.1)
-    palette = qualitative.Plotly
-    in_legend: set[int] = set()  # one legend entry per colour, whichever panel shows it first
+    x_key = param_sort_key(x_name)
+    in_legend: set[str] = set()  # one legend entry per colour, whichever panel shows it first
     for p_index, panel in enumerate(panels or [""]):
         prow, pcol = divmod(p_index, ncols)
-        for c_index, color in enumerate(colors):
+        for color in legend:
+            label = _label(color)
             series = sorted((r for r in points if panel_of(r) == panel and value(r, color_name) == color),
-                            key=lambda r: sort_key(value(r, x_name)))
+                            key=lambda r: x_key(value(r, x_name)))
             if not series:
                 continue
             x = [value(r, x_name) if as_lines else _label(value(r, x_name)) for r in series] if x_name else ["run"] * len(series)
             common = dict(x=x, y=[r["metrics"][metric] for r in series], customdata=[r["run_id"] for r in series],
-                          name=_label(color) if color_name else metric, legendgroup=str(c_index),
-                          showlegend=bool(color_name) and c_index not in in_legend, marker_color=palette[c_index % len(palette)],
+                          name=label if color_name else metric, legendgroup=label,
+                          showlegend=bool(color_name) and label not in in_legend,
+                          marker_color=colour_of.get(label, "#636efa"),
                           hovertemplate="%{customdata}<br>%{y}<extra></extra>")
-            in_legend.add(c_index)
+            in_legend.add(label)
             trace = go.Scatter(mode="lines+markers", **common) if as_lines else go.Bar(**common)
             fig.add_trace(trace, row=prow + 1, col=pcol + 1)
     title = axis_title(metric)
     fig.update_layout(title=dict(text=title), barmode="group", legend_title_text=color_name or "",
+                      legend=dict(traceorder="normal"),
                       height=140 + 300 * nrows, margin=dict(l=70, r=20, t=90, b=60), template="plotly_white")
     if x_name and not as_lines:
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=[_label(x) for x in xs])
@@ -128,6 +184,10 @@ def metric_figure(rows: list[dict], metric: str, params: list[str]):
 
 
 def sweep_figures(rows: list[dict]) -> list[tuple[str, Any]]:
-    """`(metric, figure)` for every numeric metric of `rows` (the newest row per run)."""
+    """`(metric, figure)` for every numeric metric of `rows` (the newest row per run) that varies;
+    one colour map for all of them."""
     params = varying_params(rows)
-    return [(metric, metric_figure(rows, metric, params)) for metric in numeric_metrics(rows)]
+    colors = color_map(rows, params[1] if len(params) > 1 else None)
+    constant = constant_metrics(rows)
+    return [(metric, metric_figure(rows, metric, params, colors)) for metric in numeric_metrics(rows)
+            if metric not in constant]

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nwor_lab import atomic
 from nwor_lab.sweep.grid import SweepInputError, check_parameters, expand_grid, run_id
 from nwor_lab.sweep.results import latest_rows
+
+OWNER_FILE = "sweep.json"   # which notebook a sweep folder belongs to
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,18 @@ def notebook_parameters(notebook: str | Path) -> dict[str, Any]:
         raise SweepInputError(f"NOTEBOOK {notebook}: cannot be read as a notebook ({type(err).__name__}: {err})") from None
 
 
+def assigned_parameters(notebook: str | Path) -> set[str]:
+    """Names the `parameters` cell assigns, as Python reads it (papermill reads the cell line by
+    line and skips a line it cannot parse)."""
+    from nwor_lab.workshop import chapters
+
+    try:
+        cells = chapters.parameters_cells(chapters.read(notebook))
+        return set(chapters.parameters(cells[0])) if cells else set()
+    except Exception:  # noqa: BLE001 - only used to explain a refusal; papermill's view decides
+        return set()
+
+
 def check_kernel(notebook: str | Path, kernel_name: str | None) -> str:
     """The Jupyter kernel the runs will use (`kernel_name`, else the notebook's), checked to exist:
     a missing kernel would otherwise fail every run the same way."""
@@ -54,13 +70,59 @@ def check_out_dir(out: str | Path) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SweepInputError(f"--out {out}: is a file; give a folder (created if missing), e.g. --out runs/{out.stem}")
+    existing = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SweepInputError(f"--out {out}: {existing} is not writable (read-only file system or permissions); "
+                              f"choose a folder you can write")
     return out
 
 
-def plan_runs(notebook: str | Path, grid: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> list[Run]:
+def check_owner(out: Path, notebook: Path) -> None:
+    """A sweep folder belongs to the notebook that first swept into it: refuse another one, whose
+    runs would be skipped as "already ok" (same run ids) or appended to the wrong results."""
+    owner = _owner(out)
+    if owner is not None and owner != notebook.name:
+        raise SweepInputError(f"--out {out}: holds the runs of {owner}, not {notebook.name}; a folder holds one "
+                              f"notebook's sweep, use another --out (e.g. runs/{notebook.stem})")
+
+
+def claim_folder(out: Path, notebook: Path) -> None:
+    """Record `notebook` as the folder's owner (under the folder lock, before any row is written)."""
+    check_owner(out, notebook)
+    if not (out / OWNER_FILE).exists():
+        atomic.write_json(out / OWNER_FILE, {"notebook": notebook.name, "path": str(notebook)}, indent=1, newline=True)
+
+
+def _owner(out: Path) -> str | None:
+    path = out / OWNER_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise SweepInputError(f"--out {out}: {path} is damaged ({type(err).__name__}); restore it or use "
+                              f"another --out") from None
+    name = data.get("notebook") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name:
+        raise SweepInputError(f"--out {out}: {path} names no notebook; restore it or use another --out")
+    return name
+
+
+def run_parameters(run: Run, declared: dict[str, Any]) -> dict[str, Any]:
+    """What papermill injects for `run`: its parameters, plus `interactive=False` when the notebook
+    declares `interactive` and the sweep does not set it (saved notebooks hold static figures,
+    not widgets that need a live kernel)."""
+    if "interactive" in declared and "interactive" not in run.params:
+        return {**run.params, "interactive": False}
+    return dict(run.params)
+
+
+def plan_runs(notebook: str | Path, grid: dict[str, list[Any]], fixed: dict[str, Any] | None = None,
+              declared: dict[str, Any] | None = None) -> list[Run]:
     """Every combination of `grid` (plus `fixed`), each checked against the notebook's parameters."""
     fixed = fixed or {}
-    check_parameters(grid, fixed, notebook_parameters(notebook), str(notebook))
+    check_parameters(grid, fixed, notebook_parameters(notebook) if declared is None else declared, str(notebook),
+                     assigned_parameters(notebook))
     names = list(grid)
     runs = [Run(run_id(params, names), params) for params in expand_grid(grid, fixed)]
     ids = [r.run_id for r in runs]

@@ -2,7 +2,9 @@
 
 One `Worker` per slot; it runs one job at a time. The worker leads its own session, so
 Ctrl-C in a terminal reaches only the runner (which decides what to stop); `kill` signals the
-worker's process group and the kernel's.
+worker's process group and the kernel's. Workers die with the runner, even when it is killed with
+SIGKILL: a parent-death signal (`nwor_lab.lifeline.die_with_parent`, set before the worker's Python
+starts), and the runner's marker in their environment, which a later sweep reaps by.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nwor_lab import lifeline
 from nwor_lab.sweep.plan import Run
 
 POLL_S = 0.1
+EXIT_NO_SPACE = 28       # = errno ENOSPC: a worker that could not write its files exits with it
 
 
 def child_pids(pid: int) -> list[int]:
@@ -63,21 +67,31 @@ class Dispatch:
     def metrics_path(self) -> Path:
         return self.work / "metrics.json"
 
+    @property
+    def notebook_path(self) -> Path:
+        return self.work / "executed.ipynb"
+
+    @property
+    def log_path(self) -> Path:
+        return self.work / "run.log"
+
 
 class Worker:
     """A worker process for one slot, started on first use and again after it was killed."""
 
-    def __init__(self, slot: int, extra_env: dict[str, str]):
-        self.slot, self.extra_env = slot, extra_env
+    def __init__(self, slot: int, extra_env: dict[str, str], token: str):
+        self.slot, self.extra_env, self.token = slot, extra_env, token
         self.proc: subprocess.Popen | None = None
         self.current: Dispatch | None = None
 
     def _spawn(self) -> None:
         # stderr stays the runner's until the first run redirects it to that run's log, so a
         # worker that cannot start (nwor_lab or papermill not importable) says why on the console
+        runner = os.getpid()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nwor_lab.sweep.worker"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            env={**os.environ, **self.extra_env}, start_new_session=True, text=True)
+            env={**os.environ, **self.extra_env, lifeline.MARKER_ENV: self.token}, start_new_session=True, text=True,
+            preexec_fn=(lambda: lifeline.die_with_parent(runner)) if lifeline.parent_death_supported() else None)
 
     def submit(self, dispatch: Dispatch, job: dict) -> None:
         line = json.dumps(job) + "\n"

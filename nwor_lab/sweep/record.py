@@ -14,8 +14,8 @@ A chapter records what it measured in one call (or several) from a cell::
   the report labels axes with them.
 - Under a sweep, the runner sets `NWOR_LAB_METRICS_OUT` to a per-run path; each call merges
   its keys into the JSON object there (a later value for the same key wins) and replaces the
-  file atomically (write a temporary file, fsync, rename), so a crash mid-write leaves the
-  previous record, never half of one. The runner copies the object into the run's row of
+  file atomically (`nwor_lab.atomic`: a temporary file, fsync, rename), so a crash mid-write
+  leaves the previous record, never half of one. The runner copies the object into the run's row of
   `results.jsonl`, failed runs included (what was recorded before the failure).
 - Without `NWOR_LAB_METRICS_OUT` (interactive use) nothing is written.
 - Either way the call returns the cleaned dict of this call, so a cell that ends with it
@@ -28,6 +28,8 @@ import math
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from nwor_lab import atomic
 
 METRICS_ENV = "NWOR_LAB_METRICS_OUT"
 
@@ -72,21 +74,10 @@ def read_metrics(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Replace `path` with `obj` as JSON: a reader sees the old file or the new one, whole."""
-    path = os.fspath(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def record_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """Record a notebook's metrics for the sweep running it; see the module docstring."""
     cleaned = clean_metrics(metrics)
     path = os.environ.get(METRICS_ENV)
     if path:
-        write_json_atomic(path, {**read_metrics(path), **cleaned})
+        atomic.write_json(path, {**read_metrics(path), **cleaned})
     return cleaned

@@ -1,9 +1,12 @@
 """`nwor-lab report runs/NAME`: one self-contained HTML page of a sweep.
 
 The page holds a table of every run (newest row per run id: parameters, status, duration,
-metrics, links to the executed notebook and log), the failures with their errors, and one
-figure per numeric metric (`nwor_lab.sweep.figures`). plotly.js is embedded once, inline,
-so the file opens offline and can be mailed or attached to a CI run as is.
+metrics, links to the executed notebook and log; a metric that repeats a parameter, as a chapter
+recording its own `nwor_mode`, is shown once), the failures with their errors, a table of the
+metrics that have one value in every run, and one figure per numeric metric that varies
+(`nwor_lab.sweep.figures`: one colour per value and one order of values in every figure).
+plotly.js is embedded once, inline, so the file opens offline and can be mailed or attached to
+a CI run as is. The page is replaced atomically (`nwor_lab.atomic`).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nwor_lab import atomic
 from nwor_lab.sweep.grid import SweepInputError
 from nwor_lab.sweep.results import RESULTS_FILE, latest_rows
 
@@ -48,10 +52,27 @@ def _link(target: Path, page: Path, text: str) -> str:
     return f'<a href="{html.escape(Path(rel).as_posix())}">{html.escape(text)}</a>'
 
 
-def _table(rows: list[dict], run_dir: Path, page: Path) -> str:
+def table_columns(rows: list[dict]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(parameter columns, metric columns as (key, heading)): each fact once. A metric named like a
+    parameter is left out where it repeats the parameter's value in every run; where it does not,
+    it is kept as `<name> (recorded)`, so a disagreement stays visible."""
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
-    metrics = list(dict.fromkeys(k for r in rows for k in (r.get("metrics") or {})))
-    head = (["run", *params, "status", "duration (s)", *metrics, "notebook", "log"])
+    metrics = []
+    for key in dict.fromkeys(k for r in rows for k in (r.get("metrics") or {})):
+        if key in params:
+            recorded = [r for r in rows if key in (r.get("metrics") or {})]
+            if all(r["metrics"][key] == r["params"].get(key) for r in recorded):
+                continue
+            metrics.append((key, f"{key} (recorded)"))
+        else:
+            metrics.append((key, key))
+    return params, metrics
+
+
+def _table(rows: list[dict], run_dir: Path, page: Path) -> str:
+    params, metric_cols = table_columns(rows)
+    metrics = [key for key, _ in metric_cols]
+    head = (["run", *params, "status", "duration (s)", *(h for _, h in metric_cols), "notebook", "log"])
     text_cols = {0, len(params) + 1, len(head) - 2, len(head) - 1}
     out = ['<div class="table-wrap"><table><thead><tr>']
     out += [f'<th class="{"text" if i in text_cols else ""}">{html.escape(h)}</th>' for i, h in enumerate(head)]
@@ -81,6 +102,22 @@ def _failures(rows: list[dict]) -> str:
     return "<ul>" + "\n".join(items) + "</ul>"
 
 
+def _constants(constant: dict) -> str:
+    """The metrics with one value in every run: a table instead of flat charts."""
+    from nwor_lab.sweep.figures import metric_label
+
+    if not constant:
+        return ""
+    body = []
+    for name, value in constant.items():
+        text, unit = metric_label(name)
+        body.append(f'<tr><td class="text">{html.escape(name)}</td><td>{_cell(value)[0]}</td>'
+                    f'<td class="text">{html.escape(unit or "")}</td></tr>')
+    return ("<h2>Metrics with one value in every run</h2>"
+            '<div class="table-wrap"><table class="constant-metrics"><thead><tr><th class="text">metric</th>'
+            '<th>value</th><th class="text">unit</th></tr></thead><tbody>' + "".join(body) + "</tbody></table></div>")
+
+
 def _environment(rows: list[dict]) -> str:
     facts = []
     for key in ("torch", "device", "python", "host"):
@@ -94,7 +131,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     """Write the sweep's HTML page (default `<run_dir>/report.html`) and return its path."""
     from plotly.offline import get_plotlyjs
 
-    from nwor_lab.sweep.figures import sort_key, sweep_figures, varying_params
+    from nwor_lab.sweep.figures import constant_metrics, param_sort_key, sweep_figures, varying_params
 
     run_dir = Path(run_dir)
     if not (run_dir / RESULTS_FILE).is_file():
@@ -104,9 +141,10 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
         raise SweepInputError(f"--out {page}: is a folder; give an .html file path")
     rows = list(latest_rows(run_dir).values())
     varying = varying_params(rows)
-    rows.sort(key=lambda r: [sort_key(r["params"].get(p)) for p in varying] + [r["run_id"]])
+    rows.sort(key=lambda r: [param_sort_key(p)(r["params"].get(p)) for p in varying] + [r["run_id"]])
     n_ok = sum(r.get("status") == "ok" for r in rows)
     figures = sweep_figures(rows)
+    constant = constant_metrics(rows)
     divs = [fig.to_html(full_html=False, include_plotlyjs=False, default_height=f"{fig.layout.height}px")
             for _, fig in figures]
     title = f"Sweep {run_dir.resolve().name}"
@@ -122,12 +160,15 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
         f"{html.escape(str(run_dir / RESULTS_FILE))}.</p>",
         "<h2>Runs</h2>", _table(rows, run_dir, page),
         "<h2>Failures</h2>", _failures(rows),
+        _constants(constant),
         "<h2>Metrics</h2>",
-        *(divs or ["<p>No numeric metrics recorded by an ok run.</p>"]),
+        *(divs or ["<p>No numeric metric that varies across the ok runs.</p>" if constant else
+                   "<p>No numeric metrics recorded by an ok run.</p>"]),
         "</body></html>",
     ]
-    page.parent.mkdir(parents=True, exist_ok=True)
-    tmp = page.with_name(page.name + ".tmp")
-    tmp.write_text("\n".join(parts), encoding="utf-8")
-    os.replace(tmp, page)
+    try:
+        page.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise atomic.OutputError(page, err) from None
+    atomic.write_text(page, "\n".join(parts))
     return page

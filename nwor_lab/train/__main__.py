@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nwor_lab import atomic
 from nwor_lab.model.config import LlamaConfig
 from nwor_lab.model.loader import save_eagle, save_llama
 from nwor_lab.train import corpus
@@ -83,7 +84,7 @@ def cmd_pair(args) -> None:
     stats = {"command": " ".join(sys.argv), "torch": torch.__version__, "device": args.device,
              "target_params": n_t, "head_params": n_h, "target": t_stats, "head": h_stats,
              "acceptance_length": acc, "k": args.k}
-    (out / "train_log.json").write_text(json.dumps({"stats": stats, "log": log_lines}, indent=1))
+    atomic.write_text(out / "train_log.json", json.dumps({"stats": stats, "log": log_lines}, indent=1))
 
 
 def cmd_eagle3(args) -> None:
@@ -105,7 +106,7 @@ def cmd_eagle3(args) -> None:
         f"{args.eval_new_tokens} tokens): {acc:.3f}")
     stats.update(command=" ".join(sys.argv), torch=torch.__version__, acceptance_length=acc, k=args.k,
                  head_params=sum(p.numel() for p in h32.parameters()))
-    (out / "eagle3_train_log.json").write_text(json.dumps({"stats": stats, "log": log_lines}, indent=1))
+    atomic.write_text(out / "eagle3_train_log.json", json.dumps({"stats": stats, "log": log_lines}, indent=1))
 
 
 def main(argv=None) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nwor_lab import atomic
+
 HELD_OUT = ("json", "email", "argparse", "textwrap", "difflib", "heapq", "fractions", "calendar", "shlex")
 EOT = "<|endoftext|>"
 
@@ -69,5 +71,5 @@ def pack(tokenizer, out_dir: Path, root: Path | None = None, limit_files: int | 
     info = {"python": sys.version.split()[0], "stdlib": str(root), "held_out_names": list(HELD_OUT),
             "train_files": len(train), "eval_files": len(held), "train_tokens": int(tr.size),
             "eval_tokens": int(ev.size), "eval_file_list": [str(p.relative_to(root)) for p in held]}
-    (out_dir / "corpus.json").write_text(json.dumps(info, indent=1))
+    atomic.write_text(out_dir / "corpus.json", json.dumps(info, indent=1))
     return info

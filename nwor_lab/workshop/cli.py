@@ -1,17 +1,43 @@
-"""`nwor-lab workshop build|clean` (also `python -m nwor_lab.workshop build|clean`)."""
+"""`nwor-lab workshop build|clean` (also `python -m nwor_lab.workshop build|clean`).
+
+Every argument is checked before the first chapter runs (`nwor_lab.cli.args`: a timeout is a
+finite number of seconds > 0, `--out` a folder we can write, the kernel installed, the chapters
+found), errors take the `nwor-lab` command's one error path (`nwor_lab.cli.errors.run`).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
+from nwor_lab.cli import args as types
+from nwor_lab.cli.errors import LabArgumentParser, UsageError, run
 from nwor_lab.workshop import kit
+
+
+def _check_kernels(chapters, kernel: str | None) -> None:
+    """The kernel every chapter will start exists (a missing one would fail every chapter alike)."""
+    from nwor_lab.sweep.plan import check_kernel
+    for path in (chapters if kernel is None else chapters[:1]):
+        try:
+            check_kernel(path, kernel)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+
+
+def _check_environment() -> None:
+    from nwor_lab.config import LabConfig
+    try:
+        LabConfig.from_env()        # every chapter's kernel inherits NWOR_LAB_*: refuse a bad one now
+    except ValueError as err:
+        raise UsageError(f"environment: {err}") from None
 
 
 def _build(args) -> int:
     chapters = kit.find_chapters(args.chapters)
     if not chapters:
-        print(f"workshop: no chapters match {args.chapters!r}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--chapters {args.chapters!r}: no chapters match; give a glob, a folder or an .ipynb")
+    _check_environment()
+    _check_kernels(chapters, args.kernel)
     built = kit.build(chapters, args.out, timeout=args.timeout, kernel_name=args.kernel)
     failed = [b for b in built if not b.ok]
     print(f"workshop kit: {args.out}/index.html ({len(built)} chapters, {len(failed)} failed)")
@@ -31,7 +57,9 @@ def _clean(args) -> int:
             print(f"workshop clean: {path} failed to run, left as it was: {kit.error_text(err)}", file=sys.stderr)
             code = 1
             continue
-        nbformat.write(ch.clean(nb), str(path))
+        from nwor_lab import atomic
+        text = nbformat.writes(ch.clean(nb))
+        atomic.write_text(path, text if text.endswith("\n") else text + "\n")
         left = ch.problems(path)
         print(f"workshop clean: {path}" + (f" still has problems: {'; '.join(left)}" if left else " clean"))
         code = code or (1 if left else 0)
@@ -41,18 +69,18 @@ def _clean(args) -> int:
 def _add_commands(sub) -> None:
     b = sub.add_parser("build", help="execute every chapter (interactive=False), export HTML + slides, write index.html",
                        description=kit.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--out", default=kit.DEFAULT_OUT, help="kit folder (default: %(default)s)")
+    b.add_argument("--out", type=types.output_folder, default=kit.DEFAULT_OUT, help="kit folder (default: %(default)s)")
     b.add_argument("--chapters", default=kit.DEFAULT_CHAPTERS, help="glob, folder or file (default: %(default)s)")
-    b.add_argument("--timeout", type=float, default=kit.DEFAULT_TIMEOUT,
+    b.add_argument("--timeout", type=types.seconds, default=kit.DEFAULT_TIMEOUT,
                    help="seconds any one cell may run before its chapter fails (default: %(default)s)")
     b.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
     b.set_defaults(func=_build)
     c = sub.add_parser("clean", help="make chapters committable: drop outputs (but NBVAL_CHECK_OUTPUT cells'), "
                                      "execution counts, widget state (in place)")
-    c.add_argument("notebooks", nargs="+")
+    c.add_argument("notebooks", nargs="+", type=types.existing_file)
     c.add_argument("--execute", action="store_true",
                    help="run each notebook first (as committed), so checked cells store fresh expected output")
-    c.add_argument("--timeout", type=float, default=kit.DEFAULT_TIMEOUT, help="seconds any one cell may run")
+    c.add_argument("--timeout", type=types.seconds, default=kit.DEFAULT_TIMEOUT, help="seconds any one cell may run")
     c.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
     c.set_defaults(func=_clean)
 
@@ -64,7 +92,12 @@ def add_parsers(subparsers) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m nwor_lab.workshop", description=__doc__)
-    _add_commands(p.add_subparsers(dest="workshop_cmd", required=True, metavar="{build,clean}"))
-    args = p.parse_args(argv)
-    return args.func(args)
+    p = LabArgumentParser(prog="python -m nwor_lab.workshop", description=__doc__.split("\n\n")[0],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_commands(p.add_subparsers(dest="workshop_cmd", required=True, metavar="{build,clean}",
+                                   parser_class=LabArgumentParser))
+
+    def dispatch(argv):
+        args = p.parse_args(argv)
+        return args.func(args)
+    return run(dispatch, sys.argv[1:] if argv is None else argv)

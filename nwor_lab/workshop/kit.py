@@ -9,6 +9,11 @@ HTML page and as reveal.js slides, and one `index.html` that lists them.
 
 A chapter that fails is still exported (up to its failing cell, error shown) and listed as
 failed with its error; the other chapters build; `build` then returns 1.
+
+Every file is replaced atomically (`nwor_lab.atomic`); papermill writes a chapter's executed
+notebook in `out/.work/` as it runs, moved into `executed/` when the chapter is over, so the kit
+never holds a half-written file, whenever it is stopped. Kernels die with the build
+(`nwor_lab.lifeline.kernel_manager_class`), even when it is killed with SIGKILL.
 """
 from __future__ import annotations
 
@@ -16,13 +21,14 @@ import contextlib
 import copy
 import glob
 import html
-import json
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+from nwor_lab import atomic
 
 # nbformat, nbconvert and papermill are imported where they are used: `nwor-lab` builds its
 # parser from this module, and they take seconds to import.
@@ -86,9 +92,9 @@ def export(nb, out: Path, name: str) -> tuple[str, str]:
     from nbconvert import HTMLExporter, SlidesExporter
 
     page, _ = HTMLExporter(template_name="lab", embed_images=True).from_notebook_node(nb)
-    (out / f"{name}.html").write_text(page, encoding="utf-8")
+    atomic.write_text(out / f"{name}.html", page)
     slides, _ = SlidesExporter().from_notebook_node(_with_slide_breaks(nb))
-    (out / f"{name}.slides.html").write_text(slides, encoding="utf-8")
+    atomic.write_text(out / f"{name}.slides.html", slides)
     return f"{name}.html", f"{name}.slides.html"
 
 
@@ -113,12 +119,18 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     import nbformat
     import papermill
 
+    from nwor_lab.lifeline import kernel_manager_class
     from nwor_lab.workshop import chapters as ch
 
     path = Path(path)
     name = path.stem
     executed = out / "executed" / f"{name}.ipynb"
-    executed.parent.mkdir(parents=True, exist_ok=True)
+    running = out / ".work" / f"{name}.ipynb"          # papermill saves after every cell: not in place
+    for folder in (executed.parent, running.parent):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise atomic.OutputError(folder, err) from None
     try:
         info = ch.chapter(path)
     except Exception as err:  # not even readable: list it, build the rest
@@ -129,40 +141,61 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     try:
         with _environment(PLOTLY_RENDERER=os.environ.get("PLOTLY_RENDERER", PLOTLY_RENDERER)):
             papermill.execute_notebook(
-                str(path), str(executed), parameters=dict(parameters or {"interactive": False}),
+                str(path), str(running), parameters=dict(parameters or {"interactive": False}),
                 kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
-                progress_bar=False, log_output=False, request_save_on_cell_execute=False)
+                progress_bar=False, log_output=False, request_save_on_cell_execute=False,
+                kernel_manager_class=kernel_manager_class())
     except Exception as err:
+        _raise_if_disk(err, running)               # the machine's problem, not the chapter's
         built.ok, built.error = False, error_text(err)
     built.seconds = round(time.perf_counter() - start, 2)
+    if running.exists():
+        atomic.move_into_place(running, executed)
     try:  # export what ran, error cell included, so the failure can be read in the page
         nb = nbformat.read(str(executed), as_version=4) if executed.exists() else ch.read(path)
         built.html, built.slides = export(nb, out, name)
     except Exception as err:
+        _raise_if_disk(err, out)
         built.ok = False
         built.error = (built.error + "; " if built.error else "") + f"export failed: {error_text(err)}"
     return built
 
 
+def _raise_if_disk(err: Exception, path: Path) -> None:
+    """A full disk stops the build in one line naming the file; any other error is the chapter's."""
+    if isinstance(err, atomic.OutputError):
+        raise err
+    if atomic.no_space(err):
+        raise atomic.OutputError(getattr(err, "filename", None) or path, err) from None
+
+
 def build(chapters, out=DEFAULT_OUT, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
           log=print) -> list[Built]:
     """Build the kit from chapter paths into `out`; writes index.html and index.json."""
+    import shutil
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise atomic.OutputError(out, err) from None
+    shutil.rmtree(out / ".work", ignore_errors=True)          # what a killed build left half-written
     kit = []
-    for path in chapters:
-        log(f"workshop: {path} ...")
-        built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name)
-        log(f"workshop: {path} {'ok' if built.ok else 'FAILED: ' + built.error} ({built.seconds:.1f} s)")
-        kit.append(built)
-    write_index(kit, out)
+    try:
+        for path in chapters:
+            log(f"workshop: {path} ...")
+            built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name)
+            log(f"workshop: {path} {'ok' if built.ok else 'FAILED: ' + built.error} ({built.seconds:.1f} s)")
+            kit.append(built)
+        write_index(kit, out)
+    finally:                                                   # Ctrl-C, SIGTERM, a full disk: no partial file
+        shutil.rmtree(out / ".work", ignore_errors=True)
     return kit
 
 
 def write_index(kit: list[Built], out: Path) -> Path:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     meta = {"built": when, "python": platform.python_version(), "parameters": {"interactive": False}}
-    (out / "index.json").write_text(json.dumps({**meta, "chapters": [asdict(b) for b in kit]}, indent=2) + "\n")
+    atomic.write_json(out / "index.json", {**meta, "chapters": [asdict(b) for b in kit]}, indent=2, newline=True)
     e = html.escape
     rows = []
     for b in kit:
@@ -194,5 +227,5 @@ on {e(when)} (Python {e(meta["python"])}). Run time includes the kernel's start.
 </tbody></table></body></html>
 """
     index = out / "index.html"
-    index.write_text(page, encoding="utf-8")
+    atomic.write_text(index, page)
     return index

@@ -1,0 +1,228 @@
+"""Sweeps as durable as a database log, and unable to mix experiments (issue 20; issue 19 item 6).
+
+On `tests/data/sweep_probe.ipynb` (see tests/test_sweep.py for what it records). One sweep of three
+runs is made once and copied for each scenario; each scenario then damages the folder the way a
+crash or a hand edit would, resumes, and checks what survived. Processes are found by a marker
+in their environment (`fault_tools.MARK`), which every worker and kernel inherits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fault_tools import MARK, jsonl_rows, kill_marked, marked, new_mark, wait_gone
+from nwor_lab import lifeline
+from nwor_lab.sweep import METRICS_ENV, read_rows, write_report
+from nwor_lab.sweep.cli import main
+from nwor_lab.sweep.results import ResultsLog
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
+SWEEP = ["sweep", str(PROBE), "--no-progress"]
+LINUX = sys.platform.startswith("linux")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_sees_this_checkout():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        mp.delenv(METRICS_ENV, raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("three") / "probe"
+    assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out), "--workers", "2"]) == 0
+    return out
+
+
+def copy_of(folder: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "probe"
+    shutil.copytree(folder, out)
+    (out / ".lock").unlink(missing_ok=True)
+    return out
+
+
+def row(run_id: str, **kw) -> dict:
+    return {"run_id": run_id, "params": {"x": int(run_id[2:])}, "status": "ok", "metrics": {}, **kw}
+
+
+# -- the row a crash left without its newline ---------------------------------------------------------
+def test_a_complete_last_row_without_its_newline_is_kept_and_not_rerun(three_runs, tmp_path, capsys):
+    out = copy_of(three_runs, tmp_path)
+    results = out / "results.jsonl"
+    before = jsonl_rows(results)
+    results.write_bytes(results.read_bytes().rstrip(b"\n"))          # a crash between the row and its \n
+    assert [r["run_id"] for r in read_rows(out)] == [r["run_id"] for r in before]   # the reader keeps it
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "notebooks").iterdir()}
+    assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "skipping 3 of 3 runs already ok" in err
+    assert jsonl_rows(results) == before                               # newline restored, nothing dropped
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "notebooks").iterdir()} == mtimes
+    assert write_report(out).read_text().count("data-run-id=") == 3
+
+
+def test_a_torn_row_is_redone_never_counted_done(three_runs, tmp_path, capsys):
+    out = copy_of(three_runs, tmp_path)
+    results = out / "results.jsonl"
+    before = jsonl_rows(results)
+    data = results.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    results.write_bytes(data[: last + (len(data) - last) // 2])       # a crash in the middle of the last row
+    torn = before[-1]["run_id"]
+    assert torn not in {r["run_id"] for r in read_rows(out)}
+    assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the last row was torn" in err and "skipping 2 of 3 runs already ok" in err
+    after = jsonl_rows(results)
+    assert after[:2] == before[:2] and [r["run_id"] for r in after[2:]] == [torn]
+    assert after[2]["metrics"] == before[2]["metrics"] and after[2]["status"] == "ok"
+
+
+def test_damaged_rows_are_named_by_file_and_line_and_their_runs_redone(three_runs, tmp_path, capsys):
+    out = copy_of(three_runs, tmp_path)
+    results = out / "results.jsonl"
+    good = jsonl_rows(results)
+    damaged = [json.dumps(good[0]).encode(),
+               b'{"run_id": "x=2", "params": {"x": 2}, "status": "ok", "metrics": {}, "note": "\xff\xfe"}',
+               json.dumps({k: v for k, v in good[2].items() if k != "params"}).encode(),
+               json.dumps({**good[2], "status": 3}).encode()]
+    results.write_bytes(b"\n".join(damaged) + b"\n")
+    rows = read_rows(out)
+    err = capsys.readouterr().err
+    assert [r["run_id"] for r in rows] == [good[0]["run_id"]]
+    assert f"{results}:2: not UTF-8 (byte 0xff at column" in err
+    assert f"{results}:3: no 'params' field; row skipped" in err
+    assert f"{results}:4: 'status' is 3, not a string; row skipped" in err
+    assert write_report(out).read_text().count("data-run-id=") == 1  # the report still works
+    assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
+    assert "skipping 1 of 3 runs already ok" in capsys.readouterr().err
+    assert sorted(r["run_id"] for r in read_rows(out)) == ["x=1", "x=2", "x=3"]
+
+
+def test_an_appended_row_is_whole_and_durable(tmp_path):
+    with ResultsLog(tmp_path) as log:
+        log.append(row("x=1"))
+        with pytest.raises(ValueError, match=r"results row: no 'params' field"):
+            log.append({"run_id": "x=2", "status": "ok"})
+    assert jsonl_rows(tmp_path / "results.jsonl") == [row("x=1")]
+
+
+# -- workers and kernels die with their runner; a dead runner's orphans are reaped ----------------------
+@pytest.mark.skipif(not LINUX or not lifeline.parent_death_supported(), reason="parent-death signals are Linux's")
+def test_kill_9_of_a_sweep_takes_its_workers_and_kernels_with_it(tmp_path):
+    out, token = tmp_path / "killed", new_mark()
+    env = {**os.environ, MARK: token}
+    proc = subprocess.Popen([sys.executable, "-m", "nwor_lab.sweep", *SWEEP, "--grid", "x=1,2", "--set",
+                             "sleep_s=60", "--out", str(out), "--workers", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while len(marked(token)) < 5 and time.monotonic() < deadline:    # runner + 2 workers + 2 kernels
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        assert len(marked(token)) >= 5, "the kernels never started"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        left = wait_gone(token, timeout=10)
+        assert not left, f"outlived the runner: {left}"
+        assert not (out / "results.jsonl").exists() or not jsonl_rows(out / "results.jsonl")
+    finally:
+        proc.kill()
+        kill_marked(token)
+
+
+@pytest.mark.skipif(not LINUX, reason="finds processes through /proc")
+def test_a_resumed_sweep_reaps_what_a_dead_one_left_running(tmp_path, capsys):
+    out = tmp_path / "orphans"
+    out.mkdir()
+    token = "left-by-a-dead-sweep"
+    (out / ".lock").write_text(json.dumps({"pid": 999999, "started": 1, "token": token}))
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                              env={**os.environ, lifeline.MARKER_ENV: token}, start_new_session=True)
+    try:
+        assert main([*SWEEP, "--grid", "x=1", "--out", str(out)]) == 0
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert "died without cleaning up; stopped 1 processes it left running" in capsys.readouterr().err
+        assert (out / ".lock").read_text() == ""                # a clean exit leaves nothing to reap
+    finally:
+        orphan.kill()
+
+
+# -- one notebook per folder; lists, dicts and interactive=False reach the notebook -----------------------
+def test_a_folder_refuses_another_notebooks_sweep(three_runs, tmp_path, capsys):
+    out = copy_of(three_runs, tmp_path)
+    other = tmp_path / "other.ipynb"
+    shutil.copy(PROBE, other)
+    rows = (out / "results.jsonl").read_bytes()
+    assert main(["sweep", str(other), "--grid", "x=1,2,3", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"nwor-lab: error: --out {out}: holds the runs of sweep_probe.ipynb, not other.ipynb; a folder "
+                   f"holds one notebook's sweep, use another --out (e.g. runs/other)"]
+    assert (out / "results.jsonl").read_bytes() == rows
+
+
+def test_list_values_and_interactive_false_reach_the_notebook(tmp_path):
+    out = tmp_path / "lists"
+    assert main([*SWEEP, "--grid", "sizes=[1, 2],[3,4,5]", "--set", 'mode={"not": "a mode"}', "--out", str(out)]) == 1
+    rows = {r["params"]["sizes"].__repr__(): r for r in jsonl_rows(out / "results.jsonl")}
+    assert set(rows) == {"[1, 2]", "[3, 4, 5]"}
+    # the dict arrived as a dict: the notebook's mode.upper() fails on it, naming the type
+    assert all(r["params"]["mode"] == {"not": "a mode"} for r in rows.values())
+    assert all("AttributeError: 'dict' object has no attribute 'upper'" in r["error"] for r in rows.values())
+    ok = tmp_path / "lists_ok"
+    assert main([*SWEEP, "--grid", "sizes=[1, 2],[3,4,5]", "--out", str(ok)]) == 0
+    got = {tuple(r["params"]["sizes"]): r["metrics"] for r in jsonl_rows(ok / "results.jsonl")}
+    assert got[(1, 2)]["sizes_sum"] == 3 and got[(3, 4, 5)]["sizes_sum"] == 12
+    assert all(m["interactive"] is False for m in got.values())       # injected: no dead widgets saved
+
+
+# -- the report: each column once, constants in a table, one colour and one order per value ----------------
+def synthetic_rows() -> list[dict]:
+    rows = []
+    for mode in ("stage", "off", "cow"):          # file order differs from the declared order
+        for k in (2, 4):
+            metrics = {"nwor_mode": mode, "step_ms": {"off": 1.0, "cow": 1.2, "stage": 0.9}[mode] * k,
+                       "layers": 8, "window_bytes": 100 * k}
+            if mode == "off":
+                del metrics["window_bytes"]       # a metric some runs lack must not shift the colours
+            rows.append({"run_id": f"k={k},nwor_mode={mode}", "params": {"k": k, "nwor_mode": mode},
+                         "status": "ok", "metrics": metrics, "duration_s": 1.0})
+    return rows
+
+
+def test_the_report_shows_each_fact_once_and_keeps_colours_and_order(tmp_path):
+    from nwor_lab.sweep.figures import metric_figure, sweep_figures
+    from nwor_lab.sweep.report import table_columns
+
+    rows = synthetic_rows()
+    params, metrics = table_columns(rows)
+    assert params == ["k", "nwor_mode"] and [m for m, _ in metrics] == ["step_ms", "layers", "window_bytes"]
+    figures = dict(sweep_figures(rows))                                  # x: k, colour: nwor_mode
+    assert set(figures) == {"step_ms", "window_bytes"}                    # `layers` is 8 everywhere: no chart
+    colours = {}
+    for name, fig in figures.items():
+        names = [t.name for t in fig.data]
+        assert names == [m for m in ("off", "cow", "stage") if m in names], (name, names)   # declared order
+        for t in fig.data:
+            assert colours.setdefault(t.name, t.marker.color) == t.marker.color, f"{t.name} changes colour"
+    assert len(set(colours.values())) == 3
+    by_mode = metric_figure(rows, "step_ms", ["nwor_mode", "k"])        # x: nwor_mode
+    assert list(by_mode.layout.xaxis.categoryarray) == ["off", "cow", "stage"]
+    with ResultsLog(tmp_path) as log:
+        for r in rows:
+            log.append(r)
+    page = write_report(tmp_path).read_text()
+    head = page.split("<thead>")[1].split("</thead>")[0]
+    assert head.count(">nwor_mode<") == 1 and head.count(">k<") == 1
+    assert "Metrics with one value in every run" in page and '<td class="text">layers</td><td>8</td>' in page
