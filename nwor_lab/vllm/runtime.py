@@ -268,13 +268,8 @@ class NworRuntime:
             window = Window.from_metadata(plan.metadata, cu, slots)
         else:
             window = Window.from_counts(plan.num_scheduled, [0] * len(plan.num_scheduled), slots)
-        layers = range(0, self.vc.cache.num_layers)
-        opened = _Open("verify", window, plan.req_ids, layers, self.step)
-        if self.check:
-            opened.before = self._raw_rows(window.slot_mapping, layers)
-        self.policy.begin(window, layers, kind="verify")
-        self.verify = opened
-        return opened
+        self.verify = self._open("verify", window, plan.req_ids, range(0, self.vc.cache.num_layers))
+        return self.verify
 
     def _chain_write(self, layer, key, value, slot_mapping, md) -> bool:
         if self.verify is not None:          # chain step 1: the verify window is complete
@@ -322,12 +317,15 @@ class NworRuntime:
         draft_pos = torch.arange(1, steps + 1, dtype=torch.int32).repeat_interleave(num_reqs)
         draft_rows = torch.arange(steps * num_reqs).view(steps, num_reqs).t().reshape(-1)   # request-major
         window = Window(slots, token_req, draft_pos, draft_rows, [steps] * num_reqs, [steps] * num_reqs)
-        layers = range(layer, layer + 1)
-        opened = _Open("draft", window, self.last_req_ids, layers, self.step)
+        self.draft = self._open("draft", window, self.last_req_ids, range(layer, layer + 1))
+        return self.draft
+
+    def _open(self, kind: str, window: Window, req_ids, layers: range) -> _Open:
+        """Begin `window` on the policy over `layers` (the cache's bytes there saved first when checking)."""
+        opened = _Open(kind, window, req_ids, layers, self.step)
         if self.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
-        self.policy.begin(window, layers, kind="draft")
-        self.draft = opened
+        self.policy.begin(window, layers, kind=kind)
         return opened
 
     def _commit_verify(self) -> None:
