@@ -49,3 +49,12 @@ def test_chapter_exercises_run_as_stubs_and_as_references(stem):
 def test_every_exercise_lives_in_a_chapter_that_exists():
     for stem in exercises.by_chapter():
         assert (ROOT / "notebooks" / f"{stem}.ipynb").exists(), stem
+
+
+@pytest.mark.parametrize("stem", [s for s in TEACHING if (ROOT / "notebooks" / f"{s}.ipynb").exists()])
+def test_the_kit_index_lists_each_chapters_exercises_by_name(stem):
+    from nwor_lab.workshop import kit
+    nb = ch.read(ROOT / "notebooks" / f"{stem}.ipynb")
+    entries = kit.exercise_entries(nb, stem, None)
+    assert sorted(e["name"] or "?" for e in entries) == sorted(e.name for e in exercises.by_chapter()[stem])
+    assert all(e["anchor"] for e in entries), "each links to its heading in the chapter's page"

@@ -43,10 +43,11 @@ except Exception:  # no plotly in this kernel: nothing to change
 def kernel_environment(folder: Path) -> dict:
     """Environment variables for the kit's kernels: an IPYTHONDIR under `folder` whose startup file
     stores figures as data. Returns {"IPYTHONDIR": ...}."""
-    startup = Path(folder) / "ipython" / "profile_default" / "startup"
+    folder = Path(folder).resolve()         # the kernel runs in the chapter's folder: an absolute path
+    startup = folder / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
     (startup / "00-nwor-kit-figures.py").write_text(STARTUP)
-    return {"IPYTHONDIR": str(Path(folder) / "ipython")}
+    return {"IPYTHONDIR": str(folder / "ipython")}
 
 
 def _figure(spec: dict):

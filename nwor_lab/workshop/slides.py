@@ -132,7 +132,6 @@ def deck(nb, chapter_notes=None, exercises_here=()):
             used = 0
         used += px
 
-    predictions = {ex.name: ex for ex in exercises_here}
     for cell in nb.cells:
         st = _type(cell)
         if not st or st == "skip":
@@ -146,13 +145,20 @@ def deck(nb, chapter_notes=None, exercises_here=()):
             if "slide-heading" in tags:
                 heading, notes = split_heading(cell.source)
                 text = heading or cell.source
+            ex = _exercise_of(text, exercises_here)
+            if ex is not None:        # the notebook's how-to paragraph becomes notes; the room gets the question
+                paragraphs = text.split("\n\n")
+                text = "\n\n".join(p for p in paragraphs if not p.startswith("**Predict, then run"))
+                notes = "\n\n".join([notes] + [p for p in paragraphs if p.startswith("**Predict, then run")]).strip()
             cell.source = text
             start(st, _markdown_px(text))
             out.append(cell)
             if notes:
                 out.append(notes_cell(notes))
-            ex = next((e for n, e in predictions.items() if f"`{n}`" in text or e.letter in text.split("·")[0]), None)
-            if ex is not None and ex.predict is not None and "Exercise" in text:
+            if ex is not None and ex.predict is not None:
+                question = f"**Predict, then run:** {ex.predict.question}"
+                start("fragment", _markdown_px(question))
+                out.append(_set(nbformat.v4.new_markdown_cell(question), "fragment"))
                 out.append(notes_cell(_exercise_notes(ex)))
             continue
         if cell.cell_type != "code":
@@ -196,6 +202,18 @@ def deck(nb, chapter_notes=None, exercises_here=()):
         out.append(notes_cell(chapter_notes.discuss_notes()))
     nb.cells = out
     return nb
+
+
+def _exercise_of(text: str, exercises_here):
+    """The exercise a markdown cell introduces: its heading starts with "Exercise" and names the
+    exercise (`name` in backticks) or its letter; with one exercise in the chapter, that one."""
+    heading = split_heading(text)[0].lstrip("# ")
+    if not heading.lower().startswith("exercise"):
+        return None
+    here = list(exercises_here)
+    return next((e for e in here if f"`{e.name}`" in heading), None) or \
+        next((e for e in here if e.letter and e.letter in heading.split("·")[0]), None) or \
+        (here[0] if len(here) == 1 else None)
 
 
 def _exercise_notes(ex) -> str:
