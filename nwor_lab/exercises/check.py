@@ -165,6 +165,8 @@ def _failure(ex, i, n, case, expected, got, error, diff, fmt) -> CheckResult:
     lines.append(f"  {diff}")
     try:
         figure = ex.draw(case, expected, got)
+        # as wide as the cell that shows it: a fixed width is cut off, or crowds legend and titles
+        figure.update_layout(width=None, autosize=True)
     except Exception as err:  # noqa: BLE001 - a broken output must not hide the report
         figure = None
         lines.append(f"  (no picture: {type(err).__name__}: {err})")

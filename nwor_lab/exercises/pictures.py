@@ -28,8 +28,10 @@ def labelled_grids(panels: Sequence[dict], *, categories: Sequence[tuple[str, st
     categories: (name, colour) per category index, in legend order
     """
     n = len(panels)
+    rows_per_panel = [max(1, len(p["z"] or [[None]])) for p in panels]
     fig = make_subplots(rows=n if stacked else 1, cols=1 if stacked else n,
-                        vertical_spacing=0.14 if stacked and n > 1 else 0.0,
+                        row_heights=rows_per_panel if stacked else None,
+                        vertical_spacing=min(0.3, 110 / (30 * sum(rows_per_panel) + 110 * n)) if stacked and n > 1 else 0.0,
                         horizontal_spacing=0.08 if n > 1 and not stacked else 0.0,
                         subplot_titles=[p.get("title", "") for p in panels] if n > 1 else None)
     colours = [c for _, c in categories]
@@ -59,11 +61,12 @@ def labelled_grids(panels: Sequence[dict], *, categories: Sequence[tuple[str, st
                                                                line=dict(width=3))), row=1, col=1)
     per_panel = cell_px * widest + 40
     width = min(MAX_WIDTH, max(560, 180 + (per_panel if stacked else n * per_panel)))
-    height = 150 + LEGEND_PX + (30 * tallest + 40) * (n if stacked else 1)
+    height = 150 + LEGEND_PX + (30 * sum(rows_per_panel) + 110 * (n - 1) if stacked else 30 * tallest + 40)
     layout = base_layout(title, subtitle)
     if n > 1:   # room for the panel titles under the subtitle
         layout["margin"] = dict(layout["margin"], t=layout["margin"]["t"] + 24)
     fig.update_layout(**layout, height=height + (24 if n > 1 else 0), width=width)
-    fig.update_xaxes(title_text=x_title, showgrid=False, zeroline=False, type="category")
+    fig.update_xaxes(showgrid=False, zeroline=False, type="category")
+    fig.update_xaxes(title_text=x_title, row=n if stacked else 1, col=1 if stacked else None)
     fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed", type="category")
     return fig
