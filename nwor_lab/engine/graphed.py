@@ -56,7 +56,7 @@ class _Bucket(GraphedBucket):
         self.size, t = size, size * (k + 1)
         self.inputs = StaticInputs(dev, ids=((t,), torch.long), positions=((t,), torch.long),
                                    start=((size,), torch.long),
-                                   remaining=((size,), torch.long),
+                                   remaining=((size,), torch.long), req_key=((size,), torch.long),
                                    drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32))
         # the block tables travel alone: a pre-launched step sends them, and nothing else
         self.table_inputs = StaticInputs(dev, tables=((size, max_blocks(e)), torch.int32))
@@ -65,6 +65,7 @@ class _Bucket(GraphedBucket):
         self.tables = self.table_inputs.dev["tables"]
         self.start = i["start"]                                         # each request's num_computed
         self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
+        self.req_key = i["req_key"]                                     # request ids (forced acceptance)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
         # slots are computed in the step (body) from positions and block tables, so that a
@@ -127,6 +128,7 @@ class _Bucket(GraphedBucket):
         h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
         h["start"][:] = start + [0] * pad
         h["remaining"][:] = left + [0] * pad
+        h["req_key"][:] = [r.req_id for r in requests] + [0] * pad
         self.inputs.upload()
         self.send_tables(requests)
 
@@ -150,7 +152,7 @@ class _Bucket(GraphedBucket):
         aux_layers = e.head.aux_layers if e.drafting else ()
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)
         logits = e.target.compute_logits(hidden[spec.logits_indices.long()]).float()
-        sampled = rejection_sample(spec, None, logits, temperature=0.0)
+        sampled = rejection_sample(spec, None, logits, temperature=0.0, **self._forced(e))
         if e.k:
             acceptance = Acceptance(*scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req,
                                               w.token_draft_pos))
@@ -177,6 +179,16 @@ class _Bucket(GraphedBucket):
         if self.feeds_itself:
             self._next_inputs(e, real, sampled, accepted, packed[-1] if self.chain is not None else None)
         return torch.cat(packed, 1), features
+
+    def _forced(self, engine) -> dict:
+        """Forced acceptance on the device: each draft's u from its request id and position (rows
+        1..k of each request's t_last + k), as the eager step hashes them."""
+        if engine.acceptance is None:
+            return {}
+        k = engine.k
+        keys = self.req_key[:, None].expand(self.size, k).reshape(-1)
+        pos = self.positions.view(self.size, k + 1)[:, 1:].reshape(-1)
+        return dict(synthetic_rates=engine.forced_rates, uniform_probs=engine.acceptance.uniforms(keys, pos))
 
     def _next_inputs(self, engine, real, sampled, accepted, drafts) -> None:
         """The next step's static inputs from this one's outputs, on the device: what `fill` would
