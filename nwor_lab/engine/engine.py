@@ -191,7 +191,7 @@ class SpecEngine:
         self.target_forwards += 1
         live = self._advance(batch, verdict, record)
         if drafted is not None:
-            chain = self.graphed.chain_done(batch.requests, self.step_index)
+            chain = self.graphed.chain_done(self.step_index)
             if chain is not None:
                 self._end_window(*chain)
         elif self.drafting and live:
