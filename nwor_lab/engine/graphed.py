@@ -79,7 +79,8 @@ class _Bucket(GraphedBucket):
         qsl = [0] + cu
         kernel = KernelArgs(self.tables, self.cache_lens, torch.tensor(qsl, dtype=torch.int32, device=dev),
                             torch.arange(t, device=dev) if in_buffer else None,
-                            torch.tensor(qsl, dtype=torch.int32, device=dev) if in_buffer else None)
+                            torch.tensor(qsl, dtype=torch.int32, device=dev) if in_buffer else None,
+                            max_query_len=k + 1)
         self.md = AttentionMetadata(self.positions, self.window.slot_mapping, qsl, None, None, None, e.cache,
                                     e.policy, 0, kernel)
         self.starts = torch.arange(0, t, k + 1, device=dev)             # each request's t_last row
