@@ -314,6 +314,9 @@ def main(argv=None) -> dict:
     sizes = {"target_gib": round(parameter_bytes(target) / 2**30, 2),
              **{f"{n}_gib": round(parameter_bytes(h) / 2**30, 3) for n, h in heads.items()}}
     print(json.dumps({"model": args.model, **sizes}), flush=True)
+    # the outside baseline first (Hugging Face generate, the same weights): it is in every file written
+    hf = [] if args.no_hf or staggered else hf_rows(target, args.batch_sizes, args.prompt_len, args.new_tokens,
+                                                    device, args.hf_repeats)
     rows, components = [], []
     for bs in args.batch_sizes:
         prompts = prompts_for(bs, args.prompt_len, target.config.vocab_size, staggered)
@@ -347,17 +350,21 @@ def main(argv=None) -> dict:
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    hf = [] if args.no_hf else hf_rows(target, args.batch_sizes, args.prompt_len, args.new_tokens, device,
-                                       args.hf_repeats)
+        if args.out:                       # what is measured so far survives a timeout
+            write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete=False)
+    return write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete=True)
+
+
+def write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete: bool) -> dict:
     out = {"command": "nwor-lab bench engine " + " ".join(argv),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
            "torch": torch.__version__, "model": args.model, "dtype": args.dtype, "shape": SHAPES[args.model],
-           "parameters": sizes, "attention": args.attention, "cuda_graph": graphs and device.type == "cuda",
+           "parameters": sizes, "attention": args.attention, "cuda_graph": not args.no_cuda_graph and device.type == "cuda",
            "acceptance": {"source": args.acceptance, **acceptance.describe(max(args.ks))},
            "prompts": f"random ids: {args.prompt_len}-token prompts, {args.new_tokens} new tokens each"
                       + (f", 2 x batch requests arriving every {gap} steps" if gap else ""),
-           "seconds_total": round(time.perf_counter() - t_start, 1),
+           "complete": complete, "seconds_total": round(time.perf_counter() - t_start, 1),
            "components": components, "results": rows, "hf_generate": hf}
     if args.out:
         atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")

@@ -19,6 +19,9 @@ cache read against a `RingLedger`. Steps with a sliding window run eagerly (`gra
 """
 from __future__ import annotations
 
+import zlib
+from array import array
+
 import torch
 
 from nwor_lab._checks import check_backend_device
@@ -121,7 +124,12 @@ class SpecEngine:
         tokens that fit instead of raising. Nothing is queued when this raises."""
         ids = check_prompt(name, prompt, self.vocab_size)
         ids = fit_context(name, ids, max_new_tokens, self.max_model_len, truncate)
-        return self.scheduler.add(ids, max_new_tokens)
+        req = self.scheduler.add(ids, max_new_tokens)
+        if self.acceptance is not None:
+            # forced acceptance keys on the prompt, not the request id: the same prompt is accepted
+            # alike in every run and engine (a benchmark's repeats replay the same steps)
+            req.acceptance_key = zlib.crc32(array("q", ids).tobytes()) & 0x7FFFFFFF
+        return req
 
     def run(self) -> None:
         """Step until every request finished."""
@@ -243,12 +251,13 @@ class SpecEngine:
 
     def _forced(self, batch: VerifyBatch) -> dict:
         """The sampler's forced-acceptance arguments for this window ({} when off): each draft's u
-        hashed from its request id and its position (drafts are each request's last rows)."""
+        hashed from its request's key (its prompt's hash) and its position (drafts are each
+        request's last rows)."""
         if self.acceptance is None or not batch.spec.total_draft_tokens:
             return {}
         keys, pos = [], []
         for r, c, q, n in zip(batch.requests, batch.context_lens, batch.query_lens, batch.num_drafts):
-            keys += [r.req_id] * n
+            keys += [r.acceptance_key] * n
             pos += range(c + q - n, c + q)
         u = self.acceptance.uniforms(torch.tensor(keys), torch.tensor(pos)).to(self.device)
         return dict(synthetic_rates=self.forced_rates, uniform_probs=u)

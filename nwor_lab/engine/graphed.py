@@ -69,7 +69,7 @@ class _Bucket(GraphedBucket):
         self.tables = self.table_inputs.dev["tables"]
         self.start = i["start"]                                         # each request's num_computed
         self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
-        self.req_key = i["req_key"]                                     # request ids (forced acceptance)
+        self.req_key = i["req_key"]                                     # prompt hashes (forced acceptance)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
         # slots are computed in the step (body) from positions and block tables, so that a
@@ -133,7 +133,7 @@ class _Bucket(GraphedBucket):
         h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
         h["start"][:] = start + [0] * pad
         h["remaining"][:] = left + [0] * pad
-        h["req_key"][:] = [r.req_id for r in requests] + [0] * pad
+        h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad
         self.inputs.upload()
         self.send_tables(requests)
 
@@ -186,7 +186,7 @@ class _Bucket(GraphedBucket):
         return torch.cat(packed, 1), features
 
     def _forced(self, engine) -> dict:
-        """Forced acceptance on the device: each draft's u from its request id and position (rows
+        """Forced acceptance on the device: each draft's u from its request's key and position (rows
         1..k of each request's t_last + k), as the eager step hashes them."""
         if engine.acceptance is None:
             return {}

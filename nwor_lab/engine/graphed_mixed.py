@@ -146,7 +146,7 @@ class MixedBucket(GraphedBucket):
         h["draft_rows"][:] = draft_rows + [pad_row] * (pad_reqs * k)
         h["drafts"][:] = drafts + [-1] * (pad_reqs * k)
         h["remaining"][:] = left + [0] * pad_reqs
-        h["req_key"][:] = [r.req_id for r in requests] + [0] * pad_reqs
+        h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
         self.inputs.upload()
         self.host = dict(ids=ids, slots=slots, qlens=qlens, ctx=ctx, ndrafts=ndrafts, kinds=kinds)
 
@@ -188,7 +188,7 @@ class MixedBucket(GraphedBucket):
         return torch.cat(packed, 1), features
 
     def _forced(self, engine) -> dict:
-        """Forced acceptance: each draft's u from its request id and position, as the eager step."""
+        """Forced acceptance: each draft's u from its request's key and position, as the eager step."""
         if engine.acceptance is None or not self.k:
             return {}
         keys = self.req_key[:, None].expand(self.size, self.k).reshape(-1)

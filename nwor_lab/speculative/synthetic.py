@@ -16,8 +16,9 @@ rejection_sample_method = "synthetic"`), and the lab follows its conventions:
                      the bonus: exactly vLLM's rejection kernels in synthetic mode
 
 One deliberate difference: vLLM draws u_j from the batch's generator; the lab hashes it from
-(seed, request id, the draft's position in its sequence), so a draft gets the same verdict in an
-eager step and a replayed CUDA graph, in a padded bucket and in every write policy. Greedy ids
+(seed, the request's key, the draft's position in its sequence; the engine keys a request by a
+hash of its prompt), so a draft gets the same verdict in an eager step and a replayed CUDA graph,
+in a padded bucket, in every write policy and in every repeat of a benchmark. Greedy ids
 stay whatever the target and the drafter emit: the tokens are not meaningful, the work is.
 
 `SHIPPED_PROFILE` is the default: the shipped pair's measured profile. Positions 1-4 are what the
