@@ -11,6 +11,9 @@
 #   ncu_raw.csv                     its raw page; ncu_verify_attention.json: joined, with ratios
 # About 1-2 minutes on an H100 (Triton compiles 6 variants once; ncu replays 12 launches).
 set -uo pipefail
+# DEADLINE (epoch seconds, optional): every step's timeout is cut to end before it
+lim() { local l=$1; if [ -n "${DEADLINE:-}" ]; then local r=$((DEADLINE - $(date +%s) - 5)); [ "$r" -lt "$l" ] && l=$r; fi
+        [ "$l" -lt 1 ] && l=1; echo "$l"; }
 OUT=${OUT:-/tmp/nwor_out}
 D=$OUT/ncu_verify_attention
 mkdir -p "$D"
@@ -25,13 +28,13 @@ lts__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak
 smsp__inst_executed.sum,smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum
 
 echo "--- timings (no profiler)"
-timeout 240 python3 -m nwor_lab.bench.attention_variants --batches "$BATCHES" --out "$D" \
+timeout $(lim 240) python3 -m nwor_lab.bench.attention_variants --batches "$BATCHES" --out "$D" \
   > "$D/timings.log" 2>&1; echo "timings exit $?"; tail -20 "$D/timings.log"
 
 if [ -z "$NCU" ]; then echo "ncu not found: counters skipped"; exit 0; fi
 echo "--- ncu ($NCU)"
 run_ncu() {   # $@: what to collect
-  timeout 300 "$NCU" --profile-from-start off -k regex:_verify_attention_kernel "$@" \
+  timeout $(lim 300) "$NCU" --profile-from-start off -k regex:_verify_attention_kernel "$@" \
     --export "$D/verify_attention" --force-overwrite \
     python3 -m nwor_lab.bench.attention_variants --profile --batches "$BATCHES" --out "$D" > "$D/ncu.log" 2>&1
 }
