@@ -91,7 +91,9 @@ def engine_row(engine, run, batch: int, config: str, head: str | None, k: int, m
     decode_secs = max(secs - run["prefill_seconds"], 1e-9)
     mean, by_pos = acceptance_stats(run["trace"], max(k, 1))
     g = engine.graphed
-    steps = sum(1 for t in run["trace"] if t.kind == "verify") // max(1, len(run["times"]))
+    reps = max(1, len(run["times"]))
+    steps = sum(1 for t in run["trace"] if t.kind == "verify") // reps
+    decode_steps = sum(1 for t in run["trace"] if t.kind == "verify" and "prefill" not in t.kinds) // reps
     row = {"batch_size": batch, "config": config, "head": head, "k": k, "nwor": mode, "scv": scv,
            "arrivals": f"staggered every {gap} steps" if gap else "together", "mixed_graphs": mixed,
            "requests": len(reqs), "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2),
@@ -99,6 +101,8 @@ def engine_row(engine, run, batch: int, config: str, head: str | None, k: int, m
            "decode_tokens_per_s": round((ntok - len(reqs)) / decode_secs, 2),
            "cold_seconds": round(run["cold"], 4), "repeat_seconds": [round(t, 4) for t in run["times"]],
            "target_forwards": run["forwards"], "verify_windows_per_run": steps,
+           "decode_windows_per_run": decode_steps,
+           "decode_step_ms": round(1e3 * decode_secs / max(1, decode_steps), 3),
            "ms_per_target_forward": round(1e3 * secs / max(1, run["forwards"]), 3),
            "graphed_steps": g.steps if g else 0, "chained_steps": g.chained_steps if g else 0,
            "prelaunched_steps": g.prelaunched if g else 0, "mixed_steps": g.mixed_steps if g else 0,
@@ -170,6 +174,38 @@ def napkin(components: dict, head: str, k: int, length: float) -> dict:
     one token per decode step (the chain: the head's pass in the verify window and k - 1 more)."""
     step = components[f"verify_k{k}_ms"] + k * components[f"{head}_pass_ms"]
     return {"napkin_step_ms": round(step, 3), "napkin_speedup": round(length * components["decode_ms"] / step, 3)}
+
+
+# The napkin anchor measured on an H100: dense bf16 GEMMs of the 8B shape replayed as CUDA graphs,
+# attention left out, batch 1 (decode 2.6 TB/s of weights); with L = 3.35 and k = 4 it gives
+# EAGLE-1 2.42x and EAGLE-3 2.72x.
+H100_ANCHOR = {"batch": 1, "decode_ms": 5.80, "verify_k4_ms": 5.85, "eagle1_pass_ms": 0.55, "eagle3_pass_ms": 0.32}
+
+
+def compare(result: dict) -> list[dict]:
+    """Per EAGLE row of a `bench engine --model 8b` result: the napkin speedup from this GPU's
+    component times (expected and measured acceptance length) beside the measured ones, and where
+    the time goes: the measured decode steps against the components they should cost."""
+    comps = {c["batch"]: c for c in result.get("components", [])}
+    base = {(r["batch_size"], r["arrivals"], r["mixed_graphs"]): r for r in result["results"] if not r["k"]}
+    out = []
+    for r in result["results"]:
+        c, t = comps.get(r["batch_size"]), base.get((r["batch_size"], r["arrivals"], r["mixed_graphs"]))
+        if not r["k"] or c is None or t is None or f"verify_k{r['k']}_ms" not in c:
+            continue
+        expected = napkin(c, r["head"], r["k"], r["expected_mean_acceptance_length"])
+        measured_l = napkin(c, r["head"], r["k"], r["mean_acceptance_length"])
+        out.append({
+            "batch": r["batch_size"], "head": r["head"], "k": r["k"], "nwor": r["nwor"],
+            "L_expected": r["expected_mean_acceptance_length"], "L_measured": r["mean_acceptance_length"],
+            "napkin_speedup": expected["napkin_speedup"], "napkin_speedup_measured_L": measured_l["napkin_speedup"],
+            "decode_speedup": r["decode_speedup_vs_target_only"], "end_to_end_speedup": r["speedup_vs_target_only"],
+            # target-only: a replayed decode step against the bare forward (sampler, host, launch gaps)
+            "target_step_ms": t["decode_step_ms"], "decode_ms": c["decode_ms"],
+            # EAGLE: a replayed step (verify, head pass, sampler, SCV, commit, chain) against the napkin's
+            "eagle_step_ms": r["decode_step_ms"], "napkin_step_ms": expected["napkin_step_ms"],
+            "extra_step_ms": round(r["decode_step_ms"] - expected["napkin_step_ms"], 3)})
+    return out
 
 
 # -- Hugging Face generate on the same weights --------------------------------------------------
