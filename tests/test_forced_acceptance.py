@@ -110,8 +110,8 @@ def test_engine_acceptance_follows_the_shipped_profile(pair):
     engine = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=4, block_size=4, max_num_seqs=8,
                         acceptance=forced)
     for i in range(8):
-        engine.add_request([1 + i, 2, 3], 150)
+        engine.add_request([1 + i, 2, 3], 50)
     engine.run()
-    mean, by_pos = acceptance_stats(engine.trace, 4)
-    assert mean == pytest.approx(mean_acceptance_length(forced.for_k(4)), abs=0.25)
-    assert by_pos == pytest.approx(list(forced.for_k(4)), abs=0.08)
+    mean, by_pos = acceptance_stats(engine.trace, 4)          # ~120 windows
+    assert mean == pytest.approx(mean_acceptance_length(forced.for_k(4)), abs=0.35)
+    assert by_pos == pytest.approx(list(forced.for_k(4)), abs=0.12)
