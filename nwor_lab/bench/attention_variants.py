@@ -19,7 +19,8 @@ window. `cache`: off / cow, the window committed first, 1029 keys from the cache
 1024 keys from the cache and the 5 window rows from the staging buffer.
 Plans: `before` is the launch the kernel had (query tile from T - R + 1: 64 rows and a row walk at
 batch > 1; the tail in one loop that selects a source per row), `after` the current one (the
-caller's bound of 5 tokens: a 32-row tile, no row walk; window tiles past the cache read alone).
+caller's bound of 5 tokens: a 32-row tile, no row walk; the same one tail loop). `--explore` adds
+knobs around `after` (window tiles in a loop of their own, pipeline stages, warps, key tile).
 """
 from __future__ import annotations
 
@@ -34,7 +35,15 @@ from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import LabArgumentParser, UsageError
 
 Q_LEN, CONTEXT = 5, 1024
-PLANS = {"before": dict(max_query_len=0, split_tail=False), "after": dict(max_query_len=Q_LEN, split_tail=True)}
+PLANS = {"before": dict(max_query_len=0, split_tail=False), "after": dict(max_query_len=Q_LEN, split_tail=False)}
+# `--explore`: launch knobs around `after`, timed beside it (which one closes window vs cache).
+# split_tail was `after` until the explore run showed it made the window variant slower.
+EXPLORE = {"split_tail": dict(max_query_len=Q_LEN, split_tail=True),
+           "stages2": dict(max_query_len=Q_LEN, split_tail=False, num_stages=2),
+           "stages4": dict(max_query_len=Q_LEN, split_tail=False, num_stages=4),
+           "warps8": dict(max_query_len=Q_LEN, split_tail=False, num_warps=8),
+           "n32": dict(max_query_len=Q_LEN, split_tail=False, block_n=32),
+           "n128": dict(max_query_len=Q_LEN, split_tail=False, block_n=128)}
 SOURCES = {"cache": 0, "window": Q_LEN}          # keys of each request read from the staging buffer
 
 
@@ -89,7 +98,7 @@ def plan_of(batch: int, plan: str) -> dict:
     bound = PLANS[plan]["max_query_len"] or max(1, T - batch + 1)
     block_m = max(16, min(128, triton.next_power_of_2(min(16, bound) * group)))
     splits, _ = kernels.plan_splits(batch, 8, (-(-(CONTEXT + Q_LEN) // 16)) * 16, torch.device("cuda"),
-                                    kernels.BLOCK_N)
+                                    PLANS[plan].get("block_n", kernels.BLOCK_N))
     return dict(block_m=block_m, row_loop=bound * group > block_m, num_splits=splits, **PLANS[plan])
 
 
@@ -115,9 +124,9 @@ def timings(batches, reps: int = 15, per_graph: int = 20) -> dict:
             calls[0]()
             out = data[(b, source)].args[0]["out"].float()
             err = float((out - want).abs().max()) if source == "cache" else None
-            rows.append(dict(batch=b, source=source, plan=plan, kernel_us=round(us[f"{plan}/{source}"] / per_graph, 2),
-                             **plan_of(b, plan), **info[(source, plan)],
-                             **({"max_err_vs_reference": round(err, 4)} if err is not None else {})))
+            rows.append({**dict(batch=b, source=source, plan=plan, kernel_us=round(us[f"{plan}/{source}"] / per_graph, 2)),
+                         **plan_of(b, plan), **info[(source, plan)],     # Triton's own num_warps last
+                         **({"max_err_vs_reference": round(err, 4)} if err is not None else {})})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del graphs, data
         torch.cuda.empty_cache()
@@ -217,6 +226,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(1, 16, 64))
     p.add_argument("--profile", action="store_true", help="one launch of each variant for ncu (see above)")
     p.add_argument("--reps", type=types.integer(3, 1000), default=15)
+    p.add_argument("--explore", action="store_true",
+                   help="also time the launch knobs of EXPLORE (stages, warps, key tile, one tail loop)")
     p.add_argument("--join-ncu", type=types.existing_file, metavar="RAW_CSV",
                    help="join ncu's raw CSV with OUT/ncu_manifest.json (no GPU needed)")
     p.add_argument("--out", type=types.output_folder, required=True,
@@ -233,6 +244,8 @@ def main(argv=None) -> int:
         return 0
     if not torch.cuda.is_available():
         raise UsageError("attention_variants: needs a CUDA device (none is visible here)")
+    if args.explore:
+        PLANS.update(EXPLORE)
     head = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "shape": dict(kv_heads=8, q_heads=32, head_size=128, dtype="bfloat16", block_size=16, q_len=Q_LEN,

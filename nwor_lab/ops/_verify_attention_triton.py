@@ -323,7 +323,11 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 PROGRAMS_PER_SM = 2      # split the key range until the grid has this many programs per SM
 MIN_KEYS_PER_SPLIT = 256
-SPLIT_TAIL = True        # window tiles past the cache read the window alone (see the kernel's tail)
+# Window tiles past the cache in a loop of their own (the kernel's tail) measured SLOWER on an H100:
+# window/cache 1.13 / 1.08 / 1.04 at batch 1 / 16 / 64 with the split, 1.03 / 1.03 / 1.00 with one
+# tail loop (benchmarks/results/verify_attention_variants_h100.json, the 8B layer, 5-token windows):
+# the extra loop costs registers and instructions in every program. Kept as a knob, off.
+SPLIT_TAIL = False
 
 
 _SM_COUNT: dict = {}
