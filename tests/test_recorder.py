@@ -95,11 +95,14 @@ def test_states_during_the_window(mode):
     assert states_at(begin, drafts) == ({S.LOGGED} if mode == "cow" else {S.EMPTY})
     prefix = [s for s in range(cache.num_slots) if s not in slots and begin.grid().reshape(-1)[s] != S.EMPTY]
     assert len(prefix) == sum(demo.prefix_len)
-    # write of layer 0: layer 0 rows written (or staged), layer 1 not yet
-    written = S.STAGED if mode == "stage" else S.WRITTEN
-    assert states_at(write0, slots, layer=0) == {written}
+    # write of layer 0: layer 0 rows written (stage: in its buffer, the cache slots as they were), layer 1 not yet
+    if mode == "stage":
+        assert torch.equal(write0.grid(0), begin.grid(0)) and torch.equal(write1.grid(1), begin.grid(1))
+        assert set(write0.staging[0].tolist()) == {S.STAGED}
+    else:
+        assert states_at(write0, slots, layer=0) == {S.WRITTEN}
+        assert states_at(write1, slots, layer=1) == {S.WRITTEN}
     assert states_at(write0, non_drafts, layer=1) == {S.EMPTY}
-    assert states_at(write1, slots, layer=1) == {written}
     # acceptance: nothing moved yet, the labels carry the verdict
     assert torch.equal(acceptance.grid(0), write1.grid(0))
     _, rejected = window_slots(demo)

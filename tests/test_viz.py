@@ -9,7 +9,7 @@ import torch
 from nwor_lab.metrics import WindowRecord
 from nwor_lab.viz import (STATE_MEANING, Recorder, SlotState, Stepper, acceptance_by_position, cache_grid,
                           cache_grids, costs_by_mode, show_frames, window_timeline)
-from nwor_lab.viz.states import LEGEND_ORDER
+from nwor_lab.viz.states import LEGEND_ORDER, STATE_LEGEND
 from nwor_lab.viz.theme import STATE_COLOURS
 from nwor_lab.window import Acceptance, Window
 from test_recorder import drive_by_hand
@@ -33,7 +33,7 @@ def test_cache_grid_cells_hover_and_legend():
     assert heat.text[1][2] == "1:d2"
     assert list(heat.customdata[1][2]) == [6, STATE_MEANING[SlotState.REJECTED], "req 1 · d2"]
     legend = [t.name for t in fig.data[1:] if t.showlegend is not False]
-    assert legend[:len(SlotState)] == [STATE_MEANING[s] for s in LEGEND_ORDER]
+    assert legend[:len(SlotState)] == [STATE_LEGEND[s] for s in LEGEND_ORDER]
     assert sorted(LEGEND_ORDER) == list(SlotState)                              # every state, once
     assert "differs from expected" in legend
     assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].x0 == -0.5   # slot 8: block 2, offset 0

@@ -23,7 +23,8 @@ class SlotState(IntEnum):
 
     EMPTY = 0       # no token's K/V
     COMMITTED = 1   # K/V of a kept token
-    STAGED = 2      # this window's token waits in the staging buffer; the slot is untouched
+    STAGED = 2      # a window row waiting in the staging buffer (drawn in the buffer's panel; its
+                    # cache slot is untouched and shows what it holds)
     WRITTEN = 3     # written this window, fate not decided yet
     REJECTED = 4    # written, then rejected: the rejected K/V stays (garbage until overwritten)
     LOGGED = 5      # old contents saved to the CoW log before the window writes the slot
@@ -35,12 +36,24 @@ class SlotState(IntEnum):
 STATE_MEANING = {
     SlotState.EMPTY: "empty",
     SlotState.COMMITTED: "committed: K/V of a kept token",
-    SlotState.STAGED: "staged: waits in the staging buffer, cache untouched",
+    SlotState.STAGED: "staged: waits in the staging buffer (cache untouched)",
     SlotState.WRITTEN: "written this window, fate not decided",
     SlotState.REJECTED: "rejected K/V left in the cache",
     SlotState.LOGGED: "old contents saved to the log",
     SlotState.RESTORED: "rejected, bits restored from the log",
     SlotState.OLD: "old contents: bits from before, no kept token",
+}
+
+# Short names for legends (the hover keeps STATE_MEANING)
+STATE_LEGEND = {
+    SlotState.EMPTY: "empty",
+    SlotState.OLD: "old contents (no kept token)",
+    SlotState.COMMITTED: "committed (kept token)",
+    SlotState.STAGED: "staged (in the buffer)",
+    SlotState.WRITTEN: "written, fate open",
+    SlotState.REJECTED: "rejected K/V left",
+    SlotState.LOGGED: "saved to the CoW log",
+    SlotState.RESTORED: "restored from the log",
 }
 
 # The legend's order: the life of a slot (old contents come before anything a window does)
@@ -87,8 +100,9 @@ def row_states(base: torch.Tensor, *, delivered: torch.Tensor, changed: torch.Te
     s = base.clone()
     s[logged] = SlotState.LOGGED
     s[delivered] = SlotState.WRITTEN
-    if window_in_buffer:
-        s[delivered & ~changed] = SlotState.STAGED      # in the buffer; the cache has not moved
+    if window_in_buffer:    # the row waits in the staging buffer (drawn there): the slot shows what it holds
+        untouched = delivered & ~changed
+        s[untouched] = base[untouched]
     if not finished:
         return s
     if kept is None:                                    # cancelled: rows stay as `off` leaves them

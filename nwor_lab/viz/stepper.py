@@ -122,16 +122,21 @@ def _place(fig, frame, panels, subtitle=None) -> None:
     fig.layout.annotations = annotations
 
 
-def show_frames(frames: Sequence, layer: int | None = None, *, blocks="used") -> list[go.Figure]:
+def show_frames(frames: Sequence, layer: int | None = None, *, blocks="used", legend: str = "first") -> list[go.Figure]:
     """Every phase of `frames` as a static figure (what the Stepper shows, one after another):
     with `layer` None the layer follows the writes (a write shows the layer it wrote, later phases
-    keep it, as the Stepper's dropdown does); a given `layer` is drawn in every frame."""
+    keep it, as the Stepper's dropdown does); a given `layer` is drawn in every frame.
+    legend: "first" (the colours never change: the first figure carries the legend, the others
+    drop it and its room) or "all"."""
     rows = used_blocks(frames) if blocks == "used" else blocks
     figs, shown = [], layer
-    for f in frames:
+    for i, f in enumerate(frames):
         if layer is None:
             shown = f.shown_layer if f.phase == "write" or shown not in f.layers else shown
-        figs.append(frame_figure(f, shown, blocks=rows))
+        fig = frame_figure(f, shown, blocks=rows)
+        if i and legend == "first":
+            fig.update_layout(showlegend=False, height=fig.layout.height - fig.layout.margin.b + 50, margin_b=50)
+        figs.append(fig)
     return figs
 
 
