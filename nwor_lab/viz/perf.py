@@ -207,7 +207,8 @@ def policy_window_time(policies, *, live=None, title: str = "One verify window's
                     row=1, col=col)
     _layout(fig, title, result_subtitle(stored, live=live), height=520, legend_y=-0.22,
             subplot_titles=True)
-    fig.update_layout(barmode="group")
+    # one label size for every bar (plotly would shrink the tallest bars' labels to fit their room)
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=10, mode="show"))
     fig.update_xaxes(title_text="requests × (1 + k) tokens in the window", type="category")
     for col, key in ((1, "eager"), (2, "CUDA graph")):
         top = max(max(t.y) for t in fig.data if t.xaxis == ("x" if col == 1 else "x2"))
@@ -432,7 +433,7 @@ def engine_throughput(engine, *, title: str = "Tokens/s: speculative decoding ag
              "; bar labels: speed-up over target-only (tokens/s on the baselines' bars)")
     _layout(fig, title, result_subtitle(result, extra), height=520,
             legend_y=-0.2, bottom=140)
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=10, mode="show"))
     fig.update_xaxes(title_text="batch size (requests decoded together)", type="category")
     top = max(r["tokens_per_s"] for r in rows)
     fig.update_yaxes(title_text="tokens/s (generated, end to end)", range=[0, top * 1.25 if math.isfinite(top) else None])
