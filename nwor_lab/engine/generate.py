@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nwor_lab._checks import check_device
-from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
 from nwor_lab.engine.engine import SpecEngine, policy_class
 from nwor_lab.engine.ring import sliding_window_for
 from nwor_lab.engine.request import Request, check_prompt, fit_context
@@ -146,6 +146,7 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
                         f"{type(prompts).__name__}; for one prompt pass [prompt]")
     if not prompts:
         raise ValueError("prompts: the list is empty; give at least one prompt")
+    config = check_config("config", config)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     k = check_int("k", k, 0)
     check_temperature("temperature", temperature)

@@ -18,19 +18,21 @@ import torch
 from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_cache_source, check_slots, check_tensor
 from nwor_lab.ops.backend import use_cuda
 from nwor_lab.ops.slots import check_caches, first_layer, is_layer_list, resolve_layer_ptrs
-from nwor_lab.ops.write_kv import write_kv_reference
+from nwor_lab.ops.write_kv import slot_destination, write_rows
 
 
 def commit_reference(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,
                      k_scale=None, v_scale=None) -> None:
-    """Layer by layer: `write_kv_reference` of the kept rows (a rejected row becomes slot -1).
-    `key_cache[layer]` is the same `[NB, BS, H, D]` tensor for a stacked cache and for a list."""
+    """Layer by layer: `write_kv_reference` of the kept rows (a rejected row becomes slot -1), the
+    slot arithmetic done once for all layers. `key_cache[layer]` is the same `[NB, BS, H, D]`
+    tensor for a stacked cache and for a list."""
     t = slot_mapping.numel()
     slots = torch.where(commit_mask, slot_mapping.long(), torch.full_like(slot_mapping, -1, dtype=torch.long))
+    nb, bs = key_cache[0].shape[:2]
+    dest = slot_destination(slots, nb * bs, bs)
     for layer in range(len(key_cache)):
-        write_kv_reference(staged_key[layer, :t], staged_value[layer, :t], key_cache[layer], value_cache[layer],
-                           slots, None if k_scale is None else k_scale[layer],
-                           None if v_scale is None else v_scale[layer])
+        write_rows(staged_key[layer, :t], staged_value[layer, :t], key_cache[layer], value_cache[layer], dest,
+                   None if k_scale is None else k_scale[layer], None if v_scale is None else v_scale[layer])
 
 
 def commit(staged_key, staged_value, key_cache, value_cache, slot_mapping, commit_mask,

@@ -24,18 +24,21 @@ def valid_slot_rows(slot_mapping: torch.Tensor, num_slots: int) -> torch.Tensor:
 
 
 def slot_destination(slot_mapping: torch.Tensor, num_slots: int, block_size: int):
-    """`(rows, block, offset)`: the rows of `slot_mapping` [T] that name a real slot, and where each
-    lives. The same for every layer of a window, so a caller writing many layers computes it once."""
+    """`(rows, block, offset)`: the rows of `slot_mapping` [T] that name a real slot (None: every
+    row does), and where each lives. The same for every layer of a window, so a caller writing
+    many layers computes it once."""
     rows = valid_slot_rows(slot_mapping, num_slots)
     s = slot_mapping.long()[rows]
-    return rows, s // block_size, s % block_size
+    return (None if rows.numel() == slot_mapping.numel() else rows), s // block_size, s % block_size
 
 
 def write_rows(key, value, key_cache, value_cache, dest, k_scale=None, v_scale=None) -> None:
     """Quantise and index-put rows `dest[0]` of key/value `[T, H, D]` at `dest`'s (block, offset)."""
     rows, block, offset = dest
-    key_cache[block, offset] = quantize(key[rows], key_cache.dtype, k_scale)
-    value_cache[block, offset] = quantize(value[rows], value_cache.dtype, v_scale)
+    if rows is not None:
+        key, value = key[rows], value[rows]
+    key_cache[block, offset] = quantize(key, key_cache.dtype, k_scale)
+    value_cache[block, offset] = quantize(value, value_cache.dtype, v_scale)
 
 
 def write_kv_reference(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None) -> None:

@@ -63,6 +63,7 @@ class _Open:
     step: int
     acceptance: Acceptance | None = None
     sampled: torch.Tensor | None = None
+    emit_caps: list | None = None                  # per request: tokens it may still emit (max_tokens)
     before: dict = field(default_factory=dict)     # layer -> raw (key, value) rows at the window's slots
     slots_seen: object = None                      # the last slot tensor found equal to the window's
     written: dict = field(default_factory=dict)    # layer -> (key, value) rows handed to write()
@@ -174,11 +175,23 @@ class NworRuntime:
         t0 = time.perf_counter()
         w = v.window
         v.sampled = sampled_token_ids[:w.num_reqs]
+        v.emit_caps = self._emit_caps(v.req_ids)
         if w.num_drafts:
             v.acceptance = self.scv.accept(w, v.sampled)
             if self.config.debug:
                 self._check_count(v)
         self.totals.seconds_in_nwor += time.perf_counter() - t0
+
+    def _emit_caps(self, req_ids) -> list:
+        """Tokens each request may still emit this step (its max_tokens minus what it has): vLLM cuts
+        the sampled ids there, and the lab's statistics count what was emitted. Stop tokens and
+        strings are not applied (the lab's runs ignore EOS)."""
+        caps = []
+        for rid in req_ids:
+            state = self.runner.requests.get(rid)
+            sp = getattr(state, "sampling_params", None)
+            caps.append(None if sp is None or sp.max_tokens is None else sp.max_tokens - len(state.output_token_ids))
+        return caps
 
     def end_step(self) -> None:
         """End of `sample_tokens`: commit what is open (verify first: chain rows come after)."""
@@ -268,13 +281,8 @@ class NworRuntime:
             window = Window.from_metadata(plan.metadata, cu, slots)
         else:
             window = Window.from_counts(plan.num_scheduled, [0] * len(plan.num_scheduled), slots)
-        layers = range(0, self.vc.cache.num_layers)
-        opened = _Open("verify", window, plan.req_ids, layers, self.step)
-        if self.check:
-            opened.before = self._raw_rows(window.slot_mapping, layers)
-        self.policy.begin(window, layers, kind="verify")
-        self.verify = opened
-        return opened
+        self.verify = self._open("verify", window, plan.req_ids, range(0, self.vc.cache.num_layers))
+        return self.verify
 
     def _chain_write(self, layer, key, value, slot_mapping, md) -> bool:
         if self.verify is not None:          # chain step 1: the verify window is complete
@@ -322,12 +330,15 @@ class NworRuntime:
         draft_pos = torch.arange(1, steps + 1, dtype=torch.int32).repeat_interleave(num_reqs)
         draft_rows = torch.arange(steps * num_reqs).view(steps, num_reqs).t().reshape(-1)   # request-major
         window = Window(slots, token_req, draft_pos, draft_rows, [steps] * num_reqs, [steps] * num_reqs)
-        layers = range(layer, layer + 1)
-        opened = _Open("draft", window, self.last_req_ids, layers, self.step)
+        self.draft = self._open("draft", window, self.last_req_ids, range(layer, layer + 1))
+        return self.draft
+
+    def _open(self, kind: str, window: Window, req_ids, layers: range) -> _Open:
+        """Begin `window` on the policy over `layers` (the cache's bytes there saved first when checking)."""
+        opened = _Open(kind, window, req_ids, layers, self.step)
         if self.check:
             opened.before = self._raw_rows(window.slot_mapping, layers)
-        self.policy.begin(window, layers, kind="draft")
-        self.draft = opened
+        self.policy.begin(window, layers, kind=kind)
         return opened
 
     def _commit_verify(self) -> None:
@@ -364,8 +375,9 @@ class NworRuntime:
             self._check_cache(opened, kept)
             t.checks_passed += 1
         emitted = []
-        if opened.sampled is not None:
-            emitted = [[int(t) for t in row if t != -1] for row in opened.sampled.tolist()]
+        if opened.sampled is not None:      # what vLLM emits: the sampled ids, cut at each request's max_tokens
+            caps = opened.emit_caps or [None] * w.num_reqs
+            emitted = [[int(t) for t in row if t != -1][:cap] for row, cap in zip(opened.sampled.tolist(), caps)]
         accepted = acceptance.accepted_per_request() if acceptance is not None else [0] * w.num_reqs
         self.trace.append(WindowTrace(opened.step, opened.kind, list(opened.req_ids), drafted=list(w.num_draft_tokens),
                                       accepted=accepted, emitted=emitted, record=rec))
