@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from nwor_lab.viz.states import LEGEND_ORDER, STATE_LEGEND
 from nwor_lab.viz.theme import STATE_COLOURS
 from nwor_lab.window import Acceptance, Window
 from test_recorder import drive_by_hand
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_nwor_lab_does_not_import_plotly():
@@ -199,6 +202,19 @@ def test_cell_text_fits_at_any_block_size():
         assert any("· d" in c[2] for row in heat.customdata for c in row), "hover keeps the whole label"
     grid = cache_grid(torch.zeros(2, 32, dtype=torch.int8), title="t", block_size=32, cell_text={5: "1:d2✗"})
     assert grid.data[0].text[0][5] == "✗" and grid.layout.width is None        # responsive: no fixed width
+
+
+@pytest.mark.parametrize("chapter", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_a_chapters_stepper_starts_on_the_chapters_mode(chapter):
+    """A Stepper over several modes is told the chapter's `nwor_mode` first (`mode=nwor_mode`, or
+    `modes=[nwor_mode, ...]`); one over a single run's frames shows that run's mode."""
+    import nbformat
+    for cell in nbformat.read(str(chapter), as_version=4).cells:
+        for line in cell.source.splitlines():
+            if cell.cell_type == "code" and "Stepper(" in line and not line.lstrip().startswith(("#", "from", "import")):
+                several = "lambda m" in line or "frames," in line or line.rstrip().endswith("Stepper(frames)")
+                if several:
+                    assert "mode=nwor_mode" in line or "modes=[nwor_mode]" in line, f"{chapter.name}: {line.strip()}"
 
 
 def test_ring_cells_follow_what_each_policy_declares():
