@@ -128,6 +128,20 @@ def test_the_claims_arithmetic():
     assert claims.write_fraction(2, 4) == 0.6 and claims.write_fraction(0, 4) == 0.2 and claims.write_fraction(4, 4) == 1
 
 
+def test_write_share_points_sit_on_the_formula_where_they_are_measured():
+    seed = claims.seed_write_savings()
+    ncu = claims.ncu_write_ratio(json.loads((RESULTS / "step_ncu_h200.json").read_text()))
+    lab = {"mean_accepted": 2.5, "ratio": 3.5 / 5}
+    vllm = next(r for r in claims.vllm_rejected_writes(json.loads((RESULTS / "vllm_cpu.json").read_text()))
+                if r["method"] == "eagle" and r["mode"] == "stage")
+    points = {p["name"]: p for p in claims.write_share_points(seed, lab, ncu, vllm)}
+    assert len(points) == 5 and {p["kind"] for p in points.values()} == {"claimed", "recomputed", "measured"}
+    for name in ("the fork's run, every row counted", "the lab's runs (this notebook)", "ncu, H200, 8B-shaped step"):
+        p = points[name]
+        assert abs(p["share"] - claims.write_fraction(p["a"], 4)) < 0.005, name
+    assert points["the fork's claim: 90 % saved"]["share"] < points["the fork's run, every row counted"]["share"]
+
+
 def test_the_stored_results_answer_the_claims():
     ncu = claims.ncu_write_ratio(json.loads((RESULTS / "step_ncu_h200.json").read_text()))
     assert abs(ncu["stage"] - 0.600) < 0.001 and ncu["predicted_stage"] == 0.6 and ncu["cow"] > 1

@@ -12,11 +12,12 @@ lab's own runs.
     ncu_write_ratio(result)      stage / off KV bytes written, measured by ncu (step_ncu_h200.json)
     bytes_saved_worth(...)       what the bytes stage skips are worth in a whole verify step
     vllm_rejected_writes(result) rejected writes per vLLM step that reached / stayed in vLLM's cache
+    write_share_points(...)      those answers as the points of `nwor_lab.viz.why.write_share_figure`
 """
 from __future__ import annotations
 
 __all__ = ["SEED_CLAIMS", "SEED_RUN", "write_fraction", "trace_write_fraction", "seed_write_savings",
-           "ncu_write_ratio", "bytes_saved_worth", "vllm_rejected_writes"]
+           "ncu_write_ratio", "bytes_saved_worth", "vllm_rejected_writes", "write_share_points"]
 
 # What the fork's documents say, word for word where quoted.
 SEED_CLAIMS = {
@@ -114,3 +115,25 @@ def vllm_rejected_writes(result: dict) -> list[dict]:
                          "checked": f"{p['windows_checked_bit_exact']}/{p['windows']}",
                          "tokens_identical": m.get("tokens_identical")})
     return rows
+
+
+def write_share_points(seed: dict, lab: dict, ncu: dict, vllm_row: dict) -> list[dict]:
+    """The share of off's K/V rows stage writes, as claimed and as measured, at each run's mean
+    accepted drafts `a`: the fork's claim and its run recomputed (`seed_write_savings`), the lab's
+    runs (`trace_write_fraction`), the ncu step (`ncu_write_ratio`), vLLM (a `vllm_rejected_writes`
+    row of stage)."""
+    seed_a = seed["accepted"] / seed["t_last_rows"]
+    cfg = ncu["config"]
+    return [
+        dict(name="the fork's claim: 90 % saved", a=seed_a, share=1 - seed["claimed_savings"], kind="claimed",
+             note="rejected drafts over drafts; t_last not counted"),
+        dict(name="the fork's run, every row counted", a=seed_a, share=1 - seed["savings_with_t_last"],
+             kind="recomputed", note="10 % of drafts accepted"),
+        dict(name="the lab's runs (this notebook)", a=lab["mean_accepted"], share=lab["ratio"], kind="measured",
+             note="bytes written by the verify windows, shipped pair", textposition="top left"),
+        dict(name="ncu, H200, 8B-shaped step", a=cfg["accepted"] / cfg["batch"], share=ncu["stage"], kind="measured",
+             note="KV bytes written by the KV-path kernels (L2 write sectors)"),
+        dict(name="inside vLLM, EAGLE-1", a=vllm_row["accepted"] / (vllm_row["drafts"] / vllm_row["k"]),
+             share=vllm_row["bytes_vs_off"], kind="measured",
+             note="KV bytes written into vLLM's cache (its chain rows too)"),
+    ]
