@@ -31,7 +31,8 @@ VLLM_STAMP := $(VLLM_VENV)/.nwor_lab-installed
 VLLM_CHAPTERS := $(wildcard notebooks/09_*.ipynb)
 CHAPTERS := $(filter-out $(VLLM_CHAPTERS),$(CHAPTERS))
 
-.PHONY: setup setup-vllm run test browser-deps test-unit test-notebooks test-vllm test-gpu lab workshop selfcheck clean
+.PHONY: setup setup-vllm run test browser-deps test-unit test-notebooks test-vllm test-gpu lab workshop vendor-reveal selfcheck clean
+REVEAL_VERSION ?= 5.2.1
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -109,9 +110,16 @@ test-gpu: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/00_tour.ipynb $(LAB_ARGS)
 
-# the workshop kit: every chapter executed (interactive=False) and exported; runs/workshop/index.html
+# the workshop kit: every chapter executed (interactive=False); pages, slides, instructor notes and a
+# 3-hour agenda: runs/workshop/index.html (works offline). A chapter whose kernel is missing is listed
+# as skipped (09_vllm without `make setup-vllm`); WORKSHOP_ARGS=--strict fails the build instead.
 workshop: $(STAMP)
-	$(PY) -m nwor_lab.workshop build --out runs/workshop
+	$(PY) -m nwor_lab.workshop build --out runs/workshop $(WORKSHOP_ARGS)
+
+# reveal.js is vendored (committed, MIT, ~240 KB: nwor_lab/workshop/vendor/reveal.js, VENDOR.json);
+# this re-fetches it from its npm package (needs npm and the registry), `--check` verifies it
+vendor-reveal:
+	$(PY) -m nwor_lab.workshop.vendor --refresh $(REVEAL_VERSION)
 
 clean:
 	rm -rf build .pytest_cache .hypothesis runs

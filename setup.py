@@ -12,7 +12,10 @@ setup(
     python_requires=">=3.10",
     # the shipped checkpoints are data folders, listed as packages so their files install
     packages=find_packages(include=["nwor_lab", "nwor_lab.*"]) + ["nwor_lab.checkpoints.tiny"],
-    package_data={"nwor_lab.checkpoints.tiny": ["*.json", "*.safetensors", "*.md"]},
+    package_data={"nwor_lab.checkpoints.tiny": ["*.json", "*.safetensors", "*.md"],
+                  # the workshop kit's nbconvert templates and its vendored reveal.js (nwor_lab/workshop/vendor.py)
+                  "nwor_lab.workshop": ["templates/*/*", "vendor/reveal.js/*", "vendor/reveal.js/dist/*",
+                                        "vendor/reveal.js/dist/theme/*", "vendor/reveal.js/plugin/notes/*"]},
     install_requires=[
         "torch>=2.4",
         "numpy",

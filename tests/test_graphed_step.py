@@ -3,7 +3,9 @@ capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, 
 and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
 in every write policy, and so does the static draft chain (d_1..d_k from the head, the head's
 layer only, every row rejected), in the verify step or alone, and so do steps pre-launched on the
-inputs the step before computed on the device, and prefill steps on padded static buffers. The CUDA capture itself is tested in tests/gpu/test_gpu_engine.py."""
+inputs the step before computed on the device, and steps with prefills (alone, or mixed with decodes
+when a request joins mid-run) on padded static buffers with the chain aboard. The CUDA capture itself
+is tested in tests/gpu/test_gpu_engine.py."""
 import pytest
 import torch
 
@@ -15,11 +17,12 @@ from nwor_lab.model.toy import toy_pair
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [3, 3, 3]]
 
 
-def decode(pair, mode, graphed: bool, k=3):
+def decode(pair, mode, graphed: bool, k=3, mixed=True):
     target, head = pair
     engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4)
     if graphed:
         engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+        engine.graphed.mixed = mixed
     reqs = [engine.add_request(p, 14) for p in PROMPTS]
     engine.run()
     return [r.output for r in reqs], engine
@@ -44,14 +47,28 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     # steps launched before the host read the one before (inputs fed on the device)
     assert engine.graphed.prelaunched > 0
     assert engine.graphed.prefill_steps > 0               # prompts prefilled from their own buckets
+    if k:                                                 # (without drafts all four end together)
+        assert engine.graphed.mixed_steps > 0             # the 5th prompt joined three running requests
     sizes = {size for size, _ in engine.graphed.buckets}
     assert sizes <= {1, 2, 4}
     assert len(sizes) >= 2                                # padding exercised (5 requests, 4 at a time)
     if k >= 2:
-        # the chain rode in the verify step while every request had 2k + 2 tokens to go, and took
-        # its own static path near the ends
+        # the chain rode in every step: in the verify step, and after each prefill in the prefill's
+        # own step (never a second graph)
         assert engine.graphed.chained_steps > 0 and (4, True) in engine.graphed.buckets
-        assert engine.graphed.draft.steps > 0 and len(engine.graphed.draft.buckets) >= 2
+        assert all(chain for _, _, chain in engine.graphed.mixed_buckets)
+        assert engine.graphed.draft.steps == 0
+
+
+@pytest.mark.parametrize("mode", ["cow"])
+def test_mixed_steps_left_eager_hand_the_chain_to_its_own_graph(pair, mode):
+    """With mixed steps eager (GraphedVerify.mixed = False, the bench's comparison), the drafts
+    after them come from the chain's own static path, and the tokens stay the eager engine's."""
+    eager, _ = decode(pair, mode, False)
+    static, engine = decode(pair, mode, True, mixed=False)
+    assert static == eager
+    assert engine.graphed.mixed_steps == 0 and engine.graphed.prefill_steps > 0
+    assert engine.graphed.draft.steps > 0
 
 
 @pytest.mark.parametrize("mode", NWOR_MODES)
@@ -119,3 +136,49 @@ def test_an_interrupt_after_a_pre_launch_leaves_an_engine_that_says_so(pair, mon
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="interrupted after the next one had been launched"):
         engine.step()
+
+
+def staggered(pair, mode, graphed: bool, k: int, acceptance=None, gap: int = 2):
+    """Requests joining a running batch every `gap` steps (the serving case): mixed steps."""
+    target, head = pair
+    engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4,
+                        acceptance=acceptance)
+    if graphed:
+        engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    queue, reqs, step = list(PROMPTS) * 2, [], 0
+    while queue or engine.scheduler.has_work:
+        if queue and step % gap == 0:
+            reqs.append(engine.add_request(queue.pop(0), 9 + len(reqs) % 4))
+        if engine.scheduler.has_work:
+            engine.step()
+        step += 1
+    return [r.output for r in reqs], engine
+
+
+@pytest.mark.parametrize("mode,k", [("off", 0), ("cow", 1), ("off", 3), ("cow", 3), ("stage", 3)])
+def test_requests_joining_mid_run_replay_mixed_steps_as_the_eager_engine_decodes(pair, mode, k):
+    """(A request that arrives while a step is pre-launched joins one step later than eagerly, so
+    the windows group requests differently; each request's tokens are the same.)"""
+    eager, _ = staggered(pair, mode, False, k)
+    static, engine = staggered(pair, mode, True, k)
+    assert static == eager
+    assert engine.graphed.mixed_steps > 0
+    if k >= 2:
+        assert engine.graphed.draft.steps == 0     # every chain rode in a step's own graph
+
+
+def test_forced_acceptance_mixed_steps_decode_as_eagerly(pair):
+    from nwor_lab.speculative.synthetic import ForcedAcceptance
+    forced = ForcedAcceptance((0.9, 0.6, 0.3))
+    eager, eager_engine = staggered(pair, "stage", False, 3, forced)
+    static, engine = staggered(pair, "stage", True, 3, forced)
+    assert static == eager and engine.graphed.mixed_steps > 0
+
+    def accepted(e):     # per request, its accepted lengths window by window
+        out = {}
+        for t in e.trace:
+            if t.kind == "verify":
+                for rid, a in zip(t.req_ids, t.accepted):
+                    out.setdefault(rid, []).append(a)
+        return out
+    assert accepted(engine) == accepted(eager_engine)

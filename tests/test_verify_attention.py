@@ -269,6 +269,21 @@ INTERP_SPECS = [
     spec("stage-equals-commit-fp8", kind="window_vs_cache", window=True, cache_dtype="fp8_e4m3", seed=23),
     spec("stage-equals-commit-fp32-hnd", kind="window_vs_cache", dtype="float32", window=True, layout="HND",
          max_context=200, seed=24),
+    # the window tail: caches ending on a tile boundary (window tiles only), inside a tile with the
+    # window spilling into the next (a mixed tile, then a window-only tile), and a window-only
+    # request; the caller's query bound (a 32-row tile, no row walk, as the engine's verify steps)
+    spec("stage-equals-commit-aligned-q-bound", kind="window_vs_cache", window=True, query_lens=5,
+         context_lens=[64, 128, 0, 192], window_extra=0, launch=dict(max_query_len=5, num_splits=1), seed=25),
+    spec("stage-equals-commit-spill-q-bound", kind="window_vs_cache", window=True, query_lens=5,
+         context_lens=[60, 126, 3, 61], window_extra=[3, 0, 1, 2], launch=dict(max_query_len=5), seed=26),
+    spec("split-tail-identical-spill", kind="split_tail_identical", window=True, query_lens=5,
+         context_lens=[60, 126, 3, 64], window_extra=[3, 2, 1, 0], launch=dict(max_query_len=5, num_splits=2),
+         seed=27),
+    spec("split-tail-identical-sliding", kind="split_tail_identical", window=True, query_lens=4, num_reqs=3,
+         context_lens=[70, 130, 10], window_extra=[1, 0, 2], launch=dict(sliding_window=24), seed=28),
+    spec("q-bound-vs-reference", window=True, query_lens=[5, 3, 5, 1], launch=dict(max_query_len=5), seed=29),
+    spec("q-bound-long-rows-vs-reference", query_lens=[20, 3], num_reqs=2, num_kv_heads=1, num_q_heads=8,
+         launch=dict(max_query_len=20), seed=37),
     # sliding windows: on the linear cache, on rings (slack k: every row written; cow's log on a
     # ring of W; stage's window buffer on a ring of W), fp8, HND, forced splits
     dict(spec("sliding-linear-bf16", num_reqs=3, max_query_len=5, max_context=90, seed=30), ring=dict(W=16, linear=True)),
@@ -310,6 +325,8 @@ def test_triton_interpreter(interp_results, s):
     assert "error" not in res, res.get("trace", res.get("error"))
     if s["kind"] == "fp8_round_trip":
         assert res["mismatches"] == 0, res
+    elif s["kind"] == "split_tail_identical":
+        assert res["bit_identical"], res
     elif s["kind"] == "window_vs_cache":
         # stage (window from the buffer) and the same window committed to the cache: same numbers,
         # same tiles, same order of reduction -> the same bits

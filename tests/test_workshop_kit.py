@@ -126,3 +126,37 @@ def test_clean_command_strips_a_notebook_in_place(tmp_path, capsys):
     assert "still has problems: no code cell tagged 'parameters'" in capsys.readouterr().out
     nb = nbformat.read(str(dirty), as_version=4)
     assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
+
+
+def test_a_chapter_whose_kernel_is_missing_is_skipped_not_failed(tmp_path, capsys):
+    """09_vllm runs in kernel nwor-lab-vllm (make setup-vllm): where it is missing the kit says so."""
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "nwor-lab-no-such-kernel", "display_name": "x",
+                                                           "language": "python"}})
+    nb.cells = [nbformat.v4.new_markdown_cell("# Needs another kernel\n\n## 1 · A section"),
+                nbformat.v4.new_code_cell("interactive = True", metadata={"tags": ["parameters"]})]
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    nbformat.write(nb, str(chapters / "09_other.ipynb"))
+    out = tmp_path / "out"
+    assert main(["build", "--chapters", str(chapters), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 skipped" in printed and "'nwor-lab-no-such-kernel' is not installed here" in printed
+    index = json.loads((out / "index.json").read_text())
+    (chapter,) = index["chapters"]
+    assert chapter["status"] == "skipped" and chapter["executed"] is None and chapter["seconds"] == 0
+    assert (out / chapter["slides"]).exists() and (out / chapter["html"]).exists()   # the unexecuted text, still
+    page = (out / "index.html").read_text()
+    assert "skipped" in page and "is not installed here" in page
+    assert main(["build", "--chapters", str(chapters), "--out", str(out), "--strict"]) == 1
+
+
+def test_relative_output_folder_still_stores_figures_as_data(tmp_path, monkeypatch):
+    """The kernels run in the chapter's folder: the kit's IPython startup must be found from there."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(PLACEHOLDER, tmp_path / "stepper.ipynb")
+    built = kit.build_chapter(Path("stepper.ipynb"), Path("relative-out"), timeout=120)
+    assert built.ok, built.error
+    ran = nbformat.read(str(tmp_path / "relative-out" / built.executed), as_version=4)
+    kinds = [set(o.get("data", {})) for c in ran.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("application/vnd.plotly.v1+json" in k for k in kinds)
+    assert not any("cdn" in json.dumps(c.outputs) for c in ran.cells if c.cell_type == "code")

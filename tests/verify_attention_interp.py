@@ -5,6 +5,8 @@
 specs.json: a list of {"id", "kind", "case": make_verify_attention_case kwargs (dtypes as names),
 "launch": launch knobs}. kind "vs_reference": kernel vs the torch reference; "window_vs_cache":
 the kernel on a stage window vs the same window committed to the cache (must be bit-identical);
+"split_tail_identical": the window tail split (mixed tile, then window-only tiles) vs one mixed
+tail loop, same launch otherwise (must be bit-identical);
 "fp8_round_trip": the kernel's quantise-dequantise vs nwor_lab.ops.quant on every fp8 value,
 the midpoints between them and random values. A "ring": {"W", "slack", "log"} entry turns a
 vs_reference case into a sliding-window one: the kernel on the case moved into a ring of W + slack
@@ -85,6 +87,13 @@ def run(spec: dict) -> dict:
     t0 = time.perf_counter()
     got = kernel(case)
     seconds = time.perf_counter() - t0
+    if kind == "split_tail_identical":
+        # the window tail split into a mixed tile and window-only tiles (the default) against the
+        # single mixed tail loop: the same tiles and values, so the same bits
+        single = kernels.launch(*_launch_args(case), **{**launch, "split_tail": False})
+        split = kernels.launch(*_launch_args(case), **{**launch, "split_tail": True})
+        return dict(bit_identical=bool(torch.equal(single, split)),
+                    max_diff=float((single.float() - split.float()).abs().max()), seconds=seconds)
     if kind == "window_vs_cache":
         committed = window_written_to_cache(case)
         twin = kernel(committed)
@@ -96,6 +105,15 @@ def run(spec: dict) -> dict:
     tol_excess = err - (spec["tol"] + spec["tol"] * ref.float().abs())
     return dict(max_err=float(err.max()), max_ref=float(ref.float().abs().max()),
                 worst_excess=float(tol_excess.max()), finite=bool(torch.isfinite(got).all()), seconds=seconds)
+
+
+def _launch_args(c):
+    import torch
+    a = c.kwargs()
+    scales = [x.reshape(-1) if x is not None else None for x in (a["k_scale"], a["v_scale"])]
+    return (a["q"], a["key_cache"], a["value_cache"], a["block_tables"], a["cache_lens"], a["query_start_loc"],
+            a["positions"], a["win_key"], a["win_value"], a["win_rows"], a["win_start"], *scales, a["scale"],
+            torch.empty(a["q"].shape, dtype=a["q"].dtype))
 
 
 def main(argv) -> int:

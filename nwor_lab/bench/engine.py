@@ -1,6 +1,7 @@
 """Benchmark (not a test): tokens/s of target-only vs EAGLE speculative decoding, shipped pair.
 
     nwor-lab bench engine --device cpu --out benchmarks/results/engine_cpu.json
+    nwor-lab bench engine --model 8b ...     the Llama-3-8B-shaped pair (nwor_lab/bench/engine8b.py)
 
 Prompts are held-out text (modules the pair never saw, `nwor_lab.train.corpus.HELD_OUT`): from
 `runs/corpus/eval.bin` when present, else tokenised from this interpreter's stdlib. Each
@@ -57,6 +58,44 @@ def timed(fn, device) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
+def run_prompts(engine, prompts, new_tokens: int, arrival_gap: int = 0) -> list:
+    """Queue `prompts` on `engine` and run it to the end -> the requests. arrival_gap > 0: the
+    prompts arrive one every `arrival_gap` engine steps (requests join a running batch: the
+    serving case, which mixes prefills into decode steps) instead of all at once."""
+    if not arrival_gap:
+        reqs = [engine.add_request(p, new_tokens) for p in prompts]
+        engine.run()
+        return reqs
+    queue, reqs, step = list(prompts), [], 0
+    while queue or engine.scheduler.has_work:
+        if queue and step % arrival_gap == 0:
+            reqs.append(engine.add_request(queue.pop(0), new_tokens))
+        if engine.scheduler.has_work:
+            engine.step_with_progress()
+        step += 1
+    return reqs
+
+
+def time_engine(engine, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,
+                cold: float | None = None) -> dict:
+    """The bench's protocol on a built engine: one cold run (compiles, warms every bucket up; its
+    time `cold` when the caller ran it), one run that captures the buckets' graphs, then `repeats`
+    timed runs; -> their times, the last run's requests, and the trace and target forwards of
+    the timed runs."""
+    def go():
+        return run_prompts(engine, prompts, new_tokens, arrival_gap)
+    if cold is None:
+        _, cold = timed(go, device)
+    go()
+    first_window, forwards = len(engine.trace), engine.target_forwards
+    times, reqs = [], []
+    for _ in range(repeats):
+        reqs, t = timed(go, device)
+        times.append(t)
+    return dict(cold=cold, times=times, seconds=float(np.median(times)), requests=reqs,
+                trace=engine.trace[first_window:], forwards=(engine.target_forwards - forwards) // repeats)
+
+
 def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device,
                      dtype=torch.float32, repeats: int = 3) -> list[dict]:
     """Hugging Face `generate` (greedy, no speculation) of the same target checkpoint, when
@@ -91,7 +130,16 @@ def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, dev
 
 
 def main(argv=None) -> dict:
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    model = next((a.split("=", 1)[1] if "=" in a else (argv_list[i + 1] if i + 1 < len(argv_list) else "")
+                  for i, a in enumerate(argv_list) if a == "--model" or a.startswith("--model=")), "shipped")
+    if model != "shipped":            # the 8B-shaped random pair: its own options (bench/engine8b.py)
+        from nwor_lab.bench.engine8b import main as main_8b
+        return main_8b(argv_list)
     p = LabArgumentParser(prog="nwor-lab bench engine", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=types.one_of(("shipped", "8b", "8b-mini")), default="shipped",
+                   help="shipped (this parser), or 8b / 8b-mini: the Llama-3-8B-shaped random pair with "
+                        "forced acceptance (`nwor-lab bench engine --model 8b --help`)")
     p.add_argument("--device", type=types.device, default="cpu")
     p.add_argument("--prompts", type=types.integer(1, 4096), default=8)
     p.add_argument("--prompt-len", type=types.integer(1, 1 << 20), default=64)
@@ -130,18 +178,12 @@ def main(argv=None) -> dict:
             gen = prepare(ps, args.new_tokens, k, cfg, target=target, head=head, tokenizer=tok, device=device,
                           max_num_seqs=bs, dtype=dtype)
             engine = gen.engine
-            _, cold = timed(engine.run, device)     # compiles, warms every bucket up
-            reqs = [engine.add_request(p, args.new_tokens) for p in ps]
-            engine.run()                            # captures the buckets a run uses once
-            first_window, forwards = len(engine.trace), engine.target_forwards
-            times = []
-            for _ in range(args.repeats):
-                reqs = [engine.add_request(p, args.new_tokens) for p in ps]
-                times.append(timed(engine.run, device)[1])
-            secs = float(np.median(times))
-            token_ids = [r.output for r in reqs]
-            mean, by_pos = acceptance_stats(engine.trace[first_window:], max(k, 1))
-            forwards = (engine.target_forwards - forwards) // args.repeats
+            _, cold = timed(engine.run, device)     # compiles, warms every bucket up (the queued prompts)
+            run = time_engine(engine, ps, args.new_tokens, args.repeats, device, cold=cold)
+            times, secs = run["times"], run["seconds"]
+            token_ids = [r.output for r in run["requests"]]
+            mean, by_pos = acceptance_stats(run["trace"], max(k, 1))
+            forwards = run["forwards"]
             ntok = sum(len(t) for t in token_ids)
             tps = ntok / secs
             if k == 0:

@@ -45,9 +45,6 @@ from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
 
 BLOCK = 16
-LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                 max_position_embeddings=8192)
 
 
 class NullWriter:
@@ -67,26 +64,15 @@ class NullWriter:
 
 
 def make_model(name: str, device="cuda"):
-    """-> a LlamaForCausalLM on `device`: the shipped target (float32) or the 8B shape (bf16)."""
+    """-> a LlamaForCausalLM on `device`: the shipped target (float32) or the 8B shape (bf16, random
+    weights, `nwor_lab.model.shapes`: allocated once in bf16, RoPE frequencies real)."""
     if name == "shipped":
         from nwor_lab.model.shipped import load_tiny
         return load_tiny(device=device)[0].eval()
     if name != "8b":
         raise ValueError(f"model={name!r}: choose shipped or 8b")
-    from nwor_lab.model.config import LlamaConfig
-    from nwor_lab.model.llama import LlamaForCausalLM
-    with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(**LLAMA3_8B))
-    model = model.to_empty(device=device).to(torch.bfloat16)
-    gen = torch.Generator(device).manual_seed(0)
-    with torch.no_grad():
-        for name_, p in model.named_parameters():
-            if name_.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    model.model.rotary.inv_freq = model.model.rotary.inv_freq.to(device)
-    return model.eval()
+    from nwor_lab.model.shapes import random_target
+    return random_target("8b", device, torch.bfloat16)
 
 
 class StepCase:

@@ -19,6 +19,9 @@ cache read against a `RingLedger`. Steps with a sliding window run eagerly (`gra
 """
 from __future__ import annotations
 
+import zlib
+from array import array
+
 import torch
 
 from nwor_lab._checks import check_backend_device
@@ -35,6 +38,7 @@ from nwor_lab.model.attention import AttentionMetadata, use_kernel
 from nwor_lab.engine.ring import sliding_window_for, strategy_name
 from nwor_lab.policies import POLICIES, RingCorruption, RingLedger, make_policy
 from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.speculative.synthetic import ForcedAcceptance
 from nwor_lab.window import Window
 
 
@@ -50,7 +54,7 @@ class SpecEngine:
                  num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
                  eos_token_id: int | None = None, cache_dtype: str = "auto",
-                 max_cache_memory: int | None = None):
+                 max_cache_memory: int | None = None, acceptance: ForcedAcceptance | None = None):
         # Every limit is checked here, before the cache is allocated (its size is checked against
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
@@ -63,6 +67,9 @@ class SpecEngine:
             max_cache_memory = check_int("max_cache_memory", max_cache_memory, 1)
         if cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"cache_dtype={cache_dtype!r}: choose one of {', '.join(CACHE_DTYPES)}")
+        if acceptance is not None and not isinstance(acceptance, ForcedAcceptance):
+            raise TypeError(f"acceptance: expected a ForcedAcceptance (nwor_lab.speculative.synthetic) or None, "
+                            f"got {type(acceptance).__name__}")
         p = next(target.parameters())
         self.device, self.dtype = p.device, p.dtype
         check_backend_device(self.config.backend, self.device)
@@ -85,6 +92,9 @@ class SpecEngine:
         self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
+        self.acceptance = acceptance if self.k else None
+        self.forced_rates = acceptance.conditional(self.k, self.device) if self.acceptance is not None else None
         self.drafter = None
         if head is not None:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
@@ -114,7 +124,12 @@ class SpecEngine:
         tokens that fit instead of raising. Nothing is queued when this raises."""
         ids = check_prompt(name, prompt, self.vocab_size)
         ids = fit_context(name, ids, max_new_tokens, self.max_model_len, truncate)
-        return self.scheduler.add(ids, max_new_tokens)
+        req = self.scheduler.add(ids, max_new_tokens)
+        if self.acceptance is not None:
+            # forced acceptance keys on the prompt, not the request id: the same prompt is accepted
+            # alike in every run and engine (a benchmark's repeats replay the same steps)
+            req.acceptance_key = zlib.crc32(array("q", ids).tobytes()) & 0x7FFFFFFF
+        return req
 
     def run(self) -> None:
         """Step until every request finished."""
@@ -184,7 +199,7 @@ class SpecEngine:
         self.target_forwards += 1
         live = self._advance(batch, verdict, record)
         if drafted is not None:
-            chain = self.graphed.chain_done(batch.requests, self.step_index)
+            chain = self.graphed.chain_done(self.step_index)
             if chain is not None:
                 self._end_window(*chain)
         elif self.drafting and live:
@@ -226,13 +241,26 @@ class SpecEngine:
         probs = [r.draft_probs for r in batch.requests if r.draft_probs is not None and r.drafts]
         draft_probs = torch.cat(probs) if probs and self.temperature > 0 else None
         sampled = rejection_sample(batch.spec, draft_probs, logits, temperature=self.temperature,
-                                   generator=self.generator)                   # [R, k + 1]
+                                   generator=self.generator, **self._forced(batch))   # [R, k + 1]
         acceptance = self.scv.accept(batch.window, sampled, max_spec_len=batch.spec.max_spec_len)
         if self.config.debug:
             check_against_sampler(batch.window, acceptance, sampled, self.config.scv_mode)
         accepted = acceptance.accepted_per_request()
         sampled_host = sampled.tolist()
         return Verdict(sampled, acceptance, accepted, [sampled_host[i][a] for i, a in enumerate(accepted)])
+
+    def _forced(self, batch: VerifyBatch) -> dict:
+        """The sampler's forced-acceptance arguments for this window ({} when off): each draft's u
+        hashed from its request's key (its prompt's hash) and its position (drafts are each
+        request's last rows)."""
+        if self.acceptance is None or not batch.spec.total_draft_tokens:
+            return {}
+        keys, pos = [], []
+        for r, c, q, n in zip(batch.requests, batch.context_lens, batch.query_lens, batch.num_drafts):
+            keys += [r.acceptance_key] * n
+            pos += range(c + q - n, c + q)
+        u = self.acceptance.uniforms(torch.tensor(keys), torch.tensor(pos)).to(self.device)
+        return dict(synthetic_rates=self.forced_rates, uniform_probs=u)
 
     def _head_pass(self, batch: VerifyBatch, verdict: Verdict, hidden, aux) -> torch.Tensor | None:
         """The head over the window's rows (its layer N, same slots, same policy window) ->

@@ -138,7 +138,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
             num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
             max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
             stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
-            truncate_prompts: bool = False, max_cache_memory: int | None = None) -> Generation:
+            truncate_prompts: bool = False, max_cache_memory: int | None = None,
+            acceptance=None) -> Generation:
     """`generate`'s set-up: every argument checked (before the shipped model is loaded and before
     the cache is allocated), the engine built, every prompt queued. Arguments as `generate`."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
@@ -187,7 +188,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
     engine = SpecEngine(target, head if k > 0 else None, config, k=k, num_blocks=num_blocks,
                         block_size=block_size, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed,
-                        eos_token_id=eos, cache_dtype=cache_dtype, max_cache_memory=max_cache_memory)
+                        eos_token_id=eos, cache_dtype=cache_dtype, max_cache_memory=max_cache_memory,
+                        acceptance=acceptance)
     engine.observers.extend(observers)
     reqs = [engine.add_request(p, max_new_tokens, name=f"prompts[{i}]") for i, p in enumerate(ids)]
     return Generation(engine, reqs, tokenizer, k)
@@ -198,7 +200,8 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
              num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
              max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
              stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
-             truncate_prompts: bool = False, max_cache_memory: int | None = None) -> GenerationResult:
+             truncate_prompts: bool = False, max_cache_memory: int | None = None,
+             acceptance=None) -> GenerationResult:
     """Generate for every prompt (a list: each a str with a tokenizer, or a list of token ids) with
     EAGLE drafts.
 
@@ -209,9 +212,12 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
     max_position_embeddings (`truncate_prompts` keeps each prompt's last tokens that fit instead
     of raising), token ids in its vocabulary, counts >= 1 (k >= 0), a finite temperature >= 0,
     and the cache's size within `max_cache_memory` bytes (if given) and the device's free memory.
+    `acceptance`: a `ForcedAcceptance` (benchmarks): drafts accepted by its profile, not by the
+    target (nwor_lab.speculative.synthetic); the tokens are then not the target's.
     """
     return prepare(prompts, max_new_tokens, k, config, target=target, head=head, tokenizer=tokenizer,
                    temperature=temperature, seed=seed, num_blocks=num_blocks, block_size=block_size,
                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, device=device,
                    dtype=dtype, stop_at_eos=stop_at_eos, cache_dtype=cache_dtype, observers=observers,
-                   truncate_prompts=truncate_prompts, max_cache_memory=max_cache_memory).run().result()
+                   truncate_prompts=truncate_prompts, max_cache_memory=max_cache_memory,
+                   acceptance=acceptance).run().result()

@@ -13,8 +13,11 @@ requests (1, 2, 4, 8, ...; missing requests are padding: slot -1, draft -1, neve
 
 Every request drafts k tokens to its last window (`Drafter.draft`), so decode steps keep one
 shape to the end. A request that finishes in the step (accepted + 1 >= tokens it had left) gets
-no chain rows: their slots are -1, decided on the device by the same rule the host applies. The
-chain's own graph (`GraphedDraft`) drafts after an eager step (the prefill's first drafts).
+no chain rows: their slots are -1, decided on the device by the same rule the host applies.
+Steps with prefills (alone, or mixed with steady decodes: a request joining mid-run) replay from
+a bucket of their own with the chain aboard (`graphed_mixed.MixedBucket`), so the first drafts
+after a prefill come from the prefill's graph; the chain's own graph (`GraphedDraft`) drafts
+after an eager step.
 
 Host work per step: the static inputs (token ids, positions, starts, cached lengths, tokens
 left, draft ids; block tables apart) are written into pinned mirrors and sent with one copy per
@@ -27,8 +30,8 @@ while the GPU runs (`GraphedVerify._can_prelaunch`).
 
 A bucket's first step runs the same code eagerly (it compiles the kernels and is the warm-up);
 its second step captures, then replays, so no step ever runs twice (a CoW log taken twice would
-restore the wrong bytes). Prefills, short draft lists, sampling at temperature > 0, observers
-and debug mode take the eager path. After a replay each policy makes the window's
+restore the wrong bytes). Short draft lists (cut by the token budget), sampling at temperature
+> 0, observers and debug mode take the eager path. After a replay each policy makes the window's
 `WindowRecord` on the host (`WritePolicy.replayed`) from a CPU window of the real requests: no
 device work and no sync for bookkeeping.
 """
@@ -38,6 +41,7 @@ import torch
 
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.graphed_chain import ChainBucket, GraphedDraft
+from nwor_lab.engine.graphed_mixed import MixedBucket, mixed_bucket_key, token_bucket
 from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import build_slot_mapping
@@ -56,7 +60,7 @@ class _Bucket(GraphedBucket):
         self.size, t = size, size * (k + 1)
         self.inputs = StaticInputs(dev, ids=((t,), torch.long), positions=((t,), torch.long),
                                    start=((size,), torch.long),
-                                   remaining=((size,), torch.long),
+                                   remaining=((size,), torch.long), req_key=((size,), torch.long),
                                    drafts=((size * k,), torch.int32), cache_lens=((size,), torch.int32))
         # the block tables travel alone: a pre-launched step sends them, and nothing else
         self.table_inputs = StaticInputs(dev, tables=((size, max_blocks(e)), torch.int32))
@@ -65,6 +69,7 @@ class _Bucket(GraphedBucket):
         self.tables = self.table_inputs.dev["tables"]
         self.start = i["start"]                                         # each request's num_computed
         self.remaining = i["remaining"]                                 # tokens it has left (padding 0)
+        self.req_key = i["req_key"]                                     # prompt hashes (forced acceptance)
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
         # slots are computed in the step (body) from positions and block tables, so that a
@@ -74,7 +79,8 @@ class _Bucket(GraphedBucket):
         qsl = [0] + cu
         kernel = KernelArgs(self.tables, self.cache_lens, torch.tensor(qsl, dtype=torch.int32, device=dev),
                             torch.arange(t, device=dev) if in_buffer else None,
-                            torch.tensor(qsl, dtype=torch.int32, device=dev) if in_buffer else None)
+                            torch.tensor(qsl, dtype=torch.int32, device=dev) if in_buffer else None,
+                            max_query_len=k + 1)
         self.md = AttentionMetadata(self.positions, self.window.slot_mapping, qsl, None, None, None, e.cache,
                                     e.policy, 0, kernel)
         self.starts = torch.arange(0, t, k + 1, device=dev)             # each request's t_last row
@@ -127,6 +133,7 @@ class _Bucket(GraphedBucket):
         h["cache_lens"][:] = lens + [0 if in_buffer else k + 1] * pad    # padding reads block 0, never kept
         h["start"][:] = start + [0] * pad
         h["remaining"][:] = left + [0] * pad
+        h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad
         self.inputs.upload()
         self.send_tables(requests)
 
@@ -150,7 +157,7 @@ class _Bucket(GraphedBucket):
         aux_layers = e.head.aux_layers if e.drafting else ()
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)
         logits = e.target.compute_logits(hidden[spec.logits_indices.long()]).float()
-        sampled = rejection_sample(spec, None, logits, temperature=0.0)
+        sampled = rejection_sample(spec, None, logits, temperature=0.0, **self._forced(e))
         if e.k:
             acceptance = Acceptance(*scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req,
                                               w.token_draft_pos))
@@ -177,6 +184,16 @@ class _Bucket(GraphedBucket):
         if self.feeds_itself:
             self._next_inputs(e, real, sampled, accepted, packed[-1] if self.chain is not None else None)
         return torch.cat(packed, 1), features
+
+    def _forced(self, engine) -> dict:
+        """Forced acceptance on the device: each draft's u from its request's key and position (rows
+        1..k of each request's t_last + k), as the eager step hashes them."""
+        if engine.acceptance is None:
+            return {}
+        k = engine.k
+        keys = self.req_key[:, None].expand(self.size, k).reshape(-1)
+        pos = self.positions.view(self.size, k + 1)[:, 1:].reshape(-1)
+        return dict(synthetic_rates=engine.forced_rates, uniform_probs=engine.acceptance.uniforms(keys, pos))
 
     def _next_inputs(self, engine, real, sampled, accepted, drafts) -> None:
         """The next step's static inputs from this one's outputs, on the device: what `fill` would
@@ -217,20 +234,28 @@ class GraphedVerify:
         # reserve the largest window any step (graphed bucket or eager prefill) can bring.
         self.reserved = max(max_num_batched_tokens, self.max_size * (engine.k + 1))
         engine.policy.reserve(self.reserved)
-        self.prefill_buckets: dict = {}   # (requests, tokens) -> PrefillBucket (engine/graphed_prefill.py)
-        self.prefill_steps = 0
+        # steps with prefills (alone or mixed with decodes): (requests, tokens, chain) -> MixedBucket
+        self.mixed_buckets: dict = {}
+        self.mixed = True         # False: steps mixing prefills and decodes stay eager (bench comparison)
+        self.prefill_steps = 0    # steps of prefills alone replayed from a MixedBucket
+        self.mixed_steps = 0      # steps of prefills and decodes together replayed from a MixedBucket
         self.draft = GraphedDraft(engine, self.max_size) if engine.drafting else None
+        self._chain = None        # (ChainBucket, what it drafted) of the last step that carried the chain
 
     def eligible(self, requests) -> bool:
-        """A steady decode step, or a step of prefills alone (engine/graphed_prefill.py)."""
+        """A steady decode step, or a step of prefills, alone or with steady decodes
+        (engine/graphed_mixed.py; with `mixed` False, prefills alone only)."""
         e = self.engine
         if e.temperature != 0 or e.observers or e.config.debug or len(requests) > self.max_size:
             return False
-        if all(r.is_prefill for r in requests):
-            from nwor_lab.engine.graphed_prefill import token_bucket
-            return token_bucket(sum(len(r.prompt) for r in requests)) <= self.reserved
         k = e.k if e.drafting else 0
-        return all(not r.is_prefill and len(r.drafts) == k for r in requests)
+        steady = [not r.is_prefill and len(r.drafts) == k for r in requests]
+        if all(steady):
+            return True
+        prefill = [r.is_prefill for r in requests]
+        if not all(s or p for s, p in zip(steady, prefill)) or (any(steady) and not self.mixed):
+            return False
+        return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
 
     def chain_aboard(self) -> bool:
         """Whether the draft chain rides in the step's graph (a drafting engine with k >= 2)."""
@@ -260,8 +285,8 @@ class GraphedVerify:
 
     def _step(self, requests):
         e = self.engine
-        if self.pending is None and all(r.is_prefill for r in requests):
-            return self._prefill_step(requests)
+        if self.pending is None and any(r.is_prefill for r in requests):
+            return self._mixed_step(requests)
         chain = self.chain_aboard()
         key = (bucket_size(len(requests)), chain)
         if key not in self.buckets:
@@ -296,26 +321,37 @@ class GraphedVerify:
         if chain:
             drafted = [row[k + 2:] for row in rows]
             # the device's rule: a request with a + 1 >= remaining finishes now and gets no chain rows
-            self.chain_ran = [(r, drafted[j], b.chain.row_slots(e, r, r.num_computed + a + 1))
-                              for j, (r, a) in enumerate(zip(requests, acc)) if a + 1 < r.remaining]
+            self._chain = (b.chain, [(r, drafted[j], b.chain.row_slots(e, r, r.num_computed + a + 1))
+                                     for j, (r, a) in enumerate(zip(requests, acc)) if a + 1 < r.remaining])
             self.chained_steps += 1
         self.steps += 1
         features = b.features
         return batch, verdict, (features[:n] if features is not None else None), record, drafted
 
-    def _prefill_step(self, requests):
-        from nwor_lab.engine.graphed_prefill import PrefillBucket, prefill_bucket_key
+    def _mixed_step(self, requests):
+        """Prefills, alone or with steady decodes, from their (requests, tokens) bucket; the first
+        drafts after a prefill ride in the same graph (engine/graphed_mixed.py)."""
         e, n = self.engine, len(requests)
-        key = prefill_bucket_key(requests)
-        if key not in self.prefill_buckets:
-            self.prefill_buckets[key] = PrefillBucket(e, *key)
-        b = self.prefill_buckets[key]
+        key = mixed_bucket_key(requests, self.chain_aboard())
+        if key not in self.mixed_buckets:
+            self.mixed_buckets[key] = MixedBucket(e, *key)
+        b = self.mixed_buckets[key]
         b.fill(e, requests)
         packed = self._launch(b)
         rows = b.readback.rows(b.readback.start(packed), n)            # the step's one sync
-        batch, verdict, record = b.finish(e, requests, rows)
-        self.prefill_steps += 1
-        return batch, verdict, (b.features[:n] if b.features is not None else None), record, None
+        batch, verdict, record, ran = b.finish(e, requests, rows)
+        if all(r.is_prefill for r in requests):
+            self.prefill_steps += 1
+        else:
+            self.mixed_steps += 1
+        self.steps += 1
+        drafted = None
+        if ran is not None:
+            self._chain = (b.chain, ran)
+            drafted = [d for _, d, _ in ran]
+            self.chained_steps += 1
+        features = b.features
+        return batch, verdict, (features[:n] if features is not None else None), record, drafted
 
     def _launch(self, b) -> torch.Tensor:
         """Run (replay, or warm up / capture) bucket b's step -> its packed outputs (device)."""
@@ -357,9 +393,10 @@ class GraphedVerify:
         self.pending = (b, list(requests), b.readback.start(packed))
         self.prelaunched += 1
 
-    def chain_done(self, requests, step_index: int) -> tuple[WindowTrace, Window] | None:
-        """After `step` carried the chain and the engine advanced `requests` (every one of the
-        step's): hand out the drafts, record the chain window -> (trace, window), or None when
-        every request finished in the step (no chain row was written)."""
-        b = self.buckets[(bucket_size(len(requests)), True)]
-        return self.draft.finish(b.chain, self.chain_ran, step_index)
+    def chain_done(self, step_index: int) -> tuple[WindowTrace, Window] | None:
+        """After `step` carried the chain and the engine advanced the step's requests: hand out the
+        drafts, record the chain window -> (trace, window), or None when every request finished
+        in the step (no chain row was written)."""
+        chain, ran = self._chain
+        self._chain = None
+        return self.draft.finish(chain, ran, step_index)

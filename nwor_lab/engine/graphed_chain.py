@@ -58,7 +58,8 @@ class ChainBucket(GraphedBucket):
                 win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
             md = AttentionMetadata(self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None,
                                    e.cache, pol, (s - 1) * size,
-                                   KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start))
+                                   KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start,
+                                              max_query_len=1))
             self.steps.append(md)
 
     @staticmethod

@@ -1,6 +1,6 @@
 """What every graphed step shares: static inputs filled from pinned host mirrors, the packed
 readback, and the capture protocol of a bucket (nwor_lab.engine.graphed, .graphed_chain,
-.graphed_prefill)."""
+.graphed_mixed)."""
 from __future__ import annotations
 
 import numpy as np

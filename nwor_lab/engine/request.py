@@ -78,6 +78,7 @@ class Request:
     draft_probs: torch.Tensor | None = None              # [len(drafts), V] when sampling, else None
     finished: bool = False
     worst_case_blocks: int = 0                            # reserved at admission (no preemption)
+    acceptance_key: int = 0                               # forced acceptance: a hash of the prompt
 
     @property
     def tokens(self) -> list[int]:

@@ -1,42 +1,156 @@
-"""Five exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample.
+"""Exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample — one or
+more in every teaching chapter.
 
-  (a) slot_mapping       where each window token's K/V goes          check_slot_mapping
-  (b) acceptance_mask    which drafts survived (prefix rule, bounds)  check_acceptance_mask
-  (c) stage_commit_rows  which staged rows the commit writes, where   check_stage_commit_rows
-  (d) cow_restore        put back the rejected drafts' old bits       check_cow_restore
-  (e) ring_evictions     what a write-all window loses on a ring      check_ring_evictions
-                         (chapter 07_sliding_window)
+  (a) slot_mapping           where each window token's K/V goes           12_exercises
+  (b) acceptance_mask        which drafts survived, counted as SCV does   04_scv
+  (c) stage_commit_rows      which staged rows the commit writes, where   12_exercises
+  (d) cow_restore            put back the rejected drafts' old bits       12_exercises
+  (e) ring_evictions         what a write-all window loses on a ring      07_sliding_window
+  (f) storage_offsets        where each KV head lives in memory, NHD/HND  02_paged_cache
+  (g) spec_decode_indices    SpecDecodeMetadata's three index vectors     03_verify_window
+  (h) greedy_sampled_ids     what the greedy rejection sampler returns    03_verify_window
+  (i) window_attention_mask  which staged rows each query reads           05_stage
+  (j) cow_restore_plan       what cow restores (masked in data), bytes    06_cow
+  (k) acceptance_stats       mean acceptance length, rate by position     08_eagle
 
-Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. A checker runs
-your function on 300 cases (edge cases first), prints `PASS (300 cases)` or the first
-counterexample, and returns a `CheckResult` whose `figure` draws it.
+Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
+chapter shows, in order:
 
-    from nwor_lab import exercises
-    fn = exercises.choose("slot_mapping", my_slot_mapping, use_solutions)
-    exercises.check_slot_mapping(fn)
+    exercises.predict("slot_mapping", prediction)   # "predict, then run": answered by the reference
+    print(exercises.spec("slot_mapping"))
+    def slot_mapping(...): raise NotImplementedError  # the learner's stub
+    exercises.check("slot_mapping", slot_mapping, use_solutions)
+    exercises.hints("slot_mapping")                 # hint 1, hint 2, the reference: one click each
+
+A checker runs the function on 300 cases (edge cases first), prints `PASS name (300 cases)`, the
+first counterexample (`FAIL name: ...`, with a picture), or `not attempted yet: name ...` while the
+stub still raises NotImplementedError, and returns a `CheckResult` (`.status`, `.figure`).
 """
+from __future__ import annotations
+
+import html
+import importlib
+import inspect
+
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.check import CheckResult
+from nwor_lab.exercises.check import FAIL, NOT_ATTEMPTED, PASS, CheckResult, run_check
 from nwor_lab.exercises.slot_mapping import check_slot_mapping
 from nwor_lab.exercises.acceptance_mask import check_acceptance_mask
 from nwor_lab.exercises.stage_commit_rows import check_stage_commit_rows
 from nwor_lab.exercises.cow_restore import check_cow_restore
 from nwor_lab.exercises.ring_evictions import check_ring_evictions
+from nwor_lab.exercises.storage_offsets import check_storage_offsets
+from nwor_lab.exercises.spec_decode_indices import check_spec_decode_indices
+from nwor_lab.exercises.greedy_sampled_ids import check_greedy_sampled_ids
+from nwor_lab.exercises.window_attention_mask import check_window_attention_mask
+from nwor_lab.exercises.cow_restore_plan import check_cow_restore_plan
+from nwor_lab.exercises.acceptance_stats import check_acceptance_stats
 
-NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions")
+NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
+         "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
+         "cow_restore_plan", "acceptance_stats")
+
+
+def exercise(name: str):
+    """The `Exercise` behind `name` (reference, cases, letter, chapter, hints, prediction)."""
+    if name not in NAMES:
+        raise ValueError(f"name={name!r}: choose one of {', '.join(NAMES)}")
+    return importlib.import_module(f"nwor_lab.exercises.{name}").EXERCISE
+
+
+def by_chapter() -> dict[str, list]:
+    """Chapter stem -> its exercises, in letter order."""
+    out: dict[str, list] = {}
+    for ex in sorted((exercise(n) for n in NAMES), key=lambda e: e.letter):
+        out.setdefault(ex.chapter, []).append(ex)
+    return out
 
 
 def choose(name: str, user_fn, use_solutions: bool = False):
-    """`solutions.<name>` when `use_solutions` (CI runs the chapter that way), else `user_fn`."""
-    if name not in NAMES:
-        raise ValueError(f"name={name!r}: choose one of {', '.join(NAMES)}")
+    """`solutions.<name>` when `use_solutions` (CI and instructors run the chapters that way), else `user_fn`."""
+    exercise(name)
     return getattr(solutions, name) if use_solutions else user_fn
 
 
 def spec(name: str) -> str:
     """The spec of exercise `name` (the reference's docstring)."""
-    return choose(name, None, use_solutions=True).__doc__
+    return exercise(name).reference.__doc__
 
 
-__all__ = ["solutions", "CheckResult", "choose", "spec", "NAMES", "check_slot_mapping",
-           "check_acceptance_mask", "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions"]
+def check(name: str, user_fn, use_solutions: bool = False, *, n_cases: int = 300, seed: int = 0,
+          show: bool | None = None) -> CheckResult:
+    """Run exercise `name`'s checker on `user_fn` (or on the reference when `use_solutions`)."""
+    return run_check(exercise(name), choose(name, user_fn, use_solutions), n_cases, seed, show=show)
+
+
+class Hints:
+    """The progressive hints of one exercise: hint 1, hint 2, then the reference itself. In a
+    notebook each is a closed <details> you open when stuck; as text, how to ask for one."""
+
+    def __init__(self, name: str):
+        self.name = name
+        ex = exercise(name)
+        self.items = list(ex.hints) + [inspect.getsource(ex.reference)]
+
+    def __getitem__(self, i: int) -> str:
+        return self.items[i]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _repr_html_(self) -> str:
+        titles = [f"Hint {i + 1}" for i in range(len(self.items) - 1)] + ["The reference (a spoiler: try the hints first)"]
+        blocks = []
+        for i, (t, body) in enumerate(zip(titles, self.items)):
+            inner = (f"<pre>{html.escape(body)}</pre>" if i == len(self.items) - 1
+                     else f"<p>{html.escape(body)}</p>")
+            blocks.append(f'<details class="nwor-hint"><summary>{t} · {html.escape(self.name)}</summary>{inner}</details>')
+        return "\n".join(blocks)
+
+    def __repr__(self) -> str:
+        return (f"{len(self.items) - 1} hints for {self.name}, then the reference: "
+                f"exercises.hint({self.name!r}, 1), ..., exercises.hint({self.name!r}, {len(self.items)})")
+
+
+def hints(name: str) -> Hints:
+    """Hint 1, hint 2 and the reference of exercise `name`, each closed until you open it."""
+    return Hints(name)
+
+
+def hint(name: str, n: int) -> None:
+    """Print hint `n` (1, 2, ...; the last is the reference's source)."""
+    items = Hints(name)
+    if not 1 <= n <= len(items):
+        raise ValueError(f"n={n}: {name} has hints 1..{len(items)} (the last is the reference)")
+    print(items[n - 1])
+
+
+class PredictionResult:
+    def __init__(self, name, question, guess, answer, explain):
+        self.name, self.question, self.guess, self.answer, self.explain = name, question, guess, answer, explain
+
+    @property
+    def right(self) -> bool | None:
+        return None if self.guess is None else self.guess == self.answer
+
+    def __repr__(self) -> str:
+        head = f"Predict, then run · {self.name}: {self.question}"
+        if self.guess is None:
+            return f"{head}\n  your prediction: (none yet — set `prediction = ...` in this cell and run it again)"
+        verdict = "right" if self.right else "not quite"
+        return f"{head}\n  your prediction: {self.guess!r} — {verdict}. The reference says {self.explain}"
+
+
+def predict(name: str, guess=None) -> PredictionResult:
+    """The "predict, then run" question of exercise `name`; with a guess, the reference's answer and why
+    (shown when it ends a cell, or with print)."""
+    p = exercise(name).predict
+    answer = p.answer(exercise(name).reference(**p.inputs()))
+    return PredictionResult(name, p.question, guess, answer, p.explain(answer))
+
+
+__all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES", "exercise", "by_chapter", "choose",
+           "spec", "check", "hints", "hint", "predict", "Hints", "check_slot_mapping", "check_acceptance_mask",
+           "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions", "check_storage_offsets",
+           "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
+           "check_cow_restore_plan", "check_acceptance_stats"]

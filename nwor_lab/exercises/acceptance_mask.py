@@ -1,26 +1,34 @@
-"""Exercise (b): the acceptance mask — which drafts survived the rejection sampler.
+"""Exercise (b): the acceptance mask — which drafts survived the rejection sampler, counted as SCV
+counts them (chapter 04).
 
 Write `acceptance_mask(draft_token_ids, cu_num_draft_tokens, sampled_token_ids)
 -> (draft_mask, accepted_len)`; the spec is the docstring of
 `nwor_lab.exercises.solutions.acceptance_mask`. Check it with `check_acceptance_mask(your_fn)`.
 
-Cases: no requests, requests without drafts, all / none accepted, drafts beyond the sampled
-columns, padding drafts (-1) facing -1 placeholders, and sampled rows that hold garbage after the
-first mismatch (a later "match" there must not revive a draft: the prefix rule).
+Cases are what a rejection sampler returns (accepted drafts, one token of its own, -1): no
+requests, requests without drafts, all / none accepted, fewer sampled columns than drafts + 1
+(at most C - 1 accepted), padding drafts, a zero-probability draft recovered as itself (the id
+comparison would accept it), a row that reads past a padding draft, and a malformed row with more
+ids than drafts + 1 (clamped to n_r).
 """
 from __future__ import annotations
 
 import torch
 
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing, host_window
-from nwor_lab.exercises.check import Case, Exercise, first_difference, run_check
-from nwor_lab.viz.window import window_timelines
+from nwor_lab.exercises.cases import Dice, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.pictures import labelled_grids
+from nwor_lab.viz.theme import TOKEN_COLOURS
+
+_PLACEHOLDER = "#f4f4f4"
+CATEGORIES = [("accepted draft", TOKEN_COLOURS["kept"]), ("rejected draft", TOKEN_COLOURS["rejected"]),
+              ("sampled id (emitted)", "#d9e6f5"), ("-1 placeholder / no column", _PLACEHOLDER)]
 
 
 def _case(drafts_per_req, sampled_rows, num_cols=None, note="random") -> Case:
     """drafts_per_req: per request its draft ids; sampled_rows: per request its sampled ids
-    (padded with -1 to `num_cols` columns, default max drafts + 1)."""
+    (padded with -1 to `num_cols` columns, default max drafts + 1; longer rows are cut)."""
     counts = [len(d) for d in drafts_per_req]
     c = max(counts + [0]) + 1 if num_cols is None else num_cols
     sampled = torch.full((len(counts), c), -1, dtype=torch.int64)
@@ -33,37 +41,45 @@ def _case(drafts_per_req, sampled_rows, num_cols=None, note="random") -> Case:
                      sampled_token_ids=sampled), note, dict(counts=counts))
 
 
+def sampler_row(drafts: list[int], accepted: int, emitted: int) -> list[int]:
+    """The row a rejection sampler writes: the accepted drafts, then its own token."""
+    return drafts[:accepted] + [emitted]
+
+
 def cases(seed: int, n: int):
     fixed = [
         _case([], [], note="edge: no requests"),
         _case([[5, 6, 7]], [[5, 6, 7, 9]], note="edge: one request, all drafts accepted (+ bonus)"),
         _case([[5, 6, 7]], [[4]], note="edge: one request, none accepted"),
         _case([[5, 6], [], [7]], [[5, 3], [8], [7, 2]], note="edge: a request without drafts"),
-        _case([[5, 6, 7]], [[5, 6]], num_cols=2, note="edge: drafts beyond the sampled columns"),
-        _case([[5, -1, -1]], [[5, -1]], note="edge: padding drafts (-1) facing -1 placeholders"),
-        _case([[-1]], [[-1]], note="edge: a padding draft at d1 facing a -1 placeholder"),
-        _case([[5, 6, 7]], [[5, 1, 7, 2]], note="edge: a match after the first mismatch (prefix rule)"),
+        _case([[5, 6, 7]], [[5, 6, 7, 9]], num_cols=2,
+              note="edge: 2 sampled columns for 3 drafts: at most C - 1 = 1 accepted"),
+        _case([[5, -1, -1]], [[5, 8]], note="edge: padding drafts (-1), rejected by the sampler"),
+        _case([[7, 8]], [[7, 8]], note="edge: a zero-probability draft, rejected and recovered as itself"),
+        _case([[5, -1, 6]], [[5, -1, 6, 2]], note="edge: a row that reads past a padding draft: the padding cuts"),
         _case([[5, 6]], [], num_cols=0, note="edge: no sampled columns at all"),
+        _case([[5], [1, 2]], [[5, 3, 4]], note="edge: a malformed row, more ids than drafts + 1: clamp to n_r"),
     ]
     for c in fixed[:n]:
         yield c
     d = Dice(seed)
     for i in range(max(0, n - len(fixed))):
         size = growing(i, n - len(fixed))
-        vocab = d.int(2, 6)                      # few ids: matches, and accidental matches, happen
+        vocab = d.int(2, 6)                      # few ids: accidental matches happen
         drafts, rows = [], []
         for _ in range(d.int(1, size + 1)):
             k = d.int(0, 4)
             ids = [-1 if d.chance(0.1) else d.int(0, vocab - 1) for _ in range(k)]
-            a = d.int(0, k)
-            row = ids[:a]
-            if d.chance(0.5):                    # as the sampler writes it: a recovered id, then -1
-                nxt = d.int(0, vocab - 1)
-                row.append(nxt)
-            else:                                # garbage after the prefix: never trust it
-                row += [d.int(-1, vocab - 1) for _ in range(k - a + 1)]
+            limit = ids.index(-1) if -1 in ids else k        # the sampler never accepts a padding draft
+            a = d.int(0, limit)
+            if a < k and d.chance(0.15):                     # zero-probability draft: recovered as itself
+                own = ids[a] if ids[a] != -1 else 0
+            else:
+                own = d.int(0, vocab - 1)
+                if a < k and own == ids[a]:
+                    own = (own + 1) % vocab
             drafts.append(ids)
-            rows.append(row)
+            rows.append(sampler_row(ids, a, own))
         cols = None if d.chance(0.8) else d.int(0, max(len(x) for x in drafts))
         yield _case(drafts, rows, cols)
 
@@ -75,26 +91,78 @@ def compare(expected, got, case) -> str | None:
             or first_difference(expected[1], got[1], "accepted_len", "request"))
 
 
-def draw(case, expected, got):
+def _panel(case, mask, acc, title, wrong_drafts=(), wrong_reqs=()):
+    """Two rows per request: its draft ids (coloured by this answer's fate) and its sampled ids."""
     counts = case.context["counts"]
-    window = host_window([k + 1 for k in counts], counts, torch.arange(sum(counts) + len(counts)))
-    panels = [dict(window=window, acceptance=expected[0], accepted_len=expected[1], title="expected")]
-    try:
-        mask, acc = torch.as_tensor(got[0]).bool(), torch.as_tensor(got[1])
-        if mask.shape == expected[0].shape and acc.shape == expected[1].shape:
-            panels.append(dict(window=window, acceptance=mask, accepted_len=acc, title="your acceptance_mask"))
-    except Exception:  # noqa: BLE001 - an unreadable output is reported in the text, drawn as missing
-        pass
     ids = case.inputs["draft_token_ids"].tolist()
     sampled = case.inputs["sampled_token_ids"].tolist()
-    return window_timelines(panels, title="acceptance_mask: which drafts are kept",
-                            subtitle=f"{case.note}; draft ids {ids}, sampled ids {sampled}")
+    cols = max(counts + [case.inputs["sampled_token_ids"].shape[1], 1])
+    z, text, rows, high = [], [], [], []
+    start = 0
+    for r, k in enumerate(counts):
+        a = "?" if acc is None else acc[r]
+        fates = [None if mask is None else (0 if mask[start + j] else 1) for j in range(k)]
+        z.append([(f if f is not None else 3) for f in fates] + [None] * (cols - k))
+        text.append([f"d{j + 1}={ids[start + j]}" for j in range(k)] + [""] * (cols - k))
+        row = sampled[r] if r < len(sampled) else []
+        z.append([2 if j < len(row) and row[j] != -1 else 3 for j in range(len(row))] + [None] * (cols - len(row)))
+        text.append([str(t) for t in row] + [""] * (cols - len(row)))
+        rows += [f"req {r} drafts · a={a}", f"req {r} sampled"]
+        high += [(2 * r, j) for j in range(k) if start + j in wrong_drafts]
+        if r in wrong_reqs:
+            high += [(2 * r, j) for j in range(k)] if k else []
+        start += k
+    if not counts:
+        z, text, rows = [[None]], [["(no requests)"]], ["-"]
+    return dict(z=z, text=text, rows=rows, cols=[f"column {j}" for j in range(cols)], title=title,
+                highlight=sorted(set(high)))
 
 
-EXERCISE = Exercise("acceptance_mask", solutions.acceptance_mask, cases, compare, draw)
+def draw(case, expected, got):
+    mask, acc = expected[0].tolist(), expected[1].tolist()
+    panels = [_panel(case, mask, acc, "expected")]
+    try:
+        gm, ga = torch.as_tensor(got[0]).bool(), torch.as_tensor(got[1])
+        if gm.shape == expected[0].shape and ga.shape == expected[1].shape:
+            wrong_d = set((gm != expected[0]).nonzero().flatten().tolist())
+            wrong_r = set((ga.long() != expected[1].long()).nonzero().flatten().tolist())
+            panels.append(_panel(case, gm.tolist(), ga.tolist(), "your acceptance_mask", wrong_d, wrong_r))
+    except Exception:  # noqa: BLE001 - an unreadable output is reported in the text, drawn as missing
+        pass
+    c = case.inputs["sampled_token_ids"].shape[1]
+    return labelled_grids(panels, categories=CATEGORIES, stacked=True, x_title="column of sampled_token_ids",
+                          title="acceptance_mask: which drafts are kept",
+                          subtitle=f"{case.note}; per request: its drafts d_j = id (coloured by fate) above the "
+                                   f"sampler's row ({c} columns); a = accepted_len. Count emitted ids − 1; "
+                                   f"an id that merely equals its draft proves nothing",
+                          cell_px=52)
+
+
+def _predict_inputs():
+    return _case([[7, 8]], [[7, 8]], note="predict").inputs
+
+
+PREDICT = Prediction(
+    question="drafts [7, 8] and the sampler's row [7, 8, -1] (vLLM rejected d2 because its draft "
+             "probability was 0, and recovered the same id 8). How many drafts does SCV accept?",
+    inputs=_predict_inputs,
+    answer=lambda out: int(out[1][0]),
+    explain=lambda a: (f"{a}: the row emits 2 ids, and every row emits exactly one token of its own after its "
+                       f"accepted drafts, so 2 − 1 = {a}. Comparing ids would say 2 and commit a rejected draft's K/V."))
+
+HINTS = (
+    "Per request, count the ids that are not -1 in its row of sampled_token_ids: that is accepted "
+    "drafts + 1. Then clamp to 0 .. n_r, with n_r = cu_num_draft_tokens[r] - cu_num_draft_tokens[r - 1].",
+    "A padding draft (-1) ends the prefix: cut accepted_len at the first -1 among the request's drafts. "
+    "The mask is then `position_in_request < accepted_len[request]`, and accepted_len must be int32 "
+    "(torch.int32), the mask bool.",
+)
+
+EXERCISE = Exercise("acceptance_mask", solutions.acceptance_mask, cases, compare, draw, letter="(b)",
+                    title="the SCV acceptance mask", chapter="04_scv", hints=HINTS, predict=PREDICT)
 
 
 def check_acceptance_mask(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
     """Check `user_fn(draft_token_ids, cu_num_draft_tokens, sampled_token_ids) -> (draft_mask,
-    accepted_len)` against the reference; prints PASS or the first counterexample."""
+    accepted_len)` against the reference; prints PASS, the first counterexample, or "not attempted yet"."""
     return run_check(EXERCISE, user_fn, n_cases, seed, show=show)

@@ -3,7 +3,17 @@ cases (edge cases first, then random ones that grow), stop at the first disagree
 it in a few readable lines with a picture.
 
 An `Exercise` bundles what differs per exercise: the reference, the case generator, how to
-compare two outputs, and how to draw a counterexample.
+compare two outputs, how to draw a counterexample, and what the learner sees around it (its
+chapter, a "predict, then run" question, two hints).
+
+A result is one of three states:
+- `pass`: every case agreed;
+- `fail`: the first counterexample, in words (inputs, expected, got, what differs) and a picture;
+- `not attempted`: the function raised `NotImplementedError` on the first case (the untouched
+  stub): no FAIL, no empty picture, just what to do next.
+
+Outputs are compared strictly: a tensor of the dtype and shape the spec names, or the report says
+which (an int32 answer where the spec says int64 fails, even when the numbers agree).
 """
 from __future__ import annotations
 
@@ -12,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+
+PASS, FAIL, NOT_ATTEMPTED = "pass", "fail", "not attempted"
 
 
 @dataclass
@@ -29,6 +41,23 @@ class Case:
 
 
 @dataclass
+class Prediction:
+    """A "predict, then run" question: asked before the learner writes code, answered by running
+    the reference on `inputs` (so the answer cannot drift from the spec).
+
+    question: what to predict, with the numbers
+    inputs:   keyword arguments of the reference
+    answer:   reference output -> the value the learner predicts (an int, a list, ...)
+    explain:  (answer) -> one or two sentences on why
+    """
+
+    question: str
+    inputs: Callable[[], dict]
+    answer: Callable[[object], object]
+    explain: Callable[[object], str]
+
+
+@dataclass
 class Exercise:
     name: str
     reference: Callable
@@ -36,12 +65,18 @@ class Exercise:
     compare: Callable[[object, object, Case], str | None]   # (expected, got, case) -> what differs, or None
     draw: Callable[[Case, object, object], object]     # (case, expected, got) -> go.Figure
     show: Callable[[object], str] = None               # output -> short text
+    letter: str = ""                                   # "(a)" .. : how chapters and the kit name it
+    title: str = ""                                    # what the learner writes, in a few words
+    chapter: str = ""                                  # the chapter it lives in (file stem)
+    hints: tuple[str, ...] = ()                        # hint 1, hint 2 (the reference is the third)
+    predict: Prediction | None = None
 
 
 @dataclass
 class CheckResult:
     """What a checker found. `bool(result)` is True when every case passed.
 
+    status: "pass", "fail" or "not attempted" (the stub still raises NotImplementedError).
     On failure: `case` (inputs, note), `expected`, `got` (or `error`: what the function raised),
     `message` (the printed report) and `figure` (the counterexample's picture).
     """
@@ -56,6 +91,14 @@ class CheckResult:
     got: object = None
     error: str | None = None
     figure: object = None
+    status: str = ""
+
+    def __post_init__(self):
+        self.status = self.status or (PASS if self.passed else FAIL)
+
+    @property
+    def attempted(self) -> bool:
+        return self.status != NOT_ATTEMPTED
 
     def __bool__(self) -> bool:
         return self.passed
@@ -71,14 +114,22 @@ class CheckResult:
 
 def run_check(ex: Exercise, user_fn: Callable, n_cases: int = 300, seed: int = 0, *,
               show: bool | None = None, verbose: bool = True) -> CheckResult:
-    """Run `user_fn` against `ex.reference` on `n_cases` cases; print PASS or the first
-    counterexample; display its figure when `show` (default: only inside a Jupyter kernel)."""
+    """Run `user_fn` against `ex.reference` on `n_cases` cases; print PASS, the first
+    counterexample, or "not attempted yet" for an untouched stub; display the counterexample's
+    figure when `show` (default: only inside a Jupyter kernel)."""
     fmt = ex.show or _fmt
     result = None
     for i, case in enumerate(ex.cases(seed, n_cases)):
         expected = ex.reference(**_copy(case.inputs))
         try:
             got = user_fn(**_copy(case.inputs))
+        except NotImplementedError as err:
+            if i == 0:       # the stub as the chapter ships it: nothing to report against yet
+                result = not_attempted(ex, n_cases, str(err))
+            else:
+                result = _failure(ex, i, n_cases, case, expected, None, f"NotImplementedError: {err}",
+                                  f"raised NotImplementedError: {err} (a case your function does not handle yet)", fmt)
+            break
         except Exception as err:  # noqa: BLE001 - any failure of the user's code is a counterexample
             error = f"{type(err).__name__}: {err}"
             result = _failure(ex, i, n_cases, case, expected, None, error, f"raised {error}", fmt)
@@ -91,9 +142,17 @@ def run_check(ex: Exercise, user_fn: Callable, n_cases: int = 300, seed: int = 0
         result = CheckResult(ex.name, True, n_cases, f"PASS {ex.name} ({n_cases} cases)")
     if verbose:
         print(result.message)
-    if not result.passed and (show if show is not None else _in_kernel()):
+    if result.status == FAIL and (show if show is not None else _in_kernel()):
         result.show()
     return result
+
+
+def not_attempted(ex: Exercise, n_cases: int, why: str = "") -> CheckResult:
+    where = f"exercise {ex.letter} " if ex.letter else ""
+    message = (f"not attempted yet: {ex.name} — the stub still raises NotImplementedError. Write "
+               f"{where}`{ex.name}`, then run this cell again "
+               f"(hints: exercises.hints({ex.name!r}); nothing is compared until then)")
+    return CheckResult(ex.name, False, n_cases, message, status=NOT_ATTEMPTED)
 
 
 def _failure(ex, i, n, case, expected, got, error, diff, fmt) -> CheckResult:
@@ -106,6 +165,8 @@ def _failure(ex, i, n, case, expected, got, error, diff, fmt) -> CheckResult:
     lines.append(f"  {diff}")
     try:
         figure = ex.draw(case, expected, got)
+        # as wide as the cell that shows it: a fixed width is cut off, or crowds legend and titles
+        figure.update_layout(width=None, autosize=True)
     except Exception as err:  # noqa: BLE001 - a broken output must not hide the report
         figure = None
         lines.append(f"  (no picture: {type(err).__name__}: {err})")
@@ -117,38 +178,58 @@ def _copy(inputs: dict) -> dict:
     return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in inputs.items()}
 
 
+def dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _fmt(x, limit: int = 24) -> str:
-    """Short readable text of a tensor / tuple / number (long tensors are cut)."""
+    """Short readable text of a tensor / tuple / number (long tensors are cut; the dtype is named
+    unless it is the one a reader assumes: bool, int64, float32)."""
     if isinstance(x, tuple):
         return "(" + ", ".join(_fmt(v, limit) for v in x) + ")"
     if isinstance(x, torch.Tensor):
         if x.dim() > 2 or x.numel() > 4 * limit:
-            return f"tensor of shape {list(x.shape)}, {str(x.dtype).replace('torch.', '')}"
+            return f"tensor of shape {list(x.shape)}, {dtype_name(x.dtype)}"
         values = x.tolist()
         if x.dim() == 1 and len(values) > limit:
-            return f"{values[:limit]} ... ({len(values)} values)"
-        return str(values)
+            text = f"{values[:limit]} ... ({len(values)} values)"
+        else:
+            text = str(values)
+        return text if x.dtype in (torch.bool, torch.int64, torch.float32) else f"{text} {dtype_name(x.dtype)}"
     return repr(x)
 
 
 def as_tensor(x, dtype=None) -> torch.Tensor:
-    """The user's output as a tensor (lists are accepted too)."""
+    """The user's output as a tensor (lists are accepted too) — for pictures, never for comparing."""
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
     return t if dtype is None else t.to(dtype)
 
 
-def first_difference(expected: torch.Tensor, got, what: str, index_name: str = "index") -> str | None:
-    """None if `got` equals `expected` (shape and values), else one line saying where it differs."""
-    try:
-        got = as_tensor(got)
-    except Exception as err:  # noqa: BLE001
-        return f"{what}: could not read it as a tensor ({type(err).__name__}: {err})"
+def tensor_problem(expected: torch.Tensor, got, what: str) -> str | None:
+    """None if `got` is a tensor of `expected`'s dtype and shape, else one line saying what is off."""
+    want = f"{dtype_name(expected.dtype)} tensor of shape {list(expected.shape)}"
+    if not isinstance(got, torch.Tensor):
+        return f"{what}: expected a {want}, got a {type(got).__name__} (return a torch.Tensor)"
+    if got.dtype != expected.dtype:
+        return (f"{what}: dtype {dtype_name(got.dtype)}, the spec says {dtype_name(expected.dtype)} "
+                f"(expected a {want}, got shape {list(got.shape)})")
     if tuple(got.shape) != tuple(expected.shape):
-        return f"{what}: shape {list(got.shape)}, expected {list(expected.shape)}"
-    if expected.dtype == torch.bool:
-        got = got.bool()
-    diff = (got.to(expected.dtype) != expected).reshape(expected.shape[0], -1).any(1) \
-        if expected.numel() else torch.zeros(0, dtype=torch.bool)
+        return f"{what}: shape {list(got.shape)}, expected {list(expected.shape)} ({want})"
+    return None
+
+
+def first_difference(expected: torch.Tensor, got, what: str, index_name: str = "index") -> str | None:
+    """None if `got` equals `expected` (dtype, shape and values; NaN equals NaN), else one line
+    saying where it differs."""
+    problem = tensor_problem(expected, got, what)
+    if problem:
+        return problem
+    if not expected.numel():
+        return None
+    same = (got == expected)
+    if expected.is_floating_point():
+        same = same | (torch.isnan(got) & torch.isnan(expected))
+    diff = ~same.reshape(expected.shape[0], -1).all(1)
     if not bool(diff.any()):
         return None
     i = int(diff.nonzero()[0])

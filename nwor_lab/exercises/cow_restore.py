@@ -15,7 +15,7 @@ import torch
 
 from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, run_check
+from nwor_lab.exercises.check import Case, Exercise, Prediction, dtype_name, run_check
 from nwor_lab.ops.quant import raw
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState
@@ -99,21 +99,32 @@ def compare(expected, got, case) -> str | None:
         return f"expected a pair (key_cache, value_cache), got {type(got).__name__}"
     for name, e, g in (("key_cache", expected[0], got[0]), ("value_cache", expected[1], got[1])):
         if not isinstance(g, torch.Tensor) or g.shape != e.shape or g.dtype != e.dtype:
-            return (f"{name}: expected a {str(e.dtype).replace('torch.', '')} tensor of shape {list(e.shape)}, "
-                    f"got {getattr(g, 'dtype', type(g).__name__)} {list(getattr(g, 'shape', []))}")
+            return (f"{name}: expected a {dtype_name(e.dtype)} tensor of shape {list(e.shape)}, "
+                    f"got {dtype_name(getattr(g, 'dtype', type(g).__name__))} {list(getattr(g, 'shape', []))}")
         bad = _slot_diff(e, g)
         if bool(bad.any()):
             s = int(bad.nonzero()[0])
             b, o = divmod(s, e.shape[1])
+            alike = _values(e[b, o]) == _values(g[b, o])
             return (f"{name}: slot {s} (block {b}, offset {o}) differs bit for bit from expected "
-                    f"({_what(case, s)})\n    expected {_values(e[b, o])}\n    got      {_values(g[b, o])}")
+                    f"({_what(case, s)})\n    expected {_values(e[b, o])}  bits {_bits(e[b, o])}"
+                    f"\n    got      {_values(g[b, o])}  bits {_bits(g[b, o])}"
+                    + ("\n    (the values print alike — a NaN prints as nan whatever its payload, -0.0 "
+                       "equals 0.0 — only the raw bits tell them apart: copy bits, compare bits)" if alike else ""))
     return None
 
 
-def _values(row: torch.Tensor, limit: int = 8) -> str:
+def _values(row: torch.Tensor, limit: int = 6) -> str:
     """The first values of one slot's `[H, D]` row, as numbers (NaN shows as nan)."""
     v = [float(x) for x in row.float().reshape(-1)[:limit]]
     return "[" + ", ".join(f"{x:.4g}" for x in v) + (", ...]" if row.numel() > limit else "]")
+
+
+def _bits(row: torch.Tensor, limit: int = 6) -> str:
+    """The first raw bit patterns of one slot's `[H, D]` row, in hex (what a bit-exact restore keeps)."""
+    size = row.element_size()
+    v = [int(x) & ((1 << (8 * size)) - 1) for x in raw(row).reshape(-1)[:limit]]
+    return "[" + " ".join(f"{x:0{2 * size}x}" for x in v) + (" ...]" if row.numel() > limit else "]")
 
 
 def _what(case, slot: int) -> str:
@@ -159,17 +170,56 @@ def draw(case, expected, got):
                 mine[s], note = SlotState.REJECTED, " · NOT restored: rejected K/V left"
             else:
                 mine[s], note = SlotState.REJECTED, " · bits differ from expected"
+            b, o = divmod(s, bs)
+            note += f"<br>key bits yours {_bits(got[0][b, o], 4)}, expected {_bits(expected[0][b, o], 4)}"
             why[s] = why.get(s, f"slot {s}: not a draft, must stay untouched") + note
     except Exception:  # noqa: BLE001 - unreadable output: the text report says why
         pass
+    bits = ""
+    if wrong:
+        s0 = wrong[0]
+        b0, o0 = divmod(s0, bs)
+        try:
+            gk = got[0][b0, o0] if _slot_diff(expected[0], got[0])[s0] else got[1][b0, o0]
+            ek = expected[0][b0, o0] if _slot_diff(expected[0], got[0])[s0] else expected[1][b0, o0]
+            bits = (f"; slot {s0}: expected bits {_bits(ek, 4)} = {_values(ek, 4)}, "
+                    f"yours {_bits(gk, 4)} = {_values(gk, 4)}")
+        except Exception:  # noqa: BLE001 - unreadable output: the text report says why
+            pass
     return cache_grids([dict(states=base, title="expected", annotations=labels, cell_text=marks, highlight=wrong),
                         dict(states=mine, title="your cow_restore", annotations=why, cell_text=marks,
                              highlight=wrong)],
                        title="cow_restore: the cache after restoring the rejected drafts",
-                       subtitle=f"{case.note}; d<i>✓ accepted, d<i>✗ rejected", block_size=bs)
+                       subtitle=f"{case.note}; d<i>✓ accepted, d<i>✗ rejected{bits}", block_size=bs)
 
 
-EXERCISE = Exercise("cow_restore", solutions.cow_restore, cases, compare, draw)
+def _predict_inputs():
+    nan = torch.tensor([float("nan"), -0.0], dtype=torch.float32)
+    key = torch.zeros(1, 2, 1, 2)
+    log = nan.view(1, 1, 2).clone()
+    return dict(key_cache=key, value_cache=key.clone(), log_key=log, log_value=log.clone(),
+                draft_slots=torch.tensor([1]), draft_mask=torch.tensor([False]))
+
+
+PREDICT = Prediction(
+    question="a rejected draft's slot held [nan, -0.0] (float32) before the window. After a perfect, "
+             "bit-exact restore, does the value comparison `(restored == logged).all()` say True?",
+    inputs=_predict_inputs,
+    answer=lambda out: bool((out[0][0, 1, 0] == torch.tensor([float("nan"), -0.0])).all()),
+    explain=lambda same: (f"{same}: NaN != NaN, so a value comparison fails a perfect restore — and -0.0 == 0.0 "
+                          f"would pass a wrong one. Compare (and copy) raw bits: nwor_lab.ops.quant.raw(t) is a "
+                          f"same-size integer view."))
+
+HINTS = (
+    "Slot s is block s // block_size, offset s % block_size; index the cache as cache[block, offset] "
+    "(a [H, D] row) — that is right for HND too, because the cache is a permuted view. Restore only "
+    "drafts that are rejected (draft_mask False) and real (slot != -1).",
+    "Copy bits, not values: `raw(cache)[b, o] = raw(log)[i]` with `from nwor_lab.ops.quant import raw` "
+    "(an integer view of the same memory), so NaN payloads, -0.0 and fp8 bytes come back exactly.",
+)
+
+EXERCISE = Exercise("cow_restore", solutions.cow_restore, cases, compare, draw, letter="(d)",
+                    title="the CoW restore, bit for bit", chapter="12_exercises", hints=HINTS, predict=PREDICT)
 
 
 def check_cow_restore(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):

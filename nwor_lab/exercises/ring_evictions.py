@@ -15,7 +15,7 @@ import torch
 
 from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, run_check
+from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.ring import ring_cells
 from nwor_lab.viz.states import SlotState
@@ -98,7 +98,27 @@ def _show(pairs) -> str:
     return str(pairs) if pairs is not None else "None"
 
 
-EXERCISE = Exercise("ring_evictions", solutions.ring_evictions, cases, compare, draw, _show)
+PREDICT = Prediction(
+    question="a ring of W = 8 slots (no slack), long after it wrapped; a write-all window writes "
+             "t_last and 4 drafts at positions 30..34. How many entries that its own queries still "
+             "need does it evict?",
+    inputs=lambda: dict(ring_slots=8, sliding_window=8, start=30, num_tokens=5),
+    answer=lambda out: len(out),
+    explain=lambda n: (f"{n}: writing position p evicts p − 8; the query at 30 needs 23 onward, so the "
+                       f"evictions of positions 23..26 (by the drafts at 31..34) all hurt, and t_last's "
+                       f"eviction of 22 does not."))
+
+HINTS = (
+    "Position p lives at ring index p % ring_slots, so writing p evicts p - ring_slots (if that is >= 0: "
+    "before the ring wrapped, the slot was empty).",
+    "The oldest key any query of the window needs is the first query's: start - sliding_window + 1. An "
+    "eviction hurts when the evicted position is at least that. Return (p % ring_slots, p - ring_slots) "
+    "pairs in position order.",
+)
+
+EXERCISE = Exercise("ring_evictions", solutions.ring_evictions, cases, compare, draw, _show, letter="(e)",
+                    title="what a write-all window evicts on a ring", chapter="07_sliding_window",
+                    hints=HINTS, predict=PREDICT)
 
 
 def check_ring_evictions(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):

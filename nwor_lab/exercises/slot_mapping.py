@@ -13,7 +13,7 @@ import torch
 
 from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, first_difference, run_check
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState
 
@@ -104,7 +104,25 @@ def draw(case, expected, got):
                                 f"blue = the requests' earlier tokens", block_size=bs)
 
 
-EXERCISE = Exercise("slot_mapping", solutions.slot_mapping, cases, compare, draw)
+PREDICT = Prediction(
+    question="block_size 4; request 1's block table is [6, 2] (its positions 0-3 live in block 6, "
+             "4-7 in block 2). Which slot holds its token at position 5?",
+    inputs=lambda: dict(block_tables=torch.tensor([[0, 1], [6, 2]], dtype=torch.int32),
+                        token_req=torch.tensor([1], dtype=torch.int32),
+                        positions=torch.tensor([5], dtype=torch.int64), block_size=4),
+    answer=lambda out: int(out[0]),
+    explain=lambda s: (f"{s}: position 5 is entry 5 // 4 = 1 of the table (block 2) at offset 5 % 4 = 1, "
+                       f"so slot 2 × 4 + 1 = {s}. The blocks of a request need not be in order."))
+
+HINTS = (
+    "Gather each token's block with advanced indexing: `block_tables[token_req, positions // block_size]` "
+    "(cast the indices to int64 first), then slot = block * block_size + positions % block_size.",
+    "Padding: positions == -1 would index entry -1 of the table. Compute with the positions clamped to >= 0, "
+    "then put -1 back with `torch.where(positions >= 0, slots, -1)`. The result is int64, shape [T].",
+)
+
+EXERCISE = Exercise("slot_mapping", solutions.slot_mapping, cases, compare, draw, letter="(a)",
+                    title="the slot mapping", chapter="12_exercises", hints=HINTS, predict=PREDICT)
 
 
 def check_slot_mapping(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):

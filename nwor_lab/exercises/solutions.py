@@ -1,4 +1,4 @@
-"""Reference solutions of the five exercises: plain loops, obviously right, slow on purpose.
+"""Reference solutions of the exercises: plain loops, obviously right, slow on purpose.
 
 A chapter with `use_solutions=True` checks these instead of the reader's functions (that is how
 CI runs the exercises chapter); every checker passes them.
@@ -31,32 +31,37 @@ def slot_mapping(block_tables: torch.Tensor, token_req: torch.Tensor, positions:
 
 def acceptance_mask(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
                     sampled_token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which drafts survived the rejection sampler (the prefix rule, with bounds checks).
+    """Which drafts survived the rejection sampler, counted the way SCV (and vLLM's runner) count.
 
-    draft_token_ids:     [Dtot] int64, request-major; -1 = a padding draft (always rejected)
+    draft_token_ids:     [Dtot] int64, request-major; -1 = a padding draft
     cu_num_draft_tokens: [R] int32, inclusive cumulative sum of drafts per request
-    sampled_token_ids:   [R, C] int64, the sampler's output per request, -1 placeholders
+    sampled_token_ids:   [R, C] int64, the sampler's output per request: its accepted drafts,
+                         then ONE token the target chose itself, then -1 placeholders
     returns (draft_mask [Dtot] bool, accepted_len [R] int32)
 
-    Draft d_j (1-based) of request r is accepted iff EVERY draft d_i with i <= j is
-      - in bounds: column i - 1 exists (i - 1 < C),
-      - not padding: its id is not -1,
-      - equal to sampled_token_ids[r, i - 1].
-    The first failure ends the accepted prefix: do not trust any column after it.
-    accepted_len[r] counts request r's accepted drafts.
+    accepted_len[r] = (number of ids != -1 in row r) - 1   (the row emits one token of its own)
+      - kept within 0 .. n_r (n_r = request r's number of drafts),
+      - cut at request r's first padding draft: a draft with id -1 is never accepted, nor any
+        draft after it.
+    A row of C columns therefore accepts at most C - 1 drafts: its last id is the emitted token.
+    draft_mask: draft d_j (1-based) of request r is accepted iff j <= accepted_len[r] (a prefix).
+
+    Count, do not compare ids: vLLM rejects a draft whose draft probability was 0, and the token
+    it emits instead can be that very id (drafts [7, 8], row [7, 8, -1]: ONE draft accepted).
     """
     drafts, ends = draft_token_ids.tolist(), cu_num_draft_tokens.tolist()
-    sampled, num_cols = sampled_token_ids.tolist(), sampled_token_ids.shape[1]
+    rows = sampled_token_ids.tolist()
     mask = torch.zeros(len(drafts), dtype=torch.bool)
     accepted = torch.zeros(len(ends), dtype=torch.int32)
     start = 0
     for r, end in enumerate(ends):
-        for j in range(end - start):                 # column j holds the sampler's verdict on d_{j+1}
-            d = drafts[start + j]
-            if j >= num_cols or d == -1 or sampled[r][j] != d:
-                break
-            mask[start + j] = True
-            accepted[r] += 1
+        mine = drafts[start:end]
+        emitted = sum(1 for t in rows[r] if t != -1)
+        a = min(max(emitted - 1, 0), len(mine))
+        if -1 in mine[:a]:                              # a padding draft ends the prefix
+            a = mine.index(-1)
+        accepted[r] = a
+        mask[start:start + a] = True
         start = end
     return mask, accepted
 
@@ -128,3 +133,166 @@ def ring_evictions(ring_slots: int, sliding_window: int, start: int, num_tokens:
         if old >= 0 and old >= needed_from:
             out.append((p % ring_slots, old))
     return out
+
+
+def storage_offsets(slots: torch.Tensor, layout: str, block_size: int, num_kv_heads: int,
+                    head_size: int) -> torch.Tensor:
+    """Where, in a layer's flat storage, each KV head of each slot starts (chapter 02's layouts).
+
+    A layer is one contiguous buffer of num_blocks * block_size * num_kv_heads * head_size
+    elements. Its physical order depends on the layout:
+      NHD: [num_blocks, block_size, num_kv_heads, head_size]  (vLLM's flash backend)
+      HND: [num_blocks, num_kv_heads, block_size, head_size]
+    slots:        [n] int64, slot = block * block_size + offset; -1 = padding
+    layout:       "NHD" or "HND"
+    block_size, num_kv_heads, head_size: ints >= 1
+    returns       [n, num_kv_heads] int64: the element offset of head h of slots[i]
+                  (its head_size elements follow it), -1 in every head of a padding slot
+    """
+    out = torch.full((slots.shape[0], num_kv_heads), -1, dtype=torch.int64)
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        block, offset = divmod(s, block_size)
+        for h in range(num_kv_heads):
+            if layout == "NHD":
+                out[i, h] = ((block * block_size + offset) * num_kv_heads + h) * head_size
+            else:
+                out[i, h] = ((block * num_kv_heads + h) * block_size + offset) * head_size
+    return out
+
+
+def spec_decode_indices(num_draft_tokens: torch.Tensor, cu_num_scheduled_tokens: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The three index vectors of vLLM's SpecDecodeMetadata (chapter 03).
+
+    num_draft_tokens:        [R] int32, n_r drafts of request r (0 for prefill / plain decode)
+    cu_num_scheduled_tokens: [R] int32, inclusive cumulative sum of the tokens each request
+                             schedules in the window (at least n_r + 1 each); request r's tokens
+                             are window positions cu[r-1] .. cu[r] - 1, its drafts the last n_r
+    returns (logits_indices [Dtot + R] int32, target_logits_indices [Dtot] int32,
+             bonus_logits_indices [R] int32):
+      logits_indices:        per request, its last n_r + 1 window positions (t_last or its last
+                             token, then its drafts): the rows the target computes logits for;
+      target_logits_indices: rows OF THOSE LOGITS that verify the drafts: request r's first n_r;
+      bonus_logits_indices:  rows of those logits that sample the bonus token: request r's last.
+    """
+    logits, target, bonus = [], [], []
+    for n, end in zip(num_draft_tokens.tolist(), cu_num_scheduled_tokens.tolist()):
+        row = len(logits)                      # the first logits row of this request
+        logits += list(range(end - n - 1, end))
+        target += list(range(row, row + n))
+        bonus.append(row + n)
+    as32 = lambda v: torch.tensor(v, dtype=torch.int32)   # noqa: E731
+    return as32(logits), as32(target), as32(bonus)
+
+
+def greedy_sampled_ids(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                       target_argmax: torch.Tensor, max_spec_len: int) -> torch.Tensor:
+    """What the greedy rejection sampler returns (chapter 03): `sampled_token_ids`.
+
+    draft_token_ids:     [Dtot] int64, request-major; -1 = a padding draft (never equal to an id)
+    cu_num_draft_tokens: [R] int32, inclusive cumulative sum of drafts per request
+    target_argmax:       [Dtot + R] int64, the target's argmax per logits row, in logits order:
+                         per request its n_r draft rows, then its bonus row
+    max_spec_len:        int >= every n_r
+    returns              [R, max_spec_len + 1] int32: per request the accepted drafts (draft d_j
+                         is accepted while it equals the argmax of its row), then ONE token of the
+                         target's own — the argmax of the first rejected draft's row, or of the
+                         bonus row when every draft was accepted — then -1 placeholders
+    """
+    drafts, ends, argmax = draft_token_ids.tolist(), cu_num_draft_tokens.tolist(), target_argmax.tolist()
+    out = torch.full((len(ends), max_spec_len + 1), -1, dtype=torch.int32)
+    start = 0
+    for r, end in enumerate(ends):
+        first_row = start + r                   # request r's rows start after r bonus rows
+        for j in range(end - start + 1):        # the drafts' rows, then the bonus row
+            want = argmax[first_row + j]
+            out[r, j] = want
+            if j == end - start or drafts[start + j] != want:
+                break                            # the target's own token ends the row
+        start = end
+    return out
+
+
+def window_attention_mask(query_lens: torch.Tensor) -> torch.Tensor:
+    """Which rows of the staging buffer each query of the window may read (chapter 05).
+
+    Under `stage` a verify window's K/V sit in a staging buffer, request-major: request r's
+    query_lens[r] rows (t_last, d_1 .. d_k, or a prefill's tokens) follow request r - 1's.
+    Attention reads each request's earlier positions from the cache and the window from the
+    buffer; a query sees its own request's window rows up to itself, never another request's.
+    query_lens: [R] int64, window rows per request (>= 0)
+    returns     [T, T] bool, T = sum(query_lens): mask[i, j] is True iff rows i and j belong to
+                the same request and j <= i
+    """
+    total = int(query_lens.sum()) if query_lens.numel() else 0
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    start = 0
+    for n in query_lens.tolist():
+        for i in range(start, start + n):
+            for j in range(start, i + 1):
+                mask[i, j] = True
+        start += n
+    return mask
+
+
+def cow_restore_plan(draft_slots: torch.Tensor, draft_mask: torch.Tensor, num_layers: int,
+                     bytes_per_token_layer: int) -> tuple[torch.Tensor, int, int]:
+    """What `cow` logs at begin and restores at commit, masked in data (chapter 06).
+
+    draft_slots:           [Dtot] int64, each draft's slot; -1 = padding draft (never written)
+    draft_mask:            [Dtot] bool, True = accepted
+    num_layers:            layers of the stacked cache (every layer is logged and restored)
+    bytes_per_token_layer: K + V bytes of one token in one layer
+    returns (restore_slots [Dtot] int64, bytes_logged int, bytes_restored int):
+      restore_slots: per draft, the slot its logged row goes back to — its slot when rejected,
+                     -1 when accepted or padding. One restore launch takes the whole vector: the
+                     -1 entries write nothing, so nothing is compacted on the host;
+      bytes_logged:  every non-padding draft slot, in every layer;
+      bytes_restored: every rejected non-padding draft slot, in every layer.
+    """
+    restore = torch.full((draft_slots.shape[0],), -1, dtype=torch.int64)
+    logged = restored = 0
+    for i, (s, keep) in enumerate(zip(draft_slots.tolist(), draft_mask.tolist())):
+        if s < 0:
+            continue
+        logged += 1
+        if not keep:
+            restore[i] = s
+            restored += 1
+    per_row = num_layers * bytes_per_token_layer
+    return restore, logged * per_row, restored * per_row
+
+
+def acceptance_stats(drafted: torch.Tensor, accepted: torch.Tensor, emitted: torch.Tensor,
+                     k: int) -> tuple[float, torch.Tensor]:
+    """Mean acceptance length and acceptance by draft position, as the engine reports them (08).
+
+    One entry per (request, verify window) pair of a run:
+    drafted:  [P] int64, drafts the request verified in that window (0: prefill / plain decode)
+    accepted: [P] int64, how many of them the sampler accepted (0 .. drafted)
+    emitted:  [P] int64, tokens the window appended to the request's output: accepted + 1,
+              unless the request ended inside the window (max_new_tokens or an end token), when
+              it can be fewer
+    k:        int >= 1, the most drafts a window verifies
+    returns (mean_acceptance_length float, by_position [k] float64):
+      mean: the mean of `emitted` over the pairs that had drafts (1.0 when there are none) —
+            tokens a speculative request gains per target forward, counting only what it received;
+      by_position[j - 1]: accepted d_j / windows in which d_j counted. A pair counts positions
+            1 .. drafted, except a pair cut short (emitted <= accepted): its emitted tokens are
+            d_1 .. d_e, all accepted, and it counts positions 1 .. e only. 0.0 where no pair counted.
+    """
+    produced = windows = 0
+    drafted_at, accepted_at = [0] * k, [0] * k
+    for n, a, e in zip(drafted.tolist(), accepted.tolist(), emitted.tolist()):
+        if not n:
+            continue
+        produced += e
+        windows += 1
+        counted, kept = (e, e) if e <= a else (n, a)
+        for j in range(min(counted, k)):
+            drafted_at[j] += 1
+            accepted_at[j] += int(j < kept)
+    rates = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
+    return (produced / windows if windows else 1.0), torch.tensor(rates, dtype=torch.float64)

@@ -13,7 +13,7 @@ import torch
 
 from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, growing, host_window, random_accepted, unique_slots, window_counts
-from nwor_lab.exercises.check import Case, Exercise, as_tensor, first_difference, run_check
+from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, first_difference, run_check
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState, token_labels
 
@@ -87,7 +87,23 @@ def draw(case, expected, got):
                                 f"✗ = rejected draft", block_size=BLOCK_SIZE)
 
 
-EXERCISE = Exercise("stage_commit_rows", solutions.stage_commit_rows, cases, compare, draw)
+PREDICT = Prediction(
+    question="one speculative request [t_last, d1, d2, d3] at slots [8, 9, 10, 11], accepted length 1, "
+             "and a plain decode at slot 4. Which slots does the stage commit write?",
+    inputs=lambda: _case([4, 1], [3, 0], [1, 0], [8, 9, 10, 11, 4]).inputs,
+    answer=lambda out: out[1].tolist(),
+    explain=lambda s: (f"{s}: t_last and the decode token always commit (token_draft_pos 0), d1 is within the "
+                       f"accepted length 1; d2 and d3 never leave the staging buffer."))
+
+HINTS = (
+    "A row is kept when token_draft_pos[t] <= accepted_len[token_req[t]] (t_last, prefill and decode rows "
+    "have draft position 0, so they always pass) — one gather and one compare.",
+    "Drop padding rows (slot_mapping == -1) too, then `rows = torch.nonzero(keep).flatten()` (int64, "
+    "ascending) and `slots = slot_mapping[rows]`.",
+)
+
+EXERCISE = Exercise("stage_commit_rows", solutions.stage_commit_rows, cases, compare, draw, letter="(c)",
+                    title="the stage commit's rows", chapter="12_exercises", hints=HINTS, predict=PREDICT)
 
 
 def check_stage_commit_rows(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):

@@ -143,7 +143,7 @@ class AttentionMetadata:
                                 sliding.size if sliding is not None else 0, ring or 0,
                                 torch.tensor([a for a, _, _ in log_ranges], **i32) if log_ranges else None,
                                 torch.tensor([0, *accumulate(n for _, _, n in log_ranges)], **i32)
-                                if log_ranges else None)
+                                if log_ranges else None, int(qlens.max()) if num_reqs else 0)
             return cls(positions, slot_mapping, qsl, None, None, None, cache, writer, write_offset, kernel, **extra)
         # every cached position of every request in one slot-mapping call, then split per request
         counts = torch.tensor([e - a for a, e in zip(read_from, n_cache)], dtype=torch.long)
@@ -173,7 +173,8 @@ class KernelArgs:
     query_start_loc `[R+1]` int32; when the writer keeps the window in a buffer: win_rows
     `[sum w_r]` int64 (each request's window rows, in position order) and win_start `[R+1]` int32.
     sliding_window / ring_slots: W and S (0: off); log_lo `[R]` / log_start `[R+1]` int32: the
-    positions read from the writer's log (cow on a ring), or None.
+    positions read from the writer's log (cow on a ring), or None. max_query_len: the most rows any
+    request has in this pass, known on the host (0: unknown).
     """
 
     block_tables: torch.Tensor
@@ -185,6 +186,7 @@ class KernelArgs:
     ring_slots: int = 0
     log_lo: torch.Tensor | None = None
     log_start: torch.Tensor | None = None
+    max_query_len: int = 0      # host bound on any request's rows (0: unknown): the kernel's query tile
 
 
 _triton_ok: bool | None = None
@@ -283,4 +285,4 @@ def _kernel_attend(layer: int, q: torch.Tensor, md: AttentionMetadata, scale: fl
                             win_start=a.win_start, k_scale=ks, v_scale=vs, scale=scale,
                             backend="triton" if q.is_cuda else "reference", sliding_window=a.sliding_window,
                             ring_slots=a.ring_slots, log_key=log_k, log_value=log_v, log_lo=a.log_lo,
-                            log_start=a.log_start, trusted=True)
+                            log_start=a.log_start, max_query_len=a.max_query_len, trusted=True)

@@ -122,7 +122,8 @@ def _verify_attention_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
         FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-        ROW_LOOP: tl.constexpr, SLIDING: tl.constexpr, RING: tl.constexpr, HAS_LOG: tl.constexpr):
+        ROW_LOOP: tl.constexpr, SLIDING: tl.constexpr, RING: tl.constexpr, HAS_LOG: tl.constexpr,
+        SPLIT_TAIL: tl.constexpr):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -209,8 +210,15 @@ def _verify_attention_kernel(
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
-        # tail tiles: the cache's last partial tile and the window rows, masked per position
-        for start in range(full_end, end, BLOCK_N):
+        # tail tiles: the cache's last partial tile and the window rows, masked per position. With a
+        # window (not fp8) and SPLIT_TAIL, only the tile holding cache_len mixes the two sources;
+        # the tiles past it read the window rows alone (no block-table load, no source select).
+        # Same tiles, same values, same order of reduction either way.
+        if HAS_WINDOW and not FP8 and SPLIT_TAIL:
+            mix_end = tl.minimum(end, tl.maximum(full_end, (cache_len + BLOCK_N - 1) // BLOCK_N * BLOCK_N))
+        else:
+            mix_end = end
+        for start in range(full_end, mix_end, BLOCK_N):
             p = start + tl.arange(0, BLOCK_N)
             in_cache = p < cache_len
             if RING:
@@ -260,6 +268,20 @@ def _verify_attention_kernel(
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
+        if HAS_WINDOW and not FP8 and SPLIT_TAIL:
+            for start in range(mix_end, end, BLOCK_N):
+                p = start + tl.arange(0, BLOCK_N)
+                in_win = p < end                                 # p >= cache_len on these tiles
+                row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                            mask=in_win[:, None], other=0.0)
+                v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                            mask=in_win[:, None], other=0.0)
+                visible = (p[None, :] <= pos[:, None]) & in_win[None, :]
+                if SLIDING:
+                    visible = visible & (p[None, :] > pos[:, None] - win_size)
+                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # no visible key: 0, not NaN
         if SPLIT:
             lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
@@ -301,6 +323,7 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 PROGRAMS_PER_SM = 2      # split the key range until the grid has this many programs per SM
 MIN_KEYS_PER_SPLIT = 256
+SPLIT_TAIL = True        # window tiles past the cache read the window alone (see the kernel's tail)
 
 
 _SM_COUNT: dict = {}
@@ -333,8 +356,14 @@ def plan_splits(num_reqs: int, num_kv_heads: int, max_cache_keys: int, device, b
 def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
            win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, *,
            sliding_window=0, ring_slots=0, log_key=None, log_value=None, log_lo=None, log_start=None,
-           num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None):
-    """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench."""
+           max_query_len=0, num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None,
+           block_m=None, split_tail=None):
+    """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench.
+
+    max_query_len: the caller's host bound on every request's query rows (0: unknown).
+    block_m / row_loop / split_tail: force the query tile, the row walk and the window tail's
+    split (the kernel before the split: block_m=64, row_loop=True, split_tail=False at batch > 1).
+    """
     T, hq, d = q.shape
     nb, bs, h, _ = key_cache.shape
     num_reqs = block_tables.shape[0]
@@ -349,13 +378,19 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         num_splits, per_split = plan_splits(num_reqs, h, max_cache_keys, q.device, block_n)
     else:
         per_split = -(-max(1, -(-max_cache_keys // num_splits)) // block_n) * block_n
-    # Query tile: the rows of the longest request, bounded without a sync. If every request has a
-    # token, none has more than T - R + 1; verify windows have at most 16. A request with more
-    # rows than the tile is still right (the kernel walks its rows tile by tile, re-reading K/V).
-    rows = max(1, min(16, T - num_reqs + 1)) * group
-    block_m = max(16, min(128, triton.next_power_of_2(rows)))
-    if row_loop is None:              # only T itself bounds a request's rows without a sync
-        row_loop = T * group > block_m
+    # Query tile: the rows of the longest request, bounded without a sync: the caller's
+    # max_query_len (the engine knows its windows: 1 + k), else T - R + 1 (if every request has
+    # a token, none has more). Verify windows have at most 16 tokens. A request with more rows
+    # than the tile is still right (the kernel walks its rows tile by tile, re-reading K/V).
+    # A tight tile matters: at batch >= 2 the T - R + 1 bound gave 5-token windows a 64-row tile
+    # (3x the MMA work, a row walk, more registers), where the caller's bound gives 32, no walk.
+    bound = max_query_len if max_query_len else max(1, T - num_reqs + 1)
+    if block_m is None:
+        block_m = max(16, min(128, triton.next_power_of_2(min(16, bound) * group)))
+    if row_loop is None:
+        row_loop = bound * group > block_m
+    if split_tail is None:
+        split_tail = SPLIT_TAIL
     fp8 = key_cache.dtype in FP8_FORMATS
     mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
     has_window = win_key is not None
@@ -388,7 +423,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
         SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
         ROW_LOOP=row_loop, SLIDING=bool(sliding_window), RING=bool(ring_slots), HAS_LOG=has_log,
-        num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
+        SPLIT_TAIL=bool(split_tail), num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     if split:
         _merge_splits_kernel[(T, hq)](
             part_o, part_lse, out, num_splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),

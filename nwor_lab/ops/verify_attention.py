@@ -16,6 +16,8 @@
     log_key, ...    [n, H, D]       optional log source (NWOR `cow` on a ring), the cache's dtype (raw
     log_lo          [R] int32         stored rows): request r's positions log_lo[r] + j, j < log_start[r+1]
     log_start       [R+1] int32       - log_start[r], come from log_key[log_start[r] + j], not the cache
+    max_query_len   int             a host bound on every request's query rows (0: unknown); sizes
+                                      the kernel's query tile without a sync (a verify window: 1 + k)
     -> out          [T, Hq, D]      q's dtype; Hq // H query heads share a KV head (GQA)
 
 An fp8 cache hands back `float(stored) * scale` rounded to q's dtype; window rows are put through
@@ -333,7 +335,7 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
                      *, win_key=None, win_value=None, win_rows=None, win_start=None,
                      k_scale=None, v_scale=None, scale, out=None, backend=None,
                      sliding_window: int = 0, ring_slots: int = 0, log_key=None, log_value=None,
-                     log_lo=None, log_start=None, trusted: bool = False) -> torch.Tensor:
+                     log_lo=None, log_start=None, max_query_len: int = 0, trusted: bool = False) -> torch.Tensor:
     """Attention of every request's query rows to its cached keys (and window rows), `[T, Hq, D]`.
 
     See the module docstring for shapes and semantics. out: written in place when given.
@@ -346,6 +348,7 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
     if not trusted:
         check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                           win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, **extra)
+        _check_max_query_len(max_query_len, query_start_loc)
     which = resolve_backend(backend, q.device)
     if which == "reference":
         return verify_attention_reference(
@@ -366,5 +369,16 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
         v_scale = v_scale.reshape(-1).expand(h).contiguous() if v_scale.numel() != h else v_scale.reshape(-1)
     return _load_kernels().launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
                                   positions, win_key, win_value, win_rows, win_start, k_scale, v_scale,
-                                  scale, out, **extra)
+                                  scale, out, max_query_len=max_query_len, **extra)
+
+
+def _check_max_query_len(max_query_len, query_start_loc) -> None:
+    """An int >= 0 and, when given and not capturing, no request has more rows (one host read)."""
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, int) or max_query_len < 0:
+        raise ValueError(f"max_query_len={max_query_len!r}: expected an int >= 0 (0: unknown)")
+    if max_query_len and not capturing():
+        most = int(query_start_loc.long().diff().max()) if query_start_loc.numel() > 1 else 0
+        if most > max_query_len:
+            raise ValueError(f"max_query_len={max_query_len}: a request has {most} query rows; pass a bound "
+                             f"on every request's rows (or 0)")
 

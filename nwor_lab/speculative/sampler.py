@@ -35,6 +35,11 @@ and 3 only for requests with drafts). The one deliberate difference: when max(p 
 zero and the draft is still rejected (only possible for inconsistent q), vLLM emits token 0 and
 the lab samples from p, so the token stays in the target's support.
 
+Forced acceptance (`synthetic_rates` with `uniform_probs`, `nwor_lab.speculative.synthetic`): vLLM's
+synthetic mode. Draft j of a request is accepted iff it is not padding and u_j < c_j (conditional
+rate of its position), while the drafts before it were; what is emitted at the first rejection and
+after the last draft is what the target emits anyway (argmax / recovered sample, bonus).
+
 Everything is vectorised over requests and drafts with no host sync (request boundaries come
 from the metadata's host list), so it runs unchanged on CPU and CUDA tensors.
 """
@@ -102,7 +107,9 @@ def _check_generators(generators, num_reqs: int) -> dict[int, torch.Generator]:
 def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None,
                      target_logits: torch.Tensor, *, temperature=0.0,
                      generator: torch.Generator | None = None,
-                     generators: dict[int, torch.Generator] | None = None) -> torch.Tensor:
+                     generators: dict[int, torch.Generator] | None = None,
+                     synthetic_rates: torch.Tensor | None = None,
+                     uniform_probs: torch.Tensor | None = None) -> torch.Tensor:
     """Verify the window's drafts against the target. Returns sampled ids [R, max_spec_len+1] int32.
 
     metadata:      the window's SpecDecodeMetadata (tensors on target_logits' device); draft ids
@@ -117,6 +124,9 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
                    default generator, as vLLM uses for requests without a seed).
     generators:    {request index: torch.Generator}: requests with their own seed (vLLM's
                    `SamplingMetadata.generators`); see the module doc for the order of draws.
+    synthetic_rates: forced acceptance (vLLM's synthetic mode): [>= max_spec_len] float64 conditional
+                   acceptance rate per draft position; needs `uniform_probs` [Dtot] float64, one
+                   u in [0, 1) per draft (the caller's, so that eager and graphed steps agree).
     """
     num_reqs, total, k = metadata.num_reqs, metadata.total_draft_tokens, metadata.max_spec_len
     check_tensor("target_logits", target_logits, shape=(total + num_reqs, None), dtypes=FLOAT_DTYPES,
@@ -190,6 +200,20 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
         greedy_draft = greedy_req[req]
         accept = torch.where(greedy_draft, accept, s_accept)
         recovered = torch.where(greedy_draft, recovered, s_recovered)
+
+    if synthetic_rates is not None:
+        # forced acceptance: the verdict comes from the profile, never from the target's opinion
+        if uniform_probs is None:
+            raise ValueError("synthetic_rates: forced acceptance needs uniform_probs [total_draft_tokens] "
+                             "float64 as well (one u per draft)")
+        check_tensor("synthetic_rates", synthetic_rates, ndim=1, device=device,
+                     what="[>= max_spec_len] conditional acceptance rates per draft position")
+        if synthetic_rates.shape[0] < k:
+            raise ValueError(f"synthetic_rates: {synthetic_rates.shape[0]} positions, the window has requests "
+                             f"with {k} drafts")
+        check_tensor("uniform_probs", uniform_probs, shape=(total,), device=device,
+                     what="[total_draft_tokens] float64 uniforms, one per draft")
+        accept = real & (uniform_probs.double() < synthetic_rates.double()[pos])
 
     # Per-request grids [R, k+1]: drafts, and the token emitted right after an accepted prefix of
     # length a (recovered[a] if a < n_r, bonus if a == n_r).

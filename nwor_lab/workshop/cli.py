@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import LabArgumentParser, UsageError, run
@@ -15,13 +16,15 @@ from nwor_lab.workshop import kit
 
 
 def _check_kernels(chapters, kernel: str | None) -> None:
-    """The kernel every chapter will start exists (a missing one would fail every chapter alike)."""
+    """An explicit --kernel must exist (it would fail every chapter alike). A chapter's own kernel
+    may be missing: the kit lists that chapter as skipped, saying why (or fails it with --strict)."""
+    if kernel is None:
+        return
     from nwor_lab.sweep.plan import check_kernel
-    for path in (chapters if kernel is None else chapters[:1]):
-        try:
-            check_kernel(path, kernel)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+    try:
+        check_kernel(chapters[0], kernel)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _check_environment() -> None:
@@ -38,9 +41,14 @@ def _build(args) -> int:
         raise UsageError(f"--chapters {args.chapters!r}: no chapters match; give a glob, a folder or an .ipynb")
     _check_environment()
     _check_kernels(chapters, args.kernel)
-    built = kit.build(chapters, args.out, timeout=args.timeout, kernel_name=args.kernel)
-    failed = [b for b in built if not b.ok]
-    print(f"workshop kit: {args.out}/index.html ({len(built)} chapters, {len(failed)} failed)")
+    start = time.perf_counter()
+    built = kit.build(chapters, args.out, timeout=args.timeout, kernel_name=args.kernel, strict=args.strict)
+    failed = [b for b in built if b.status == "failed"]
+    skipped = [b for b in built if b.status == "skipped"]
+    print(f"workshop kit: {args.out}/index.html ({len(built)} chapters, {len(failed)} failed, {len(skipped)} skipped; "
+          f"{time.perf_counter() - start:.0f} s)")
+    for b in skipped:
+        print(f"workshop kit: {b.name} skipped: {b.error} (--strict fails the build instead)")
     return 1 if failed else 0
 
 
@@ -67,13 +75,16 @@ def _clean(args) -> int:
 
 
 def _add_commands(sub) -> None:
-    b = sub.add_parser("build", help="execute every chapter (interactive=False), export HTML + slides, write index.html",
+    b = sub.add_parser("build", help="execute every chapter (interactive=False); pages, slides, instructor notes, agenda: index.html",
                        description=kit.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--out", type=types.output_folder, default=kit.DEFAULT_OUT, help="kit folder (default: %(default)s)")
     b.add_argument("--chapters", default=kit.DEFAULT_CHAPTERS, help="glob, folder or file (default: %(default)s)")
     b.add_argument("--timeout", type=types.seconds, default=kit.DEFAULT_TIMEOUT,
                    help="seconds any one cell may run before its chapter fails (default: %(default)s)")
     b.add_argument("--kernel", default=None, help="kernel name (default: the notebook's own, python3)")
+    b.add_argument("--strict", action="store_true",
+                   help="a chapter that cannot run here (its kernel is not installed) fails the build "
+                        "(default: it is listed as skipped, with the reason)")
     b.set_defaults(func=_build)
     c = sub.add_parser("clean", help="make chapters committable: drop outputs (but NBVAL_CHECK_OUTPUT cells'), "
                                      "execution counts, widget state (in place)")

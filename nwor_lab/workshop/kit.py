@@ -1,14 +1,26 @@
-"""The workshop kit: every chapter executed (papermill, `interactive=False`), exported as a static
-HTML page and as reveal.js slides, and one `index.html` that lists them.
+"""The workshop kit: every chapter executed (papermill, `interactive=False`), exported as a page and a
+slide deck, with instructor notes and a three-hour agenda computed from the measured run times.
 
-    out/index.html             chapters: title, status, run time, HTML, slides, exercises
-    out/index.json             the same, for scripts and tests
-    out/<chapter>.html         executed chapter, CSS and images inlined (nbconvert 'lab' template)
-    out/<chapter>.slides.html  reveal.js slides (reveal.js from a CDN)
+    out/index.html                the kit: the agenda (start, end, run time, talk, hands-on per
+                                  section), then every chapter: status, run time, page, slides,
+                                  notes, and its exercises with the state the run left them in
+    out/index.json                the same, for scripts and tests
+    out/<chapter>.html            the executed chapter (nbconvert's lab template, CSS and images
+                                  inlined, figures responsive: as wide as their cell)
+    out/<chapter>.slides.html     its reveal.js deck (authored per cell: `nwor_lab.workshop.slides`),
+                                  1280 x 720 slides, speaker notes (press S)
+    out/<chapter>.notes.html      instructor notes: what to say, the misconception to watch for,
+                                  discussion questions, the expected outputs of THIS run, the
+                                  checked facts, the exercises with their predict answers and hints
     out/executed/<chapter>.ipynb  the executed notebook (papermill's output)
+    out/reveal.js/, out/assets/   reveal.js (vendored) and plotly.js: no page loads anything from
+                                  the network, so the kit works offline (`nwor_lab.workshop.vendor`)
 
-A chapter that fails is still exported (up to its failing cell, error shown) and listed as
-failed with its error; the other chapters build; `build` then returns 1.
+A chapter that fails is still exported (up to its failing cell, error shown) and listed as failed
+with its error; the other chapters build; `build` then returns 1. A chapter whose kernel is not
+installed here (09_vllm needs `nwor-lab-vllm`, from `make setup-vllm`) is listed as *skipped* with
+that reason and keeps its agenda slot with an estimated run time; with `strict=True` it fails the
+build instead.
 
 Every file is replaced atomically (`nwor_lab.atomic`); papermill writes a chapter's executed
 notebook in `out/.work/` as it runs, moved into `executed/` when the chapter is over, so the kit
@@ -18,11 +30,12 @@ never holds a half-written file, whenever it is stopped. Kernels die with the bu
 from __future__ import annotations
 
 import contextlib
-import copy
 import glob
 import html
+import json
 import os
 import platform
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -36,10 +49,7 @@ from nwor_lab import atomic
 DEFAULT_CHAPTERS = "notebooks/*.ipynb"
 DEFAULT_OUT = "runs/workshop"
 DEFAULT_TIMEOUT = 600.0  # seconds one cell may run (papermill's execution_timeout)
-# Kernels started by the kit show plotly figures as JupyterLab's mimetype *and* as HTML with
-# plotly.js inlined once per chapter, so the exported page draws them offline (in a kernel,
-# plotly's default is the mimetype alone, which nbconvert cannot render).
-PLOTLY_RENDERER = "plotly_mimetype+notebook"
+STATUS_LINE = re.compile(r"^(PASS|FAIL|not attempted yet:) (\w+)", re.M)
 
 
 @dataclass
@@ -52,9 +62,17 @@ class Built:
     seconds: float
     html: str | None = None  # paths relative to the kit's folder
     slides: str | None = None
+    notes: str | None = None
     executed: str | None = None
-    exercises: list[dict] = field(default_factory=list)  # {"title", "anchor"}
+    exercises: list[dict] = field(default_factory=list)  # {"title", "anchor", "name", "letter", "status"}
     error: str | None = None
+    status: str = ""          # "ok", "failed" or "skipped" (could not run here: its kernel is missing)
+    kernel: str = ""
+    metrics: dict = field(default_factory=dict)   # what the chapter recorded (record_metrics)
+    checked: list[str] = field(default_factory=list)   # text of its NBVAL_CHECK_OUTPUT cells, as run
+
+    def __post_init__(self):
+        self.status = self.status or ("ok" if self.ok else "failed")
 
 
 def find_chapters(pattern: str = DEFAULT_CHAPTERS) -> list[Path]:
@@ -76,26 +94,48 @@ def error_text(err: Exception) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
-def _with_slide_breaks(nb):
-    """A copy where, unless the author set slide types, each heading cell starts a new slide."""
+def missing_kernel(path: Path, kernel_name: str | None = None) -> str | None:
+    """Why `path` cannot run here (its kernel is not installed), or None."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from nwor_lab.workshop import chapters as ch
+    name = kernel_name or ch.read(path).metadata.get("kernelspec", {}).get("name")
+    if name and name not in KernelSpecManager().find_kernel_specs():
+        how = ch.KERNELS.get(name, f"python -m ipykernel install --sys-prefix --name {name}")
+        return f"kernel {name!r} is not installed here ({how})"
+    return None
+
+
+def export_page(nb, out: Path, name: str) -> str:
+    """`<name>.html`: the executed chapter, figures responsive, nothing loaded from the network."""
+    import copy
+
+    from nbconvert import HTMLExporter
+
+    from nwor_lab.workshop import figures, offline, slides, vendor
     nb = copy.deepcopy(nb)
-    if any("slideshow" in c.metadata for c in nb.cells):
-        return nb
-    for cell in nb.cells:
-        starts = cell.cell_type == "markdown" and cell.source.lstrip().startswith(("# ", "## "))
-        cell.metadata["slideshow"] = {"slide_type": "slide" if starts else "-"}
-    return nb
+    figures.render(nb, "page")
+    exporter = HTMLExporter(template_name="nwor_page", extra_template_basedirs=[str(slides.TEMPLATES)],
+                            embed_images=True)
+    page, _ = exporter.from_notebook_node(nb, resources={"nwor": {"plotly_js": vendor.PLOTLY_JS,
+                                                                  "slides": f"{name}.slides.html",
+                                                                  "notes": f"{name}.notes.html"}})
+    atomic.write_text(out / f"{name}.html", offline.check_page(page, f"{name}.html"))
+    return f"{name}.html"
+
+
+def export_slides(nb, out: Path, name: str) -> str:
+    from nwor_lab import exercises
+    from nwor_lab.workshop import notes, offline, slides, vendor
+    deck = slides.export(nb, plotly_js=vendor.PLOTLY_JS, reveal_prefix=vendor.REVEAL_DIR,
+                         chapter_notes=notes.for_chapter(name), exercises_here=exercises.by_chapter().get(name, []))
+    atomic.write_text(out / f"{name}.slides.html", offline.check_page(deck, f"{name}.slides.html"))
+    return f"{name}.slides.html"
 
 
 def export(nb, out: Path, name: str) -> tuple[str, str]:
-    """Write `<name>.html` (self-contained as far as nbconvert allows) and `<name>.slides.html`."""
-    from nbconvert import HTMLExporter, SlidesExporter
-
-    page, _ = HTMLExporter(template_name="lab", embed_images=True).from_notebook_node(nb)
-    atomic.write_text(out / f"{name}.html", page)
-    slides, _ = SlidesExporter().from_notebook_node(_with_slide_breaks(nb))
-    atomic.write_text(out / f"{name}.slides.html", slides)
-    return f"{name}.html", f"{name}.slides.html"
+    """Write `<name>.html` and `<name>.slides.html` for an (executed) notebook."""
+    return export_page(nb, out, name), export_slides(nb, out, name)
 
 
 @contextlib.contextmanager
@@ -113,19 +153,53 @@ def _environment(**values):
                 os.environ[key] = value
 
 
+def exercise_entries(nb, stem: str, ran) -> list[dict]:
+    """The chapter's exercises for the index: its "Exercise" headings, matched to the lab's exercises
+    (`nwor_lab.exercises`, by name in the heading, then by letter, then the one left), with the state
+    its run left them in ("pass", "fail", "not attempted", or "" when the run says nothing)."""
+    from nwor_lab import exercises as registry
+    from nwor_lab.workshop import chapters as ch
+
+    states = {}
+    for cell in (ran.cells if ran is not None else []):
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            for word, name in STATUS_LINE.findall(o.get("text", "") if o.output_type == "stream" else ""):
+                states[name] = {"PASS": "pass", "FAIL": "fail"}.get(word, "not attempted")
+    mine = list(registry.by_chapter().get(stem, []))
+    entries = []
+    for e in ch.exercises(nb):
+        ex = next((x for x in mine if f"`{x.name}`" in e.title), None) or \
+            next((x for x in mine if x.letter and x.letter in e.title.split("·")[0]), None)
+        entries.append({"title": e.title, "anchor": e.anchor, "ex": ex})
+        if ex is not None:
+            mine.remove(ex)
+    unmatched = [en for en in entries if en["ex"] is None]
+    if len(unmatched) == 1 and len(mine) == 1:
+        unmatched[0]["ex"] = mine.pop()
+    out = []
+    for en in entries + [{"title": f"Exercise {x.letter} · {x.name}", "anchor": None, "ex": x} for x in mine]:
+        ex = en.pop("ex")
+        out.append({**en, "name": ex.name if ex else None, "letter": ex.letter if ex else None,
+                    "status": states.get(ex.name, "") if ex else ""})
+    return out
+
+
 def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
-                  parameters: dict | None = None) -> Built:
+                  parameters: dict | None = None, strict: bool = False) -> Built:
     """Execute one chapter with papermill and export it; never raises for a failing chapter."""
     import nbformat
     import papermill
 
     from nwor_lab.lifeline import kernel_manager_class
+    from nwor_lab.sweep.record import read_metrics
     from nwor_lab.workshop import chapters as ch
+    from nwor_lab.workshop import figures
 
     path = Path(path)
     name = path.stem
     executed = out / "executed" / f"{name}.ipynb"
     running = out / ".work" / f"{name}.ipynb"          # papermill saves after every cell: not in place
+    metrics_file = out / ".work" / f"{name}.metrics.json"
     for folder in (executed.parent, running.parent):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -133,30 +207,46 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
             raise atomic.OutputError(folder, err) from None
     try:
         info = ch.chapter(path)
+        source_nb = ch.read(path)
     except Exception as err:  # not even readable: list it, build the rest
         return Built(name, str(path), name, False, 0.0, error=f"unreadable notebook: {error_text(err)}")
-    built = Built(name, str(path), info.title, True, 0.0, executed=str(executed.relative_to(out)),
-                  exercises=[asdict(e) for e in info.exercises])
-    start = time.perf_counter()
-    try:
-        with _environment(PLOTLY_RENDERER=os.environ.get("PLOTLY_RENDERER", PLOTLY_RENDERER)):
-            papermill.execute_notebook(
-                str(path), str(running), parameters=dict(parameters or {"interactive": False}),
-                kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
-                progress_bar=False, log_output=False, request_save_on_cell_execute=False,
-                kernel_manager_class=kernel_manager_class())
-    except Exception as err:
-        _raise_if_disk(err, running)               # the machine's problem, not the chapter's
-        built.ok, built.error = False, error_text(err)
-    built.seconds = round(time.perf_counter() - start, 2)
-    if running.exists():
-        atomic.move_into_place(running, executed)
+    kernel = kernel_name or source_nb.metadata.get("kernelspec", {}).get("name", ch.KERNEL_NAME)
+    built = Built(name, str(path), info.title, True, 0.0, kernel=kernel)
+    why_not = missing_kernel(path, kernel_name)
+    ran = None
+    if why_not:
+        built.ok, built.status, built.error = False, ("failed" if strict else "skipped"), why_not
+    else:
+        built.executed = str(executed.relative_to(out))
+        metrics_file.unlink(missing_ok=True)
+        start = time.perf_counter()
+        try:
+            with _environment(NWOR_LAB_METRICS_OUT=str(metrics_file.resolve()),
+                              **figures.kernel_environment(out / ".work" / "kernel")):
+                papermill.execute_notebook(
+                    str(path), str(running), parameters=dict(parameters or {"interactive": False}),
+                    kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
+                    progress_bar=False, log_output=False, request_save_on_cell_execute=False,
+                    kernel_manager_class=kernel_manager_class())
+        except Exception as err:
+            _raise_if_disk(err, running)               # the machine's problem, not the chapter's
+            built.ok, built.status, built.error = False, "failed", error_text(err)
+        built.seconds = round(time.perf_counter() - start, 2)
+        if running.exists():
+            atomic.move_into_place(running, executed)
+        with contextlib.suppress(Exception):
+            built.metrics = read_metrics(metrics_file)
+        if executed.exists():
+            ran = nbformat.read(str(executed), as_version=4)
+            built.checked = ["".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
+                             for c in ran.cells if ch.checked(c)]
+    built.exercises = exercise_entries(source_nb, name, ran)
     try:  # export what ran, error cell included, so the failure can be read in the page
-        nb = nbformat.read(str(executed), as_version=4) if executed.exists() else ch.read(path)
+        nb = ran if ran is not None else source_nb
         built.html, built.slides = export(nb, out, name)
     except Exception as err:
         _raise_if_disk(err, out)
-        built.ok = False
+        built.ok, built.status = False, "failed"
         built.error = (built.error + "; " if built.error else "") + f"export failed: {error_text(err)}"
     return built
 
@@ -170,58 +260,129 @@ def _raise_if_disk(err: Exception, path: Path) -> None:
 
 
 def build(chapters, out=DEFAULT_OUT, timeout: float = DEFAULT_TIMEOUT, kernel_name: str | None = None,
-          log=print) -> list[Built]:
-    """Build the kit from chapter paths into `out`; writes index.html and index.json."""
+          log=print, strict: bool = False) -> list[Built]:
+    """Build the kit from chapter paths into `out`; writes the pages, decks, notes and index."""
     import shutil
+
+    from nwor_lab.workshop import vendor
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        vendor.install(out)
     except OSError as err:
         raise atomic.OutputError(out, err) from None
     shutil.rmtree(out / ".work", ignore_errors=True)          # what a killed build left half-written
     kit = []
+    start = time.perf_counter()
     try:
         for path in chapters:
             log(f"workshop: {path} ...")
-            built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name)
-            log(f"workshop: {path} {'ok' if built.ok else 'FAILED: ' + built.error} ({built.seconds:.1f} s)")
+            built = build_chapter(Path(path), out, timeout=timeout, kernel_name=kernel_name, strict=strict)
+            what = {"ok": "ok", "failed": f"FAILED: {built.error}", "skipped": f"skipped: {built.error}"}[built.status]
+            log(f"workshop: {path} {what} ({built.seconds:.1f} s)")
             kit.append(built)
-        write_index(kit, out)
+        write_index(kit, out, build_seconds=time.perf_counter() - start)
     finally:                                                   # Ctrl-C, SIGTERM, a full disk: no partial file
         shutil.rmtree(out / ".work", ignore_errors=True)
     return kit
 
 
-def write_index(kit: list[Built], out: Path) -> Path:
+# ---------------------------------------------------------------------------------------------------
+# the index and the notes pages
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; padding: 0 1em; }
+table { border-collapse: collapse; width: 100%; margin-bottom: 2em; }
+th, td { text-align: left; vertical-align: top; padding: .45em .7em; border-bottom: 1px solid #ddd; }
+tr.failed td.status { color: #b00020; font-weight: bold; } tr.skipped td.status { color: #8a5a00; }
+pre.error { white-space: pre-wrap; font-weight: normal; font-size: .85em; }
+.file, .note { color: #666; font-size: .82em; } td.time, td.clock { white-space: nowrap; }
+ul { margin: 0; padding-left: 1.2em; } tr.break td { background: #f6f6f6; font-style: italic; }
+.state { font-size: .8em; padding: 0 .4em; border-radius: 3px; background: #eee; }
+.state.pass { background: #d7f0e2; } .state.fail { background: #fadbd3; } .state.not-attempted { background: #eee; }
+"""
+
+
+def _link(href, text):
+    """A link (or plain text without `href`); `code` in backticks is shown as code."""
+    shown = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return f'<a href="{html.escape(href)}">{shown}</a>' if href else shown
+
+
+def _exercise_items(b: Built) -> str:
+    items = []
+    for x in b.exercises:
+        href = f"{b.html}#{x['anchor']}" if b.html and x.get("anchor") else None
+        state = x.get("status") or ""
+        badge = f' <span class="state {state.replace(" ", "-")}">{html.escape(state)}</span>' if state else ""
+        items.append(f"<li>{_link(href, x['title'])}{badge}</li>")
+    return "".join(items)
+
+
+def write_index(kit: list[Built], out: Path, build_seconds: float | None = None) -> Path:
+    from nwor_lab.workshop import agenda as agenda_mod
+    from nwor_lab.workshop import vendor
+
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    meta = {"built": when, "python": platform.python_version(), "parameters": {"interactive": False}}
-    atomic.write_json(out / "index.json", {**meta, "chapters": [asdict(b) for b in kit]}, indent=2, newline=True)
+    slots = agenda_mod.plan(kit)
+    for b in kit:
+        write_notes_page(b, out, next((s for s in slots if s.stem == b.name), None))
+    try:
+        reveal = json.loads(vendor.RECORD.read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        reveal = "?"
+    meta = {"built": when, "python": platform.python_version(), "parameters": {"interactive": False},
+            "build_seconds": None if build_seconds is None else round(build_seconds, 1), "reveal_js": reveal}
+    atomic.write_json(out / "index.json", {**meta, "agenda": [s.as_dict() for s in slots],
+                                           "chapters": [asdict(b) for b in kit]}, indent=2, newline=True)
     e = html.escape
+    by_stem = {b.name: b for b in kit}
+    agenda_rows = []
+    for s in slots:
+        if s.kind != "chapter":
+            agenda_rows.append(f'<tr class="break"><td class="clock">{s.clock}</td><td>{e(s.title)}</td>'
+                               f'<td colspan="4"></td><td>{s.minutes} min</td></tr>')
+            continue
+        b = by_stem.get(s.stem)
+        links = " · ".join(_link(h, t) for h, t in ((b.html, "page"), (b.slides, "slides"), (b.notes, "notes"))
+                           if h) if b else ""
+        run = f"{s.run_s:.0f} s" + ("" if s.run_measured else " (estimate)")
+        agenda_rows.append(
+            f'<tr><td class="clock">{s.clock}</td><td>{e(s.stem)} · {e(s.title)}'
+            + (f'<div class="note">{e(s.note)}</div>' if s.note else "") + f'</td><td>{run}</td>'
+            f'<td>{s.talk_min:.0f} min</td><td>{s.hands_on_min:.0f} min</td><td>{links}</td><td>{s.minutes} min</td></tr>')
     rows = []
     for b in kit:
-        link = (lambda href, text: f'<a href="{e(href)}">{e(text)}</a>' if href else e(text))
-        exercises = "".join(f'<li><a href="{e(b.html)}#{e(x["anchor"])}">{e(x["title"])}</a></li>' if b.html
-                            else f'<li>{e(x["title"])}</li>' for x in b.exercises)
-        status = "ok" if b.ok else f'failed<pre class="error">{e(b.error or "")}</pre>'
+        status = {"ok": "ok", "failed": f'failed<pre class="error">{e(b.error or "")}</pre>',
+                  "skipped": f'skipped<pre class="error">{e(b.error or "")}</pre>'}[b.status]
         rows.append(
-            f'<tr class="{"ok" if b.ok else "failed"}"><td>{link(b.html, b.title)}<div class="file">{e(b.source)}</div></td>'
+            f'<tr class="{b.status}"><td>{_link(b.html, b.title)}<div class="file">{e(b.source)}</div></td>'
             f'<td class="status">{status}</td><td class="time">{b.seconds:.1f} s</td>'
-            f'<td>{link(b.slides, "slides")}</td><td><ul>{exercises}</ul></td></tr>')
-    failed = sum(not b.ok for b in kit)
+            f'<td>{_link(b.slides, "slides")}</td><td>{_link(b.notes, "notes")}</td>'
+            f'<td><ul>{_exercise_items(b)}</ul></td></tr>')
+    failed = sum(b.status == "failed" for b in kit)
+    skipped = sum(b.status == "skipped" for b in kit)
+    total_ex = sum(len(b.exercises) for b in kit)
+    took = f", built in {build_seconds:.0f} s" if build_seconds is not None else ""
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>nwor_lab workshop</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }}
-th, td {{ text-align: left; vertical-align: top; padding: .5em .8em; border-bottom: 1px solid #ddd; }}
-tr.failed td.status {{ color: #b00020; font-weight: bold; }}
-pre.error {{ white-space: pre-wrap; font-weight: normal; font-size: .85em; }}
-.file {{ color: #777; font-size: .8em; }} td.time {{ white-space: nowrap; }} ul {{ margin: 0; padding-left: 1.2em; }}
-</style></head><body>
-<h1>nwor_lab workshop</h1>
-<p>{len(kit)} chapters, {failed} failed. Executed with <code>interactive=False</code>
-on {e(when)} (Python {e(meta["python"])}). Run time includes the kernel's start.</p>
-<table><thead><tr><th>chapter</th><th>status</th><th>run time</th><th>slides</th><th>exercises</th></tr></thead>
+<style>{_STYLE}</style></head><body>
+<h1>nwor_lab workshop kit</h1>
+<p>{len(kit)} chapters, {failed} failed, {skipped} skipped; {total_ex} exercises. Executed with
+<code>interactive=False</code> on {e(when)} (Python {e(meta["python"])}){took}. Run times include the
+kernel's start. Everything here works offline: reveal.js {e(reveal)} and plotly.js are in this folder.
+Slides: arrow keys, <kbd>S</kbd> opens the speaker notes, <kbd>F</kbd> full screen, <kbd>Esc</kbd> the overview.</p>
+<h2>Agenda: 3 hours</h2>
+<p class="note">Each section: the chapter's run time measured by this build (the room waits while it runs live),
+plus the instructor's talk and hands-on minutes from the notes, scaled to fill three hours.</p>
+<table class="agenda"><thead><tr><th>time</th><th>section</th><th>run time</th><th>talk</th><th>hands-on</th>
+<th>material</th><th>slot</th></tr></thead>
+<tbody>
+{chr(10).join(agenda_rows)}
+</tbody></table>
+<h2>Chapters</h2>
+<table class="chapters"><thead><tr><th>chapter</th><th>status</th><th>run time</th><th>slides</th><th>notes</th>
+<th>exercises (state after this run)</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody></table></body></html>
@@ -229,3 +390,55 @@ on {e(when)} (Python {e(meta["python"])}). Run time includes the kernel's start.
     index = out / "index.html"
     atomic.write_text(index, page)
     return index
+
+
+def write_notes_page(b: Built, out: Path, slot=None) -> str:
+    """`<chapter>.notes.html`: the instructor's page for one chapter, bound to this run's numbers."""
+    import mistune
+
+    from nwor_lab import exercises as registry
+    from nwor_lab.workshop import notes as notes_mod
+
+    e = html.escape
+    md = mistune.html
+    n = notes_mod.for_chapter(b.name)
+    parts = [f"<h1>{e(b.title)} — instructor notes</h1>",
+             f'<p class="note">{e(b.source)} · {_link(b.html, "page")} · {_link(b.slides, "slides")} · '
+             f'{_link("index.html", "the kit")}</p>']
+    if slot is not None:
+        run = f"{slot.run_s:.0f} s" + ("" if slot.run_measured else " (estimate)")
+        parts.append(f"<p><strong>In the agenda:</strong> {slot.clock}, {slot.minutes} min — run {run}, talk "
+                     f"{slot.talk_min:.0f} min, hands-on {slot.hands_on_min:.0f} min.</p>")
+    if b.status != "ok":
+        parts.append(f'<p class="note"><strong>{e(b.status)}:</strong> {e(b.error or "")}</p>')
+    if n is None:
+        parts.append("<p>No instructor notes for this chapter yet: add them to "
+                     "<code>nwor_lab/workshop/notes.py</code>.</p>")
+    else:
+        parts += ["<h2>What to say</h2><ul>" + "".join(f"<li>{md(s)}</li>" for s in n.say) + "</ul>",
+                  f"<h2>The misconception to watch for</h2>{md(n.misconception)}",
+                  "<h2>Discussion questions</h2><ol>" + "".join(f"<li>{md(q)}</li>" for q in n.questions) + "</ol>",
+                  "<h2>Expected outputs (this build's run)</h2><ul>" +
+                  "".join(f"<li>{md(x)}</li>" for x in n.expected(b.metrics)) + "</ul>"]
+    if b.checked:
+        parts.append("<h2>The facts the chapter checks (its NBVAL_CHECK_OUTPUT cells, as run)</h2>" +
+                     "".join(f"<pre>{e(t)}</pre>" for t in b.checked if t.strip()))
+    ex_here = registry.by_chapter().get(b.name, [])
+    if ex_here:
+        parts.append("<h2>Exercises</h2>")
+        for ex in ex_here:
+            p = registry.predict(ex.name)
+            state = next((x.get("status") for x in b.exercises if x.get("name") == ex.name), "")
+            parts.append(f"<h3>{e(ex.letter)} <code>{e(ex.name)}</code>: {e(ex.title)}"
+                         + (f' <span class="state">{e(state)}</span>' if state else "") + "</h3>"
+                         f"<p><strong>Predict:</strong> {e(p.question)}<br><strong>Answer:</strong> {e(p.explain)}</p>"
+                         "<ol>" + "".join(f"<li>hint {i}: {md(h)}</li>" for i, h in enumerate(ex.hints, start=1))
+                         + "</ol>")
+    if b.metrics:
+        parts.append("<h2>Everything the chapter recorded</h2><table>" + "".join(
+            f"<tr><td><code>{e(k)}</code></td><td>{e(str(v))}</td></tr>" for k, v in b.metrics.items()) + "</table>")
+    page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{e(b.title)} — notes</title>'
+            f"<style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+    atomic.write_text(out / f"{b.name}.notes.html", page)
+    b.notes = f"{b.name}.notes.html"
+    return b.notes

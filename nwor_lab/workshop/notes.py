@@ -1,0 +1,292 @@
+"""Instructor notes, one entry per chapter: what to say, the misconception to watch for, two or
+three discussion questions, and the expected outputs.
+
+The expected outputs are templates over the metrics the chapter records (`record_metrics`): the
+kit binds them to the build's own run (`ChapterNotes.expected(metrics)`), so a notes page states
+what this machine measured, never a number typed here that could go stale. A template naming a
+metric the run did not record says so instead of guessing.
+
+`talk_min` and `hands_on_min` are the instructor's plan for the section (explaining, and the
+room's own exercise time); the agenda (`nwor_lab.workshop.agenda`) adds the chapter's measured run
+time and scales the plan to three hours. `run_estimate_s` stands in where a chapter was not run
+(its kernel missing) or does not exist yet (01_why is being written: its notes wait for it).
+"""
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ChapterNotes:
+    stem: str
+    short: str                                   # the agenda's name for the section
+    talk_min: float
+    hands_on_min: float
+    say: tuple[str, ...]
+    misconception: str
+    questions: tuple[str, ...]
+    expect: tuple[str, ...] = ()                 # templates over the chapter's recorded metrics
+    run_estimate_s: float = 30.0
+    pending: str = ""                            # why these notes wait for their chapter
+
+    def expected(self, metrics: dict | None) -> list[str]:
+        """The expected outputs with this run's numbers; a line whose metric was not recorded says so."""
+        return [fill(t, metrics or {}) for t in self.expect]
+
+    def title_slide_notes(self) -> str:
+        say = "\n".join(f"- {s}" for s in self.say)
+        return f"**Say:**\n\n{say}\n\n**Watch for:** {self.misconception}"
+
+    def discuss_markdown(self) -> str:
+        qs = "\n".join(f"{i}. {q}" for i, q in enumerate(self.questions, start=1))
+        return f"## Discuss\n\n{qs}"
+
+    def discuss_notes(self, metrics: dict | None = None) -> str:
+        lines = "\n".join(f"- {e}" for e in self.expected(metrics))
+        return (f"**Expected outputs** (this build's run):\n\n{lines or '- (none recorded)'}\n\n"
+                f"**The misconception to listen for:** {self.misconception}")
+
+
+class _Missing(dict):
+    def __missing__(self, key):
+        raise KeyError(key)
+
+
+def fill(template: str, metrics: dict) -> str:
+    """`template` formatted with `metrics`; "(not recorded in this run: name)" when a field is missing
+    or None (a CPU run records no GPU timings)."""
+    names = [f[1].split(".")[0].split("[")[0] for f in string.Formatter().parse(template) if f[1]]
+    missing = [n for n in names if metrics.get(n) is None]
+    if missing:
+        plain = re.sub(r"\{([^}:!]+)[^}]*\}", r"\1", template)
+        return f"{plain} — not recorded in this run ({', '.join(missing)})"
+    try:
+        return template.format_map(_Missing(metrics))
+    except (KeyError, ValueError, TypeError) as err:
+        return f"{template} — could not fill it from this run ({type(err).__name__}: {err})"
+
+
+NOTES = {n.stem: n for n in [
+    ChapterNotes(
+        "00_tour", "Tour: one window, three policies", talk_min=12, hands_on_min=0, run_estimate_s=60,
+        say=("One verify window writes the K/V of t_last and of every draft into the paged cache before anyone "
+             "knows which drafts survive: attention needs them there.",
+             "The day's question is what a rejected draft's slot holds afterwards: `off` (vLLM today) leaves "
+             "the rejected K/V, `cow` puts the old bits back, `stage` never writes it.",
+             "A policy declares its behaviour (window_in_buffer, preserves_rejected_slots); nothing in the lab "
+             "branches on a policy's name.",
+             "Close on the end-to-end run: every policy gives exactly the target-only tokens."),
+        misconception="\"NWOR changes the output\" or \"NWOR is a speed-up\": the tokens are identical in every "
+                      "policy (attention masks rejected slots by length); what changes is what the cache holds, "
+                      "and chapter 01 shows when that matters.",
+        questions=("If attention never reads a rejected slot, who could ever notice what it holds?",
+                   "Why can't `stage` simply skip writing the drafts — why does it need a buffer at all?",
+                   "Which policy would you want under a cache whose blocks are hashed for prefix caching?"),
+        expect=("end to end ({nwor_mode}, k = 4): mean acceptance length {mean_acceptance_length:.2f} tokens per "
+                "target forward, {target_forwards} target forwards; the same tokens as target-only in every policy "
+                "(the chapter asserts it)",
+                "the random 4-layer window under {nwor_mode}: {bytes_written:,} B written, {bytes_skipped:,} B skipped")),
+    ChapterNotes(
+        "01_why", "Why it matters: what rejected K/V costs", talk_min=15, hands_on_min=0, run_estimate_s=60,
+        pending="chapter 01_why is being written; these notes follow its outline and wait for its run",
+        say=("Start from the promise a learner brings — \"~90 % fewer writes and 3x throughput\" — and answer it "
+             "with the lab's measurements.",
+             "Under `off` the cache's bytes depend on drafts that were thrown away: two runs with the same text "
+             "leave different blocks (per-block hashes differ); `cow` and `stage` leave the same bytes.",
+             "That breaks what is built on block contents: hashing and deduplication, snapshots, blocks shipped "
+             "or offloaded whole, per-block statistics (an fp8 scale, an eviction score).",
+             "Write bytes saved are real, but at decode sizes the write path is launch-bound: the step-time "
+             "win is small (chapter 08). On a sliding-window ring, NWOR decides correctness (chapter 07)."),
+        misconception="\"Rejected K/V is harmless garbage\": harmless to attention, not to anything that reads, "
+                      "hashes, ships or summarises whole blocks.",
+        questions=("Which parts of your serving stack hash, copy or summarise KV blocks?",
+                   "If `stage` writes 40 % fewer bytes, why is the step-time gain only about a percent?",
+                   "Which claims in the chapter are measured here, and which are cited — and how would you "
+                   "measure one of the cited ones?")),
+    ChapterNotes(
+        "02_paged_cache", "The paged cache: slots, layouts, fp8", talk_min=10, hands_on_min=8, run_estimate_s=15,
+        say=("slot = block × block_size + offset; a request's blocks need not be contiguous — the block table "
+             "is the indirection.",
+             "Drafts need slots before they are verified: a speculative request holds lookahead slots.",
+             "NHD or HND is read from the strides, never from the shape: with block_size == num_kv_heads the "
+             "shapes agree and an NHD-assuming kernel scrambles the heads without raising.",
+             "fp8 storage: x / scale rounded to nearest even, saturating at the format's maximum."),
+        misconception="\"The shape tells you the layout\": with block_size == num_kv_heads both layouts have the "
+                      "same shape; only the strides differ (exercise f).",
+        questions=("What would a wrong layout guess do to attention's output, and why would no test that only "
+                   "checks shapes notice?",
+                   "Why hold lookahead slots for drafts that will mostly be rejected?",
+                   "A scalar fp8 scale vs one per head: which heads lose precision, and when?"),
+        expect=("{blocks_used} blocks in use, {slots_written} slots written (the padding row wrote nothing)",
+                "the NHD-assuming write leaves {layout_cells_scrambled} (slot, head) cells wrong",
+                "fp8_e4m3: {fp8_e4m3_bytes_per_token_layer} B of K + V per token and layer at 8 heads × 128")),
+    ChapterNotes(
+        "03_verify_window", "The verify window and the rejection sampler", talk_min=10, hands_on_min=10,
+        run_estimate_s=10,
+        say=("SpecDecodeMetadata reproduces vLLM's own docstring example: logits_indices are window positions, "
+             "target and bonus indices are rows OF those logits.",
+             "The sampler's row: the accepted drafts, exactly one token of the target's own, then -1. So "
+             "accepted length = emitted − 1, for every request, prefill and decode too.",
+             "Stochastic verification accepts with min(1, p/q) and emits tokens distributed as the target alone "
+             "would; a seeded generator reproduces a window.",
+             "A mixed batch is one Window: token_req and token_draft_pos say whose a row is and which draft."),
+        misconception="\"target_logits_indices are positions in the window\" — they index the logits rows "
+                      "(exercise g); and \"a fully rejected window emits nothing\" — it always emits one token.",
+        questions=("What does the bonus token cost the target model?",
+                   "Why is counting emitted ids more robust than comparing draft ids with sampled ids?",
+                   "In a batch with a 100-token prefill, which of its positions get logits, and why only those?"),
+        expect=("the greedy batch: {greedy_accepted_drafts} drafts accepted",
+                "stochastic: draft accepted in {stochastic_acceptance_rate:.3f} of the trials, p(draft) = "
+                "{stochastic_draft_p:.3f}",
+                "the mixed window: {mixed_window_tokens} tokens, {mixed_window_drafts} drafts, "
+                "{mixed_window_committed_tokens} committed")),
+    ChapterNotes(
+        "04_scv", "SCV: acceptance masks on the device", talk_min=8, hands_on_min=8, run_estimate_s=10,
+        say=("One read of the sampled ids gives three masks: draft_mask, accepted_len and the window's "
+             "commit_mask = token_draft_pos <= accepted_len[token_req].",
+             "Count, don't compare: accepted = emitted − 1, cut at a padding draft. A draft vLLM rejected "
+             "(draft probability 0) can be recovered as the same id.",
+             "C sampled columns accept at most C − 1 drafts; the runner warns once, never reads out of bounds.",
+             "`graph` and `adaptive` are one vectorised op, a CUDA graph per shape on a GPU; all modes agree."),
+        misconception="\"Acceptance is draft id == sampled id\": it agrees on consistent rows only; exercise (b)'s "
+                      "checker has the row where it commits a rejected draft.",
+        questions=("A sampler returns fewer columns than drafts + 1: what must SCV do, and why warn once?",
+                   "Why does SCV avoid a host sync, and what does a CUDA graph need from it?",
+                   "Where in a real deployment could a zero-probability draft come from?"),
+        expect=("{random_windows_checked} random windows: off, graph, adaptive agree on every mask",
+                "{random_accepted_drafts} of {random_drafts} random drafts accepted (equal to emitted − 1)",
+                "on a GPU: SCV off {scv_off_us:.1f} µs vs graph {scv_graph_us:.1f} µs per window")),
+    ChapterNotes(
+        "05_stage", "Stage: a staging buffer and one commit", talk_min=10, hands_on_min=8, run_estimate_s=15,
+        say=("Under `stage` the window's K/V wait in a staging buffer; rejected drafts never reach the cache.",
+             "Attention reads the prefix from the cache and the window from the buffer (window_in_buffer) — "
+             "the same numbers in the same order, so the output does not change.",
+             "One `ops.commit` launch writes the kept rows of every layer; rejected rows are masked in data.",
+             "At decode sizes the bytes skipped save little time; the launch count is the cost."),
+        misconception="\"Attention cannot see drafts that are not in the cache\" — it reads them from the buffer "
+                      "(exercise i); and \"skipping bytes makes it faster\" — launches, not bytes, cost time here.",
+        questions=("`stage` skips the rejected bytes: why is that not a speed-up at batch 1?",
+                   "What must the staging buffer hold, per layer, for attention to be unchanged?",
+                   "What is lost if the K/V projections cannot write straight into the buffer (no zero-copy)?"),
+        expect=("the random window: {window_tokens} tokens, {drafts} drafts, {accepted} accepted",
+                "`stage` wrote {written_bytes:,} B and skipped {skipped_bytes:,} B of the {baseline_written_bytes:,} B "
+                "`off` wrote",
+                "{launches_per_window} launch per window for {num_layers} layers",
+                "attention, stage vs off: max |difference| {attention_max_abs_diff:.1e}")),
+    ChapterNotes(
+        "06_cow", "Copy-on-write: log, write, restore", talk_min=8, hands_on_min=8, run_estimate_s=10,
+        say=("`cow` keeps the write path as it is: log the draft slots of every layer at begin (one launch), "
+             "write every row like `off`, restore the rejected drafts at commit (one launch).",
+             "The log holds raw bytes: NaN payloads and negative zeros come back exactly; a value comparison "
+             "cannot even see the difference.",
+             "Accepted drafts are masked to slot -1 in the restore vector: nothing is compacted on the host.",
+             "Two launches more than `off` per window, whatever the layer count."),
+        misconception="\"A value comparison proves a restore\": NaN != NaN fails a perfect one and -0.0 == 0.0 "
+                      "passes a wrong one — compare bits (exercise d and the predict question of j).",
+        questions=("Why log at begin rather than at commit?",
+                   "Per-layer log and restore kernels cost several percent of a step; what does one launch over "
+                   "the stacked cache change?",
+                   "On a sliding-window ring, what does the log give `cow` that `off` lacks?"),
+        expect=("the random window: {window_tokens} tokens, {drafts} drafts, {accepted} accepted",
+                "written {written_bytes:,} B (as off), logged {logged_bytes:,} B, restored {restored_bytes:,} B",
+                "{launches_per_window} launches per window for {num_layers} layers",
+                "fp8_e5m2: a restore through values would change {fp8_e5m2_bytes_lost_through_values} bytes")),
+    ChapterNotes(
+        "07_sliding_window", "Sliding windows: where NWOR decides correctness", talk_min=10, hands_on_min=8,
+        run_estimate_s=30,
+        say=("A ring of S slots keeps position p at p mod S: writing position P evicts P − S.",
+             "A write-all window on a ring of W evicts positions its own queries still need; rolling back by "
+             "bookkeeping cannot bring them back, and the text diverges.",
+             "Slack, the whole context and the guard are exact by giving something up: memory for the "
+             "request's life, memory that grows, or speculation itself.",
+             "`cow` (evicted rows in its log) and `stage` (window in a buffer) keep a ring of W exact."),
+        misconception="\"Rejected drafts can always be rolled back by not advancing\": on a ring their writes "
+                      "already evicted K/V the window's queries need.",
+        questions=("Slack or stage: when is each the better choice for a production cache?",
+                   "Why does the guard lose almost all speculation on 512-token windows?",
+                   "Debug mode raises at the first read of an overwritten entry — why there, and not at the write?"),
+        expect=("`off` + ring diverges from target-only at generated token {off_ring_first_divergence_token}; every "
+                "exact strategy gives the target-only tokens",
+                "`stage` + ring: mean acceptance length {stage_ring_mean_acceptance_length:.2f} at k = {k}, W = "
+                "{sliding_window}")),
+    ChapterNotes(
+        "08_eagle", "EAGLE end to end", talk_min=8, hands_on_min=8, run_estimate_s=40,
+        say=("One EAGLE step is two windows: the verify window (target layers, then the head's layer over the "
+             "same rows, one commit) and the draft chain (the head's layer only).",
+             "The draft chain is committed with nothing accepted: what happens to its rows follows from what "
+             "the policy declares.",
+             "Acceptance falls with the draft position (the prefix rule); the mean acceptance length counts "
+             "what the request actually received.",
+             "Every policy gives exactly the greedy target-only tokens."),
+        misconception="\"Mean acceptance length = accepted + 1 per window\": a window cut by max_new_tokens "
+                      "emits fewer tokens than that (exercise k).",
+        questions=("Why is the draft chain's K/V never kept, even for drafts that will be accepted?",
+                   "How does acceptance by position tell you which k to choose?",
+                   "Where would a real engine pay for the head's cache layer?"),
+        expect=("mean acceptance length {mean_acceptance_length:.2f} at k = {k}: {target_forwards} target forwards "
+                "for {generated_tokens} tokens, {reference_target_forwards} without drafts",
+                "d1 accepted {acceptance_d1:.0%}, d2 {acceptance_d2:.0%}, d3 {acceptance_d3:.0%}, d4 {acceptance_d4:.0%}",
+                "verify windows under {nwor_mode}: {verify_written_bytes:,} B written, {verify_skipped_bytes:,} B skipped")),
+    ChapterNotes(
+        "09_vllm", "NWOR inside vLLM", talk_min=8, hands_on_min=0, run_estimate_s=300,
+        say=("The same policies and SCV run inside vLLM's engine through a plugin (entry point, attention "
+             "backend, one narrow patch), on vLLM's own CPU cache.",
+             "vLLM's CPU cache stores keys transposed per block and head; the lab reads it in its own words.",
+             "Rejected writes are counted in vLLM's cache, per step: `off` leaves them, `cow` restores, `stage` "
+             "never writes them — with the same tokens.",
+             "The lab's checks found a vLLM bug: at temperature > 0 its CPU expand kernel never wrote its output."),
+        misconception="\"vLLM's rollback frees the rejected slots\": it only does not advance; the bytes stay in "
+                      "the cache until a later token overwrites them.",
+        questions=("What would it take to run the `stage` policy in vLLM's GPU attention backends?",
+                   "How did a cache-content check find a sampling bug?"),
+        expect=("`off` left {off_rejected_left} rejected rows in vLLM's cache; `stage` wrote {stage_rejected_writes}",
+                "engine start {engine_start_s:.0f} s; mean acceptance length {mean_acceptance_length:.2f}")),
+    ChapterNotes(
+        "10_sweep", "Sweeps: one parameter set in, one record out", talk_min=5, hands_on_min=0, run_estimate_s=20,
+        say=("A chapter with a `parameters` cell is an experiment: papermill injects the parameters, "
+             "`record_metrics` returns one flat record.",
+             "`nwor-lab sweep --grid ...` runs the grid durably; `nwor-lab report` draws every varying metric.",
+             "Tokens/s on a shared CPU are noisy; the bytes and launch counts are exact."),
+        misconception="\"A CPU tokens/s difference between policies is the policies' cost\": on a busy CPU it is "
+                      "mostly noise; chapter 11 has the GPU measurements.",
+        questions=("Which grid would you sweep to find where `stage` beats `off`, and on which machine?",
+                   "Which of the recorded metrics can you trust from a laptop run?"),
+        expect=("{tok_s:.0f} tok/s against {target_only_tok_s:.0f} target-only on this machine "
+                "({speedup_vs_target_only:.2f}x); same tokens as target-only: {same_tokens_as_target_only}",
+                "{bytes_rejected_left_in_cache:,} B of rejected K/V left in the cache by this run's policy")),
+    ChapterNotes(
+        "11_performance", "Performance: what the write path costs on a GPU", talk_min=8, hands_on_min=0,
+        run_estimate_s=10,
+        say=("At decode sizes the KV write path is launch-bound: a write costs microseconds whatever it moves.",
+             "One commit for all 32 layers replaces 32 per-layer writes; CUDA graphs remove most launch cost.",
+             "The numbers shown are stored GPU measurements; on a GPU the chapter re-measures them live."),
+        misconception="\"Fewer bytes means less time\": below thousands of tokens per window the launch count "
+                      "decides, not the bytes.",
+        questions=("At what window size would the KV write become bandwidth-bound on this GPU?",
+                   "Why does `stage` still cost a copy per layer under a graph, and how would zero-copy remove it?"),
+        expect=()),
+    ChapterNotes(
+        "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=12, run_estimate_s=10,
+        say=("Three checkers — slot mapping, stage commit rows, CoW restore — each with a question to predict "
+             "first and two hints.",
+             "A failing checker shows the first counterexample and a picture of the cache; edge cases come "
+             "first.",
+             "The other chapters' exercises are listed at the top of the chapter."),
+        misconception="\"It passed the first cases, so it is right\": the checker runs 300 cases, edge cases "
+                      "first; the last failures are usually padding and dtypes.",
+        questions=("Which edge case caught you, and what would have caught it in your own code review?",
+                   "Which of these functions would you trust to a hand-written CUDA kernel, and how would you "
+                   "test it?"),
+        expect=("{exercises_attempted} of {exercises} exercises attempted in this build's run (the stubs are "
+                "not attempted: the kit runs the chapters as a learner opens them)",)),
+]}
+
+BREAK_MIN = 10
+WRAP_UP_MIN = 5
+BREAK_AFTER = "04_scv"          # the break sits after this section (or at the middle when it is absent)
+
+
+def for_chapter(stem: str) -> ChapterNotes | None:
+    return NOTES.get(stem)

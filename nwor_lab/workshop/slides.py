@@ -1,0 +1,238 @@
+"""A chapter's slide deck: authored per cell, exported by nbconvert's reveal exporter.
+
+Authoring is cell metadata, set in JupyterLab's property inspector ("Slide Type") or in the JSON:
+
+- `slideshow.slide_type`: `slide`, `subslide`, `fragment`, `-` (continue), `skip`, `notes` — nbconvert's
+  own meaning. In a chapter that authors any cell, a cell without it stays out of the deck (opt-in:
+  a chapter is a lab, its deck shows a few cells of it).
+- tags: `slide-code` shows the code of a code cell (hidden otherwise); `slide-text` shows its printed
+  text (figures and images are always shown); `slide-heading` keeps only a markdown cell's first
+  heading on the slide and moves the rest of the cell into the speaker notes.
+
+A chapter that authors nothing (a new one) gets a generated deck: its title, each `## ` section's
+heading (its prose in the speaker notes) with the section's first figure, and its exercises.
+
+The kit adds the instructor's speaker notes (press S in a deck): on the title slide what to say and
+the misconception to watch for; on each exercise slide its "predict, then run" question with the
+answer; and a closing "Discuss" slide with the discussion questions (the expected outputs in its
+notes). Figures are zoomed into the room left under the slide's heading (`figures.figure_html`), a cell
+with several figures becomes one sub-slide per figure, and every slide is 1280 x 720.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+
+import nbformat
+
+from nwor_lab.workshop import figures
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+HEADING_PX = {1: 72, 2: 60, 3: 44}
+LINE_PX = 31                      # one line of slide prose (22 px font, 1.35 line height)
+CHARS_PER_LINE = 95
+TEXT_LINE_PX = 25                 # one line of printed output (19 px monospace)
+MIN_FIGURE_HEIGHT = 260
+USABLE_HEIGHT = figures.SLIDE[1] - 50   # reveal's margin and the slide's padding
+
+
+def _type(cell) -> str | None:
+    return cell.metadata.get("slideshow", {}).get("slide_type")
+
+
+def _set(cell, slide_type: str):
+    cell.metadata["slideshow"] = {"slide_type": slide_type}
+    return cell
+
+
+def split_heading(source: str) -> tuple[str, str]:
+    """(the first heading line, the rest) of a markdown cell; ("", source) without a heading."""
+    lines = source.strip().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^#{1,6}\s", line):
+            return line, "\n".join(lines[:i] + lines[i + 1:]).strip()
+    return "", source
+
+
+def generated(nb) -> None:
+    """Slide types for a chapter that authors none (in place): title, sections, their first figure,
+    exercises; everything else skipped."""
+    section_open = False
+    for i, cell in enumerate(nb.cells):
+        tags = cell.metadata.setdefault("tags", [])
+        if cell.cell_type == "markdown" and (i == 0 or cell.source.lstrip().startswith("## ")):
+            _set(cell, "slide")
+            exercise = split_heading(cell.source)[0].lstrip("# ").lower().startswith("exercise")
+            if not exercise and (i > 0 or len(cell.source.splitlines()) > 12):
+                tags.append("slide-heading")
+            section_open = i > 0 and not exercise
+        elif cell.cell_type == "code" and section_open and any(figures.is_figure(o) for o in cell.outputs):
+            _set(cell, "-")
+            section_open = False
+        else:
+            _set(cell, "skip")
+
+
+def _lines(text: str) -> int:
+    return sum(max(1, math.ceil(len(line) / CHARS_PER_LINE)) for line in text.splitlines() if line.strip())
+
+
+def _markdown_px(source: str) -> int:
+    px = 0
+    for line in source.splitlines():
+        m = re.match(r"^(#{1,6})\s", line)
+        if m:
+            px += HEADING_PX.get(len(m.group(1)), 40)
+        elif line.strip():
+            px += LINE_PX * max(1, math.ceil(len(line) / CHARS_PER_LINE))
+    return px + 10
+
+
+def _kept(output, tags) -> bool:
+    """What a slide shows of a code cell's output: figures and images always; text when tagged."""
+    if output.output_type == "error":
+        return True
+    if output.output_type == "stream":
+        return "slide-text" in tags
+    data = output.get("data", {})
+    if figures.is_figure(output) or any(k.startswith("image/") for k in data):
+        return True
+    return "slide-text" in tags and bool(data)
+
+
+def _output_px(output) -> int:
+    if output.output_type == "stream":
+        return TEXT_LINE_PX * len(output.get("text", "").splitlines()) + 16
+    if output.output_type == "error":
+        return TEXT_LINE_PX * 12
+    data = output.get("data", {})
+    if "text/plain" in data and not figures.is_figure(output):
+        return TEXT_LINE_PX * len(str(data["text/plain"]).splitlines()) + 16
+    return 0
+
+
+def notes_cell(text: str):
+    return _set(nbformat.v4.new_markdown_cell(text), "notes")
+
+
+def deck(nb, chapter_notes=None, exercises_here=()):
+    """A copy of the executed chapter `nb`, ready for the reveal exporter: only slide cells, code
+    hidden, figures rendered to fit, speaker notes added. `chapter_notes`: the chapter's
+    `notes.ChapterNotes` (or None); `exercises_here`: its `Exercise`s (for the exercise slides' notes)."""
+    nb = copy.deepcopy(nb)
+    if not any(_type(c) for c in nb.cells):
+        generated(nb)
+    out, used = [], 0
+
+    def start(slide_type, px=0):
+        nonlocal used
+        if slide_type in ("slide", "subslide"):
+            used = 0
+        used += px
+
+    for cell in nb.cells:
+        st = _type(cell)
+        if not st or st == "skip":
+            continue
+        tags = set(cell.metadata.get("tags", []))
+        if st == "notes":
+            out.append(cell)
+            continue
+        if cell.cell_type == "markdown":
+            text, notes = cell.source, ""
+            if "slide-heading" in tags:
+                heading, notes = split_heading(cell.source)
+                text = heading or cell.source
+            ex = _exercise_of(text, exercises_here)
+            if ex is not None:        # the notebook's how-to paragraph becomes notes; the room gets the question
+                paragraphs = text.split("\n\n")
+                text = "\n\n".join(p for p in paragraphs if not p.startswith("**Predict, then run"))
+                notes = "\n\n".join([notes] + [p for p in paragraphs if p.startswith("**Predict, then run")]).strip()
+            cell.source = text
+            start(st, _markdown_px(text))
+            out.append(cell)
+            if notes:
+                out.append(notes_cell(notes))
+            if ex is not None and ex.predict is not None:
+                question = f"**Predict, then run:** {ex.predict.question}"
+                start("fragment", _markdown_px(question))
+                out.append(_set(nbformat.v4.new_markdown_cell(question), "fragment"))
+                out.append(notes_cell(_exercise_notes(ex)))
+            continue
+        if cell.cell_type != "code":
+            continue
+        if "slide-code" in tags:
+            code = _set(nbformat.v4.new_markdown_cell(f"```python\n{cell.source}\n```"), st)
+            start(st, 30 + 24 * len(cell.source.splitlines()))
+            out.append(code)
+            st = "-"
+        kept = [o for o in cell.get("outputs", []) if _kept(o, tags)]
+        if not kept:
+            continue
+        pieces, piece = [], []
+        for o in kept:                        # one figure per (sub)slide
+            if figures.is_figure(o) and any(figures.is_figure(p) for p in piece):
+                pieces.append(piece)
+                piece = []
+            piece.append(o)
+        pieces.append(piece)
+        for n, piece in enumerate(pieces):
+            kind = st if n == 0 else "subslide"
+            start(kind)
+            text_px = sum(_output_px(o) for o in piece)
+            box = (figures.SLIDE_FIGURE[0], max(MIN_FIGURE_HEIGHT, min(figures.SLIDE_FIGURE[1] if used else
+                                                                      USABLE_HEIGHT - 20, USABLE_HEIGHT - used - text_px)))
+            rendered = []
+            for o in piece:
+                o = copy.deepcopy(o)
+                if figures.is_figure(o):
+                    o["data"] = {"text/html": figures.figure_html(o["data"][figures.PLOTLY_MIME], "slide", box)}
+                    used += box[1]
+                else:
+                    used += _output_px(o)
+                rendered.append(o)
+            piece_cell = nbformat.v4.new_code_cell("", metadata={"slideshow": {"slide_type": kind}})
+            piece_cell.outputs = rendered
+            out.append(piece_cell)
+    if out and chapter_notes is not None:
+        out.insert(1, notes_cell(chapter_notes.title_slide_notes()))
+        out.append(_set(nbformat.v4.new_markdown_cell(chapter_notes.discuss_markdown()), "slide"))
+        out.append(notes_cell(chapter_notes.discuss_notes()))
+    nb.cells = out
+    return nb
+
+
+def _exercise_of(text: str, exercises_here):
+    """The exercise a markdown cell introduces: its heading starts with "Exercise" and names the
+    exercise (`name` in backticks) or its letter; with one exercise in the chapter, that one."""
+    heading = split_heading(text)[0].lstrip("# ")
+    if not heading.lower().startswith("exercise"):
+        return None
+    here = list(exercises_here)
+    return next((e for e in here if f"`{e.name}`" in heading), None) or \
+        next((e for e in here if e.letter and e.letter in heading.split("·")[0]), None) or \
+        (here[0] if len(here) == 1 else None)
+
+
+def _exercise_notes(ex) -> str:
+    from nwor_lab import exercises
+    p = exercises.predict(ex.name)
+    return (f"**Exercise {ex.letter} · {ex.name}** — {ex.title}.\n\n"
+            f"Predict first: {p.question}\n\nAnswer: {p.explain}\n\n"
+            f"The untouched stub prints *not attempted yet*; `exercises.hints(\"{ex.name}\")` opens hint 1, hint 2, "
+            f"then the reference. `use_solutions = True` runs the reference.")
+
+
+def export(nb, *, plotly_js: str, reveal_prefix: str, chapter_notes=None, exercises_here=()) -> str:
+    """The deck of an executed chapter as one HTML file (scripts by relative path, none from a CDN)."""
+    from nbconvert import SlidesExporter
+
+    exporter = SlidesExporter(template_name="nwor_slides", extra_template_basedirs=[str(TEMPLATES)],
+                              reveal_url_prefix=reveal_prefix, reveal_width=str(figures.SLIDE[0]),
+                              reveal_height=str(figures.SLIDE[1]), reveal_theme="white",
+                              exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(deck(nb, chapter_notes, exercises_here),
+                                          resources={"nwor": {"plotly_js": plotly_js}})
+    return body

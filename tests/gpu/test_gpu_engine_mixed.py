@@ -1,0 +1,80 @@
+"""The engine's new graphed paths on the GPU, with the graphs really captured and replayed: steps
+with prefills (alone, and mixed with decodes as requests join mid-run) whose graph also drafts the
+next window, and forced acceptance (the 8B bench's mode) at the 8B code path's toy shape, EAGLE-1
+and EAGLE-3 heads. Tokens must be the eager engine's, in every write policy."""
+import pytest
+import torch
+
+from nwor_lab import LabConfig
+from nwor_lab.bench.engine import run_prompts
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PROMPTS = ["def parse_args(argv):", "import os\nclass Config:", "for i in range(", "    return",
+           "with open(path) as f:", "class Stack:\n    def push(self, x):"]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from nwor_lab.model.shipped import load_tiny
+    target, head, tok = load_tiny(device="cuda")
+    return target, head, [tok.encode(p).ids for p in PROMPTS]
+
+
+def staggered(target, head, prompts, mode, k, graphs, acceptance=None, gap=3, new_tokens=30, seqs=4):
+    from nwor_lab.engine import SpecEngine
+    engine = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, backend="cuda", cuda_graph=graphs),
+                        k=k, max_num_seqs=seqs, acceptance=acceptance)
+    reqs = run_prompts(engine, prompts, new_tokens, arrival_gap=gap)
+    return [r.output for r in reqs], engine
+
+
+@pytest.mark.parametrize("mode", ["off", "cow", "stage"])
+@pytest.mark.parametrize("k", [0, 4])
+def test_gpu_mixed_steps_from_graphs_decode_what_eager_steps_do(shipped, mode, k):
+    target, head, prompts = shipped
+    eager, _ = staggered(target, head, prompts, mode, k, graphs=False)
+    graphed, engine = staggered(target, head, prompts, mode, k, graphs=True)
+    assert graphed == eager
+    g = engine.graphed
+    assert g.mixed_steps > 0 and g.prefill_steps > 0
+    assert any(b.graph is not None for b in g.mixed_buckets.values())     # really captured and replayed
+    if k:
+        assert g.draft.steps == 0           # the first drafts after every prefill came from its own graph
+
+
+def test_gpu_mixed_steps_left_eager_still_decode_the_same(shipped):
+    target, head, prompts = shipped
+    eager, _ = staggered(target, head, prompts, "stage", 4, graphs=False)
+    from nwor_lab.engine import SpecEngine
+    engine = SpecEngine(target, head, LabConfig(nwor_mode="stage", backend="cuda"), k=4, max_num_seqs=4)
+    engine.graphed.mixed = False
+    reqs = run_prompts(engine, prompts, 30, arrival_gap=3)
+    assert [r.output for r in reqs] == eager
+    assert engine.graphed.mixed_steps == 0 and engine.graphed.draft.steps > 0
+
+
+@pytest.mark.parametrize("head_kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("mode", ["off", "stage"])
+def test_gpu_forced_acceptance_8b_code_path(head_kind, mode):
+    """bf16, the 8B bench's engines at toy size: eager and graphed agree (prompts of 24 tokens, so
+    both pick the same attention tiles), and the acceptance follows the profile."""
+    from nwor_lab.bench.engine8b import build_engine, prompts_for
+    from nwor_lab.engine.generate import acceptance_stats
+    from nwor_lab.model.shapes import random_head, random_target
+    from nwor_lab.speculative.synthetic import ForcedAcceptance, mean_acceptance_length
+    target = random_target("8b-mini", "cuda", torch.bfloat16)
+    head = random_head(target, head_kind, "8b-mini")
+    forced = ForcedAcceptance()
+    prompts = prompts_for(4, 24, target.config.vocab_size, staggered=True)
+    out, stats = {}, {}
+    for graphs in (False, True):
+        engine = build_engine(target, head, 4, mode, "off", 4, 24, 40, forced, "auto", graphs)
+        reqs = run_prompts(engine, prompts, 40, arrival_gap=3)
+        out[graphs] = [r.output for r in reqs]
+        stats[graphs] = acceptance_stats(engine.trace, 4)
+        if graphs:
+            assert engine.graphed.mixed_steps > 0 and engine.graphed.chained_steps > 0
+    assert out[True] == out[False]
+    assert stats[True] == stats[False]
+    assert stats[True][0] == pytest.approx(mean_acceptance_length(forced.for_k(4)), abs=0.5)
