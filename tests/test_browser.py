@@ -1,6 +1,11 @@
 """The stepper chapter in a real browser: JupyterLab on 127.0.0.1, headless Chromium driven by
 Playwright, "Run All Cells" from the Run menu, then the stepper's "next" button must change the
 plotly figure and its caption. Screenshots before and after: runs/browser/<notebook>-{before,after}.png.
+The chapter's stepper is then driven on: a write under stage fills the staging buffer's panel
+(runs/browser/05_stage-staging.png), cow at the same phase fills the CoW log's panel
+(05_stage-cow-log.png), "next window" steps into the demo's second window. The page may log no
+console error (the network is cut off: a figure that fetched anything would). That every chapter's
+stepper starts on the chapter's own `nwor_mode` is checked without a browser (tests/test_viz.py).
 
 `test_harness_on_placeholder` proves the harness on tests/data/notebooks/stepper.ipynb (always
 there); `test_stepper_chapter` drives the real chapter and skips until it exists. Both skip
@@ -114,6 +119,8 @@ def browser(tmp_path_factory):
         context.close()
 
 
+CONSOLE_ERRORS: dict[str, list[str]] = {}   # notebook -> the page's console errors and uncaught exceptions
+
 # the figure's state as drawn: every SVG layer of the plot (bars, axes, title)
 _FIGURE_STATE = """sel => Array.from(document.querySelectorAll(sel + ' svg.main-svg')).map(s => s.innerHTML).join('')"""
 
@@ -169,12 +176,17 @@ def _run_all(page, notebook):
     _until(page, lambda: not page.evaluate(_RUNNING) and page.evaluate(_KERNEL, notebook) == "ready", "every cell ran")
 
 
-def drive_stepper(lab, browser, notebook: str):
-    """Open `notebook` in JupyterLab, Run All Cells, press next; returns (before, after, seconds)."""
+def drive_stepper(lab, browser, notebook: str, then=None):
+    """Open `notebook` in JupyterLab, Run All Cells, press next; returns (before, after, seconds).
+    `then(page)` (optional) drives the page further before it closes. The page's console errors
+    and uncaught exceptions are collected in the module's CONSOLE_ERRORS[notebook]."""
     path = ROOT / notebook
     committed = path.read_bytes()
     start = time.monotonic()
     page = browser.new_page()
+    errors = CONSOLE_ERRORS.setdefault(notebook, [])
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
     try:
         page.goto(f"{lab}/lab/tree/{notebook}")
         _run_all(page, notebook)
@@ -192,6 +204,8 @@ def drive_stepper(lab, browser, notebook: str):
         page.wait_for_timeout(500)  # the redraw settles before the picture
         after = _state(page)
         page.screenshot(path=str(SHOTS / f"{stem}-after.png"))
+        if then is not None:
+            then(page)
         return before, after, time.monotonic() - start
     except Exception:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -224,8 +238,49 @@ def test_harness_on_placeholder(lab, browser):
     print(f"placeholder stepper driven in {seconds:.1f} s")
 
 
+def _click_and_wait(page, selector):
+    before = _state(page)
+    page.locator(selector).first.click()
+    _until(page, lambda: _state(page) != before, f"{selector} changed the figure or the caption")
+    page.wait_for_timeout(400)   # the redraw settles before anything is read or photographed
+
+
+def _select_mode(page, mode):
+    before = _state(page)
+    page.locator(".nwor-mode select").first.select_option(mode)
+    _until(page, lambda: _state(page) != before, f"mode {mode} redrew the figure")
+    page.wait_for_timeout(400)
+
+
+def _drive_buffers(page):
+    """stage: next to the write of layer 1 (the staging buffer holds the window, the grid shows
+    layer 1); cow at the same phase (the CoW log holds the draft slots' old bits); next window."""
+    stem = Path(CHAPTER).stem
+    figure = page.locator(".nwor-figure").first
+    assert page.locator(".nwor-mode select").first.input_value() == "stage", "the chapter's mode comes first"
+    _click_and_wait(page, NEXT_BUTTON)                           # begin -> write 0 (drive_stepper pressed once)
+    caption = page.locator(CAPTION).first.inner_text()
+    assert "write" in page.locator(".nwor-position").first.inner_text() and "staging buffer" in caption, caption
+    assert page.locator(".nwor-layer select").first.input_value() == "1", "a write shows the layer it wrote"
+    svg = page.evaluate(_FIGURE_STATE, FIGURE)
+    assert "staging buffer" in svg and "CoW log" in svg and "write · layer 1" in svg
+    figure.screenshot(path=str(SHOTS / f"{stem}-staging.png"))
+    _select_mode(page, "cow")
+    assert "rows 0.." in page.locator(CAPTION).first.inner_text()
+    svg = page.evaluate(_FIGURE_STATE, FIGURE)
+    assert "cow · verify window 0 · write · layer 1" in svg and "cow: none" in svg   # cow keeps no staging buffer
+    figure.screenshot(path=str(SHOTS / f"{stem}-cow-log.png"))
+    _click_and_wait(page, "button.nwor-next-window")
+    assert page.locator(".nwor-position").first.inner_text().startswith("window 1 ·")
+    assert page.locator("button.nwor-next-window").first.is_disabled(), "the demo has two windows"
+    page.screenshot(path=str(SHOTS / f"{stem}-window-1.png"))
+
+
 @pytest.mark.skipif(not (ROOT / CHAPTER).exists(), reason=f"chapter not found: {CHAPTER}")
 def test_stepper_chapter(lab, browser):
-    before, after, seconds = drive_stepper(lab, browser, CHAPTER)
+    before, after, seconds = drive_stepper(lab, browser, CHAPTER,
+                                           then=_drive_buffers if CHAPTER.endswith("05_stage.ipynb") else None)
     _check(before, after, CHAPTER)
+    assert CONSOLE_ERRORS[CHAPTER] == [], CONSOLE_ERRORS[CHAPTER]
     print(f"{CHAPTER} driven in {seconds:.1f} s")
+

@@ -8,7 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
     {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies"}, {"speculative"},
     {"model"}, {"engine"}, {"distributed"}, {"train"},
-    {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "__init__", "__main__",
+    {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "why", "__init__", "__main__",
      "checkpoints"},
     {"vllm"},     # the vLLM plugin: the only package that imports vllm; nothing imports it
 ]

@@ -95,11 +95,14 @@ def test_states_during_the_window(mode):
     assert states_at(begin, drafts) == ({S.LOGGED} if mode == "cow" else {S.EMPTY})
     prefix = [s for s in range(cache.num_slots) if s not in slots and begin.grid().reshape(-1)[s] != S.EMPTY]
     assert len(prefix) == sum(demo.prefix_len)
-    # write of layer 0: layer 0 rows written (or staged), layer 1 not yet
-    written = S.STAGED if mode == "stage" else S.WRITTEN
-    assert states_at(write0, slots, layer=0) == {written}
+    # write of layer 0: layer 0 rows written (stage: in its buffer, the cache slots as they were), layer 1 not yet
+    if mode == "stage":
+        assert torch.equal(write0.grid(0), begin.grid(0)) and torch.equal(write1.grid(1), begin.grid(1))
+        assert set(write0.staging[0].tolist()) == {S.STAGED}
+    else:
+        assert states_at(write0, slots, layer=0) == {S.WRITTEN}
+        assert states_at(write1, slots, layer=1) == {S.WRITTEN}
     assert states_at(write0, non_drafts, layer=1) == {S.EMPTY}
-    assert states_at(write1, slots, layer=1) == {written}
     # acceptance: nothing moved yet, the labels carry the verdict
     assert torch.equal(acceptance.grid(0), write1.grid(0))
     _, rejected = window_slots(demo)
@@ -144,7 +147,7 @@ def test_filters_and_padding():
 def test_demo_frames_through_the_policy_observer_api():
     pytest.importorskip("nwor_lab.policies.observer")
     from nwor_lab.viz import demo_frames, demo_frames_by_mode
-    by_mode = demo_frames_by_mode(seed=1)
+    by_mode = demo_frames_by_mode(seed=1, windows=1, reused_block=False)
     assert set(by_mode) >= {"off", "cow", "stage"}
     for mode, frames in by_mode.items():
         assert [f.phase for f in frames] == ["begin", "write", "write", "acceptance", "commit"]
@@ -152,8 +155,72 @@ def test_demo_frames_through_the_policy_observer_api():
         drive_by_hand(mode, hand, seed=1)
         for a, b in zip(frames, hand.frames):          # the policy's events == the hand-made ones
             assert a.caption == b.caption
-            assert all(torch.equal(a.states[l], b.states[l]) for l in a.states)
+            # the demo names its prefixes committed; the hand recorder found them as old bits
+            assert all(torch.equal(a.states[l], b.states[l].masked_fill(b.states[l] == S.OLD, S.COMMITTED))
+                       for l in a.states)
     assert demo_frames("cow", seed=1, layers=[1])[0].layers == [1]
+
+
+def test_bits_before_the_recording_are_old_unless_named_committed():
+    """A freed block's bits (no running request's kept token) are OLD; a rejected draft over them
+    stays OLD under stage, is RESTORED to them under cow, turns REJECTED under off."""
+    for mode, left in (("off", S.REJECTED), ("cow", S.RESTORED), ("stage", S.OLD)):
+        cache = demo_cache()
+        cache.key.normal_(), cache.value.normal_()          # every slot holds someone's old bits
+        rec = Recorder()
+        _, demo, _ = drive_by_hand(mode, rec, seed=1, cache=cache)
+        kept, rejected = window_slots(demo)
+        assert states_at(rec.frames[0], kept + rejected) == ({S.OLD, S.LOGGED} if mode == "cow" else {S.OLD})
+        assert states_at(rec.frames[-1], kept) == {S.COMMITTED} and states_at(rec.frames[-1], rejected) == {left}
+    named = Recorder(committed=range(4))
+    drive_by_hand("stage", named, seed=1, cache=cache)
+    assert states_at(named.frames[0], range(4)) == {S.COMMITTED}
+
+
+@pytest.mark.parametrize("mode", ["off", "cow", "stage"])
+def test_buffers_hold_what_the_policy_holds(mode):
+    """The staging buffer (stage) and the CoW log (cow), per window row and layer, phase by phase."""
+    rec = Recorder()
+    _, demo, _ = drive_by_hand(mode, rec, seed=1)
+    begin, write0, write1, acceptance, commit = rec.frames
+    w = demo.window
+    kept = demo.acceptance.commit_mask
+    draft = w.token_draft_pos > 0
+    if mode != "stage":
+        assert all(not f.staging for f in rec.frames)
+    else:
+        assert set(begin.staging[0].tolist()) == {S.EMPTY}
+        assert set(write0.staging[0].tolist()) == {S.STAGED} and set(write0.staging[1].tolist()) == {S.EMPTY}
+        assert set(write1.staging[1].tolist()) == {S.STAGED}
+        assert torch.equal(acceptance.staging[1], write1.staging[1])           # nothing moves at acceptance
+        assert set(commit.staging[0][kept].tolist()) == {S.COMMITTED}          # copied into the cache
+        assert set(commit.staging[0][~kept].tolist()) == {S.EMPTY}             # dropped, never in the cache
+    if mode != "cow":
+        assert all(not f.log for f in rec.frames)
+    else:
+        real = draft & (w.slot_mapping >= 0)
+        assert set(begin.log[0][real].tolist()) == {S.LOGGED} and set(begin.log[1][~real].tolist()) == {S.EMPTY}
+        assert set(commit.log[0][real & ~kept].tolist()) == {S.RESTORED}       # copied back
+        assert set(commit.log[0][real & kept].tolist()) == {S.EMPTY}           # dropped: the draft was kept
+
+
+def test_demo_has_two_windows_the_second_after_the_first():
+    from nwor_lab.viz import demo_frames
+    from nwor_lab.viz.demo import demo_windows
+    demos = demo_windows(demo_cache(), seed=0)
+    first, second = demos
+    kept_per_req = [1 + a if n else s for n, a, s in zip(first.window.num_draft_tokens,
+                                                        first.acceptance.accepted_len.tolist(),
+                                                        first.window.num_scheduled_tokens)]
+    assert second.prefix_len == [p + n for p, n in zip(first.prefix_len, kept_per_req)]
+    assert torch.equal(demo_windows(demo_cache(), seed=0, num_windows=1)[0].key, first.key)   # same first window
+    frames = demo_frames("off", seed=0)
+    assert [f.window_index for f in frames] == [0] * 5 + [1] * 5
+    # under off the second window writes over slots the first one's rejected drafts dirtied
+    rejected0 = set(window_slots(first)[1])
+    assert rejected0 & set(second.window.slot_mapping.tolist())
+    old = [s for s in range(demo_cache().num_slots) if frames[0].grid().reshape(-1)[s] == S.OLD]
+    assert old, "the reused block's bits start OLD"
 
 
 def test_engine_run_recorded_no_rejected_kv_under_nwor():

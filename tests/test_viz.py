@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,9 +10,12 @@ import torch
 from nwor_lab.metrics import WindowRecord
 from nwor_lab.viz import (STATE_MEANING, Recorder, SlotState, Stepper, acceptance_by_position, cache_grid,
                           cache_grids, costs_by_mode, show_frames, window_timeline)
+from nwor_lab.viz.states import LEGEND_ORDER, STATE_LEGEND
 from nwor_lab.viz.theme import STATE_COLOURS
 from nwor_lab.window import Acceptance, Window
 from test_recorder import drive_by_hand
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_nwor_lab_does_not_import_plotly():
@@ -32,7 +36,8 @@ def test_cache_grid_cells_hover_and_legend():
     assert heat.text[1][2] == "1:d2"
     assert list(heat.customdata[1][2]) == [6, STATE_MEANING[SlotState.REJECTED], "req 1 · d2"]
     legend = [t.name for t in fig.data[1:] if t.showlegend is not False]
-    assert legend[:len(SlotState)] == [STATE_MEANING[s] for s in SlotState]
+    assert legend[:len(SlotState)] == [STATE_LEGEND[s] for s in LEGEND_ORDER]
+    assert sorted(LEGEND_ORDER) == list(SlotState)                              # every state, once
     assert "differs from expected" in legend
     assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].x0 == -0.5   # slot 8: block 2, offset 0
     assert fig.layout.xaxis.title.text == "offset in block" and fig.layout.yaxis.title.text == "block"
@@ -149,10 +154,67 @@ def test_stepper_from_a_source_and_static(frames_by_mode):
     s.mode_dropdown.value = "off"
     assert asked == ["cow", "off"]
     figs = Stepper.static(frames_by_mode["cow"])
+    # the layer follows the writes: write 1 shows layer 1, and the phases after it stay there
     assert len(figs) == 5 and [f.layout.title.text for f in figs] == \
-        [f"cow · verify window 0 · {p} · layer 0" for p in ("begin", "write", "write", "acceptance", "commit")]
+        [f"cow · verify window 0 · {p} · layer {l}" for p, l in
+         (("begin", 0), ("write", 0), ("write", 1), ("acceptance", 1), ("commit", 1))]
     assert "restored bit-exactly" in figs[-1].layout.title.subtitle.text.replace("<br>", " ")
     assert show_frames(frames_by_mode["off"], layer=1)[0].layout.title.text.endswith("layer 1")
+
+
+def test_stepper_draws_the_buffers_the_written_layer_and_the_chapters_mode_first():
+    from nwor_lab.viz import demo_frames
+    frames = {m: demo_frames(m, seed=0) for m in ("off", "cow", "stage")}
+    s = Stepper(frames, mode="stage")
+    assert s.mode_dropdown.value == "stage" and s.mode_dropdown.options == ("stage", "off", "cow")
+    cache, staging, log = s.figure.data[:3]
+    notes = [a.text for a in s.figure.layout.annotations]
+    assert [a.text for a in s.figure.layout.annotations[:3:]][0] == "<b>cache</b>"
+    assert any("stage: none" in n for n in notes)                        # stage keeps no CoW log
+    s.step(2)                                                          # begin, write 0, write 1
+    assert s.frame.phase == "write" and s.frame.layer == 1 and s.layer_dropdown.value == 1
+    assert s.figure.layout.title.text == "stage · verify window 0 · write · layer 1"
+    assert {v for row in s.figure.data[1].z for v in row if v is not None} == {SlotState.STAGED}
+    assert not s.next_window_button.disabled
+    s.next_window_button.click()                                       # into the second window
+    assert s.frame.window_index == 1 and s.frame.phase == "begin" and s.next_window_button.disabled
+    s.mode_dropdown.value = "cow"                                      # same frame, the log drawn
+    assert {v for row in s.figure.data[2].z for v in row if v is not None} == {SlotState.LOGGED}
+    assert any("cow: none" in a.text for a in s.figure.layout.annotations)
+    s.mode_dropdown.value = "off"
+    assert [list(r) for r in s.figure.data[1].z] == [[None]] == [list(r) for r in s.figure.data[2].z]
+    with pytest.raises(ValueError, match="mode='ring'"):
+        Stepper(frames, mode="ring")
+
+
+def test_cell_text_fits_at_any_block_size():
+    """vLLM's CPU blocks hold 32 slots: marks shrink ("1:d2✗" -> "d2✗" -> "✗"), the hover keeps it all."""
+    from nwor_lab.viz import demo_frames
+    from nwor_lab.viz.cache import CHAR_PX, NARROW_PX, fit_marks
+    assert fit_marks({1: "1:d2✗", 2: "0:t"}, 3) == {1: "d2✗", 2: "t"}
+    assert fit_marks({1: "1:d2✗", 2: "1:d3"}, 1) == {1: "✗", 2: "d"}
+    for bs in (8, 16, 32, 64):
+        frames = demo_frames("stage", seed=1, num_reqs=2, k=4, block_size=bs, num_blocks=max(4, 96 // bs))
+        fig = show_frames(frames)[3]
+        heat = fig.data[0]
+        longest = max(len(t) for row in heat.text for t in row)
+        assert longest <= max(1, (NARROW_PX - 100) / bs / CHAR_PX), (bs, longest)   # fits a narrow notebook
+        assert any("· d" in c[2] for row in heat.customdata for c in row), "hover keeps the whole label"
+    grid = cache_grid(torch.zeros(2, 32, dtype=torch.int8), title="t", block_size=32, cell_text={5: "1:d2✗"})
+    assert grid.data[0].text[0][5] == "✗" and grid.layout.width is None        # responsive: no fixed width
+
+
+@pytest.mark.parametrize("chapter", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_a_chapters_stepper_starts_on_the_chapters_mode(chapter):
+    """A Stepper over several modes is told the chapter's `nwor_mode` first (`mode=nwor_mode`, or
+    `modes=[nwor_mode, ...]`); one over a single run's frames shows that run's mode."""
+    import nbformat
+    for cell in nbformat.read(str(chapter), as_version=4).cells:
+        for line in cell.source.splitlines():
+            if cell.cell_type == "code" and "Stepper(" in line and not line.lstrip().startswith(("#", "from", "import")):
+                several = "lambda m" in line or "frames," in line or line.rstrip().endswith("Stepper(frames)")
+                if several:
+                    assert "mode=nwor_mode" in line or "modes=[nwor_mode]" in line, f"{chapter.name}: {line.strip()}"
 
 
 def test_ring_cells_follow_what_each_policy_declares():

@@ -11,8 +11,12 @@
   ring_figure, ring_cells    a sliding-window ring cache after a window's writes, per policy
   strategies_figure          the sliding-window strategies side by side (bench ring rows)
 
-Importing this package imports plotly; `import nwor_lab` does not.
+Importing this package imports plotly (and keeps plotly's notebook renderer from fetching MathJax
+from a CDN: `offline.py`); `import nwor_lab` does not.
 """
+from nwor_lab.viz.offline import install as _offline
+
+_offline()
 from nwor_lab.viz.states import STATE_MEANING, SlotState, layer_states, occupancy, token_labels
 from nwor_lab.viz.cache import cache_grid, cache_grids
 from nwor_lab.viz.window import window_timeline, window_timelines

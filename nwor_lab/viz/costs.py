@@ -58,11 +58,9 @@ def acceptance_by_position(records_or_counts, *, title: str = "Acceptance rate p
     series = records_or_counts if isinstance(records_or_counts, Mapping) else {"": records_or_counts}
     fig = go.Figure()
     palette = [STATE_COLOURS[SlotState.COMMITTED], "#e69f00", "#009e73", "#cc79a7", "#56b4e9"]
-    longest = 0
     for i, (name, data) in enumerate(series.items()):
         is_counts = isinstance(data, tuple) and len(data) == 2 and not hasattr(data[0], "mode")
         drafted, accepted = (list(data[0]), list(data[1])) if is_counts else position_counts(data)
-        longest = max(longest, len(drafted))
         rate = [a / d if d else 0.0 for d, a in zip(drafted, accepted)]
         prev = [drafted[0] if drafted else 0] + accepted[:-1]
         cond = [a / p if p else 0.0 for a, p in zip(accepted, prev)]
@@ -73,8 +71,7 @@ def acceptance_by_position(records_or_counts, *, title: str = "Acceptance rate p
             hovertemplate="%{x}: %{customdata[0]} of %{customdata[1]} accepted (%{y:.0%})<br>"
                           "given the previous draft was accepted: %{customdata[2]:.0%}"
                           "<extra>%{fullData.name}</extra>"))
-    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420 + LEGEND_PX,
-                      width=max(480, 160 + 70 * longest * max(1, len(series))))
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420 + LEGEND_PX)
     fig.update_xaxes(title_text="draft position j (d_j is verified after d_1 .. d_{j-1})")
     fig.update_yaxes(title_text="accepted / drafted", range=[0, 1.12], tickformat=".0%")
     return fig
@@ -100,8 +97,8 @@ def costs_by_mode(records_by_mode: Mapping[str, object], *, launches: Mapping[st
         registered policies. Without it and with `num_layers`, each policy is asked what it
         declares, `POLICIES[mode].launches_per_window(num_layers)` (CUDA backend, L layers written:
         off L = one K+V write per layer; cow L + 2 = plus one log at begin and one restore at
-        commit, all layers each; stage L + 1 = one staging copy per layer plus one commit of all
-        layers). With neither, the launches panel is left out.
+        commit, all layers each; zero-copy stage 1 = one commit of all layers, the K/V projections
+        having written its staging buffer). With neither, the launches panel is left out.
     """
     modes = list(records_by_mode)
     recs = {m: _records(records_by_mode[m]) for m in modes}
@@ -134,8 +131,7 @@ def costs_by_mode(records_by_mode: Mapping[str, object], *, launches: Mapping[st
     n = {m: len(rs) for m, rs in recs.items()}
     note = subtitle or ("windows: " + ", ".join(f"{m} {n[m]}" for m in modes) +
                         ("" if launches else " · launches unknown (pass launches=)"))
-    fig.update_layout(**base_layout(title, note), barmode="group", height=440 + LEGEND_PX,
-                      width=860 if cols == 2 else 640)
+    fig.update_layout(**base_layout(title, note), barmode="group", height=440 + LEGEND_PX)
     fig.update_yaxes(title_text=f"{unit} per window", rangemode="tozero", row=1, col=1)
     fig.update_xaxes(title_text="write policy", row=1, col=1)
     return fig

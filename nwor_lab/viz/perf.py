@@ -155,14 +155,15 @@ def _sources(stored: dict, live: dict | None):
     return out
 
 
-def _layout(fig, title: str, subtitle: str, *, height: int, width: int, legend_y: float = -0.25,
+def _layout(fig, title: str, subtitle: str, *, height: int, legend_y: float = -0.25,
             bottom: int = 120, subplot_titles: bool = False) -> None:
     """The lab's base layout; the legend goes below the x-axis title, and the top margin grows
-    with the subtitle's lines (and the subplot titles' row)."""
+    with the subtitle's lines (and the subplot titles' row). No fixed width: a figure takes the
+    width of its notebook cell, JupyterLab's sidebar open or not."""
     layout = base_layout(title, subtitle)
     layout["margin"] = {**layout["margin"], "b": bottom, "t": layout["margin"]["t"] + (28 if subplot_titles else 10)}
     layout["legend"] = {**layout["legend"], "y": legend_y}
-    fig.update_layout(**layout, height=height, width=width)
+    fig.update_layout(**layout, height=height)
 
 
 def _reference_line(fig, x, y: float, name: str, colour: str, dash: str = "dash", **where) -> None:
@@ -173,10 +174,12 @@ def _reference_line(fig, x, y: float, name: str, colour: str, dash: str = "dash"
 
 
 def _bar_style(is_live: bool, crowded: bool = False) -> dict:
-    """Hatched bars for live results; with twice the bars per group, labels turn upright to fit."""
+    """Hatched bars for live results; where a group holds more bars than a label's width allows
+    in a notebook beside JupyterLab's sidebar (more than 3), labels turn upright, so they neither
+    overlap nor shrink to nothing."""
     style = dict(marker_pattern_shape=LIVE_PATTERN, opacity=0.85) if is_live else {}
     if crowded:
-        style.update(textangle=-90, textfont_size=10)
+        style.update(textangle=-90, textfont_size=11, cliponaxis=False)
     return style
 
 
@@ -200,15 +203,16 @@ def policy_window_time(policies, *, live=None, title: str = "One verify window's
                     x=[_window_label(r) for r in rows], y=y, name=name, legendgroup=name, showlegend=col == 1,
                     marker_color=_colour(mode, i), text=[f"{v:.0f}" for v in y], textposition="outside",
                     hovertemplate=f"{name}<br>%{{x}} tokens: %{{y:.1f}} µs ({key[:-3]})<extra></extra>",
-                    **_bar_style(is_live, crowded=live is not None)), row=1, col=col)
-    _layout(fig, title, result_subtitle(stored, live=live), height=520, width=980 if live is None else 1100,
-            legend_y=-0.22,
+                    **_bar_style(is_live, crowded=len(_modes(rows[0])) * (2 if live is not None else 1) > 3)),
+                    row=1, col=col)
+    _layout(fig, title, result_subtitle(stored, live=live), height=520, legend_y=-0.22,
             subplot_titles=True)
-    fig.update_layout(barmode="group")
+    # one label size for every bar (plotly would shrink the tallest bars' labels to fit their room)
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=10, mode="show"))
     fig.update_xaxes(title_text="requests × (1 + k) tokens in the window", type="category")
     for col, key in ((1, "eager"), (2, "CUDA graph")):
         top = max(max(t.y) for t in fig.data if t.xaxis == ("x" if col == 1 else "x2"))
-        fig.update_yaxes(title_text=f"µs per window ({key})", range=[0, top * 1.15], row=1, col=col)  # room for labels
+        fig.update_yaxes(title_text=f"µs per window ({key})", range=[0, top * 1.25], row=1, col=col)  # room for labels
     return fig
 
 
@@ -267,7 +271,7 @@ def policy_overhead(policies, *, kernels=None, live=None,
                 _reference_line(fig, labels, n * floor, f"{mode}: {n:+d} launch{'es' if abs(n) > 1 else ''} × "
                                 f"{floor:.1f} µs = {n * floor:+.1f} µs", _colour(mode, i + 2))
         note = f"dashed: the extra launches each policy declares × {floor:.1f} µs (one small kernel in a graph)"
-    _layout(fig, title, result_subtitle(stored, note, live=live), height=480, width=780)
+    _layout(fig, title, result_subtitle(stored, note, live=live), height=480)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="requests × (1 + k) tokens in the window", type="category")
     fig.update_yaxes(title_text="µs over off per window (graph)")
@@ -318,7 +322,7 @@ def kernel_time(kernels, *, op: str = "write_kv", shape: str = "llama3-8b", live
                             ("empty_op_in_graph_us", "empty custom op in a graph", "dashdot")):
         _reference_line(fig, all_tokens, stored[key], f"{text}: {stored[key]:.2f} µs", "#9a9a9a", dash)
     _layout(fig, title or f"{op}: time per call against tokens ({shape} layer)", result_subtitle(stored, live=live),
-            height=520, width=820, bottom=150)
+            height=520, bottom=150)
     fig.update_xaxes(title_text="tokens written in the call", **_log2_ticks(all_tokens))
     fig.update_yaxes(title_text="µs per call (log)", type="log", dtick=1)
     return fig
@@ -353,7 +357,7 @@ def kernel_bandwidth(kernels, *, shape: str = "llama3-8b", ops=None, live=None,
     bw = stored["copy_bandwidth_GBps"]
     _reference_line(fig, all_tokens, bw, f"device copy bandwidth, 1 GiB: {bw / 1e3:.2f} TB/s", "#222222")
     _layout(fig, title, result_subtitle(stored, f"{shape} layer; GB/s = bytes the op must move / its GPU time in a graph",
-                                        live=live), height=520, width=820, bottom=150)
+                                        live=live), height=520, bottom=150)
     fig.update_xaxes(title_text="tokens per call", **_log2_ticks(all_tokens))
     fig.update_yaxes(title_text="achieved GB/s (log)", type="log", dtick=1)
     return fig
@@ -384,7 +388,7 @@ def window_commit(kernels, *, live=None, title: str = "Committing a window: one 
                                  **_bar_style(is_live)))
     extra = (f"{w['layers']} layers × {w['tokens']} window tokens, {w['accepted']} accepted "
              f"(rejected rows are slot -1 for write_kv)")
-    _layout(fig, title, result_subtitle(stored, extra, live=live), height=480, width=760)
+    _layout(fig, title, result_subtitle(stored, extra, live=live), height=480)
     fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="how the launches are issued")
     fig.update_yaxes(title_text="µs per window commit", rangemode="tozero")
@@ -421,50 +425,53 @@ def engine_throughput(engine, *, title: str = "Tokens/s: speculative decoding ag
             x=[f"batch {r['batch_size']}" for r in series], y=[r["tokens_per_s"] for r in series], name=name,
             marker_color=_colour(mode, i), marker_pattern_shape="x" if scv_on else "",
             text=[f"{s:.2f}×" if (s is not None and r["k"]) else f"{r['tokens_per_s']:.0f}"
-                  for s, r in zip(speed, series)], textposition="outside",
+                  for s, r in zip(speed, series)], textposition="outside", **_bar_style(False, len(names) > 3),
             hovertemplate=f"{name}<br>%{{x}}: %{{y:.0f}} tokens/s<extra></extra>"))
     acc = [r.get("mean_acceptance_length") for r in rows if r["k"] and r.get("mean_acceptance_length")]
     extra = (" · ".join(str(result[k]) for k in ("dtype", "prompts") if result.get(k)) +
              (f"; mean accepted length {min(acc):.2f}–{max(acc):.2f}" if acc else "") +
              "; bar labels: speed-up over target-only (tokens/s on the baselines' bars)")
-    _layout(fig, title, result_subtitle(result, extra), height=520, width=max(700, 180 + 60 * len(names) * len(batches)),
+    _layout(fig, title, result_subtitle(result, extra), height=520,
             legend_y=-0.2, bottom=140)
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=10, mode="show"))
     fig.update_xaxes(title_text="batch size (requests decoded together)", type="category")
     top = max(r["tokens_per_s"] for r in rows)
-    fig.update_yaxes(title_text="tokens/s (generated, end to end)", range=[0, top * 1.15 if math.isfinite(top) else None])
+    fig.update_yaxes(title_text="tokens/s (generated, end to end)", range=[0, top * 1.25 if math.isfinite(top) else None])
     return fig
 
 
 def step_ratio(step, *, model: str = "8b", rate: float = 0.5,
                title: str = "A whole verify step under each write policy, relative to off"):
-    """Two panels (eager, one CUDA graph): step time of cow and stage divided by off's, from the
-    same run, for every batch x k of `model` at forced acceptance `rate`; below 1 = faster than
-    off. The KV path's share of off's step is in the hover."""
+    """Two panels, one above the other (eager, then one CUDA graph): step time of cow and stage
+    divided by off's, from the same run, for every batch x k of `model` at forced acceptance
+    `rate` (the x axis groups k under each batch); below 1 = faster than off. Each panel has its
+    own y range (the graphed ratios sit within a percent of 1). The KV path's share of off's step
+    is in the hover."""
     result = load_result(step, "step")
     rows = [r for r in result["results"] if r["model"] == model and abs(r["rate"] - rate) < 1e-9]
     if not rows:
         raise BenchmarkFileError(f"step result: no rows for model={model!r} at rate={rate}")
     kinds = [k for k in ("eager", "graph") if f"{k}_us" in rows[0]["off"]]
-    fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True,
-                        subplot_titles=[{"eager": "eager (host included)", "graph": "one CUDA graph"}[k] for k in kinds])
-    x = [f"batch {r['batch']} · k {r['k']}" for r in rows]
-    for col, kind in enumerate(kinds, 1):
+    names = {"eager": "eager (host included)", "graph": "one CUDA graph (GPU time)"}
+    fig = make_subplots(rows=len(kinds), cols=1, shared_xaxes=True, vertical_spacing=0.14,
+                        subplot_titles=[names[k] for k in kinds])
+    x = [[f"batch {r['batch']}" for r in rows], [f"k {r['k']}" for r in rows]]   # two-level categories
+    for row, kind in enumerate(kinds, 1):
         for i, mode in enumerate(("cow", "stage")):
             fig.add_trace(go.Bar(
                 x=x, y=[r[mode][f"{kind}_vs_off"] for r in rows], name=mode, legendgroup=mode,
-                showlegend=col == 1, marker_color=_colour(mode, i),
-                customdata=[[r["off"][f"{kind}_us"], r["off"].get(f"{kind}_kv_share", float("nan")) * 100]
-                            for r in rows],
+                showlegend=row == 1, marker_color=_colour(mode, i),
+                customdata=[[r["off"][f"{kind}_us"], r["off"].get(f"{kind}_kv_share", float("nan")) * 100,
+                             f"batch {r['batch']} · k {r['k']}"] for r in rows],
                 hovertemplate=f"{mode}/off %{{y:.3f}}<br>off %{{customdata[0]:.0f}} µs, KV path "
-                              f"%{{customdata[1]:.1f}} % of it<extra>%{{x}}</extra>"), row=1, col=col)
-        fig.add_hline(y=1.0, line_dash="dash", line_color="#555", row=1, col=col)
-    ys = [r[m][f"{k}_vs_off"] for r in rows for m in ("cow", "stage") for k in kinds]
+                              f"%{{customdata[1]:.1f}} % of it<extra>%{{customdata[2]}}</extra>"), row=row, col=1)
+        fig.add_hline(y=1.0, line_dash="dash", line_color="#555", row=row, col=1)
+        ys = [r[m][f"{kind}_vs_off"] for r in rows for m in ("cow", "stage")]
+        pad = max(0.01, 0.15 * (max(ys) - min(ys)))
+        fig.update_yaxes(title_text="÷ off's step time", range=[min(min(ys), 1) - pad, max(max(ys), 1) + pad],
+                         row=row, col=1)
     _layout(fig, title, result_subtitle(result, f"{model}, forced acceptance {rate:g}, context "
                                                 f"{rows[0].get('context', '?')} tokens; dashed line: as fast as off"),
-            height=480, width=max(760, 120 + 70 * len(rows) * len(kinds)), legend_y=-0.3, bottom=150,
-            subplot_titles=True)
+            height=330 * len(kinds) + 140, legend_y=-0.12, bottom=110, subplot_titles=True)
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="step time ÷ off's step time", row=1, col=1,
-                     range=[min(0.9, min(ys) - 0.02), max(1.1, max(ys) + 0.02)])
     return fig

@@ -9,11 +9,18 @@ at each phase of each window:
     acceptance  after the acceptance is known, before anything is committed or restored
     commit      after the cache holds its final state   (or: cancel)
 
-Per frame it keeps, for each recorded layer, the `[NB, BS]` int8 slot states (see states.py) plus
-per-slot labels and a one-line caption. To stay cheap it reads only the window's slots of the
-recorded layers (`[T, 2, H*D]` raw bits per layer and phase), never a whole cache. The policy's
-declared behaviour (`window_in_buffer`, `preserves_rejected_slots`) and the bits decide the states;
-the policy's name only appears in captions.
+Per frame it keeps, for each recorded layer, the `[NB, BS]` int8 slot states (see states.py), the
+two buffers NWOR holds besides the cache — the staging buffer (a policy that declares
+`window_in_buffer`) and the CoW log (a policy whose begin saved `logged_slots`), each as `[T]` int8
+states by window row — plus per-slot labels and a one-line caption. To stay cheap it reads only
+the window's slots of the recorded layers (`[T, 2, H*D]` raw bits per layer and phase), never a
+whole cache. The policy's declared behaviour (`window_in_buffer`, `preserves_rejected_slots`) and
+the bits decide the cache's states; the phases and the declaration decide the buffers'; the
+policy's name only appears in captions.
+
+Bits found in the cache before the recording are OLD (old contents) unless the caller names them
+`committed` (e.g. the demo's requests' prefixes): a freed block of a finished request is not a
+kept token of anyone running.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ from typing import Sequence
 
 import torch
 
-from nwor_lab.viz.states import SlotState, declared, occupancy, row_states, settle, slot_rows, token_labels
+from nwor_lab.viz.states import (SlotState, declared, log_rows, occupancy, row_states, settle, slot_rows, staging_rows,
+                                 token_labels)
 
 __all__ = ["Frame", "Recorder"]
 
@@ -32,7 +40,11 @@ __all__ = ["Frame", "Recorder"]
 class Frame:
     """One phase of one window, ready to draw.
 
-    states: recorded layer -> `[NB, BS]` int8 SlotState of that layer after this phase
+    states:  recorded layer -> `[NB, BS]` int8 SlotState of that layer after this phase
+    staging: recorded layer -> `[T]` int8 state of each window row in the staging buffer; empty
+             when the policy keeps no staging buffer
+    log:     recorded layer -> `[T]` int8 state of the CoW log entry saved for each window row's
+             slot (EMPTY where none was); empty when the policy keeps no log
     labels: slot -> hover label ("req 1 · d2 · rejected"); marks: slot -> cell text ("1:d2✗")
     window, acceptance: host copies (acceptance from the "acceptance" phase on)
     """
@@ -53,10 +65,18 @@ class Frame:
     rows: range | None = None  # phase "write": the window rows written
     acceptance: object = None
     record: object = None
+    staging: dict = field(default_factory=dict)
+    log: dict = field(default_factory=dict)
 
     @property
     def layers(self) -> list[int]:
         return list(self.states)
+
+    @property
+    def shown_layer(self) -> int:
+        """The layer a picture of this frame shows by default: the one just written (write
+        phase, if recorded), else the first recorded layer."""
+        return self.layer if self.phase == "write" and self.layer in self.states else self.layers[0]
 
     def grid(self, layer: int | None = None) -> torch.Tensor:
         """`[NB, BS]` states of `layer` (default: the first recorded layer)."""
@@ -66,6 +86,13 @@ class Frame:
     def title(self) -> str:
         kind = f"{self.kind} " if self.kind else ""
         return f"{self.mode} · {kind}window {self.window_index} · {self.phase}"
+
+    def title_for(self, layer: int) -> str:
+        """The title of a picture of `layer`: "... · write · layer 1", or, when a write phase is
+        shown on another layer than the one it wrote, "... · write of layer 3 · layer 0 shown"."""
+        if self.phase == "write" and self.layer is not None and self.layer != layer:
+            return f"{self.title} of layer {self.layer} · layer {layer} shown"
+        return f"{self.title} · layer {layer}"
 
 
 class _Open:
@@ -93,6 +120,7 @@ class _Open:
         if logged_slots is not None and logged_slots.numel():
             logged = torch.isin(self.slots, logged_slots.cpu().long()) & self.valid
         self.num_logged = 0 if logged_slots is None else int((logged_slots >= 0).sum())
+        self.uses_log = logged_slots is not None
         self.logged = {l: logged if l in event.layers else torch.zeros_like(logged) for l in layers}
         self.acceptance = None
         self.kept = None
@@ -105,14 +133,17 @@ class Recorder:
                  `[NB, BS]` int8 grid per layer per frame.
     kinds:       window kinds to record (e.g. ("verify",)); default all.
     max_windows: stop recording after this many windows (long runs).
-    Slots outside the windows start as COMMITTED if they hold any non-zero bit, else EMPTY.
+    committed:   slots whose bits at the start are kept tokens' K/V (e.g. the requests' prefixes).
+    Slots the recording has not seen a window write start as COMMITTED if `committed` names them
+    and they hold a non-zero bit, as OLD (old contents) if they hold one and it does not, else EMPTY.
     """
 
     def __init__(self, layers: Sequence[int] | None = None, *, kinds: Sequence[str] | None = None,
-                 max_windows: int | None = None):
+                 max_windows: int | None = None, committed: Sequence[int] | None = None):
         self.layers = None if layers is None else [int(l) for l in layers]
         self.kinds = None if kinds is None else set(kinds)
         self.max_windows = max_windows
+        self.committed = None if committed is None else torch.as_tensor(list(committed), dtype=torch.long)
         self.frames: list[Frame] = []
         self.windows_seen = 0
         self._open: dict[int, _Open | None] = {}           # id(policy) -> open window (None: skipped)
@@ -151,7 +182,7 @@ class Recorder:
         finished = event.phase in ("commit", "cancel")
         if event.phase == "cancel":
             state.kept = None
-        frame = self._frame(event, state, finished)
+        frame = self._frame(event, state, finished, cancelled=event.phase == "cancel")
         self.frames.append(frame)
         if finished:
             cache_key = id(event.policy.cache)
@@ -173,17 +204,24 @@ class Recorder:
         base = self._base.setdefault(id(cache), {})
         for l in layers:
             if l not in base:
-                base[l] = occupancy(*cache.layer(l))
+                base[l] = occupancy(*cache.layer(l), held=SlotState.OLD)
+                if self.committed is not None and self.committed.numel():
+                    held = base[l][self.committed] == SlotState.OLD
+                    base[l][self.committed[held]] = SlotState.COMMITTED
         labels = self._labels.setdefault(id(cache), {})
         state = _Open(event, layers, self.windows_seen, {l: base[l] for l in layers}, labels)
         self.windows_seen += 1
         return state
 
-    def _frame(self, event, st: _Open, finished: bool) -> Frame:
+    def _frame(self, event, st: _Open, finished: bool, cancelled: bool = False) -> Frame:
         cache = event.policy.cache
         in_buffer, preserves = st.flags
-        states = {}
+        states, staging, log = {}, {}, {}
         for l in st.layers:
+            if in_buffer:
+                staging[l] = staging_rows(st.delivered[l], st.kept, finished=finished, cancelled=cancelled)
+            if st.uses_log:
+                log[l] = log_rows(st.logged[l], st.kept, finished=finished, cancelled=cancelled)
             now = slot_rows(*cache.layer(l), st.slots)
             changed = (now != st.start[l]).flatten(1).any(1) & st.valid
             rows = row_states(st.base[l][st.slots.clamp(min=0)], delivered=st.delivered[l], changed=changed,
@@ -207,7 +245,7 @@ class Recorder:
                      labels=labels, marks=marks, block_size=cache.spec.block_size, window=st.window,
                      window_layers=st.window_layers, layer=getattr(event, "layer", None),
                      rows=getattr(event, "rows", None), acceptance=st.acceptance,
-                     record=getattr(event, "record", None))
+                     record=getattr(event, "record", None), staging=staging, log=log)
 
 
 def _host_window(w):

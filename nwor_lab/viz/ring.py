@@ -117,7 +117,7 @@ def ring_figure(panels, *, ring_slots: int, sliding_window: int, start: int, num
                                                   line=dict(color="#999999", width=1))), row=1, col=1)
     polar = dict(radialaxis=dict(visible=False, range=[0, 2.7]),
                  angularaxis=dict(visible=False, direction="clockwise", rotation=90))
-    fig.update_layout(**base_layout(title, subtitle), height=470, width=max(560, 330 * n + 60),
+    fig.update_layout(**base_layout(title, subtitle), height=470,
                       **{f"polar{'' if i == 1 else i}": polar for i in range(1, n + 1)})
     fig.update_layout(margin_t=fig.layout.margin.t + 30)    # room for the panel titles
     return fig
@@ -145,7 +145,7 @@ def strategies_figure(rows, *, title: str = "Sliding-window strategies side by s
     steps = [r.get("tokens_per_request_step") or r.get("mean_acceptance_length") or 0 for r in rows]
     fig.add_trace(go.Bar(x=names, y=steps, marker_color=ok, text=marks, textposition="outside", showlegend=False),
                   row=1, col=3)
-    fig.update_layout(**base_layout(title, subtitle), barmode="stack", height=470, width=1050)
+    fig.update_layout(**base_layout(title, subtitle), barmode="stack", height=470)
     fig.update_layout(margin_t=fig.layout.margin.t + 24, margin_b=150)
     fig.update_xaxes(tickangle=-35)
     return fig

@@ -23,31 +23,54 @@ class SlotState(IntEnum):
 
     EMPTY = 0       # no token's K/V
     COMMITTED = 1   # K/V of a kept token
-    STAGED = 2      # this window's token waits in the staging buffer; the slot is untouched
+    STAGED = 2      # a window row waiting in the staging buffer (drawn in the buffer's panel; its
+                    # cache slot is untouched and shows what it holds)
     WRITTEN = 3     # written this window, fate not decided yet
     REJECTED = 4    # written, then rejected: the rejected K/V stays (garbage until overwritten)
     LOGGED = 5      # old contents saved to the CoW log before the window writes the slot
     RESTORED = 6    # written, rejected, and bit-restored from the log
+    OLD = 7         # bits from before: no running request's kept token (a freed block, a stale or
+                    # evicted entry, K/V nobody declared committed)
 
 
 STATE_MEANING = {
     SlotState.EMPTY: "empty",
     SlotState.COMMITTED: "committed: K/V of a kept token",
-    SlotState.STAGED: "staged: waits in the staging buffer, cache untouched",
+    SlotState.STAGED: "staged: waits in the staging buffer (cache untouched)",
     SlotState.WRITTEN: "written this window, fate not decided",
     SlotState.REJECTED: "rejected K/V left in the cache",
     SlotState.LOGGED: "old contents saved to the log",
     SlotState.RESTORED: "rejected, bits restored from the log",
+    SlotState.OLD: "old contents: bits from before, no kept token",
 }
 
+# Short names for legends (the hover keeps STATE_MEANING)
+STATE_LEGEND = {
+    SlotState.EMPTY: "empty",
+    SlotState.OLD: "old contents (no kept token)",
+    SlotState.COMMITTED: "committed (kept token)",
+    SlotState.STAGED: "staged (in the buffer)",
+    SlotState.WRITTEN: "written, fate open",
+    SlotState.REJECTED: "rejected K/V left",
+    SlotState.LOGGED: "saved to the CoW log",
+    SlotState.RESTORED: "restored from the log",
+}
 
-def occupancy(key_layer: torch.Tensor, value_layer: torch.Tensor) -> torch.Tensor:
-    """`[NB * BS]` int8 first guess of a layer's states: COMMITTED where any K/V bit is set, else
-    EMPTY (caches are allocated zeroed). key/value_layer: `[NB, BS, H, D]`, any layout/dtype."""
+# The legend's order: the life of a slot (old contents come before anything a window does)
+LEGEND_ORDER = (SlotState.EMPTY, SlotState.OLD, SlotState.COMMITTED, SlotState.STAGED, SlotState.WRITTEN,
+                SlotState.REJECTED, SlotState.LOGGED, SlotState.RESTORED)
+
+
+def occupancy(key_layer: torch.Tensor, value_layer: torch.Tensor, *,
+              held: SlotState = SlotState.COMMITTED) -> torch.Tensor:
+    """`[NB * BS]` int8 first guess of a layer's states: `held` where any K/V bit is set, else
+    EMPTY (caches are allocated zeroed). key/value_layer: `[NB, BS, H, D]`, any layout/dtype.
+    `held`: COMMITTED when the caller knows the bits are kept tokens' K/V (a cache it filled), OLD
+    when it does not (bits found before a recording: freed blocks, stale entries)."""
     nb, bs = key_layer.shape[:2]
     used = (raw(key_layer) != 0).flatten(2).any(-1) | (raw(value_layer) != 0).flatten(2).any(-1)
     out = torch.full((nb * bs,), int(SlotState.EMPTY), dtype=torch.int8)
-    out[used.reshape(-1).cpu()] = int(SlotState.COMMITTED)
+    out[used.reshape(-1).cpu()] = int(held)
     return out
 
 
@@ -77,8 +100,9 @@ def row_states(base: torch.Tensor, *, delivered: torch.Tensor, changed: torch.Te
     s = base.clone()
     s[logged] = SlotState.LOGGED
     s[delivered] = SlotState.WRITTEN
-    if window_in_buffer:
-        s[delivered & ~changed] = SlotState.STAGED      # in the buffer; the cache has not moved
+    if window_in_buffer:    # the row waits in the staging buffer (drawn there): the slot shows what it holds
+        untouched = delivered & ~changed
+        s[untouched] = base[untouched]
     if not finished:
         return s
     if kept is None:                                    # cancelled: rows stay as `off` leaves them
@@ -92,6 +116,39 @@ def row_states(base: torch.Tensor, *, delivered: torch.Tensor, changed: torch.Te
     s[rejected & reached_cache] = SlotState.RESTORED if preserves_rejected_slots else SlotState.REJECTED
     s[rejected & changed] = SlotState.REJECTED          # bits differ: whatever was declared
     return s                                            # rejected, never reached the cache: base
+
+
+def staging_rows(delivered: torch.Tensor, kept: torch.Tensor | None, *, finished: bool,
+                 cancelled: bool = False) -> torch.Tensor:
+    """`[T]` int8: what the staging buffer holds for each window row of one layer (a policy that
+    declares `window_in_buffer`). STAGED once the row's K/V arrived; after the commit a kept row is
+    COMMITTED (copied into the cache) and a rejected one EMPTY (dropped with the buffer, it never
+    reached the cache); a cancelled window flushes what arrived into the cache, as `off` would
+    have written it (WRITTEN). delivered / kept: `[T]` bool (kept None before the acceptance)."""
+    s = torch.full(delivered.shape, int(SlotState.EMPTY), dtype=torch.int8)
+    s[delivered] = SlotState.STAGED
+    if finished:
+        s[:] = SlotState.EMPTY
+        if cancelled or kept is None:
+            s[delivered] = SlotState.WRITTEN
+        else:
+            s[delivered & kept] = SlotState.COMMITTED
+    return s
+
+
+def log_rows(logged: torch.Tensor, kept: torch.Tensor | None, *, finished: bool,
+             cancelled: bool = False) -> torch.Tensor:
+    """`[T]` int8: what the CoW log holds, by the window row whose slot it saved (one layer).
+    LOGGED from begin (the slot's old bits); after the commit a rejected row's entry is RESTORED
+    (copied back into the cache) and a kept row's EMPTY (dropped: the new K/V stay); a cancelled
+    window drops the whole log. logged / kept: `[T]` bool."""
+    s = torch.full(logged.shape, int(SlotState.EMPTY), dtype=torch.int8)
+    s[logged] = SlotState.LOGGED
+    if finished:
+        s[:] = SlotState.EMPTY
+        if not cancelled and kept is not None:
+            s[logged & ~kept] = SlotState.RESTORED
+    return s
 
 
 def settle(final: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
@@ -130,7 +187,8 @@ def layer_states(before, after, window, acceptance, *, layer: int, window_in_buf
         window, and the cache's `(key, value)` after it; a `PagedKVCache` is accepted for either)
     window:     the `Window` that ran
     acceptance: its `Acceptance` (or None for a window without drafts: everything kept)
-    base:       `[NB * BS]` states before the window; default: `occupancy(before)`
+    base:       `[NB * BS]` states before the window; default: `occupancy(before, held=OLD)`
+                (bits before the window are old contents; pass a base to call some committed)
     The two flags are the policy's declaration (`policy.window_in_buffer`,
     `policy.preserves_rejected_slots`).
     """
@@ -138,7 +196,7 @@ def layer_states(before, after, window, acceptance, *, layer: int, window_in_buf
     ak, av = _stacked(after)
     nb, bs = bk.shape[1:3]
     if base is None:
-        base = occupancy(bk[layer], bv[layer])
+        base = occupancy(bk[layer], bv[layer], held=SlotState.OLD)
     slots = window.slot_mapping.cpu()
     valid = slots >= 0
     changed = (slot_rows(bk[layer], bv[layer], slots) != slot_rows(ak[layer], av[layer], slots)).flatten(1).any(1)

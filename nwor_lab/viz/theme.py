@@ -19,6 +19,7 @@ STATE_COLOURS = {
     SlotState.REJECTED: "#e0603a",    # vermillion: rejected K/V left in the cache
     SlotState.LOGGED: "#b98bd6",      # violet: old contents saved to the CoW log
     SlotState.RESTORED: "#4db58a",    # green: rejected, bits restored from the log
+    SlotState.OLD: "#c9b99b",         # sand: bits from before, no kept token (freed, stale, evicted)
 }
 
 # Token fates in a window (window_timeline); same hues as the slot states they lead to.

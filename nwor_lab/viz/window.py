@@ -73,8 +73,7 @@ def window_timelines(panels: Sequence[dict], *, title: str, subtitle: str | None
                                  marker=dict(symbol="square", size=13, color=TOKEN_COLOURS[fate],
                                              line=dict(color="#999999", width=1)), hoverinfo="skip"),
                       row=1, col=1)
-    fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 34 * heights + 40 * (n - 1),
-                      width=max(520, 190 + 56 * width))
+    fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 34 * heights + 40 * (n - 1))
     fig.update_xaxes(title_text="token in the request's window (t_last, d1, d2, ...)", dtick=1,
                      showgrid=False, zeroline=False, range=[-0.5, width - 0.5])
     fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed", type="category")

@@ -5,7 +5,7 @@ runs live; a chapter that did not run here uses its notes' estimate, and says so
 instructor's plan for **talk** and **hands-on** minutes (`nwor_lab.workshop.notes`). A break and a
 wrap-up are fixed. The talk and hands-on minutes are scaled together so the day is exactly
 `total_min` long, then rounded to whole minutes (largest remainders first, so the sum stays exact).
-A chapter in the notes that is not in the build (01_why, until it is written) keeps its slot with
+A chapter in the notes that is not in the build (its kernel missing, or `pending`) keeps its slot with
 its estimate; a built chapter without notes gets a default plan of five minutes.
 """
 from __future__ import annotations

@@ -90,7 +90,6 @@ NOTES = {n.stem: n for n in [
                 "the random 4-layer window under {nwor_mode}: {bytes_written:,} B written, {bytes_skipped:,} B skipped")),
     ChapterNotes(
         "01_why", "Why it matters: what rejected K/V costs", talk_min=15, hands_on_min=0, run_estimate_s=60,
-        pending="chapter 01_why is being written; these notes follow its outline and wait for its run",
         say=("Start from the promise a learner brings — \"~90 % fewer writes and 3x throughput\" — and answer it "
              "with the lab's measurements.",
              "Under `off` the cache's bytes depend on drafts that were thrown away: two runs with the same text "
@@ -104,7 +103,18 @@ NOTES = {n.stem: n for n in [
         questions=("Which parts of your serving stack hash, copy or summarise KV blocks?",
                    "If `stage` writes 40 % fewer bytes, why is the step-time gain only about a percent?",
                    "Which claims in the chapter are measured here, and which are cited — and how would you "
-                   "measure one of the cited ones?")),
+                   "measure one of the cited ones?"),
+        expect=("the fork's run: {seed_claimed_savings:.0%} of drafts' writes avoided, {seed_savings_with_t_last:.0%} "
+                "of the window's rows once t_last is counted",
+                "here (k = {k}, {mean_accepted:.2f} drafts accepted per window): stage writes {stage_write_share:.0%} "
+                "of off's rows; ncu on the H200 {ncu_stage_write_share:.0%}, vLLM's own cache "
+                "{vllm_stage_bytes_share:.0%}",
+                "the skipped bytes are {skipped_bytes_step_share:.2%} of a step's time; a stage step is "
+                "{stage_vs_off_step:.3f}x off's",
+                "windows after which some block differs between the two runs: off {off_windows_with_differing_blocks}, "
+                "cow {cow_windows_with_differing_blocks}, stage {stage_windows_with_differing_blocks} "
+                "of {verify_windows}",
+                "on a ring of W slots: off correct = {off_ring_correct}, stage correct = {stage_ring_correct}")),
     ChapterNotes(
         "02_paged_cache", "The paged cache: slots, layouts, fp8", talk_min=10, hands_on_min=8, run_estimate_s=15,
         say=("slot = block × block_size + offset; a request's blocks need not be contiguous — the block table "
