@@ -9,9 +9,12 @@ One step of vLLM's runner, and what the runtime does at each point:
                                   layers 0..L-1 (target and EAGLE head alike)
     every layer writes K/V        policy.write(layer, key, value)  (stage: into its buffer)
     every layer attends           vLLM's kernel reads the cache; when the policy keeps the window
-                                  in a buffer (stage) the lab's verify attention reads the cache
-                                  prefix plus the staged rows instead (ops.verify_attention_batched:
-                                  the reference's semantics, every request in one SDPA)
+                                  in a buffer (stage), staged_metadata() copies the window's blocks
+                                  into staging blocks past vLLM's pool, writes the staged rows
+                                  there and hands vLLM's kernel a block table pointing at them
+                                  (staging.py); when that cannot serve, attend(): the lab's verify
+                                  attention over the cache prefix plus the staged rows
+                                  (ops.verify_attention_batched, every request in one SDPA)
     runner._sample                accept(): SCV on the rejection sampler's output -> Acceptance
     head's first pass (layer N)   written into the verify window like any layer (same rows, slots)
     head's chain step 1           commit the verify window; begin the DRAFT window on layer N: all
@@ -279,8 +282,7 @@ class NworRuntime:
             if p is None:
                 return None
             win_key, win_value = self.policy.window_kv(layer)
-            key_view, value_view = self.vc.cache.layer(layer)
-            self.staging.fill(p, self.vc.packed[layer], key_view, value_view, win_key, win_value)
+            self.staging.fill(p, self.vc.packed[layer], self.vc.writers[layer], win_key, win_value)
             return p.metadata
         finally:
             self.totals.seconds_in_nwor += time.perf_counter() - t0

@@ -10,7 +10,7 @@ per pass:
         blocks its staged positions fall in get a spare block each; the metadata's block table is
         a copy with those entries swapped to the spares (everything else is vLLM's metadata)
     per layer (fill)                           the real blocks are copied to their spares, then the
-        staged rows are written into the copies at their positions; vLLM's forward runs on the
+        staged rows are written into the copies at their positions (vLLM's own write op); vLLM's forward runs on the
         swapped metadata
 
 The real blocks are only read: a rejected row never reaches them (stage's contract, checked
@@ -71,10 +71,7 @@ class StagingPass:
     metadata: object                 # vLLM's attention metadata, block_table swapped to the spares
     src: torch.Tensor                # [B] real blocks copied ...
     dst: torch.Tensor                # [B] ... into these spare blocks
-    rows: torch.Tensor               # [n] staged window rows to place
-    row_block: torch.Tensor          # [n] the spare block each goes to
-    row_offset: torch.Tensor         # [n] its offset in that block
-    num_tokens: int                  # query rows of the pass (query_start_loc[num_reqs])
+    slots: torch.Tensor              # [T] per window row: its slot in the spares (-1: not staged yet)
 
 
 class StagingBlocks:
@@ -120,16 +117,17 @@ class StagingBlocks:
         first_all = np.zeros(num_reqs, dtype=np.int64)
         first_all[has] = first_b
         row_block = base[req] + pos // bs - first_all[req]
-        qsl = md.query_start_loc
+        slots = np.full(token_req.shape[0], -1, dtype=np.int64)
+        slots[rows] = row_block * bs + pos % bs
         t_ = torch.from_numpy
         return StagingPass(dataclasses.replace(md, block_table=swapped), t_(src), t_(spare.astype(np.int64)),
-                           t_(rows.astype(np.int64)), t_(row_block), t_(pos % bs), int(qsl[num_reqs]))
+                           t_(slots))
 
     @staticmethod
-    def fill(p: StagingPass, packed: torch.Tensor, key_view, value_view, win_key, win_value) -> None:
+    def fill(p: StagingPass, packed: torch.Tensor, write_rows, win_key, win_value) -> None:
         """One layer: copy the real blocks into their spares (`packed` is vLLM's tensor
-        `[num_blocks, H, BS, 2*D]`, one block a contiguous run), then write the staged rows
-        (`win_key/win_value [T, H, D]`) into the copies through the lab's views `[NB, BS, H, D]`."""
-        packed[p.dst] = packed[p.src]
-        key_view[p.row_block, p.row_offset] = win_key[p.rows]
-        value_view[p.row_block, p.row_offset] = win_value[p.rows]
+        `[num_blocks, H, BS, 2*D]`, one block a contiguous run), then write the window's rows
+        (`win_key/win_value [T, H, D]`) at `p.slots` with `write_rows(key, value, slots)`, which
+        skips slot -1 (vLLM's `cpu_attn_reshape_and_cache`: VllmCache.write_rows)."""
+        packed.index_copy_(0, p.dst, packed.index_select(0, p.src))
+        write_rows(win_key, win_value, p.slots)

@@ -41,8 +41,14 @@ def test_plan_and_fill_place_staged_rows_after_the_real_prefix():
     staging = StagingBlocks(5, 3, bs)
     p = staging.plan(token_req, 2, [(0, 5)], md)
     assert p.metadata.block_table.tolist() == [[5, 6], [7, 0]] and md.block_table.tolist() == [[1, 2], [3, 0]]
+    assert p.slots.tolist() == [5 * bs + 30, 5 * bs + 31, 6 * bs + 0, 7 * bs + 5, 7 * bs + 6]
     win_k, win_v = torch.randn(5, h, d), torch.randn(5, h, d)
-    staging.fill(p, packed, key_view, value_view, win_k, win_v)
+
+    def write_rows(key, value, slots):          # the lab's index-put (vLLM's op needs head_size >= 32)
+        ok = slots >= 0
+        key_view[slots[ok] // bs, slots[ok] % bs] = key[ok]
+        value_view[slots[ok] // bs, slots[ok] % bs] = value[ok]
+    staging.fill(p, packed, write_rows, win_k, win_v)
     assert torch.equal(packed[:5], real[:5])                                   # real blocks untouched
     rk, _ = vllm_cpu_views(real)
     assert torch.equal(key_view[5, :30], rk[1, :30]) and torch.equal(key_view[7, :5], rk[3, :5])
@@ -51,6 +57,9 @@ def test_plan_and_fill_place_staged_rows_after_the_real_prefix():
     assert staging.plan(token_req, 2, [(0, 5)], _as_dataclass(SimpleNamespace(**{**vars(md), "block_table":
                                                                                  md.block_table[:, :1]}))) is None
     assert StagingBlocks(5, 2, bs).plan(token_req, 2, [(0, 5)], md) is None    # 3 blocks needed, 2 spare
+    part = staging.plan(token_req, 2, [(0, 2)], md)         # rows 0, 1 staged so far: request 0 only
+    assert part.slots.tolist() == [5 * bs + 31, 6 * bs + 0, -1, -1, -1]
+    assert part.metadata.block_table.tolist() == [[5, 6], [3, 0]]
 
 
 def _as_dataclass(ns):
