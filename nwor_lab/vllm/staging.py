@@ -21,7 +21,6 @@ torch attention (`ops.verify_attention_batched`), which stays the reference.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -85,10 +84,11 @@ class StagingBlocks:
         request) sit for `md`: request r's staged rows, in row order, are its last positions
         (seq_lens[r] - count_r ..), as the lab's torch attention reads them. None: not expressible."""
         bs = self.block_size
-        rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+        rows = np.arange(*ranges[0]) if len(ranges) == 1 else np.concatenate([np.arange(a, b) for a, b in ranges])
         req = token_req.numpy()[rows]
-        order = np.argsort(req, kind="stable")
-        rows, req = rows[order], req[order]                         # per request, in row order
+        if (req[1:] < req[:-1]).any():                              # step-major (a chain): sort by request
+            order = np.argsort(req, kind="stable")
+            rows, req = rows[order], req[order]                     # per request, in row order
         counts = np.bincount(req, minlength=num_reqs)
         seq_lens = md.seq_lens.numpy()[:num_reqs].astype(np.int64)
         cache_lens = seq_lens - counts
@@ -120,8 +120,9 @@ class StagingBlocks:
         slots = np.full(token_req.shape[0], -1, dtype=np.int64)
         slots[rows] = row_block * bs + pos % bs
         t_ = torch.from_numpy
-        return StagingPass(dataclasses.replace(md, block_table=swapped), t_(src), t_(spare.astype(np.int64)),
-                           t_(slots))
+        staged = copy.copy(md)                  # vLLM's metadata as it is, but for the block table
+        staged.block_table = swapped
+        return StagingPass(staged, t_(src), t_(spare.astype(np.int64)), t_(slots))
 
     @staticmethod
     def fill(p: StagingPass, packed: torch.Tensor, write_rows, win_key, win_value) -> None:
