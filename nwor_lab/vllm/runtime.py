@@ -142,9 +142,11 @@ class NworRuntime:
             path = self.settings.record
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._record = open(path, "a", encoding="utf-8")
-        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d",
+        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d, %s",
                  self.settings.describe(), self.vc.cache.num_layers, self.vc.num_target_layers,
-                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size)
+                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size,
+                 f"{self.staging.count} staging blocks from block {self.staging.first}" if self.staging
+                 else "no staging blocks")
 
     def set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> None:
         """Switch the write policy / SCV mode between steps (no window may be open)."""

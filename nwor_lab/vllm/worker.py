@@ -81,7 +81,9 @@ class NworCPUWorker(CPUWorker):
         if rt is not None:
             # stage's staging blocks (staging.py): the tensors get `extra` blocks past the pool's
             # count. A copy of the config: the engine's scheduler may hold the very same object.
-            extra = self._staging_blocks()
+            # The bytes are outside vLLM's KV budget, so at most 1/8 of the pool (a pass needing
+            # more spares than that attends with the torch path instead)
+            extra = min(self._staging_blocks(), max(1, kv_cache_config.num_blocks // 8))
             enlarged = enlarge_kv_cache_config(kv_cache_config, extra)
             if enlarged is None:
                 log.info("nwor_lab.vllm: no staging blocks (unknown KV tensor placement); stage attends with "
