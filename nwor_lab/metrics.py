@@ -6,7 +6,7 @@ reads another engine's zeros: the counters live exactly as long as the object th
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
@@ -37,7 +37,9 @@ class WindowRecord:
         return self.num_drafts - self.num_accepted
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        # asdict's recursive deep copy, without its cost (every field is flat: ints, bools, int lists);
+        # the vLLM plugin builds one of these per window
+        d = {k: list(v) if isinstance(v, list) else v for k, v in self.__dict__.items()}
         d["num_rejected"] = self.num_rejected
         return d
 

@@ -151,6 +151,10 @@ class PagedKVCache:
         # per-layer views made once: layer() runs for every layer of every window (host time)
         self._layers = [(self.key[l], self.value[l]) for l in range(spec.num_layers)]
         self._scales = [(self.k_scale[l], self.v_scale[l]) for l in range(spec.num_layers)]
+        # per layer: the owner's own row write `write(key, value, slots)` (slot -1 skipped), or None.
+        # The vLLM plugin sets vLLM's C++ op here; write policies use it for whole-window writes
+        # (same bytes, one op instead of two strided index-puts)
+        self.native_writers = [None] * spec.num_layers
 
     @classmethod
     def from_layers(cls, keys: list[torch.Tensor], values: list[torch.Tensor], *, dtype: torch.dtype,

@@ -55,7 +55,16 @@ class CowPolicy(OffPolicy):
 
     def _commit(self, acceptance) -> None:
         rejected = self._draft_slots.masked_fill(acceptance.draft_mask, -1)  # accepted: nothing to restore
-        restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, trusted=True)
+        c = self.cache
+        native = c.native_writers[self.layers.start:self.layers.stop]
+        if all(w is not None for w in native) and not c.is_fp8:
+            # the cache owner's own row write (vLLM's C++ op), one per layer; slot -1 is skipped
+            log_k, log_v = self._log
+            slots = rejected.long()
+            for i, write in enumerate(native):
+                write(log_k[i], log_v[i], slots)
+        else:
+            restore_slots(*self._stacked(), rejected, *self._log, backend=self.config.backend, trusted=True)
         self._log = None
 
     def _cancel(self) -> None:

@@ -148,6 +148,21 @@ class WritePolicy:
             if self.observers:
                 self._emit("write", layer=layer, rows=range(0, n))
             return
+        # A chunk (an EAGLE chain step: rows token_offset .. +n-1) with nothing to object to takes a
+        # second hot path; anything else (and every error) the checked one
+        if w is not None and type(layer) is int and self.layers.start <= layer < self.layers.stop \
+                and type(token_offset) is int and 0 <= token_offset and 0 < n \
+                and token_offset + n <= w.num_tokens and key.dtype is self.cache.spec.dtype \
+                and value.dtype is key.dtype and key.shape[1:] == self._kv_shape and value.shape == key.shape \
+                and key.device == self.cache.device and value.device == self.cache.device:
+            end = token_offset + n
+            ranges = self._rows.setdefault(layer, [])
+            if not any(a < end and token_offset < b for a, b in ranges):
+                ranges.append((token_offset, end))
+                self._write(layer, key, value, token_offset)
+                if self.observers:
+                    self._emit("write", layer=layer, rows=range(token_offset, end))
+                return
         self._write_checked(layer, key, value, token_offset)
 
     def _write_checked(self, layer, key, value, token_offset) -> None:

@@ -116,6 +116,14 @@ class StagePolicy(WritePolicy):
 
     def _commit_layers(self, a: int, b: int, mask: torch.Tensor) -> None:
         c = self.cache
+        native = c.native_writers[a:b]
+        if all(w is not None for w in native) and not c.is_fp8:
+            # the cache owner's own row write (vLLM's C++ op, one per layer): a rejected row is slot -1
+            t = self.window.num_tokens
+            slots = self.window.slot_mapping.long().masked_fill(~mask, -1)
+            for i, write in enumerate(native):
+                write(self.staged_key[a + i, :t], self.staged_value[a + i, :t], slots)
+            return
         ks, vs = (c.k_scale[a:b], c.v_scale[a:b]) if c.is_fp8 else (None, None)
         commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
                self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, trusted=True)

@@ -7,8 +7,10 @@ engine was not configured for the plugin, or a forward outside a step) both meth
     do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)   # per layer, before forward
         -> runtime.write(...): the policy writes (off, cow) or stages (stage) the rows
     forward(layer, query, key, value, kv_cache, attn_metadata, output)
-        -> runtime.attend(...) when the policy keeps the window in its buffer (stage): the cache
-           prefix plus the staged rows, with the lab's reference; else vLLM's C++ kernel
+        -> runtime.staged_metadata(...) when the policy keeps the window in its buffer (stage):
+           the window copied into staging blocks (staging.py), vLLM's C++ kernel over them; when
+           that cannot serve, runtime.attend(...): the cache prefix plus the staged rows with the
+           lab's torch attention; else vLLM's C++ kernel as it is
 """
 from __future__ import annotations
 
@@ -47,10 +49,13 @@ class NworCPUAttentionBackendImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
         rt = self.nwor
-        if rt is not None and attn_metadata is not None and self.attn_type == AttentionType.DECODER \
-                and rt.attend(layer.layer_name, query[:attn_metadata.num_actual_tokens], attn_metadata,
-                              self.scale, output):
-            return output
+        if rt is not None and attn_metadata is not None and self.attn_type == AttentionType.DECODER:
+            staged = rt.staged_metadata(layer.layer_name, attn_metadata)
+            if staged is not None:          # stage: vLLM's kernel over the staging blocks
+                attn_metadata = staged
+            elif rt.attend(layer.layer_name, query[:attn_metadata.num_actual_tokens], attn_metadata,
+                           self.scale, output):
+                return output
         return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                output_block_scale)
 

@@ -28,6 +28,23 @@ class VllmCache:
     index: dict[str, int]            # vLLM layer name -> lab layer index
     num_target_layers: int           # layers of the target model (the head's come after)
     packed: list[torch.Tensor]       # vLLM's own tensors, per lab layer
+    writers: list                    # per lab layer: write_rows(key, value, slots) with vLLM's own op
+
+
+def row_writer(packed: torch.Tensor, isa: str):
+    """`write(key, value, slots)`: rows `[n, H, D]` into `packed` (one layer's
+    `[num_blocks, H, BS, 2*D]`) at `slots` `[n]` int64 with vLLM's `cpu_attn_reshape_and_cache`
+    (slot -1: skipped), the same bytes the lab's index-put stores (`probe_layout` checked it), in
+    one C++ op instead of two strided scatters."""
+    from vllm import _custom_ops as ops
+
+    nb, h, bs, d2 = packed.shape
+    key_cache, value_cache = packed.view(nb, h, 2 * bs, d2 // 2).chunk(2, dim=2)
+
+    def write(key, value, slots):
+        ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa, k_scale=1.0, v_scale=1.0,
+                                       kv_cache_dtype="auto")
+    return write
 
 
 def probe_layout(layer, dtype: torch.dtype, num_kv_heads: int, head_size: int) -> None:
@@ -79,5 +96,8 @@ def build(runner, model_dtype: torch.dtype) -> VllmCache:
     views = [vllm_cpu_views(t) for t in tensors]
     cache = PagedKVCache.from_layers([k for k, _ in views], [v for _, v in views], dtype=model_dtype,
                                      layout=KVLayout.VLLM_CPU)
+    writers = [row_writer(t, attn[name].isa) for name, t in zip(names, tensors)]
+    for layer, write in enumerate(writers):          # off / cow write whole windows with vLLM's op
+        cache.native_writers[layer] = write
     target = runner.model_config.get_num_layers(runner.parallel_config)
-    return VllmCache(cache, names, {n: i for i, n in enumerate(names)}, target, tensors)
+    return VllmCache(cache, names, {n: i for i, n in enumerate(names)}, target, tensors, writers)

@@ -9,9 +9,12 @@ One step of vLLM's runner, and what the runtime does at each point:
                                   layers 0..L-1 (target and EAGLE head alike)
     every layer writes K/V        policy.write(layer, key, value)  (stage: into its buffer)
     every layer attends           vLLM's kernel reads the cache; when the policy keeps the window
-                                  in a buffer (stage) the lab's verify attention reads the cache
-                                  prefix plus the staged rows instead (ops.verify_attention_batched:
-                                  the reference's semantics, every request in one SDPA)
+                                  in a buffer (stage), staged_metadata() copies the window's blocks
+                                  into staging blocks past vLLM's pool, writes the staged rows
+                                  there and hands vLLM's kernel a block table pointing at them
+                                  (staging.py); when that cannot serve, attend(): the lab's verify
+                                  attention over the cache prefix plus the staged rows
+                                  (ops.verify_attention_batched, every request in one SDPA)
     runner._sample                accept(): SCV on the rejection sampler's output -> Acceptance
     head's first pass (layer N)   written into the verify window like any layer (same rows, slots)
     head's chain step 1           commit the verify window; begin the DRAFT window on layer N: all
@@ -110,23 +113,40 @@ class NworRuntime:
         self.last_req_ids: list[str] = []
         self._record = None
         self._plan_key, self._plan = None, None      # stage attention: the current pass's gather plan
+        self._stage_key, self._stage = None, None    # stage attention: the current pass's staging plan
+        self.staging = None                          # StagingBlocks (attach_cache), or None
         self.max_model_len = runner.model_config.max_model_len
         self.block_size = None
 
     # -- set-up ---------------------------------------------------------------------------------
-    def attach_cache(self) -> None:
+    def attach_cache(self, staging: tuple[int, int] | None = None) -> None:
+        """`staging`: (the pool's block count, spare blocks past it in every KV tensor), in vLLM's
+        blocks, when the worker allocated staging blocks (staging.py); None: stage's attention
+        runs the lab's torch path."""
         from nwor_lab.vllm.cache import build
+        from nwor_lab.vllm.staging import StagingBlocks
 
         self.vc = build(self.runner, self.runner.model_config.dtype)
         self.block_size = self.vc.cache.spec.block_size
+        self.staging = None
+        if staging is not None:
+            pool, extra = staging
+            tensor_blocks = self.vc.packed[0].shape[0]
+            ratio = tensor_blocks // (pool + extra)         # kernel blocks per vLLM block
+            if ratio * (pool + extra) != tensor_blocks:
+                raise RuntimeError(f"nwor_lab.vllm: the KV tensors hold {tensor_blocks} blocks, not a multiple of "
+                                   f"the {pool} + {extra} staging blocks allocated; the tensor placement changed")
+            self.staging = StagingBlocks(pool * ratio, extra * ratio, self.block_size)
         self.policy = make_policy(self.config, self.vc.cache)
         if self.settings.record:
             path = self.settings.record
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._record = open(path, "a", encoding="utf-8")
-        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d",
+        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d, %s",
                  self.settings.describe(), self.vc.cache.num_layers, self.vc.num_target_layers,
-                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size)
+                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size,
+                 f"{self.staging.count} staging blocks from block {self.staging.first}" if self.staging
+                 else "no staging blocks")
 
     def set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> None:
         """Switch the write policy / SCV mode between steps (no window may be open)."""
@@ -238,6 +258,36 @@ class NworRuntime:
         finally:
             self.totals.seconds_in_nwor += time.perf_counter() - t0
         return True
+
+    def staged_metadata(self, layer_name: str, attn_metadata):
+        """For a layer whose window rows wait in the policy's buffer (stage): fill the staging
+        blocks of this layer (the real blocks' copies plus the staged rows) and return vLLM's
+        metadata with the block table pointing there, for vLLM's own kernel. None: not ours, or
+        not expressible with staging blocks (`attend` then runs the lab's torch attention)."""
+        if self.staging is None or not self.active or not self.policy.window_in_buffer:
+            return None
+        layer = self.vc.index.get(layer_name)
+        opened = self._window_of(layer)
+        if opened is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            ranges = self.policy.written_rows(layer)
+            key = (id(opened), id(attn_metadata), tuple(ranges))    # every layer of one pass shares it
+            if self._stage_key != key:
+                w = opened.window
+                p = None
+                if bool((w.slot_mapping >= 0).all()):          # a row without a slot: the torch path
+                    p = self.staging.plan(w.token_req, w.num_reqs, ranges, attn_metadata)
+                self._stage_key, self._stage = key, p
+            p = self._stage
+            if p is None:
+                return None
+            win_key, win_value = self.policy.window_kv(layer)
+            self.staging.fill(p, self.vc.packed[layer], self.vc.writers[layer], win_key, win_value)
+            return p.metadata
+        finally:
+            self.totals.seconds_in_nwor += time.perf_counter() - t0
 
     # -- the state machine ----------------------------------------------------------------------
     def _write(self, layer, key, value, slot_mapping, md) -> bool:

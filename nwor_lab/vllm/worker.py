@@ -16,6 +16,7 @@ from nwor_lab.vllm.backend import NworCPUAttentionBackendImpl
 from nwor_lab.vllm.plugin import check_version
 from nwor_lab.vllm.runtime import NworRuntime
 from nwor_lab.vllm.settings import NworSettings
+from nwor_lab.vllm.staging import enlarge_kv_cache_config, staging_blocks_needed
 
 log = logging.getLogger("nwor_lab.vllm")
 SUPPORTED_METHODS = (None, "eagle", "eagle3", "ngram")
@@ -75,14 +76,37 @@ class NworCPUWorker(CPUWorker):
             self.model_runner.nwor = NworRuntime(self.nwor_settings, self.model_runner)
 
     def initialize_from_config(self, kv_cache_config) -> None:
-        super().initialize_from_config(kv_cache_config)
         rt = getattr(self.model_runner, "nwor", None)
+        staging = None
         if rt is not None:
-            rt.attach_cache()
+            # stage's staging blocks (staging.py): the tensors get `extra` blocks past the pool's
+            # count. A copy of the config: the engine's scheduler may hold the very same object.
+            # The bytes are outside vLLM's KV budget, so at most 1/8 of the pool (a pass needing
+            # more spares than that attends with the torch path instead)
+            extra = min(self._staging_blocks(), max(1, kv_cache_config.num_blocks // 8))
+            enlarged = enlarge_kv_cache_config(kv_cache_config, extra)
+            if enlarged is None:
+                log.info("nwor_lab.vllm: no staging blocks (unknown KV tensor placement); stage attends with "
+                         "the lab's torch attention")
+            else:
+                staging = (kv_cache_config.num_blocks, extra)
+                kv_cache_config = enlarged
+        super().initialize_from_config(kv_cache_config)
+        if staging is not None:
+            self.cache_config.num_gpu_blocks = staging[0]     # the pool's count, not the tensors'
+        if rt is not None:
+            rt.attach_cache(staging)
             for mod in self.model_runner.compilation_config.static_forward_context.values():
                 impl = getattr(mod, "impl", None)
                 if isinstance(impl, NworCPUAttentionBackendImpl):
                     impl.nwor = rt
+
+    def _staging_blocks(self) -> int:
+        """Spare blocks for one pass of `max_num_seqs` requests, each staging at most k + 1 rows."""
+        spec = self.vllm_config.speculative_config
+        k = getattr(spec, "num_speculative_tokens", None) or 0
+        block_size = self.vllm_config.cache_config.block_size
+        return staging_blocks_needed(self.vllm_config.scheduler_config.max_num_seqs, k + 1, block_size)
 
     # -- collective_rpc entry points (llm.collective_rpc("nwor_...")) ---------------------------------
     def nwor_set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> str:
