@@ -9,8 +9,9 @@ docs/vllm.md) and adapts vLLM's objects to the lab's; it re-implements none of t
     runner._prepare_inputs -> SpecDecodeMetadata  ->  Window.from_metadata (slots from the
       + the slot mapping handed to each layer         first layer's write)
     CPUAttentionBackendImpl.do_kv_cache_update    ->  policy.write(layer, key, value, offset)
-    CPUAttentionBackendImpl.forward               ->  vLLM's own kernel, or (stage: window in the
-                                                      staging buffer) ops.verify_attention_reference
+    CPUAttentionBackendImpl.forward               ->  vLLM's own kernel; under stage (window in the
+                                                      staging buffer) over staging blocks (staging.py),
+                                                      else ops.verify_attention_batched
     runner._sample -> rejection sampler output    ->  ScvRunner(scv_mode).accept -> Acceptance
     end of runner.sample_tokens                   ->  policy.commit(acceptance)
     the EAGLE head's layer (first pass + chain)   ->  layer N of the verify window, then a draft

@@ -245,7 +245,8 @@ class NworRuntime:
     def attend(self, layer_name: str, query: torch.Tensor, attn_metadata, scale: float,
                output: torch.Tensor) -> bool:
         """Attention for a layer whose window rows wait in the policy's buffer (stage): the cache
-        prefix plus the staged rows, with the lab's reference. False: vLLM's kernel reads the cache."""
+        prefix plus the staged rows, with the lab's batched torch attention (where staging blocks cannot
+        serve: `staged_metadata` returned None). False: vLLM's kernel reads the cache."""
         if not self.active or not self.policy.window_in_buffer:
             return False
         layer = self.vc.index.get(layer_name)
