@@ -136,32 +136,17 @@ class WritePolicy:
         """Rows `token_offset .. token_offset + n - 1` of the window's K/V `[n, H, D]` for `layer`."""
         w = self.window
         n = key.shape[0]
-        # The hot path (every layer of every window): a few attribute compares; any surprise takes
-        # the full checks below, which name the argument and the fix.
-        if w is not None and self.layers.start <= layer < self.layers.stop and layer not in self._rows \
-                and token_offset == 0 and n == w.num_tokens and key.dtype is self.cache.spec.dtype \
-                and value.dtype is key.dtype and key.shape[1:] == self._kv_shape \
-                and value.shape == key.shape and key.device == self.cache.device \
-                and value.device == self.cache.device and type(layer) is int:
-            self._rows[layer] = [(0, n)]
-            self._write(layer, key, value, 0)
-            if self.observers:
-                self._emit("write", layer=layer, rows=range(0, n))
-            return
-        # A chunk (an EAGLE chain step: rows token_offset .. +n-1) with nothing to object to takes a
-        # second hot path; anything else (and every error) the checked one
+        # The hot path (every write of every layer: whole windows, and an EAGLE chain's one-row
+        # chunks): a few attribute compares; any surprise takes the full checks, which name the
+        # argument and the fix.
         if w is not None and type(layer) is int and self.layers.start <= layer < self.layers.stop \
-                and type(token_offset) is int and 0 <= token_offset and 0 < n \
-                and token_offset + n <= w.num_tokens and key.dtype is self.cache.spec.dtype \
-                and value.dtype is key.dtype and key.shape[1:] == self._kv_shape and value.shape == key.shape \
+                and type(token_offset) is int and 0 <= token_offset and 0 < n <= w.num_tokens - token_offset \
+                and key.dtype is self.cache.spec.dtype and value.dtype is key.dtype \
+                and key.shape[1:] == self._kv_shape and value.shape == key.shape \
                 and key.device == self.cache.device and value.device == self.cache.device:
-            end = token_offset + n
             ranges = self._rows.setdefault(layer, [])
-            if not any(a < end and token_offset < b for a, b in ranges):
-                ranges.append((token_offset, end))
-                self._write(layer, key, value, token_offset)
-                if self.observers:
-                    self._emit("write", layer=layer, rows=range(token_offset, end))
+            if not any(a < token_offset + n and token_offset < b for a, b in ranges):
+                self._record_write(ranges, layer, key, value, token_offset)
                 return
         self._write_checked(layer, key, value, token_offset)
 
@@ -188,10 +173,15 @@ class WritePolicy:
         if any(a < token_offset + n and token_offset < b for a, b in ranges):
             raise ValueError(f"layer {layer}: rows {token_offset}..{token_offset + n - 1} were already "
                              f"written in this window; each row is written once")
-        ranges.append((token_offset, token_offset + n))
+        self._record_write(ranges, layer, key, value, token_offset)
+
+    def _record_write(self, ranges: list, layer: int, key, value, token_offset: int) -> None:
+        """Rows checked: note them in `ranges` (the layer's written rows), write, tell observers."""
+        end = token_offset + key.shape[0]
+        ranges.append((token_offset, end))
         self._write(layer, key, value, token_offset)
         if self.observers:
-            self._emit("write", layer=layer, rows=range(token_offset, token_offset + n))
+            self._emit("write", layer=layer, rows=range(token_offset, end))
 
     def written_rows(self, layer: int) -> list[tuple[int, int]]:
         """The open window's rows written so far for `layer`, as sorted `[start, end)` ranges
