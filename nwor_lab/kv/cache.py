@@ -152,9 +152,17 @@ class PagedKVCache:
         self._layers = [(self.key[l], self.value[l]) for l in range(spec.num_layers)]
         self._scales = [(self.k_scale[l], self.v_scale[l]) for l in range(spec.num_layers)]
         # per layer: the owner's own row write `write(key, value, slots)` (slot -1 skipped), or None.
-        # The vLLM plugin sets vLLM's C++ op here; write policies use it for whole-window writes
-        # (same bytes, one op instead of two strided index-puts)
+        # The vLLM plugin sets vLLM's C++ op here; write policies use it (`native_writes`) for
+        # their writes, commits and restores (same bytes, one op instead of two strided index-puts)
         self.native_writers = [None] * spec.num_layers
+
+    def native_writes(self, a: int, b: int) -> list | None:
+        """The owner's row writes of layers `a .. b-1` when every one has one (never for fp8, whose
+        scales the owner's op does not apply), else None: the lab's own kernels write."""
+        if self.is_fp8:
+            return None
+        writers = self.native_writers[a:b]
+        return writers if all(w is not None for w in writers) else None
 
     @classmethod
     def from_layers(cls, keys: list[torch.Tensor], values: list[torch.Tensor], *, dtype: torch.dtype,

@@ -56,8 +56,8 @@ class CowPolicy(OffPolicy):
     def _commit(self, acceptance) -> None:
         rejected = self._draft_slots.masked_fill(acceptance.draft_mask, -1)  # accepted: nothing to restore
         c = self.cache
-        native = c.native_writers[self.layers.start:self.layers.stop]
-        if all(w is not None for w in native) and not c.is_fp8:
+        native = c.native_writes(self.layers.start, self.layers.stop)
+        if native is not None:
             # the cache owner's own row write (vLLM's C++ op), one per layer; slot -1 is skipped
             log_k, log_v = self._log
             slots = rejected.long()

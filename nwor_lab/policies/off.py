@@ -21,9 +21,9 @@ class OffPolicy(WritePolicy):
         k_scale, v_scale = c._scales[layer] if c.is_fp8 else (None, None)
         slots = self.window.slot_mapping
         whole = not token_offset and n == slots.shape[0]
-        native = c.native_writers[layer]
-        if native is not None and not c.is_fp8:     # the cache owner's op (vLLM's), same bytes; skips slot -1
-            native(key, value, slots if whole else slots[token_offset:token_offset + n])
+        native = c.native_writes(layer, layer + 1)
+        if native is not None:                      # the cache owner's op (vLLM's), same bytes; skips slot -1
+            native[0](key, value, slots if whole else slots[token_offset:token_offset + n])
             return
         if whole and not use_cuda(key, self.config.backend):   # the reference, its index work shared by layers
             if self._dest is None or self._dest[0] is not slots or self._dest[1] != slots._version:

@@ -116,8 +116,8 @@ class StagePolicy(WritePolicy):
 
     def _commit_layers(self, a: int, b: int, mask: torch.Tensor) -> None:
         c = self.cache
-        native = c.native_writers[a:b]
-        if all(w is not None for w in native) and not c.is_fp8:
+        native = c.native_writes(a, b)
+        if native is not None:
             # the cache owner's own row write (vLLM's C++ op, one per layer): a rejected row is slot -1
             t = self.window.num_tokens
             slots = self.window.slot_mapping.long().masked_fill(~mask, -1)

@@ -28,7 +28,6 @@ class VllmCache:
     index: dict[str, int]            # vLLM layer name -> lab layer index
     num_target_layers: int           # layers of the target model (the head's come after)
     packed: list[torch.Tensor]       # vLLM's own tensors, per lab layer
-    writers: list                    # per lab layer: write_rows(key, value, slots) with vLLM's own op
 
 
 def row_writer(packed: torch.Tensor, isa: str):
@@ -96,8 +95,7 @@ def build(runner, model_dtype: torch.dtype) -> VllmCache:
     views = [vllm_cpu_views(t) for t in tensors]
     cache = PagedKVCache.from_layers([k for k, _ in views], [v for _, v in views], dtype=model_dtype,
                                      layout=KVLayout.VLLM_CPU)
-    writers = [row_writer(t, attn[name].isa) for name, t in zip(names, tensors)]
-    for layer, write in enumerate(writers):          # off / cow write whole windows with vLLM's op
-        cache.native_writers[layer] = write
+    # the policies' writes, commits and restores (and the staging blocks' rows) with vLLM's own op
+    cache.native_writers = [row_writer(t, attn[name].isa) for name, t in zip(names, tensors)]
     target = runner.model_config.get_num_layers(runner.parallel_config)
-    return VllmCache(cache, names, {n: i for i, n in enumerate(names)}, target, tensors, writers)
+    return VllmCache(cache, names, {n: i for i, n in enumerate(names)}, target, tensors)

@@ -27,6 +27,7 @@ is not the one predicted) raises with what differed: nothing is written silently
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -192,15 +193,14 @@ class NworRuntime:
         v = self.verify
         if v is None:
             return
-        t0 = time.perf_counter()
-        w = v.window
-        v.sampled = sampled_token_ids[:w.num_reqs]
-        v.emit_caps = self._emit_caps(v.req_ids)
-        if w.num_drafts:
-            v.acceptance = self.scv.accept(w, v.sampled)
-            if self.config.debug:
-                self._check_count(v)
-        self.totals.seconds_in_nwor += time.perf_counter() - t0
+        with self._timed():
+            w = v.window
+            v.sampled = sampled_token_ids[:w.num_reqs]
+            v.emit_caps = self._emit_caps(v.req_ids)
+            if w.num_drafts:
+                v.acceptance = self.scv.accept(w, v.sampled)
+                if self.config.debug:
+                    self._check_count(v)
 
     def _emit_caps(self, req_ids) -> list:
         """Tokens each request may still emit this step (its max_tokens minus what it has): vLLM cuts
@@ -215,16 +215,15 @@ class NworRuntime:
 
     def end_step(self) -> None:
         """End of `sample_tokens`: commit what is open (verify first: chain rows come after)."""
-        t0 = time.perf_counter()
-        try:
-            if self.verify is not None:
-                self._commit_verify()
-            if self.draft is not None:
-                self._commit(self.draft, Acceptance.rejecting_all(self.draft.window))
-                self.draft = None
-        finally:
-            self.plan_ = None
-            self.totals.seconds_in_nwor += time.perf_counter() - t0
+        with self._timed():
+            try:
+                if self.verify is not None:
+                    self._commit_verify()
+                if self.draft is not None:
+                    self._commit(self.draft, Acceptance.rejecting_all(self.draft.window))
+                    self.draft = None
+            finally:
+                self.plan_ = None
 
     # -- backend hooks --------------------------------------------------------------------------
     def write(self, layer_name: str, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor,
@@ -236,28 +235,19 @@ class NworRuntime:
         layer = self.vc.index.get(layer_name)
         if layer is None:
             return False
-        t0 = time.perf_counter()
-        try:
+        with self._timed():
             return self._write(layer, key, value, slot_mapping, attn_metadata)
-        finally:
-            self.totals.seconds_in_nwor += time.perf_counter() - t0
 
     def attend(self, layer_name: str, query: torch.Tensor, attn_metadata, scale: float,
                output: torch.Tensor) -> bool:
         """Attention for a layer whose window rows wait in the policy's buffer (stage): the cache
         prefix plus the staged rows, with the lab's batched torch attention (where staging blocks cannot
         serve: `staged_metadata` returned None). False: vLLM's kernel reads the cache."""
-        if not self.active or not self.policy.window_in_buffer:
+        found = self._buffered_layer(layer_name)
+        if found is None:
             return False
-        layer = self.vc.index.get(layer_name)
-        opened = self._window_of(layer)
-        if opened is None:
-            return False
-        t0 = time.perf_counter()
-        try:
-            self._attend(layer, opened, query, attn_metadata, scale, output)
-        finally:
-            self.totals.seconds_in_nwor += time.perf_counter() - t0
+        with self._timed():
+            self._attend(*found, query, attn_metadata, scale, output)
         return True
 
     def staged_metadata(self, layer_name: str, attn_metadata):
@@ -265,14 +255,11 @@ class NworRuntime:
         blocks of this layer (the real blocks' copies plus the staged rows) and return vLLM's
         metadata with the block table pointing there, for vLLM's own kernel. None: not ours, or
         not expressible with staging blocks (`attend` then runs the lab's torch attention)."""
-        if self.staging is None or not self.active or not self.policy.window_in_buffer:
+        found = self._buffered_layer(layer_name) if self.staging is not None else None
+        if found is None:
             return None
-        layer = self.vc.index.get(layer_name)
-        opened = self._window_of(layer)
-        if opened is None:
-            return None
-        t0 = time.perf_counter()
-        try:
+        layer, opened = found
+        with self._timed():
             ranges = self.policy.written_rows(layer)
             key = (id(opened), id(attn_metadata), tuple(ranges))    # every layer of one pass shares it
             if self._stage_key != key:
@@ -285,8 +272,24 @@ class NworRuntime:
             if p is None:
                 return None
             win_key, win_value = self.policy.window_kv(layer)
-            self.staging.fill(p, self.vc.packed[layer], self.vc.writers[layer], win_key, win_value)
+            self.staging.fill(p, self.vc.packed[layer], self.vc.cache.native_writers[layer], win_key, win_value)
             return p.metadata
+
+    def _buffered_layer(self, layer_name: str):
+        """`(layer, open window)` when this layer's window rows wait in the policy's buffer (stage,
+        rows written); else None."""
+        if not self.active or not self.policy.window_in_buffer:
+            return None
+        layer = self.vc.index.get(layer_name)
+        opened = self._window_of(layer)
+        return None if opened is None else (layer, opened)
+
+    @contextlib.contextmanager
+    def _timed(self):
+        """Host time spent in the runtime's hooks (`totals.seconds_in_nwor`)."""
+        t0 = time.perf_counter()
+        try:
+            yield
         finally:
             self.totals.seconds_in_nwor += time.perf_counter() - t0
 

@@ -10,8 +10,8 @@ per pass:
         blocks its staged positions fall in get a spare block each; the metadata's block table is
         a copy with those entries swapped to the spares (everything else is vLLM's metadata)
     per layer (fill)                           the real blocks are copied to their spares, then the
-        staged rows are written into the copies at their positions (vLLM's own write op); vLLM's forward runs on the
-        swapped metadata
+        staged rows are written into the copies at their positions (vLLM's own write op);
+        vLLM's forward runs on the swapped metadata
 
 The real blocks are only read: a rejected row never reaches them (stage's contract, checked
 byte for byte by the runtime's `check`). Anything the plan cannot express (too few spares, a
@@ -129,6 +129,6 @@ class StagingBlocks:
         """One layer: copy the real blocks into their spares (`packed` is vLLM's tensor
         `[num_blocks, H, BS, 2*D]`, one block a contiguous run), then write the window's rows
         (`win_key/win_value [T, H, D]`) at `p.slots` with `write_rows(key, value, slots)`, which
-        skips slot -1 (vLLM's `cpu_attn_reshape_and_cache`: VllmCache.write_rows)."""
+        skips slot -1 (vLLM's `cpu_attn_reshape_and_cache`: PagedKVCache.native_writers)."""
         packed.index_copy_(0, p.dst, packed.index_select(0, p.src))
         write_rows(win_key, win_value, p.slots)
