@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/nwor_out}
 mkdir -p "$OUT"
 export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-lim() { local l=$1 r=$((DEADLINE - $(date +%s) - 5)); [ "$r" -lt "$l" ] && l=$r; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+source "$(dirname "$0")/deadline.sh"
 stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
 
 stage setup

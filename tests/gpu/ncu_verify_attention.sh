@@ -12,8 +12,7 @@
 # About 1-2 minutes on an H100 (Triton compiles 6 variants once; ncu replays 12 launches).
 set -uo pipefail
 # DEADLINE (epoch seconds, optional): every step's timeout is cut to end before it
-lim() { local l=$1; if [ -n "${DEADLINE:-}" ]; then local r=$((DEADLINE - $(date +%s) - 5)); [ "$r" -lt "$l" ] && l=$r; fi
-        [ "$l" -lt 1 ] && l=1; echo "$l"; }
+source "$(dirname "$0")/deadline.sh"
 OUT=${OUT:-/tmp/nwor_out}
 D=$OUT/ncu_verify_attention
 mkdir -p "$D"

@@ -8,8 +8,7 @@
 # (Triton's cache then serves the sanitized runs, so they only pay for the kernels).
 set -uo pipefail
 # DEADLINE (epoch seconds, optional): every step's timeout is cut to end before it
-lim() { local l=$1; if [ -n "${DEADLINE:-}" ]; then local r=$((DEADLINE - $(date +%s) - 5)); [ "$r" -lt "$l" ] && l=$r; fi
-        [ "$l" -lt 1 ] && l=1; echo "$l"; }
+source "$(dirname "$0")/deadline.sh"
 OUT=${OUT:-/tmp/nwor_out}
 D=$OUT/sanitize
 mkdir -p "$D"
