@@ -42,11 +42,11 @@ import torch
 from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.graphed_chain import ChainBucket, GraphedDraft
 from nwor_lab.engine.graphed_mixed import MixedBucket, mixed_bucket_key, token_bucket
-from nwor_lab.engine.graphed_static import GraphedBucket, Readback, StaticInputs, bucket_size, max_blocks
+from nwor_lab.engine.graphed_static import (GraphedBucket, Readback, StaticInputs, accept_draft_commit, bucket_size,
+                                            max_blocks)
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.ops.scv import scv_mask
 from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
 from nwor_lab.window import Acceptance, Window
 
@@ -158,23 +158,8 @@ class _Bucket(GraphedBucket):
         hidden, aux = e.target.forward_with_aux(self.ids, md, aux_layers)
         logits = e.target.compute_logits(hidden[spec.logits_indices.long()]).float()
         sampled = rejection_sample(spec, None, logits, temperature=0.0, **self._forced(e))
-        if e.k:
-            acceptance = Acceptance(*scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req,
-                                              w.token_draft_pos))
-        else:
-            acceptance = self.no_drafts
-        accepted = acceptance.accepted_len.long()
-        features = None
-        if e.drafting:
-            # the head reads x[p+1]; at each request's kept row and last row, the token just sampled
-            token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
-            kept = self.starts + accepted
-            next_ids = torch.cat([self.ids[1:], self.ids.new_zeros(1)])
-            next_ids[self.last_rows] = token
-            next_ids[kept] = token
-            g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
-            features = g[kept]
-        e.policy.commit(acceptance)
+        accepted, _, features = accept_draft_commit(e, w, md, sampled, hidden, aux, self.ids, self.last_rows,
+                                                    self.starts, self.no_drafts)
         packed = [sampled.long(), accepted[:, None]]
         if self.chain is not None:
             live = accepted + 1 < self.remaining                     # still running after this window

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 
 from nwor_lab.ops.graphs import capture_graph
+from nwor_lab.ops.scv import scv_mask
+from nwor_lab.window import Acceptance
 
 
 class StaticInputs:
@@ -116,3 +118,30 @@ class GraphedBucket:
         for p in policies:
             p.windows_done -= 1
         return out
+
+
+def accept_draft_commit(e, w, md, sampled, hidden, aux, ids, last_rows, first_kept, no_drafts):
+    """After a graphed step's verify (every bucket kind): SCV's acceptance of the sampler's output
+    `sampled [B, k + 1]`, the head's first pass over the window when the engine drafts, the policy's
+    commit. `first_kept [B]`: each request's row of t_last (its kept rows follow it), `last_rows [B]`
+    its last row. -> (accepted [B] int64, kept [B]: each request's last kept row, head features at
+    those rows [B, h] or None). `no_drafts`: the bucket's all-zero Acceptance when its windows
+    hold no drafts (k 0), else None."""
+    if no_drafts is None:               # the bucket's windows hold drafts
+        acceptance = Acceptance(*scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req,
+                                          w.token_draft_pos))
+    else:
+        acceptance = no_drafts
+    accepted = acceptance.accepted_len.long()
+    kept = first_kept + accepted
+    features = None
+    if e.drafting:
+        # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
+        token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
+        next_ids = torch.cat([ids[1:], ids.new_zeros(1)])
+        next_ids[last_rows] = token
+        next_ids[kept] = token
+        g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
+        features = g[kept]
+    e.policy.commit(acceptance)
+    return accepted, kept, features
