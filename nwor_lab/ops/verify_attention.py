@@ -73,6 +73,31 @@ __all__ = ["verify_attention", "verify_attention_reference", "make_verify_attent
 _kernels = LazyModule("nwor_lab.ops._verify_attention_triton")   # imported once a triton call needs it
 
 
+
+def _all_or_none(source: str, names, tensors) -> bool:
+    """True when every tensor of an extra source is given, False when none is; else a one-line error."""
+    given = [t is not None for t in tensors]
+    if any(given) and not all(given):
+        missing = [n for n, g in zip(names, given) if not g]
+        raise ValueError(f"{', '.join(missing)}: missing; a {source} source needs all of {', '.join(names)} "
+                         f"(or none of them)")
+    return all(given)
+
+
+def _check_rows(prefix: str, key, value, heads_dims, dtype, dev, what: str) -> None:
+    """An extra source's K/V rows: `[n, num_kv_heads, head_size]`, `dtype`, on `dev`, value as key,
+    head_size contiguous."""
+    check_tensor(f"{prefix}_key", key, ndim=3, dtypes=(dtype,), device=dev, what=what)
+    if tuple(key.shape[1:]) != tuple(heads_dims):
+        h, d = heads_dims
+        raise ValueError(f"{prefix}_key: expected shape [*, {h}, {d}] (num_kv_heads, head_size of the cache), "
+                         f"got {tuple(key.shape)}")
+    check_tensor(f"{prefix}_value", value, shape=tuple(key.shape), dtypes=(dtype,), device=dev,
+                 what=f"(same shape and dtype as {prefix}_key)")
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError(f"{prefix}_key/{prefix}_value: head_size must be the contiguous dimension; "
+                         f"call .contiguous()")
+
 def _load_kernels():
     """The Triton kernel module, or raise with the reason and the install hint."""
     kernels = _kernels.get()
@@ -150,21 +175,10 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
                  what="[num_reqs + 1]: offsets of each request's rows in q")
     check_tensor("positions", positions, shape=(T,), dtypes=INDEX_DTYPES, device=dev,
                  what="[num_tokens]: the position of each query token in its request")
-    given = [name for name, t in zip(WINDOW_ARGS, (win_key, win_value, win_rows, win_start)) if t is not None]
-    if given and len(given) < len(WINDOW_ARGS):
-        missing = [n for n in WINDOW_ARGS if n not in given]
-        raise ValueError(f"{', '.join(missing)}: missing; a window source needs all of "
-                         f"{', '.join(WINDOW_ARGS)} (or none of them)")
+    given = _all_or_none("window", WINDOW_ARGS, (win_key, win_value, win_rows, win_start))
     if given:
-        check_tensor("win_key", win_key, ndim=3, dtypes=(q.dtype,), device=dev,
-                     what=f"[window_tokens, num_kv_heads, head_size] in q's dtype")
-        if tuple(win_key.shape[1:]) != (h, d):
-            raise ValueError(f"win_key: expected shape [*, {h}, {d}] (num_kv_heads, head_size of the cache), "
-                             f"got {tuple(win_key.shape)}")
-        check_tensor("win_value", win_value, shape=tuple(win_key.shape), dtypes=(q.dtype,), device=dev,
-                     what="(same shape and dtype as win_key)")
-        if win_key.stride(-1) != 1 or win_value.stride(-1) != 1:
-            raise ValueError("win_key/win_value: head_size must be the contiguous dimension; call .contiguous()")
+        _check_rows("win", win_key, win_value, (h, d), q.dtype, dev,
+                    "[window_tokens, num_kv_heads, head_size] in q's dtype")
         check_tensor("win_rows", win_rows, ndim=1, dtypes=INDEX_DTYPES, device=dev,
                      what="[total window length]: rows of win_key, request by request")
         check_tensor("win_start", win_start, shape=(R + 1,), dtypes=(torch.int32,), device=dev,
@@ -175,25 +189,14 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
     if ring_slots and not 0 < sliding_window <= ring_slots:
         raise ValueError(f"ring_slots={ring_slots}: a ring keeps the last S positions, so it needs a sliding "
                          f"window of 1..S positions (sliding_window={sliding_window})")
-    logged = [name for name, t in zip(LOG_ARGS, (log_key, log_value, log_lo, log_start)) if t is not None]
-    if logged and len(logged) < len(LOG_ARGS):
-        missing = [n for n in LOG_ARGS if n not in logged]
-        raise ValueError(f"{', '.join(missing)}: missing; a log source needs all of {', '.join(LOG_ARGS)} "
-                         f"(or none of them)")
-    if logged:
+    if _all_or_none("log", LOG_ARGS, (log_key, log_value, log_lo, log_start)):
         if given:
             raise ValueError("log_key and win_key: give one extra source (a log is read by cow on a ring, a "
                              "window buffer by stage), not both")
         if not ring_slots:
             raise ValueError("log_key: a log serves positions a ring write evicted; pass ring_slots (S > 0)")
-        check_tensor("log_key", log_key, ndim=3, dtypes=(key_cache.dtype,), device=dev,
-                     what="[logged rows, num_kv_heads, head_size] in the cache's dtype")
-        if tuple(log_key.shape[1:]) != (h, d):
-            raise ValueError(f"log_key: expected shape [*, {h}, {d}], got {tuple(log_key.shape)}")
-        check_tensor("log_value", log_value, shape=tuple(log_key.shape), dtypes=(key_cache.dtype,), device=dev,
-                     what="(same shape and dtype as log_key)")
-        if log_key.stride(-1) != 1 or log_value.stride(-1) != 1:
-            raise ValueError("log_key/log_value: head_size must be the contiguous dimension; call .contiguous()")
+        _check_rows("log", log_key, log_value, (h, d), key_cache.dtype, dev,
+                    "[logged rows, num_kv_heads, head_size] in the cache's dtype")
         check_tensor("log_lo", log_lo, shape=(R,), dtypes=(torch.int32,), device=dev,
                      what="[num_reqs]: the first position each request reads from the log")
         check_tensor("log_start", log_start, shape=(R + 1,), dtypes=(torch.int32,), device=dev,
