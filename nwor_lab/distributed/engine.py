@@ -59,15 +59,13 @@ class AgreedScv:
 class AgreedDrafter(Drafter):
     """The engine's Drafter whose proposals (draft ids) are rank 0's on every rank."""
 
-    def __init__(self, head, cache, policy, k: int, temperature: float, generator: torch.Generator,
-                 group: TPGroup):
-        super().__init__(head, cache, policy, k, temperature, generator)
+    def __init__(self, head, policy, k: int, temperature: float, generator: torch.Generator, group: TPGroup):
+        super().__init__(head, policy, k, temperature, generator)
         self.group = group
 
     @classmethod
     def wrapping(cls, drafter: Drafter, group: TPGroup) -> "AgreedDrafter":
-        return cls(drafter.head, drafter.cache, drafter.policy, drafter.k, drafter.temperature,
-                   drafter.generator, group)
+        return cls(drafter.head, drafter.policy, drafter.k, drafter.temperature, drafter.generator, group)
 
     def propose(self, g: torch.Tensor):
         ids, probs = super().propose(g)

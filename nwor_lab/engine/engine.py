@@ -1,12 +1,15 @@
 """The speculative decoding loop: one verify window per step, then the EAGLE head drafts.
 
-    step():  schedule -> prepare the verify batch -> target forward -> sample + accept
-             -> head pass over the same rows -> commit -> advance the requests -> draft
+    step():  schedule -> the step body (nwor_lab.engine.step: target forward -> sample + accept
+             -> head pass over the same rows -> commit -> the draft chain for the next window),
+             run eagerly or replayed from a CUDA graph (nwor_lab.engine.runner) -> advance the
+             requests on the host
 
 All of a window's cache writes (target layers 0..N-1 and the head's layer N) go through one write
 policy, opened before the target forward and committed after the head pass: `t_last, d_1..d_a`
 kept, the rest dropped the policy's way. `num_computed` advances by a + 1 (the rollback of rejected
-drafts is just not advancing). The draft chain d_2..d_n then runs in its own window (`Drafter`).
+drafts is just not advancing). The draft chain d_1..d_k runs in the same body, in its own window of
+the drafter's policy on the head's layer.
 
 Observers (`engine.observers`) see every phase of every window through the policies
 (`on_phase(PhaseEvent)`, nwor_lab.policies.observer); one that also has
@@ -26,20 +29,18 @@ import torch
 
 from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
-from nwor_lab.engine.batch import Verdict, VerifyBatch
 from nwor_lab.engine.drafter import Drafter
-from nwor_lab.engine.graphed import GraphedVerify
 from nwor_lab.engine.request import Request, check_prompt, fit_context
+from nwor_lab.engine.runner import StepRunner, can_capture
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
-from nwor_lab.model.attention import AttentionMetadata, use_kernel
 from nwor_lab.engine.ring import sliding_window_for, strategy_name
 from nwor_lab.policies import POLICIES, RingCorruption, RingLedger, make_policy
-from nwor_lab.speculative import ScvRunner, SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.speculative import ScvRunner
 from nwor_lab.speculative.synthetic import ForcedAcceptance
-from nwor_lab.window import Window
+from nwor_lab.window import Acceptance, Window
 
 
 class SpecEngine:
@@ -98,17 +99,15 @@ class SpecEngine:
         self.drafter = None
         if head is not None:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
-            self.drafter = Drafter(head, self.cache, draft_policy, self.k, self.temperature, self.generator,
-                                   sliding=self.sliding, ledger=self.ledger)
+            self.drafter = Drafter(head, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
-        self.graphed = None          # steady verify steps replayed from CUDA graphs (engine/graphed.py)
         self.graphed_off = None      # why steps stay eager although CUDA graphs were asked for
-        if self.config.cuda_graph and self.device.type == "cuda" and use_kernel(self.config.attention, self.device):
-            if self.sliding is not None:
-                self.graphed_off = ("sliding-window caches run every step eagerly: the graphed engine builds "
-                                    "linear slots and full-context attention only")
-            else:
-                self.graphed = GraphedVerify(self, max_num_seqs, max_num_batched_tokens)
+        capture = can_capture(self)
+        if capture and self.sliding is not None:
+            self.graphed_off = ("sliding-window caches run every step eagerly: captured steps read the "
+                                "whole context (no ring, no log of evicted rows)")
+            capture = False
+        self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
@@ -146,35 +145,23 @@ class SpecEngine:
     # -- one step ------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> bool:
-        """One verify window over every scheduled request, then drafting for the next one.
-        -> False when nothing was scheduled (no work)."""
-        # a step the graphed path pre-launched is the next step, whatever changed since (a request
-        # added, an observer attached): it runs on the GPU already; the scheduler waits one step
-        pending = self.graphed.pending_requests if self.graphed is not None else None
+        """One verify window over every scheduled request, drafting for the next one in the same
+        step. -> False when nothing was scheduled (no work)."""
+        # a step the runner pre-launched is the next step, whatever changed since (a request added,
+        # an observer attached): it runs on the GPU already; the scheduler waits one step
+        pending = self.runner.pending_requests
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False
-        if pending is not None or (self.graphed is not None and self.graphed.eligible(requests)):
-            return self._graphed_step(requests)
-        batch = self._prepare(requests)
-        self.policy.begin(batch.window, kind="verify")
         try:
-            hidden, aux = self._target_forward(batch)
-            verdict = self._sample_and_accept(batch, hidden)
-            features = self._head_pass(batch, verdict, hidden, aux)
-            record = self.policy.commit(verdict.acceptance)
+            result = self.runner.step(requests)
         except BaseException as err:
-            if self.policy.window is not None:
-                self.policy.cancel()        # the cache ends as `off` would leave it
-            self._locate(err, batch.requests)
+            for policy in (self.policy, self.drafter.policy if self.drafter else None):
+                if policy is not None and policy.window is not None:
+                    policy.cancel()        # the cache ends as `off` would leave it
+            self._locate(err, requests)
             raise
-        live = self._advance(batch, verdict, record)
-        if self.drafting and live:
-            try:
-                self._draft([batch.requests[i] for i in live], features[live])
-            except RingCorruption as err:
-                self._locate(err, [batch.requests[i] for i in live])
-                raise
+        self._advance(requests, result)
         self.step_index += 1
         return True
 
@@ -186,130 +173,57 @@ class SpecEngine:
                 err.req_id = requests[err.request].req_id
             err.args = (err.describe(),)
 
-    def _graphed_step(self, requests: list[Request]) -> bool:
-        """A steady step from its bucket's CUDA graph (nwor_lab.engine.graphed), then as `step`;
-        the draft chain for the next window rode in the same graph when `drafted` is not None."""
-        try:
-            batch, verdict, features, record, drafted = self.graphed.step(requests)
-        except BaseException:
-            for policy in (self.policy, self.drafter.policy if self.drafter else None):
-                if policy is not None and policy.window is not None:
-                    policy.cancel()
-            raise
-        self.target_forwards += 1
-        live = self._advance(batch, verdict, record)
-        if drafted is not None:
-            chain = self.graphed.chain_done(self.step_index)
-            if chain is not None:
-                self._end_window(*chain)
-        elif self.drafting and live:
-            self._draft([batch.requests[i] for i in live], features[live])
-        self.step_index += 1
-        return True
-
-    def _prepare(self, requests: list[Request]) -> VerifyBatch:
-        """Flatten every request's scheduled tokens into one window (slots, metadata, Window)."""
-        ids, positions, qlens, ctx, ndrafts, drafts, kinds = [], [], [], [], [], [], []
-        for r in requests:
-            toks, start, n = r.scheduled()
-            r.block_table.ensure(start + len(toks))
-            ids += toks
-            positions += range(start, start + len(toks))
-            qlens.append(len(toks)), ctx.append(start), ndrafts.append(n)
-            drafts += r.drafts[:n]
-            kinds.append("prefill" if r.is_prefill else ("spec" if n else "decode"))
-        cu = torch.tensor(qlens).cumsum(0).tolist()
-        attention = AttentionMetadata.build(self.cache, self.policy, positions, qlens,
-                                            [r.block_table.blocks for r in requests], ctx,
-                                            attention=self.config.attention, sliding=self.sliding,
-                                            num_drafts=ndrafts, ledger=self.ledger)
-        spec = SpecDecodeMetadata.build(ndrafts, cu, torch.tensor(drafts, dtype=torch.int32), device=self.device)
-        window = Window.from_metadata(spec, cu, attention.slot_mapping, attention.positions)
-        return VerifyBatch(requests, ids, qlens, ctx, ndrafts, kinds, cu, attention, spec, window)
-
-    def _target_forward(self, batch: VerifyBatch):
-        """-> (final hidden states `[T, h]`, the aux streams EAGLE-3 reads or None)."""
-        aux_layers = self.head.aux_layers if self.drafting else ()
-        ids = torch.tensor(batch.token_ids, dtype=torch.long, device=self.device)
-        self.target_forwards += 1
-        return self.target.forward_with_aux(ids, batch.attention, aux_layers)
-
-    def _sample_and_accept(self, batch: VerifyBatch, hidden: torch.Tensor) -> Verdict:
-        """Rejection sampling against the drafts, then SCV turns the sampler's output into an
-        Acceptance (debug mode cross-checks it with the host loop)."""
-        logits = self.target.compute_logits(hidden[batch.spec.logits_indices.long()]).float()
-        probs = [r.draft_probs for r in batch.requests if r.draft_probs is not None and r.drafts]
-        draft_probs = torch.cat(probs) if probs and self.temperature > 0 else None
-        sampled = rejection_sample(batch.spec, draft_probs, logits, temperature=self.temperature,
-                                   generator=self.generator, **self._forced(batch))   # [R, k + 1]
-        acceptance = self.scv.accept(batch.window, sampled, max_spec_len=batch.spec.max_spec_len)
-        if self.config.debug:
-            check_against_sampler(batch.window, acceptance, sampled, self.config.scv_mode)
-        accepted = acceptance.accepted_per_request()
-        sampled_host = sampled.tolist()
-        return Verdict(sampled, acceptance, accepted, [sampled_host[i][a] for i, a in enumerate(accepted)])
-
-    def _forced(self, batch: VerifyBatch) -> dict:
-        """The sampler's forced-acceptance arguments for this window ({} when off): each draft's u
-        hashed from its request's key (its prompt's hash) and its position (drafts are each
-        request's last rows)."""
-        if self.acceptance is None or not batch.spec.total_draft_tokens:
-            return {}
-        keys, pos = [], []
-        for r, c, q, n in zip(batch.requests, batch.context_lens, batch.query_lens, batch.num_drafts):
-            keys += [r.acceptance_key] * n
-            pos += range(c + q - n, c + q)
-        u = self.acceptance.uniforms(torch.tensor(keys), torch.tensor(pos)).to(self.device)
-        return dict(synthetic_rates=self.forced_rates, uniform_probs=u)
-
-    def _head_pass(self, batch: VerifyBatch, verdict: Verdict, hidden, aux) -> torch.Tensor | None:
-        """The head over the window's rows (its layer N, same slots, same policy window) ->
-        head output `[R, h]` at each request's last kept row, or None without drafting.
-
-        Row p reads x[p+1]: the next scheduled token of its request, except at the request's last
-        kept row, where x[p+1] is the token just sampled. Rows after it are rejected drafts."""
-        if not self.drafting:
-            return None
-        kept = verdict.kept_rows(batch)
-        next_ids = batch.token_ids[1:] + [0]
-        for last, row, token in zip(batch.last_rows, kept, verdict.next_tokens):
-            next_ids[last] = next_ids[row] = token
-        g = self.head(torch.tensor(next_ids, dtype=torch.long, device=self.device),
-                      self.head.features_from_target(hidden, aux), batch.attention)
-        return g[torch.tensor(kept, device=self.device)]
-
-    def _advance(self, batch: VerifyBatch, verdict: Verdict, record) -> list[int]:
+    def _advance(self, requests: list[Request], result) -> None:
         """Emit each request's accepted drafts + next token, advance `num_computed` by what was
-        committed, finish what is done; trace the window. -> indices of requests still running."""
-        entry = WindowTrace(self.step_index, "verify", [r.req_id for r in batch.requests], batch.kinds,
-                            batch.num_drafts, verdict.accepted, [], record)
-        for i, r in enumerate(batch.requests):
-            a = verdict.accepted[i]
-            r.num_computed = batch.context_lens[i] + (batch.query_lens[i] - batch.num_drafts[i]) + a
-            entry.emitted.append(self._emit(r, r.drafts[:a] + [verdict.next_tokens[i]]))
+        committed, finish what is done, hand out the next drafts; trace both windows."""
+        h = result.inputs.host
+        # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
+        live = [a + 1 < r.remaining for r, a in zip(requests, result.accepted)]
+        record = self.runner.records(result, requests)
+        entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
+                            result.accepted, [], record)
+        for i, r in enumerate(requests):
+            a = result.accepted[i]
+            r.num_computed = h["ctx"][i] + (h["qlens"][i] - h["ndrafts"][i]) + a
+            entry.emitted.append(self._emit(r, r.drafts[:a] + [result.next_tokens[i]]))
             # drafts accepted past max_new_tokens (or an end token) were cut from the output: the
             # request's state stops at what it emitted (num_computed == len(tokens) - 1)
             r.num_computed = min(r.num_computed, len(r.tokens) - 1)
             r.drafts, r.draft_probs = [], None
-        self._end_window(entry, batch.window)
-        for r in batch.requests:
+        host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
+        self._end_window(entry, host_window)
+        if result.drafts is not None:
+            self._hand_out(requests, result, live)
+        for r in requests:
             if r.remaining <= 0:
                 self.scheduler.finish(r)
-        return [i for i, r in enumerate(batch.requests) if not r.finished]
 
-    def _draft(self, requests: list[Request], features: torch.Tensor) -> None:
-        """Drafts for the next window: the chain's CUDA graph when it can (GraphedDraft), else the
-        eager drafter."""
-        graphed = self.graphed.draft if self.graphed is not None else None
-        if graphed is not None and graphed.eligible(requests):
-            self._end_window(*graphed.draft(requests, features, self.step_index, self.graphed.capture))
+    def _hand_out(self, requests: list[Request], result, live: list[bool]) -> None:
+        """Give every request still running the drafts the body proposed for it; record the draft
+        chain's window (its rows: each request's drafts less the first, at num_computed on)."""
+        k, chained = self.k, []
+        for j, r in enumerate(requests):
+            if not live[j]:
+                continue
+            drafts = result.drafts[j]
+            n = drafts.index(-1) if -1 in drafts else k
+            base = r.num_computed
+            if n >= 2:
+                chained.append((r, r.block_table.slots(range(base, base + n - 1))))
+            if r.remaining <= 0:       # (one that emitted the end token in this step)
+                continue
+            r.drafts = drafts[:n]
+            r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
+            r.block_table.ensure(base + 1, lookahead=k)   # the next window's slots
+        if not chained:
             return
-        n_drafts = None
-        if self.sliding is not None and self.sliding.guard:   # t_last of the next window sits at num_computed
-            n_drafts = [self.sliding.drafts_allowed(r.num_computed, self.k) for r in requests]
-        chain = self.drafter.draft(requests, features, self.step_index, n_drafts)
-        if chain is not None:
-            self._end_window(*chain)
+        window = chain_window([slots for _, slots in chained], self.cache.device)
+        layer = self.head.layer_index
+        record = self.drafter.policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
+        n = len(chained)
+        entry = WindowTrace(self.step_index, "draft", [r.req_id for r, _ in chained], ["draft"] * n,
+                            [len(s) for _, s in chained], [0] * n, [[] for _ in chained], record)
+        self._end_window(entry, window)
 
     def _emit(self, r: Request, tokens: list[int]) -> list[int]:
         """Append `tokens` to the output, cut at max_new_tokens and after an end-of-sequence token."""
@@ -347,3 +261,14 @@ def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVC
     n_layers = tc.num_hidden_layers + (1 if head is not None else 0)
     return KVCacheSpec(n_layers, num_blocks, block_size, tc.num_key_value_heads, tc.head_dim, dtype=dtype,
                        cache_dtype=cache_dtype)
+
+
+def chain_window(slots: list[list[int]], device) -> Window:
+    """CPU Window of a draft chain over len(slots) requests, request j's rows at slots[j] (every
+    row a draft, none kept): what the chain's record counts."""
+    counts = [len(s) for s in slots]
+    req = [j for j, c in enumerate(counts) for _ in range(c)]
+    pos = [p for c in counts for p in range(1, c + 1)]
+    total = len(req)
+    return Window(torch.tensor([x for s in slots for x in s], dtype=torch.long), torch.tensor(req, dtype=torch.int32),
+                  torch.tensor(pos, dtype=torch.int32), torch.arange(total), counts, counts)

@@ -64,6 +64,9 @@ class WritePolicy:
         self.kind = ""                           # what the open window is ("verify", "draft", ...)
         self.layers = range(cache.num_layers)   # layers the open window may write
         self.windows_done = 0
+        # True while the engine's step body runs: the host makes the window's record after the
+        # step's readback (`account`), so commit neither counts it in the metrics nor syncs for it
+        self.deferred = False
         self._rows: dict[int, list[tuple[int, int]]] = {}   # layer -> written (start, end) ranges
         self._kv_shape = torch.Size((cache.spec.num_kv_heads, cache.spec.head_size))
 
@@ -226,13 +229,13 @@ class WritePolicy:
                      sorted(self._rows))
         return self._finish(None, cancelled=True)
 
-    def replayed(self, window: Window, acceptance: Acceptance, layers: range, *,
-                 opened: range | None = None) -> WindowRecord | None:
-        """Host bookkeeping for a window whose begin..commit kernels were replayed from a CUDA
-        graph (nwor_lab.engine.graphed): the record `commit` would have made (every row of
-        `layers` written), counted in the metrics and in `windows_done`; None when records are
-        off. `window` and `acceptance` may be CPU mirrors of the device's (no sync). `opened`: the
-        layers `begin` opened, when more than those written (default: the same)."""
+    def account(self, window: Window, acceptance: Acceptance, layers: range, *,
+                opened: range | None = None) -> WindowRecord | None:
+        """The host's record of a window the engine's step body ran (eagerly or replayed from a CUDA
+        graph, nwor_lab.engine.runner): the record `commit` would have made (every row of `layers`
+        written), counted in the metrics and in `windows_done`; None when records are off.
+        `window` and `acceptance` are CPU mirrors of the step's real requests (no padding, no
+        sync). `opened`: the layers `begin` opened, when more than those written (default: the same)."""
         self.window, self.layers = window, (opened or layers)
         self._rows = {layer: [(0, window.num_tokens)] for layer in layers}
         try:
@@ -322,7 +325,7 @@ class WritePolicy:
                          "bytes written %d skipped %d logged %d restored %d", self.name, rec.index,
                          rec.num_accepted, rec.num_drafts, rec.per_request_accepted, rec.tokens_committed,
                          rec.bytes_written, rec.bytes_skipped, rec.bytes_logged, rec.bytes_restored)
-            if self.records or self.config.debug:
+            if (self.records or self.config.debug) and not self.deferred:
                 self.metrics.observe(rec)
         if self.observers:
             self._emit("cancel" if cancelled else "commit", acceptance=acceptance, record=rec)

@@ -1,18 +1,23 @@
-"""The engine's graphed path for steady verify steps (nwor_lab.engine.graphed), run on CPU without
-capture: the padded static step (buckets of 1, 2, 4 ... requests, padding rows, the head's inputs
-and kept rows built on the device from the acceptance) decodes exactly what the eager engine does,
-in every write policy, and so does the static draft chain (d_1..d_k from the head, the head's
-layer only, every row rejected), in the verify step or alone, and so do steps pre-launched on the
-inputs the step before computed on the device, and steps with prefills (alone, or mixed with decodes
-when a request joins mid-run) on padded static buffers with the chain aboard. The CUDA capture itself
-is tested in tests/gpu/test_gpu_engine.py."""
+"""The engine's one step body on padded bucket buffers (nwor_lab.engine.runner with `pad`), run on
+CPU without capture: the padded step (buckets of 1, 2, 4 ... requests, padding rows, the head's
+inputs and kept rows built on the device from the acceptance, the draft chain aboard) decodes
+exactly what the same body decodes on exact-size buffers, in every write policy, and so do steps
+pre-launched on the inputs the step before computed on the device, and steps with prefills (alone,
+or mixed with decodes when a request joins mid-run). The CUDA capture itself is tested in
+tests/gpu/test_gpu_engine.py."""
 import pytest
 import torch
 
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
-from nwor_lab.engine.graphed import GraphedVerify
+from nwor_lab.engine.runner import StepRunner
 from nwor_lab.model.toy import toy_pair
+
+def padded(engine, size: int = 4, tokens: int = 1024) -> StepRunner:
+    """The engine's runner, steps that could be captured on their bucket's padded buffers."""
+    engine.runner = StepRunner(engine, size, tokens, capture=False, pad=True)
+    return engine.runner
+
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [3, 3, 3]]
 
@@ -21,8 +26,7 @@ def decode(pair, mode, graphed: bool, k=3, mixed=True):
     target, head = pair
     engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4)
     if graphed:
-        engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
-        engine.graphed.mixed = mixed
+        padded(engine).mixed = mixed
     reqs = [engine.add_request(p, 14) for p in PROMPTS]
     engine.run()
     return [r.output for r in reqs], engine
@@ -43,32 +47,28 @@ def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
     eager_engine = decode(pair, mode, False, k)[1]
     recs = lambda e: [(t.kind, t.record.to_dict()) for t in e.trace]   # noqa: E731
     assert recs(engine) == recs(eager_engine)
-    assert engine.graphed.steps > 0                       # the path was taken
+    r = engine.runner
+    assert r.graphed_steps > 0                            # the path was taken
     # steps launched before the host read the one before (inputs fed on the device)
-    assert engine.graphed.prelaunched > 0
-    assert engine.graphed.prefill_steps > 0               # prompts prefilled from their own buckets
+    assert r.prelaunched > 0
+    assert r.prefill_steps > 0                            # prompts prefilled from their own buckets
     if k:                                                 # (without drafts all four end together)
-        assert engine.graphed.mixed_steps > 0             # the 5th prompt joined three running requests
-    sizes = {size for size, _ in engine.graphed.buckets}
+        assert r.mixed_steps > 0                          # the 5th prompt joined three running requests
+    sizes = {key[0] for key in r.buckets}
     assert sizes <= {1, 2, 4}
     assert len(sizes) >= 2                                # padding exercised (5 requests, 4 at a time)
-    if k >= 2:
-        # the chain rode in every step: in the verify step, and after each prefill in the prefill's
-        # own step (never a second graph)
-        assert engine.graphed.chained_steps > 0 and (4, True) in engine.graphed.buckets
-        assert all(chain for _, _, chain in engine.graphed.mixed_buckets)
-        assert engine.graphed.draft.steps == 0
+    # the chain rides in every bucket's step (after a prefill, in the prefill's own step)
+    assert all(inp.chain is not None for inp in r.buckets.values()) == bool(k)
 
 
 @pytest.mark.parametrize("mode", ["cow"])
-def test_mixed_steps_left_eager_hand_the_chain_to_its_own_graph(pair, mode):
-    """With mixed steps eager (GraphedVerify.mixed = False, the bench's comparison), the drafts
-    after them come from the chain's own static path, and the tokens stay the eager engine's."""
+def test_mixed_steps_left_eager_decode_the_same(pair, mode):
+    """With mixed steps eager (StepRunner.mixed = False, the bench's comparison) the same body runs
+    them on exact-size buffers, and the tokens stay the same."""
     eager, _ = decode(pair, mode, False)
     static, engine = decode(pair, mode, True, mixed=False)
     assert static == eager
-    assert engine.graphed.mixed_steps == 0 and engine.graphed.prefill_steps > 0
-    assert engine.graphed.draft.steps > 0
+    assert engine.runner.mixed_steps == 0 and engine.runner.prefill_steps > 0
 
 
 @pytest.mark.parametrize("mode", NWOR_MODES)
@@ -83,7 +83,7 @@ def test_a_request_ending_on_eos_inside_a_chained_step_ends_as_eagerly(pair, mod
         engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=3, block_size=4, max_num_seqs=4,
                             eos_token_id=eos)
         if graphed:
-            engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+            padded(engine)
         reqs = [engine.add_request(p, 14) for p in PROMPTS]
         engine.run()
         return [r.output for r in reqs], engine
@@ -91,7 +91,7 @@ def test_a_request_ending_on_eos_inside_a_chained_step_ends_as_eagerly(pair, mod
     (eager, _), (static, engine) = run(False), run(True)
     assert static == eager
     assert any(len(o) < 14 and o[-1] == eos for o in static)
-    assert engine.graphed.chained_steps > 0
+    assert engine.runner.graphed_steps > 0
 
 
 def test_a_request_added_while_a_step_is_pre_launched_joins_one_step_later(pair):
@@ -99,9 +99,9 @@ def test_a_request_added_while_a_step_is_pre_launched_joins_one_step_later(pair)
     the scheduler at the step after it, and everyone decodes what they decode alone."""
     target, head = pair
     engine = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=4)
-    engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    padded(engine)
     first = [engine.add_request(p, 14) for p in PROMPTS[:2]]
-    while engine.graphed.pending is None:
+    while engine.runner.pending is None:
         engine.step()
     late = engine.add_request(PROMPTS[2], 14)
     engine.step()                                     # takes up the pre-launched step
@@ -119,12 +119,12 @@ def test_a_request_added_while_a_step_is_pre_launched_joins_one_step_later(pair)
 def test_an_interrupt_after_a_pre_launch_leaves_an_engine_that_says_so(pair, monkeypatch):
     """Ctrl-C between the pre-launch of the next step and this step's bookkeeping: the GPU went on,
     the host did not, so the engine refuses to step on (instead of decoding from a wrong state)."""
-    from nwor_lab.engine import graphed as g
+    from nwor_lab.engine import buffers as g
     target, head = pair
     engine = SpecEngine(target, head, LabConfig(nwor_mode="off"), k=3, block_size=4, max_num_seqs=4)
-    engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+    padded(engine)
     [engine.add_request(p, 14) for p in PROMPTS[:2]]
-    while engine.graphed.pending is None:
+    while engine.runner.pending is None:
         engine.step()
 
     def interrupted(handle, n):
@@ -144,7 +144,7 @@ def staggered(pair, mode, graphed: bool, k: int, acceptance=None, gap: int = 2):
     engine = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4,
                         acceptance=acceptance)
     if graphed:
-        engine.graphed = GraphedVerify(engine, 4, 1024, capture=False)
+        padded(engine)
     queue, reqs, step = list(PROMPTS) * 2, [], 0
     while queue or engine.scheduler.has_work:
         if queue and step % gap == 0:
@@ -162,9 +162,7 @@ def test_requests_joining_mid_run_replay_mixed_steps_as_the_eager_engine_decodes
     eager, _ = staggered(pair, mode, False, k)
     static, engine = staggered(pair, mode, True, k)
     assert static == eager
-    assert engine.graphed.mixed_steps > 0
-    if k >= 2:
-        assert engine.graphed.draft.steps == 0     # every chain rode in a step's own graph
+    assert engine.runner.mixed_steps > 0
 
 
 def test_forced_acceptance_mixed_steps_decode_as_eagerly(pair):
@@ -172,7 +170,7 @@ def test_forced_acceptance_mixed_steps_decode_as_eagerly(pair):
     forced = ForcedAcceptance((0.9, 0.6, 0.3))
     eager, eager_engine = staggered(pair, "stage", False, 3, forced)
     static, engine = staggered(pair, "stage", True, 3, forced)
-    assert static == eager and engine.graphed.mixed_steps > 0
+    assert static == eager and engine.runner.mixed_steps > 0
 
     def accepted(e):     # per request, its accepted lengths window by window
         out = {}

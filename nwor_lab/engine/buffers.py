@@ -1,0 +1,103 @@
+"""A step's buffers: static inputs filled from pinned host mirrors with one copy per dtype, the
+packed readback (the step's one sync), and the bucket sizes a captured step is padded to."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+
+class StaticInputs:
+    """A graph's static input tensors, as views of one device buffer per dtype, filled from a
+    pinned host mirror (numpy views: `host[name]`) with one copy per dtype (`upload`).
+
+    Two mirrors, used in turn: when a step is pre-launched, the copy enqueued for the step before
+    it may still be pending while the host writes the next mirror; the one before that has
+    completed (the host read that step's outputs, which the stream ordered after the copy)."""
+
+    def __init__(self, device: torch.device, **specs):
+        """specs: name=(shape, dtype)."""
+        pin = device.type == "cuda"
+        self.dev: dict[str, torch.Tensor] = {}
+        self._mirrors: list[dict[str, np.ndarray]] = [{}, {}]
+        self._views: list[dict[str, torch.Tensor]] = [{}, {}]
+        self._groups = []
+        self._turn = 0
+        for dtype in {d for _, d in specs.values()}:
+            names = [n for n, (_, d) in specs.items() if d == dtype]
+            sizes = [int(np.prod(specs[n][0])) for n in names]
+            dev = torch.zeros(sum(sizes), dtype=dtype, device=device)
+            hosts = [torch.zeros(sum(sizes), dtype=dtype, pin_memory=pin) for _ in range(2)]
+            self._groups.append((dev, hosts))
+            at = 0
+            for name, size in zip(names, sizes):
+                shape = specs[name][0]
+                self.dev[name] = dev[at:at + size].view(shape)
+                for mirror, views, host in zip(self._mirrors, self._views, hosts):
+                    views[name] = host[at:at + size].view(shape)
+                    mirror[name] = views[name].numpy()
+                at += size
+
+    @property
+    def host(self) -> dict[str, np.ndarray]:
+        """The mirror to write now (every field of it: the other mirror holds an older step)."""
+        return self._mirrors[self._turn]
+
+    def upload(self) -> None:
+        for dev, hosts in self._groups:
+            dev.copy_(hosts[self._turn], non_blocking=True)
+        self._turn ^= 1
+
+    def upload_only(self, name: str) -> None:
+        """Send one field of the mirror to write now (the rest of the device buffers keep what the
+        device wrote there: a pre-launched step's inputs)."""
+        self.dev[name].copy_(self._views[self._turn][name], non_blocking=True)
+        self._turn ^= 1
+
+
+class Readback:
+    """A step's packed outputs copied into pinned host memory right after its launch (two
+    buffers, used in turn, so a pre-launched step's copy never overwrites one not yet read)."""
+
+    def __init__(self, device: torch.device, shape):
+        self.cuda = device.type == "cuda"
+        self._bufs = [torch.zeros(shape, dtype=torch.long, pin_memory=self.cuda) for _ in range(2)]
+        self._turn = 0
+
+    def start(self, packed: torch.Tensor):
+        """Enqueue the copy of `packed` -> a handle for `rows`."""
+        buf = self._bufs[self._turn]
+        self._turn ^= 1
+        buf.copy_(packed, non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return buf, event
+
+    @staticmethod
+    def rows(handle, n: int) -> list[list[int]]:
+        """Wait for the copy (the step's one sync) -> its first n rows."""
+        buf, event = handle
+        if event is not None:
+            event.synchronize()
+        return buf[:n].tolist()
+
+
+def bucket_size(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def max_blocks(engine) -> int:
+    return -(-engine.max_model_len // engine.cache.spec.block_size) + 1
+
+
+LARGE_TOKENS = 1024      # from here on, token buckets grow by 512 tokens instead of doubling
+
+
+def token_bucket(n: int) -> int:
+    """Rows of the bucket holding n tokens, always > n (one padding row at least): powers of two
+    from 16 to 1024, then multiples of 512 (a prefill of 2048 tokens pads to 2560, not 4096)."""
+    if n < LARGE_TOKENS:
+        return max(16, 1 << n.bit_length())
+    return (n // 512 + 1) * 512

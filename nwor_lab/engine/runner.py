@@ -1,0 +1,246 @@
+"""How a step runs: eagerly, or replayed from a CUDA graph (`nwor_lab.engine.step` is what it does).
+
+    eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
+               step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
+               debug checks, sliding-window caches, a bucket's first step)
+    warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
+               kernels), a real step
+    capture    its second step: the body captured on the same buffers, then replayed once
+    replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
+    pre-launch a decode bucket's next step launched before the host read this one, on the inputs
+               the step computed for it on the device (nothing can change it: no request can
+               finish, nobody is admitted, no end token is watched)
+
+Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
+drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
+`token_bucket`. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
+next drafts). After it the host does the bookkeeping, the same for every kind of run: each
+policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.account`).
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.step import StepInputs, run_step
+from nwor_lab.model.attention import use_kernel
+from nwor_lab.ops.graphs import capture_graph
+from nwor_lab.window import Acceptance, Window
+
+
+class StepResult:
+    """A step's outputs on the host: per request its sampled ids `[k + 1]`, accepted length, next
+    token, next drafts (None without drafting) and their probabilities (T > 0); head features at the
+    last kept rows `[n, h]` (device) or None."""
+
+    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs):
+        k = inp.k
+        self.inputs = inp
+        self.sampled = [row[:k + 1] for row in rows]
+        self.accepted = [row[k + 1] for row in rows]
+        self.next_tokens = [row[a] for row, a in zip(rows, self.accepted)]
+        self.drafts = [row[k + 2:] for row in rows] if inp.chain is not None else None
+        self.features = features[:len(rows)] if features is not None else None
+        self.probs = probs
+
+
+class StepRunner:
+    """Runs the engine's steps (see the module docstring). `capture`: CUDA graphs (the engine's
+    `cuda_graph` on a CUDA device with the Triton attention); `pad` (default: `capture`): steps that
+    could be captured run on their bucket's padded buffers — with `capture` False, eagerly every
+    time (CPU tests of the padding, the device-side inputs and the pre-launch, without a graph)."""
+
+    def __init__(self, engine, max_num_seqs: int, max_num_batched_tokens: int, *, capture: bool,
+                 pad: bool | None = None):
+        self.engine = engine
+        self.capture = capture
+        self.pad = capture if pad is None else pad
+        self.max_size = bucket_size(max_num_seqs)
+        self.buckets: dict[tuple, StepInputs] = {}
+        self.exact: dict[tuple, StepInputs] = {}     # eager buffers by exact size (reused)
+        self.steps = 0            # steps run
+        self.graphed_steps = 0    # of which from a bucket (warm-up, capture, replay)
+        self.replays = 0          # of which replayed from a captured graph
+        self.prelaunched = 0      # of which launched before the host read the step before
+        self.prefill_steps = 0    # bucket steps of prefills alone
+        self.mixed_steps = 0      # bucket steps of prefills and decodes together
+        self.mixed = True         # False: steps mixing prefills and decodes stay eager (bench comparison)
+        self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
+        self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
+        k = engine.k if engine.drafting else 0
+        # A captured graph holds the staging buffer's address: it must never be reallocated, so
+        # reserve the largest window any step (bucket or eager) can bring.
+        self.reserved = max(max_num_batched_tokens + 1, self.max_size * (k + 1) + 1)
+        if capture:
+            engine.policy.reserve(self.reserved)
+            if engine.drafting:
+                engine.drafter.policy.reserve(self.max_size * max(1, k - 1))
+
+    # -- which buffers ---------------------------------------------------------------------------
+    def capturable(self, requests) -> bool:
+        """Whether this step may run from a bucket's graph (else it runs eagerly, the same body)."""
+        e = self.engine
+        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or e.sliding is not None \
+                or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
+            return False
+        prefill = [r.is_prefill for r in requests]
+        if any(prefill) and not all(prefill) and not self.mixed:
+            return False
+        return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
+
+    def _key(self, requests, static: bool) -> tuple:
+        """(request slots, rows, max query length (0: unknown), chain aboard) of the step's buffers:
+        the bucket's when `static`, else the step's exact sizes (one padding row when a request has
+        fewer drafts than k: it stands in for the missing ones)."""
+        e = self.engine
+        k = e.k if e.drafting else 0
+        n = len(requests)
+        tokens = sum(len(r.scheduled()[0]) for r in requests)
+        prefill = any(r.is_prefill for r in requests)
+        if not static:
+            short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
+            return n, tokens + (1 if short else 0), 0 if prefill else k + 1, e.drafting
+        if prefill:
+            return bucket_size(n), token_bucket(tokens), 0, e.drafting
+        size = bucket_size(n)
+        return size, size * (k + 1) + 1, k + 1, e.drafting
+
+    def _inputs(self, requests, static: bool) -> StepInputs:
+        key = self._key(requests, static)
+        table = self.buckets if static else self.exact
+        inp = table.get(key)
+        if inp is None:
+            size, tokens, qmax, chain = key
+            if not static and len(self.exact) > 16:
+                self.exact.clear()
+            inp = table[key] = StepInputs(self.engine, size, tokens, qmax, chain=chain, static=static)
+        return inp
+
+    # -- one step --------------------------------------------------------------------------------
+    def step(self, requests) -> StepResult:
+        """Run the step of `requests` (or collect the pre-launched one) -> its host outputs."""
+        if self.broken:
+            raise RuntimeError(f"engine: {self.broken}; the requests' state no longer matches the cache: "
+                               f"build a new engine")
+        try:
+            return self._step(requests)
+        except BaseException:
+            if self.pending is not None:    # the next step runs on the GPU, this one's bookkeeping is lost
+                self.broken = "a step was interrupted after the next one had been launched"
+            raise
+
+    @property
+    def pending_requests(self) -> list | None:
+        """The requests of the pre-launched step (the engine's next step), or None."""
+        return None if self.pending is None else list(self.pending[1])
+
+    def _step(self, requests) -> StepResult:
+        e = self.engine
+        if self.pending is not None:
+            inp, preqs, handle = self.pending
+            self.pending = None
+            if len(preqs) != len(requests) or any(x is not y for x, y in zip(preqs, requests)):
+                raise RuntimeError("engine: a step was pre-launched for other requests than the scheduler "
+                                   "scheduled now (an engine bug; run with LabConfig(cuda_graph=False) meanwhile)")
+            inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
+            features, probs = inp.features, None
+        else:
+            static = self.capturable(requests)
+            inp = self._inputs(requests, static)
+            inp.fill(e, requests)
+            packed, features, probs = self._launch(inp)
+            handle = inp.readback.start(packed)
+        if self._can_prelaunch(inp, requests):
+            self._prelaunch(inp, requests)
+        e.target_forwards += 1
+        self.steps += 1
+        if inp.static:
+            self.graphed_steps += 1
+            if any(r.is_prefill for r in requests):
+                if all(r.is_prefill for r in requests):
+                    self.prefill_steps += 1
+                else:
+                    self.mixed_steps += 1
+        rows = inp.readback.rows(handle, len(requests))              # the step's one sync
+        return StepResult(inp, rows, features, probs)
+
+    def _launch(self, inp: StepInputs):
+        """Run (eagerly, warm up, capture, or replay) the body on `inp` -> (packed outputs, head
+        features, next draft probabilities); policies count every window once (see `account`)."""
+        e = self.engine
+        pols = [e.policy] + ([e.drafter.policy] if inp.chain is not None else [])
+        saved = [(p.records, p.deferred) for p in pols]
+        for p in pols:
+            p.records, p.deferred = False, True     # records are the host's, after the readback
+        try:
+            if inp.graph is not None:
+                inp.graph.replay()
+                self.replays += 1
+                packed, inp.features, probs = inp.outputs
+                return packed, inp.features, probs
+            if not inp.static or not inp.warmed or not self.capture:
+                inp.warmed = True
+                out = run_step(e, inp)
+            else:
+                holder = {}
+                inp.graph = capture_graph(lambda: holder.setdefault("out", run_step(e, inp)), warmup=0,
+                                          device=e.device)
+                inp.outputs = out = holder["out"]
+                inp.graph.replay()
+            for p in pols:
+                p.windows_done -= 1     # the body's Python ran: `account` counts the window
+            inp.features = out[1]
+            return out
+        finally:
+            for p, (records, deferred) in zip(pols, saved):
+                p.records, p.deferred = records, deferred
+
+    # -- pre-launch ------------------------------------------------------------------------------
+    def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
+        """The next step is this bucket again, on the inputs this step computed for it: every request
+        runs on with k drafts (none can emit its last token now: 2k + 2 or more left; no end token is
+        watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
+        graph exists."""
+        e = self.engine
+        k = inp.k
+        sched = e.scheduler
+        running = sched.running
+        return (inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+                and e.eos_token_id is None
+                and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
+                and all(not r.is_prefill and len(r.drafts) == k for r in requests)
+                and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
+                and all(r.remaining >= 2 * k + 2 for r in requests))
+
+    def _prelaunch(self, inp: StepInputs, requests) -> None:
+        """Launch the next step now. Its blocks are allocated for the most this step can accept (k):
+        positions up to s + k + 1 + 2k - 1, inside every request's reservation."""
+        k = inp.k
+        for r in requests:
+            r.block_table.ensure(r.num_computed + k + 1 + (2 * k if inp.chain is not None else k + 1))
+        h = inp.inputs.host
+        h["tables"].fill(0)
+        for j, r in enumerate(requests):
+            h["tables"][j, :len(r.block_table.blocks)] = r.block_table.blocks
+        inp.inputs.upload_only("tables")
+        packed, features, _ = self._launch(inp)
+        self.pending = (inp, list(requests), inp.readback.start(packed))
+        self.prelaunched += 1
+
+    # -- the host's records ----------------------------------------------------------------------
+    def records(self, result: StepResult, requests):
+        """The verify window's record and, when the chain ran for someone, the chain's:
+        -> (verify record, [(request, drafts, chain slots)] of the requests the chain drafted for)."""
+        e, inp = self.engine, result.inputs
+        h = inp.host
+        host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
+        written = range(e.target.num_layers + (1 if e.drafting else 0))
+        record = e.policy.account(host_window, Acceptance.from_accepted_len(host_window, result.accepted), written,
+                                  opened=range(e.cache.num_layers))
+        return record
+
+
+def can_capture(engine) -> bool:
+    """CUDA graphs for this engine: asked for, on CUDA, with the Triton attention."""
+    e = engine
+    return bool(e.config.cuda_graph and e.device.type == "cuda" and use_kernel(e.config.attention, e.device))

@@ -1,0 +1,360 @@
+"""The engine's step, written once: one device-side body over fixed-shape step buffers.
+
+    slots -> policy.begin -> target forward -> logits at the sampler's rows -> rejection sampling
+    (greedy or T > 0, forced acceptance) -> the engine's SCV -> head pass over the window's rows
+    -> policy.commit -> the EAGLE draft chain d_1..d_k for the next window (its own policy window
+    on the head's layer, every row rejected)
+
+`run_step(engine, inputs)` is that body. The runner (nwor_lab.engine.runner) runs it eagerly on
+buffers of exactly the step's size, or captures it once per bucket of padded sizes and replays it;
+nothing else in the engine computes a step. The objects it calls are the engine's own (`scv`,
+`drafter.propose`, `policy`, `drafter.policy`), so whatever wraps them (tensor parallel's agreed
+SCV and drafter, observers, debug checks) applies to every step, eager or replayed.
+
+The layout is data, not shape (vLLM's full graphs over mixed batches do the same):
+
+    rows       ids, positions, request of each row, draft index of each row (0: always kept);
+               padding rows: slot -1, in no request's row range
+    requests   row range (query_start_loc), cached length, k draft slots each (a prefill's, a
+               padding request's and drafts cut by the token budget or the ring guard are -1, at
+               the last padding row, whose draft index k + 1 no accepted length reaches), the rows
+               whose logits the sampler reads (t_last's and the drafts' rows, then the bonus row; a
+               request without drafts reads its last row k + 1 times: its -1 drafts are rejected at
+               column 0, where the target's own token is emitted), tokens left, prompt key
+
+Eager runs build attention's metadata on the host from the step's lists (the torch reference
+attention, sliding windows, debug reads); captured runs use static device metadata (block tables,
+cached lengths, query starts) that the body refreshes from the buffers.
+"""
+from __future__ import annotations
+
+import torch
+
+from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
+from nwor_lab.kv import build_slot_mapping
+from nwor_lab.model.attention import AttentionMetadata, KernelArgs
+from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.window import Acceptance, Window
+
+
+class StepInputs:
+    """Buffers of one step: `size` request slots, `tokens` rows, `k` draft slots per request
+    (the engine's k; 0 without drafting). `static`: padded to a bucket for capture (device
+    metadata, `max_query_len` a bound fixed per bucket) rather than the step's exact size."""
+
+    def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool):
+        e, dev = engine, engine.device
+        k = e.k if e.drafting else 0
+        self.size, self.tokens, self.k, self.static = size, tokens, k, static
+        self.max_query_len = max_query_len
+        self.inputs = StaticInputs(
+            dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),
+            rows_logits=((size * (k + 1),), torch.long), draft_rows=((size * k,), torch.long),
+            last_rows=((size,), torch.long), num_drafts=((size,), torch.long), remaining=((size,), torch.long),
+            start=((size,), torch.long), token_req=((tokens,), torch.int32), draft_pos=((tokens,), torch.int32),
+            drafts=((size * k,), torch.int32), qsl=((size + 1,), torch.int32), cache_lens=((size,), torch.int32),
+            tables=((size, max_blocks(e)), torch.int32))
+        i = self.inputs.dev
+        self.ids, self.positions, self.req_key, self.start = i["ids"], i["positions"], i["req_key"], i["start"]
+        self.rows_logits, self.last_rows, self.num_drafts = i["rows_logits"], i["last_rows"], i["num_drafts"]
+        self.remaining, self.qsl, self.tables, self.cache_lens = i["remaining"], i["qsl"], i["tables"], i["cache_lens"]
+        # every request slot has k drafts in the sampler's layout: target rows then the bonus row
+        cu = [(k + 1) * (r + 1) for r in range(size)]
+        self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
+        slots = torch.full((tokens,), -1, dtype=torch.long, device=dev)
+        self.window = Window(slots, i["token_req"], i["draft_pos"], i["draft_rows"], [k + 1] * size, [k] * size,
+                             draft_token_ids=i["drafts"], cu_draft=self.spec.cu_num_draft_tokens,
+                             positions=self.positions)
+        # the draft probabilities of the drafts (T > 0), each request's k rows (padding: zeros)
+        self.draft_probs = None
+        if k and e.temperature > 0:
+            self.draft_probs = torch.zeros(size * k, e.vocab_size, dtype=torch.float32, device=dev)
+        self.rows = torch.arange(tokens, device=dev)
+        self.md = None
+        if static:
+            in_buffer = e.policy.window_in_buffer
+            kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
+                                self.qsl if in_buffer else None, max_query_len=max_query_len)
+            self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
+                                        e.policy, 0, kernel)
+        self.chain = ChainInputs(e, size, self.tables, static) if chain else None
+        self.readback = Readback(dev, (size, 2 * k + 2 if chain else k + 2))
+        # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
+        # again, at the positions this step's acceptance gives), so the runner can launch the next
+        # step before it has read this one (`StepRunner._can_prelaunch`)
+        self.feeds_itself = static and max_query_len == k + 1 and (chain or k == 0)
+        self.host: dict = {}
+        self.features = None          # head output at each request's last kept row [size, h], or None
+        self.next_probs = None        # the chain's draft probabilities [size, k, V] (T > 0), or None
+        self.graph = None             # the runner's: the captured body, and its outputs
+        self.outputs = None
+        self.warmed = False
+
+    # -- host ----------------------------------------------------------------------------------
+    def fill(self, engine, requests) -> None:
+        """This step's requests into the buffers (padding stays padding), one copy per dtype;
+        blocks allocated for every row the step writes (the chain's too)."""
+        k, size = self.k, self.size
+        rows = self.host_rows(engine, requests)
+        h = self.inputs.host
+        h["tables"].fill(0)
+        for r, blocks in enumerate(self.host["tables"]):
+            h["tables"][r, :len(blocks)] = blocks
+        n_req, total = len(requests), len(self.host["ids"])
+        pad_row = self.tokens - 1
+        pad_rows, pad_reqs = self.tokens - total, size - n_req
+        h["ids"][:] = self.host["ids"] + [0] * pad_rows
+        h["positions"][:] = self.host["positions"] + [0] * pad_rows
+        h["token_req"][:] = rows["token_req"] + [0] * pad_rows
+        # the last row stands in for every padding draft: draft index k + 1, above any accepted
+        # length, so it reads as a rejected draft to every check (its slot is -1: never written)
+        h["draft_pos"][:] = rows["draft_pos"] + ([0] * (pad_rows - 1) + [k + 1 if k else 0] if pad_rows else [])
+        h["qsl"][:] = rows["qsl"] + [total] * pad_reqs                   # padded requests: no rows
+        h["last_rows"][:] = rows["last"] + [pad_row] * pad_reqs          # a padding row, never a real one
+        h["num_drafts"][:] = self.host["ndrafts"] + [0] * pad_reqs
+        h["cache_lens"][:] = rows["lens"] + [0] * pad_reqs
+        h["start"][:] = self.host["ctx"] + [0] * pad_reqs
+        h["rows_logits"][:] = rows["rows_logits"] + [pad_row] * (pad_reqs * (k + 1))
+        h["draft_rows"][:] = rows["draft_rows"] + [pad_row] * (pad_reqs * k)
+        h["drafts"][:] = rows["drafts"] + [-1] * (pad_reqs * k)
+        h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
+        h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
+        self.inputs.upload()
+        if self.draft_probs is not None:
+            self.draft_probs.zero_()
+            for r, req in enumerate(requests):
+                n = self.host["ndrafts"][r]
+                if n and req.draft_probs is not None:
+                    self.draft_probs[r * k:r * k + n].copy_(req.draft_probs[:n])
+
+    def host_rows(self, engine, requests, *, ensure: bool = True) -> dict:
+        """The step's rows from the requests' state, as host lists; what the host's bookkeeping
+        reads is kept in `host`. `ensure`: allocate the blocks the step writes (with the chain
+        aboard, its rows too: up to the most this window can keep, plus k - 1)."""
+        k = self.k
+        pad_row = self.tokens - 1
+        in_buffer = engine.policy.window_in_buffer
+        ids, pos, token_req, draft_pos, slots = [], [], [], [], []
+        qsl, last, ndrafts, lens, ctx, qlens, kinds = [0], [], [], [], [], [], []
+        rows_logits, draft_rows, drafts = [], [], []
+        for r, req in enumerate(requests):
+            toks, start, n = req.scheduled()
+            q = len(toks)
+            if ensure:
+                need = start + q
+                if self.chain is not None:
+                    need = max(need, start + q - n + min(n, req.remaining - 2) + k - 1)
+                req.block_table.ensure(need)
+            row0 = len(ids)
+            ids += toks
+            pos += range(start, start + q)
+            token_req += [r] * q
+            draft_pos += [0] * (q - n) + list(range(1, n + 1))
+            slots += req.block_table.slots(range(start, start + q))
+            qsl.append(row0 + q)
+            last.append(row0 + q - 1)
+            ndrafts.append(n)
+            lens.append(start + (0 if in_buffer else q))
+            ctx.append(start)
+            qlens.append(q)
+            kinds.append("prefill" if req.is_prefill else ("spec" if n else "decode"))
+            # t_last's row and the drafts' rows verify the drafts; drafts short of k (all k for a
+            # prefill) are -1 at the padding row and read the request's last row, where the first
+            # of them is rejected and the target's own token emitted
+            rows_logits += list(range(row0 + q - n - 1, row0 + q)) + [row0 + q - 1] * (k - n)
+            draft_rows += list(range(row0 + q - n, row0 + q)) + [pad_row] * (k - n)
+            drafts += list(req.drafts[:n]) + [-1] * (k - n)
+        self.host = dict(requests=list(requests), ids=ids, slots=slots, qlens=qlens, ctx=ctx, ndrafts=ndrafts,
+                         kinds=kinds, positions=pos, tables=[list(r.block_table.blocks) for r in requests])
+        return dict(token_req=token_req, draft_pos=draft_pos, qsl=qsl, last=last, lens=lens,
+                    rows_logits=rows_logits, draft_rows=draft_rows, drafts=drafts)
+
+    def host_metadata(self, engine) -> AttentionMetadata:
+        """The verify pass's attention metadata from the host lists (eager runs, exact sizes:
+        every request slot is a request). The padding row, when there is one (it stands in for
+        padding drafts), is a request of its own with no cached positions that writes nowhere."""
+        e, h = engine, self.host
+        pad = self.tokens - len(h["ids"])
+        extra = ([pad], [[0]], [0], [0]) if pad else ([], [], [], [])
+        return AttentionMetadata.build(e.cache, e.policy, h["positions"] + [0] * pad, h["qlens"] + extra[0],
+                                       h["tables"] + extra[1], h["ctx"] + extra[2], attention=e.config.attention,
+                                       sliding=e.sliding, num_drafts=h["ndrafts"] + extra[3], ledger=e.ledger,
+                                       slot_mapping=self.window.slot_mapping)
+
+
+class ChainInputs:
+    """Buffers of the EAGLE draft chain d_1..d_k for `size` request slots: the first draft from the
+    verify pass's head features, then k - 1 head passes, one row per request each (step-major rows),
+    in one draft-policy window on the head's layer, committed with every row rejected."""
+
+    def __init__(self, engine, size: int, tables: torch.Tensor, static: bool):
+        e, dev, k = engine, engine.device, engine.k
+        pol = e.drafter.policy
+        self.size, self.k, self.tables = size, k, tables
+        rows = size * max(0, k - 1)
+        slots = torch.full((rows,), -1, dtype=torch.long, device=dev)
+        token_req = torch.arange(size, dtype=torch.int32, device=dev).repeat(max(0, k - 1))
+        draft_pos = torch.arange(1, max(1, k), dtype=torch.int32, device=dev).repeat_interleave(size)
+        order = torch.arange(rows, device=dev).view(max(0, k - 1), size).t().reshape(-1)   # request-major
+        self.window = Window(slots, token_req, draft_pos, order, [max(0, k - 1)] * size, [max(0, k - 1)] * size)
+        self.reject = Acceptance.rejecting_all(self.window)
+        self.in_buffer = pol.window_in_buffer
+        self.step_offset = torch.arange(max(0, k - 1), device=dev)[:, None]
+        self.positions = torch.zeros(max(0, k - 1), size, dtype=torch.long, device=dev)   # [step, request]
+        self.lens = torch.zeros(max(0, k - 1), size, dtype=torch.int32, device=dev)
+        self.lens_offset = torch.zeros(max(0, k - 1), 1, dtype=torch.long, device=dev) if self.in_buffer else \
+            torch.arange(1, max(1, k), device=dev)[:, None]                 # chain step s reads s own rows
+        self.steps = []           # static metadata per chain step (captured runs)
+        if static:
+            qsl = list(range(size + 1))
+            qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
+            for s in range(1, k):
+                win_rows = win_start = None
+                if self.in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
+                    win_rows = (torch.arange(s, device=dev)[None, :] * size
+                                + torch.arange(size, device=dev)[:, None]).reshape(-1)
+                    win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
+                self.steps.append(AttentionMetadata(
+                    self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
+                    (s - 1) * size, KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start,
+                                               max_query_len=1)))
+
+    def place(self, engine, base: torch.Tensor, counts: torch.Tensor) -> None:
+        """Positions, cached lengths and slots of every chain row: request j drafts `counts[j]`
+        tokens (0: none, padding or finished) after its `base[j]` committed positions; chain step s
+        (1-based) writes position base + s - 1 where counts > s, else nothing (slot -1)."""
+        bs = engine.cache.spec.block_size
+        pos = base[None, :] + self.step_offset                          # [k-1, B]
+        self.positions.copy_(pos)
+        self.lens.copy_(base[None, :] + self.lens_offset)
+        live = counts[None, :] > self.step_offset + 1
+        ring = engine.sliding.ring_slots if engine.sliding is not None else None
+        rows = torch.where(live, pos, -1).reshape(-1)                     # step-major, as the window
+        self.window.slot_mapping.copy_(build_slot_mapping(self.tables, self.window.token_req, rows, bs, ring))
+
+    def host_metadata(self, engine, s: int, base: list[int], counts: list[int], tables: list) -> AttentionMetadata:
+        """Chain step s's metadata from host lists (eager runs): a row that drafts reads the
+        committed prefix and its chain rows so far; a row that does not (padding, finished, cut)
+        reads the committed prefix only, and writes nowhere."""
+        e, size = engine, self.size
+        live = [c > s for c in counts]
+        rows = [[(t - 1) * size + j for t in range(1, s + 1)] if live[j] else [] for j in range(size)]
+        ctx = [b if live[j] else max(1, b) for j, b in enumerate(base)]
+        return AttentionMetadata.build(
+            e.cache, e.drafter.policy, [b + s - 1 for b in base], [1] * size, tables, ctx, window_rows=rows,
+            write_offset=(s - 1) * size, slot_mapping=self.window.slot_mapping[(s - 1) * size:s * size],
+            attention=e.config.attention, sliding=e.sliding, ledger=e.ledger)
+
+
+def run_step(engine, inp: StepInputs):
+    """The step on `inp`'s buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted length,
+    next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
+    None; next draft probabilities [B, k, V] or None)."""
+    e, w, spec, k = engine, inp.window, inp.spec, inp.k
+    bs = e.cache.spec.block_size
+    ring = e.sliding.ring_slots if e.sliding is not None else None
+    row_ok = inp.rows < inp.qsl[-1]                                    # rows past the requests': padding
+    w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1), bs, ring))
+    md = inp.md if inp.static else inp.host_metadata(e)
+    e.policy.begin(w, kind="verify")
+    aux_layers = e.head.aux_layers if e.drafting else ()
+    hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
+    logits = e.target.compute_logits(hidden[inp.rows_logits]).float()
+    sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
+                               **_forced(e, inp))                                        # [B, k + 1]
+    acceptance = e.scv.accept(w, sampled, max_spec_len=k)
+    if e.config.debug:
+        check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
+    accepted = acceptance.accepted_len.long()
+    kept = inp.last_rows - inp.num_drafts + accepted                  # each request's last kept row
+    features = None
+    if e.drafting:
+        # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
+        token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
+        next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
+        next_ids[inp.last_rows] = token
+        next_ids[kept] = token
+        g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
+        features = g[kept]
+    e.policy.commit(acceptance)
+    packed = [sampled.long(), accepted[:, None]]
+    probs = None
+    if inp.chain is not None:
+        live = accepted + 1 < inp.remaining                           # still running after this step
+        base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
+        counts = torch.where(live, _drafts_allowed(e, base), 0)
+        drafts, probs = draft_chain(e, inp.chain, base, counts, features)
+        packed.append(drafts)
+    if inp.feeds_itself:
+        next_inputs(e, inp, sampled, accepted, packed[-1] if inp.chain is not None else None)
+    return torch.cat(packed, 1), features, probs
+
+
+def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
+    """A decode bucket's next inputs from this step's outputs, on the device: what `fill` would
+    write once the host advanced every request (t_last + k drafts each, the same rows), so the next
+    step can run before the host read this one. A request that finishes keeps its inputs (the runner
+    pre-launches only when none can), padding request slots stay padding."""
+    k = inp.k
+    real = inp.remaining > 0
+    token = sampled.gather(1, accepted[:, None]).long()              # [B, 1] the next t_last
+    start = torch.where(real, inp.start + accepted + 1, inp.start)
+    ids = torch.cat([token, drafts.clamp(min=0)], 1) if drafts is not None else token   # [B, k+1]
+    pos = start[:, None] + torch.arange(k + 1, device=start.device)
+    n = inp.size * (k + 1)
+    keep = real[:, None].expand(inp.size, k + 1).reshape(-1)
+    inp.ids[:n].copy_(torch.where(keep, ids.reshape(-1), inp.ids[:n]))
+    inp.positions[:n].copy_(torch.where(keep, pos.reshape(-1), inp.positions[:n]))
+    in_buffer = e.policy.window_in_buffer
+    inp.cache_lens.copy_(torch.where(real, start + (0 if in_buffer else k + 1), inp.cache_lens.long()).int())
+    inp.remaining.copy_(torch.where(real, inp.remaining - accepted - 1, 0))
+    if drafts is not None:
+        inp.spec.draft_token_ids.copy_(torch.where(real[:, None], drafts, -1).reshape(-1).int())
+    inp.start.copy_(start)
+
+
+def _drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:
+    """[B] drafts each request may propose for a window with t_last at `base` (the ring guard's
+    rule, `SlidingWindow.drafts_allowed`, on the device; k otherwise)."""
+    s = e.sliding
+    if s is None or s.ring_slots is None or not s.guard:
+        return torch.full_like(base, e.k)
+    return torch.clamp(torch.clamp(s.ring_slots - 1 - base, min=s.ring_slots - s.size), max=e.k)
+
+
+def _forced(e, inp: StepInputs) -> dict:
+    """Forced acceptance: each draft's u from its request's key and position (padding drafts are
+    rejected whatever their u)."""
+    if e.acceptance is None or not inp.k:
+        return {}
+    keys = inp.req_key[:, None].expand(inp.size, inp.k).reshape(-1)
+    pos = inp.positions[inp.window.draft_rows]
+    return dict(synthetic_rates=e.forced_rates, uniform_probs=e.acceptance.uniforms(keys, pos))
+
+
+def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Tensor, features: torch.Tensor):
+    """Drafts d_1..d_k of every request from the head's features at its last kept row: the first
+    from the features, the rest from k - 1 head passes in the draft policy's window.
+    -> (drafts [B, k] int64, -1 past `counts[j]`; probabilities [B, k, V] or None when greedy)."""
+    e = engine
+    head, pol, k = e.head, e.drafter.policy, e.k
+    chain.place(e, base, counts)
+    g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
+    token, q = e.drafter.propose(g)
+    drafts, probs = [token], [q]
+    if k >= 2:
+        layer = head.layer_index
+        host = None
+        if not chain.steps:     # eager: metadata from host lists (one sync on CUDA)
+            host = (base.tolist(), counts.tolist(), [t for t in chain.tables.tolist()])
+        pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
+        for s in range(1, k):
+            md = chain.steps[s - 1] if chain.steps else chain.host_metadata(e, s, *host)
+            g = head(drafts[-1], g, md)
+            token, q = e.drafter.propose(g)
+            drafts.append(token)
+            probs.append(q)
+        pol.commit(chain.reject)
+    out = torch.stack(drafts, 1).long()
+    out = torch.where(torch.arange(k, device=out.device)[None, :] < counts[:, None], out, -1)
+    return out, (torch.stack(probs, 1) if probs[0] is not None else None)
