@@ -8,8 +8,8 @@ import torch
 from nwor_lab.bench import attention_variants as av
 from nwor_lab.bench.engine import run_prompts
 from nwor_lab.bench.engine8b import build_engine, main, napkin, prompts_for
-from nwor_lab.engine.graphed import GraphedVerify
-from nwor_lab.engine.graphed_mixed import token_bucket
+from nwor_lab.engine.runner import StepRunner
+from nwor_lab.engine.buffers import token_bucket
 from nwor_lab.model.shapes import SHAPES, config_for, random_head, random_target
 from nwor_lab.speculative.synthetic import ForcedAcceptance, mean_acceptance_length
 
@@ -54,11 +54,11 @@ def test_graphed_steps_decode_the_eager_tokens_with_forced_acceptance(mini, head
     for graphed in (False, True):
         engine = build_engine(target, heads[head], 3, "stage", "off", 2, 10, 12, forced, "auto", False)
         if graphed:
-            engine.graphed = GraphedVerify(engine, 2, engine.scheduler.max_num_batched_tokens, capture=False)
+            engine.runner = StepRunner(engine, 2, engine.scheduler.max_num_batched_tokens, capture=False, pad=True)
         reqs = run_prompts(engine, prompts, 12, arrival_gap=2)
         out[graphed] = [r.output for r in reqs]
         if graphed:
-            assert engine.graphed.mixed_steps > 0 and engine.graphed.chained_steps > 0
+            assert engine.runner.mixed_steps > 0 and engine.runner.graphed_steps > 0
     assert out[True] == out[False]
 
 

@@ -88,7 +88,9 @@ def test_stochastic_same_seed_same_tokens_in_every_mode(pair, greedy_reference):
 
 
 class CacheAudit:
-    """Checks every window against the snapshot taken at its begin (an engine observer)."""
+    """Checks every window, at its commit, against the snapshot taken at its begin (an engine
+    observer: the draft chain's window follows the verify window inside the same step), and after
+    every verify window that each committed position holds the dense K/V."""
 
     def __init__(self, judge_as_preserving: bool | None = None):
         self.windows = 0
@@ -97,18 +99,17 @@ class CacheAudit:
     def on_phase(self, event):
         if event.phase == "begin":
             self.before = event.policy.cache.snapshot()
+        elif event.phase == "commit":
+            self.check_window(event)
 
-    def on_window_end(self, engine, entry, window):
-        self.windows += 1
-        rec = entry.record
-        preserving = engine.policy.preserves_rejected_slots if self.judge_as_preserving is None \
+    def check_window(self, event):
+        policy, w, rec = event.policy, event.window, event.record
+        preserving = policy.preserves_rejected_slots if self.judge_as_preserving is None \
             else self.judge_as_preserving
-        assert rec.drafts_committed == rec.num_accepted == sum(entry.accepted)
-        after_k, after_v = engine.cache.key, engine.cache.value
-        bs = engine.cache.spec.block_size
-        slots = window.slot_mapping
-        acc = torch.tensor(entry.accepted, dtype=torch.int32)
-        commit = window.commit_mask_from(acc)
+        assert rec.drafts_committed == rec.num_accepted
+        after_k, after_v = policy.cache.key, policy.cache.value
+        real = w.slot_mapping >= 0                                       # padding rows write nowhere
+        slots, commit = w.slot_mapping[real], event.acceptance.commit_mask[real]
         changed = (after_k != self.before[0]).flatten(3).any(-1) | (after_v != self.before[1]).flatten(3).any(-1)
         changed = changed.flatten(1, 2)                                  # [L, slots]
         in_window = torch.zeros(changed.shape[1], dtype=torch.bool)
@@ -116,11 +117,15 @@ class CacheAudit:
         assert not changed[:, ~in_window].any(), "a slot outside the window changed"
         rejected = slots[~commit]
         if preserving:
-            assert not changed[:, rejected].any(), f"{engine.policy.name}: a rejected slot changed"
-        elif entry.kind == "draft":
-            assert changed[engine.head.layer_index, rejected].all(), "off writes the draft chain"
+            assert not changed[:, rejected].any(), f"{policy.name}: a rejected slot changed"
+        elif event.kind == "draft":
+            assert changed[event.layers.start, rejected].all(), "off writes the draft chain"
+
+    def on_window_end(self, engine, entry, window):
+        self.windows += 1
+        assert entry.record.drafts_committed == entry.record.num_accepted == sum(entry.accepted)
         if entry.kind == "verify":
-            self.check_committed(engine, entry, bs)
+            self.check_committed(engine, entry, engine.cache.spec.block_size)
 
     def check_committed(self, engine, entry, bs):
         """Every committed position of every request in the window holds the dense K/V."""

@@ -188,15 +188,15 @@ def main(argv=None) -> dict:
             tps = ntok / secs
             if k == 0:
                 base_ids, base_tps = token_ids, tps
-            graphed = engine.graphed
+            graphed = engine.runner
             row = {"batch_size": bs, "config": name, "k": k, "nwor": cfg.nwor_mode, "scv": cfg.scv_mode,
                    "requests": len(ps), "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(tps, 2),
                    "cold_seconds": round(cold, 4), "repeat_seconds": [round(t, 4) for t in times],
                    "speedup_vs_target_only": round(tps / base_tps, 3),
                    "target_forwards": forwards,
-                   "graphed_steps": graphed.steps if graphed else 0,
-                   "chained_steps": graphed.chained_steps if graphed else 0,
-                   "prelaunched_steps": graphed.prelaunched if graphed else 0,
+                   "graphed_steps": graphed.graphed_steps,
+                   "chained_steps": graphed.graphed_steps if engine.drafting else 0,
+                   "prelaunched_steps": graphed.prelaunched,
                    "mean_acceptance_length": round(mean, 3) if k else None,
                    "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
                    "same_tokens_as_target_only": token_ids == base_ids}

@@ -46,7 +46,7 @@ from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab.engine.generate import acceptance_stats
-from nwor_lab.engine.graphed_mixed import token_bucket
+from nwor_lab.engine.buffers import token_bucket
 from nwor_lab.model.shapes import HEAD_SHAPES, SHAPES, parameter_bytes, random_head, random_target
 from nwor_lab.speculative.synthetic import ForcedAcceptance, mean_acceptance_length
 
@@ -90,7 +90,7 @@ def engine_row(engine, run, batch: int, config: str, head: str | None, k: int, m
     secs = run["seconds"]
     decode_secs = max(secs - run["prefill_seconds"], 1e-9)
     mean, by_pos = acceptance_stats(run["trace"], max(k, 1))
-    g = engine.graphed
+    g = engine.runner
     reps = max(1, len(run["times"]))
     steps = sum(1 for t in run["trace"] if t.kind == "verify") // reps
     decode_steps = sum(1 for t in run["trace"] if t.kind == "verify" and "prefill" not in t.kinds) // reps
@@ -104,9 +104,8 @@ def engine_row(engine, run, batch: int, config: str, head: str | None, k: int, m
            "decode_windows_per_run": decode_steps,
            "decode_step_ms": round(1e3 * decode_secs / max(1, decode_steps), 3),
            "ms_per_target_forward": round(1e3 * secs / max(1, run["forwards"]), 3),
-           "graphed_steps": g.steps if g else 0, "chained_steps": g.chained_steps if g else 0,
-           "prelaunched_steps": g.prelaunched if g else 0, "mixed_steps": g.mixed_steps if g else 0,
-           "prefill_steps": g.prefill_steps if g else 0,
+           "graphed_steps": g.graphed_steps, "chained_steps": g.graphed_steps if engine.drafting else 0,
+           "prelaunched_steps": g.prelaunched, "mixed_steps": g.mixed_steps, "prefill_steps": g.prefill_steps,
            "mean_acceptance_length": round(mean, 3) if k else None,
            "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
            "expected_mean_acceptance_length": round(mean_acceptance_length(acceptance.for_k(k)), 3) if k else None}
@@ -304,7 +303,8 @@ def parser() -> LabArgumentParser:
     p.add_argument("--ks", type=types.listed(types.integer(1, 16), "draft counts"), default=(2, 4, 6))
     p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 256), "batch sizes"), default=(1, 8, 32))
     p.add_argument("--policies", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=NWOR_MODES)
-    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="off", help="SCV mode of eager steps")
+    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
+                   help="SCV mode (off: the host loop, so every step runs eagerly)")
     p.add_argument("--acceptance", type=acceptance_text, default="shipped",
                    help="'shipped' (the shipped pair's measured profile), a constant rate in [0, 1], or "
                         "per-position rates such as 0.9,0.7,0.5,0.3,0.2,0.1 (unconditional, non-increasing)")
@@ -369,8 +369,7 @@ def main(argv=None) -> dict:
                     torch.cuda.reset_peak_memory_stats(device)
                 engine = build_engine(target, heads.get(head), k, mode, args.scv, bs, args.prompt_len,
                                       args.new_tokens, acceptance, args.attention, graphs)
-                if engine.graphed is not None:
-                    engine.graphed.mixed = mixed
+                engine.runner.mixed = mixed
                 run = measure(engine, prompts, args.new_tokens, args.repeats, device, gap)
                 name = "target-only" if not k else f"{head} k={k} nwor={mode}"
                 row = engine_row(engine, run, bs, name, head, k, mode, args.scv, acceptance, gap, mixed, device)

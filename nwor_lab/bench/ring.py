@@ -148,75 +148,49 @@ def _round_robin_us(fns: dict, device, reps: int) -> dict:
 
 
 def step_rows(args, device) -> list[dict]:
-    from nwor_lab.bench.step import StepCase, make_model
-    from nwor_lab.kv.ring import SlidingWindow
-    from nwor_lab.ops.graphs import capture_graph
+    """The engine's step (`bench step`'s StepCase: nwor_lab.engine.step.run_step) per strategy on the
+    same prompts of W tokens each (a ring of W slots holds them; the first decode step wraps it),
+    replayed from its CUDA graph where it is captured (cow on a ring runs eagerly), round-robin.
+    Correct = the step's outputs (sampled ids, accepted lengths, next drafts) equal the
+    whole-context cache's."""
+    from nwor_lab.bench.step import StepCase, make_pair
 
-    model = make_model(args.model, device)
+    pair = make_pair(args.model, device)
     rows = []
     for w in [int(x) for x in args.windows.split(",")]:
-        context = args.context or w + 512                      # every ring has wrapped
         for batch in [int(b) for b in args.batches.split(",")]:
-            full_cfg = LabConfig(nwor_mode="off", kv_ring="full", sliding_window=w, attention=args.attention,
-                                 validate=False)
-            full = StepCase(model, batch, args.k, context, args.attention, sliding=SlidingWindow(w, None))
-            cases, fns, hidden = {}, {}, {}
-            for mode, ring in STRATEGIES:
+            cases, fns = {}, {}
+            for mode, ring in (("off", "full"),) + tuple(s for s in STRATEGIES if s != ("off", "full")):
                 name = f"{mode}+{ring}"
-                cfg = full_cfg.replace(nwor_mode=mode, kv_ring=ring)
-                k = 0 if ring == "guard" else args.k           # the guard: no drafts once the ring has wrapped
-                sliding = sliding_window_for(cfg, k, POLICIES[mode])
-                case = full if name == "off+full" else StepCase(model, batch, k, context, args.attention,
-                                                                  sliding=sliding, fill_from=full)
-                acceptance = case.forced(args.rate)
                 with torch.no_grad():
-                    policy = make_policy(cfg, case.cache, records=False)
-                    policy.reserve(case.window.num_tokens)
-                    if name != "off+full":            # a fresh step first: the same logical context as full
-                        hidden[name] = case.forward(policy, acceptance)
-                    fns[name] = case.step_fn(policy, acceptance)
-                cases[name] = (case, cfg, sliding, acceptance, k)
+                    case = StepCase(pair, batch, args.k, w, mode, args.rate, args.attention, graphs=args.graphs,
+                                    sliding_window=w, kv_ring=ring)
+                cases[name] = case
+                graphed = case.inputs is not None and case.inputs.graph is not None
+                fns[name] = case.replay if graphed else case.eager
             with torch.no_grad():
-                hidden["off+full"] = full.forward(make_policy(full_cfg, full.cache, records=False),
-                                                  full.forced(args.rate))
-                if args.graphs and device.type == "cuda":
-                    graphs = {n: capture_graph(fn) for n, fn in fns.items()}
-                    us = _round_robin_us({n: g.replay for n, g in graphs.items()}, device, args.reps)
-                    del graphs
-                else:
-                    us = _round_robin_us(fns, device, args.reps)
-            ref = hidden["off+full"]
-            # the guard's step has t_last only (k = 0): its reference is the whole-context step of the same
-            # shape (a step of k + 1 rows per request runs other GEMM shapes, so bf16 rounds otherwise)
-            with torch.no_grad():
-                full0 = StepCase(model, batch, 0, context, args.attention, sliding=SlidingWindow(w, None),
-                                 fill_from=full)
-                ref0 = full0.forward(make_policy(full_cfg, full0.cache, records=False), full0.forced(args.rate))
-            del full0
+                us = _round_robin_us(fns, device, args.reps)
+                outs = {n: c.eager()[0][:batch].cpu() for n, c in cases.items()}
+            ref = outs["off+full"]
             rows_here = []
-            for name, (case, cfg, sliding, acceptance, k) in cases.items():
-                h = hidden[name]
-                ref_rows = ref0 if k == 0 else ref
-                diff = float((h.float() - ref_rows.float()).abs().max())
-                scale = float(ref_rows.float().abs().max())
-                accepted = int(acceptance.accepted_len.sum()) / batch
-                mem = kv_memory(case.cache.spec, sliding, POLICIES[cfg.nwor_mode], k, context + k + 1)
+            for name, case in cases.items():
+                e = case.engine
+                k = e.k
+                same = torch.equal(outs[name][:, :k + 2], ref[:, :k + 2]) if k == args.k else None
+                accepted = float(outs[name][:, k + 1].float().mean())
+                mem = kv_memory(e.cache.spec, e.sliding, POLICIES[e.config.nwor_mode], k, w + 2 * k + 40)
                 rows_here.append({
-                    "model": args.model, "sliding_window": w, "context": context, "batch": batch, "k": k,
-                    "strategy": name, "ring_slots": sliding.ring_slots if sliding else None,
-                    # exact strategies give the whole-context step's bits (same keys, same tiles, same
-                    # shapes); "correct" allows 1 % of the largest value
-                    "correct": diff <= 1e-2 * scale, "bit_identical_to_full": diff == 0.0,
-                    "max_abs_diff_vs_full": diff, "kv_slots_per_request": mem.slots,
+                    "model": args.model, "sliding_window": w, "context": w, "batch": batch, "k": k,
+                    "strategy": name, "ring_slots": e.sliding.ring_slots if e.sliding else None,
+                    "correct": same, "graphed": fns[name] == case.replay, "kv_slots_per_request": mem.slots,
                     "kv_memory_per_request": mem.as_dict(), "mean_acceptance_length": 1 + accepted,
-                    "step_us": round(us[name], 1), "graphed": bool(args.graphs and device.type == "cuda"),
-                    "tokens_per_s": round(batch * (1 + accepted) / (us[name] * 1e-6), 1)})
+                    "step_us": round(us[name], 1), "tokens_per_s": round(batch * (1 + accepted) / (us[name] * 1e-6), 1)})
             slack = next(r for r in rows_here if r["strategy"] == "off+slack")["tokens_per_s"]
             for r in rows_here:
                 r["tokens_per_s_vs_slack"] = round(r["tokens_per_s"] / slack, 4)
                 print(json.dumps(r), file=sys.stderr, flush=True)
             rows += rows_here
-            del cases, fns, hidden, full
+            del cases, fns
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return rows

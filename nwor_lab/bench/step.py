@@ -1,26 +1,26 @@
-"""Verify-step benchmark: what one whole verify step costs under each write policy, eager and as
-one CUDA graph, and how much of it is the KV path.
+"""Step benchmark: what one whole engine step costs under each write policy, eager and replayed
+from its CUDA graph, and how much of it is the KV path.
 
     nwor-lab bench step --json --out benchmarks/results/step_h100.json      (CUDA only)
     nwor-lab bench step --tp 1,2 ...          the engine at tp 1 vs 2 (nwor_lab.bench.tp)
 
-One verify step, as the engine runs it:
-    policy.begin(window) -> target forward over the window (every layer projects its K/V and
-    writes them through the policy; attention reads the prefix from the paged cache and the window
-    from the cache or the staging buffer) -> logits at the sampled rows -> greedy rejection
-    sampling -> SCV mask -> policy.commit(acceptance)
-timed with CUDA events (median of many), eager (host included) and captured once in a CUDA graph
-and replayed (padded static shapes: the window's tensors are the graph's inputs).
+The step is the engine's own (`nwor_lab.engine.step.run_step`, there is no other): verify forward
+over t_last + k drafts per request (every layer writes its K/V through the policy; attention reads
+the prefix from the paged cache and the window from the cache or the staging buffer) -> logits ->
+rejection sampling with forced acceptance -> SCV -> head pass -> policy.commit -> the EAGLE draft
+chain for the next window. `StepCase` builds a SpecEngine, prefills `batch` requests of `context`
+tokens, steps until the decode bucket is captured, then times
+    eager_us  the body on the engine's exact-size buffers (host work included)
+    graph_us  the bucket's captured graph replayed (GPU time)
+with CUDA events, round-robin over the policies; every timed call starts from the same inputs
+(the step's buffers restored), so each repeats the same step.
 
-Models: `shipped` (the tiny trained pair's target, float32) and `8b` (Llama-3-8B shape with random
-weights: 32 layers, hidden 4096, 32 heads, 8 KV heads, MLP 14336, vocab 128256, bf16).
-Every request has `--context` tokens in the cache and schedules t_last + k drafts.
-
-Acceptance is forced: the sampler and SCV run on the real logits (their time counts), but the
-policy commits `round(rate * k * R)` accepted drafts spread evenly over the requests, so each
-configuration's commit/restore work is exactly the one named. `none` is the same step with a
-writer that writes nothing: `kv_share = (t_mode - t_none) / t_mode` is the KV path's share of the
-step, from the same run. Ratios cow/off and stage/off are from the same run too.
+Models: `shipped` (the tiny trained pair, float32) and `8b` (Llama-3-8B shape with random
+weights and a random EAGLE-1 head: 32 layers, hidden 4096, 32 heads, 8 KV heads, MLP 14336, vocab
+128256, bf16). Acceptance is forced (`ForcedAcceptance`, a constant conditional rate per draft
+position): the sampler and SCV run on the real logits (their time counts), the verdict comes from
+the rate, the same in every policy. `none` is the same step with a policy that writes nothing:
+`kv_share = (t_mode - t_none) / t_mode`, from the same run.
 """
 from __future__ import annotations
 
@@ -36,184 +36,137 @@ from nwor_lab import atomic
 from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, LabConfig
-from nwor_lab.kv import KVCacheSpec, PagedKVCache
-from nwor_lab.model.attention import AttentionMetadata
-from nwor_lab.ops.graphs import capture_graph
-from nwor_lab.ops.scv import scv_mask
-from nwor_lab.policies import make_policy
-from nwor_lab.speculative import SpecDecodeMetadata, rejection_sample
-from nwor_lab.window import Acceptance, Window
+from nwor_lab.engine.step import run_step
+from nwor_lab.policies import WritePolicy
+from nwor_lab.speculative.synthetic import ForcedAcceptance
 
 BLOCK = 16
 
 
-class NullWriter:
+class NullPolicy(WritePolicy):
     """Writes nothing (the step without a KV path, for the KV share); the window is read from the
     cache, where stale rows sit: the same attention work as `off`."""
 
-    window_in_buffer = False
+    name = "none"
 
-    def kv_destination(self, layer, token_offset, n):
-        return None
-
-    def write(self, layer, key, value, token_offset=0):
+    def _write(self, layer, key, value, token_offset) -> None:
         pass
 
-    def window_kv(self, layer):
-        return None
 
-
-def make_model(name: str, device="cuda"):
-    """-> a LlamaForCausalLM on `device`: the shipped target (float32) or the 8B shape (bf16, random
-    weights, `nwor_lab.model.shapes`: allocated once in bf16, RoPE frequencies real)."""
+def make_pair(name: str, device="cuda"):
+    """-> (target, EAGLE-1 head) on `device`: the shipped pair (float32) or the 8B shape (bf16,
+    random weights, `nwor_lab.model.shapes`)."""
     if name == "shipped":
         from nwor_lab.model.shipped import load_tiny
-        return load_tiny(device=device)[0].eval()
+        target, head, _ = load_tiny(device=device)
+        return target.eval(), head.eval()
     if name != "8b":
         raise ValueError(f"model={name!r}: choose shipped or 8b")
-    from nwor_lab.model.shapes import random_target
-    return random_target("8b", device, torch.bfloat16)
+    from nwor_lab.model.shapes import random_head, random_target
+    target = random_target("8b", device, torch.bfloat16)
+    return target, random_head(target, "eagle1", "8b")
 
 
 class StepCase:
-    """One (model, batch, k, context) verify window, built once; `step(writer)` runs it.
+    """One (pair, batch, k, context, policy) engine, prefilled and stepped until its decode bucket
+    is captured (on CUDA with `graphs`); `eager()` and `replay()` run its step from the same inputs."""
 
-    sliding: a SlidingWindow (nwor_lab.kv.ring): every layer attends the last W positions and, with
-    a ring, each request holds a ring of `ring_slots` slots. fill_from: another case of the same
-    model, batch and context whose cache holds the K/V to use (its last `ring_slots` positions
-    copied into this ring): the same logical context, so the two steps must agree.
-    """
-
-    def __init__(self, model, batch: int, k: int, context: int, attention: str, seed: int = 0, *,
-                 sliding=None, fill_from: "StepCase | None" = None):
-        cfg, dev = model.config, next(model.parameters()).device
-        dtype = next(model.parameters()).dtype
-        self.model, self.batch, self.k, self.attention, self.sliding = model, batch, k, attention, sliding
-        ring = sliding.ring_slots if sliding is not None else None
+    def __init__(self, pair, batch: int, k: int, context: int, mode: str, rate: float, attention: str = "auto",
+                 graphs: bool = True, seed: int = 0, sliding_window: int = 0, kv_ring: str = "auto"):
+        from nwor_lab.engine import SpecEngine
+        target, head = pair
+        cfg = target.config
+        per = -(-(context + 4 * k + 64) // BLOCK)
+        policy = mode if mode != "none" else "off"
+        config = LabConfig(nwor_mode=policy, scv_mode="graph", attention=attention, validate=False, cuda_graph=graphs,
+                           sliding_window=sliding_window, kv_ring=kv_ring)
+        self.engine = e = SpecEngine(target, head, config, k=k, num_blocks=per * batch + 2, block_size=BLOCK,
+                                     max_num_seqs=batch, max_num_batched_tokens=batch * (context + 1) + 1,
+                                     acceptance=ForcedAcceptance((rate,) * k))
+        if mode == "none":
+            e.policy = NullPolicy(e.cache, config, e.metrics, records=False)
         g = torch.Generator().manual_seed(seed)
-        per_req = -(-(context + k + 1) // BLOCK) if ring is None else -(-ring // BLOCK)
-        blocks = torch.randperm(batch * per_req + 1, generator=g)[:batch * per_req].view(batch, per_req)
-        self.tables = blocks.tolist()
-        spec = KVCacheSpec(cfg.num_hidden_layers, batch * per_req + 1, BLOCK, cfg.num_key_value_heads,
-                           cfg.head_dim, dtype=dtype)
-        self.cache = PagedKVCache(spec, dev)
-        if fill_from is None:
-            self.cache.key.normal_(generator=torch.Generator(dev).manual_seed(seed))
-            self.cache.value.normal_(generator=torch.Generator(dev).manual_seed(seed + 1))
-        else:
-            self._copy_context(fill_from, context, ring)
-        t = k + 1
-        self.positions = [context + j for _ in range(batch) for j in range(t)]
-        self.qlens, self.ctx = [t] * batch, [context] * batch
-        self.ids = torch.randint(0, cfg.vocab_size, (batch * t,), generator=g).to(dev)
-        if fill_from is not None:                   # the same tokens and drafts (a prefix of them when k is smaller)
-            self.ids = fill_from.ids.view(batch, -1)[:, :t].reshape(-1).clone()
-        drafts = self.ids.view(batch, t)[:, 1:].reshape(-1).to(torch.int32)
-        cu = [t * (r + 1) for r in range(batch)]
-        self.spec = SpecDecodeMetadata.build([k] * batch, cu, drafts, device=dev)
-        probe = AttentionMetadata.build(self.cache, NullWriter(), self.positions, self.qlens, self.tables,
-                                        self.ctx, attention="torch", sliding=sliding)
-        self.window = Window.from_metadata(self.spec, cu, probe.slot_mapping)
+        prompts = torch.randint(0, cfg.vocab_size, (batch, context), generator=g).tolist()
+        self.requests = [e.add_request(p, 2 * k + 40) for p in prompts]
+        e.step()                                            # the prefill (eager, exact sizes)
+        self.inputs = None
+        for _ in range(3):                                  # warm-up, capture (CUDA), replay
+            e.step()
+            buckets = [b for b in e.runner.buckets.values() if b.feeds_itself]
+            if buckets and (buckets[0].graph is not None or not e.runner.capture):
+                self.inputs = buckets[0]
+                break
+        for p in (e.policy, e.drafter.policy):
+            p.records = False          # timed calls run the body alone: no host records
+        self.exact = e.runner._inputs(self.requests, static=False)
+        self.exact.fill(e, self.requests)
+        self.saved = [(self.exact, _snapshot(self.exact))]
+        if self.inputs is not None:
+            self.saved.append((self.inputs, _snapshot(self.inputs)))
 
-    def _copy_context(self, other: "StepCase", context: int, ring: int | None) -> None:
-        """This cache's positions (the last `ring` of 0..context-1) from `other`'s linear cache."""
-        from nwor_lab.kv import block_table_tensor, build_slot_mapping
-        keep = torch.arange(max(0, context - ring) if ring else 0, context)
-        req = torch.arange(self.batch).repeat_interleave(len(keep))
-        pos = keep.repeat(self.batch)
-        src = build_slot_mapping(block_table_tensor(other.tables), req, pos, BLOCK)
-        dst = build_slot_mapping(block_table_tensor(self.tables), req, pos, BLOCK, ring)
-        for mine, theirs in ((self.cache.key, other.cache.key), (self.cache.value, other.cache.value)):
-            mine[:, dst // BLOCK, dst % BLOCK] = theirs[:, src // BLOCK, src % BLOCK]
+    def eager(self):
+        """The engine's step body on the exact-size buffers, from the saved inputs."""
+        _restore(*self.saved[0])
+        return run_step(self.engine, self.exact)
 
-    def forward(self, policy, acceptance: Acceptance):
-        """One fresh step through `policy` (begin, target forward, commit) -> final hidden `[T, h]`."""
-        md = self._metadata(policy)
-        policy.begin(self.window, kind="verify")
-        hidden = self.model(self.ids, md)
-        policy.commit(acceptance)
-        return hidden
+    def replay(self):
+        """The bucket's captured step replayed, from the saved inputs (GPU time)."""
+        _restore(*self.saved[1])
+        self.inputs.graph.replay()
 
-    def _metadata(self, writer):
-        return AttentionMetadata.build(self.cache, writer, self.positions, self.qlens, self.tables, self.ctx,
-                                       attention=self.attention, slot_mapping=self.window.slot_mapping,
-                                       sliding=self.sliding, num_drafts=[self.k] * self.batch)
-
-    def forced(self, rate: float) -> Acceptance:
-        """`round(rate * k * R)` accepted drafts, spread evenly over the requests (prefix rule)."""
-        total = round(rate * self.k * self.batch)
-        acc = [total // self.batch + (1 if r < total % self.batch else 0) for r in range(self.batch)]
-        return Acceptance.from_accepted_len(self.window, acc)
-
-    def step_fn(self, policy, acceptance: Acceptance | None):
-        """The step's closure for `policy` (None: the NullWriter step without a KV path)."""
-        writer = policy if policy is not None else NullWriter()
-        md = self._metadata(writer)
-        w, spec, model = self.window, self.spec, self.model
-        rows = spec.logits_indices.long()
-
-        def step():
-            if policy is not None:
-                policy.begin(w, kind="verify")
-            hidden = model(self.ids, md)
-            logits = model.compute_logits(hidden[rows]).float()
-            sampled = rejection_sample(spec, None, logits, temperature=0.0)
-            scv_mask(w.draft_token_ids, w.cu_num_draft_tokens, sampled, w.token_req, w.token_draft_pos)
-            if policy is not None:
-                policy.commit(acceptance)
-            return sampled       # [R, k + 1]; under a graph, the static output of the replays
-        return step
+    def accepted(self) -> int:
+        """Drafts accepted in one eager step from the saved inputs."""
+        packed = self.eager()[0]
+        return int(packed[:len(self.requests), self.engine.k + 1].sum())
 
 
-def measure(case: StepCase, rates, *, graphs: bool = True, iters: int = 3, reps: int = 11) -> list[dict]:
-    """Per forced rate: eager and graphed µs per step for `none` and every write policy, measured
-    round-robin (host drift hits every mode alike), with ratios to `off` and the KV share."""
-    rows = []
-    for rate in rates:
-        acceptance = case.forced(rate)
-        fns = {"none": case.step_fn(None, None)}
+def _snapshot(inp):
+    return [dev.clone() for dev, _ in inp.inputs._groups]
+
+
+def _restore(inp, saved) -> None:
+    for (dev, _), s in zip(inp.inputs._groups, saved):
+        dev.copy_(s)
+
+
+def measure(pair, batch: int, k: int, context: int, rate: float, attention: str, *, graphs: bool = True,
+            iters: int = 3, reps: int = 11) -> dict:
+    """Eager and graphed µs per step for `none` and every write policy, measured round-robin (host
+    drift hits every mode alike), with ratios to `off` and the KV share."""
+    cases = {m: StepCase(pair, batch, k, context, m, rate, attention, graphs) for m in ("none",) + tuple(NWOR_MODES)}
+    kinds = {"eager_us": interleaved_time_us({n: c.eager for n, c in cases.items()}, iters=iters, reps=reps)}
+    if graphs and all(c.inputs is not None and c.inputs.graph is not None for c in cases.values()):
+        kinds["graph_us"] = interleaved_time_us({n: c.replay for n, c in cases.items()}, iters=iters, reps=reps)
+    out = {"rate": rate, "accepted": cases["off"].accepted(), "drafts": k * batch,
+           "tokens": cases["off"].exact.tokens}
+    for name in cases:
+        out[name] = {kind: round(t[name], 1) for kind, t in kinds.items()}
+    for kind in kinds:
         for mode in NWOR_MODES:
-            policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=case.attention),
-                                 case.cache, records=False)
-            policy.reserve(case.window.num_tokens)       # nothing may be allocated during capture
-            fns[mode] = case.step_fn(policy, acceptance)
-        kinds = {"eager_us": interleaved_time_us(fns, iters=iters, reps=reps)}
-        if graphs:
-            captured = {name: capture_graph(fn) for name, fn in fns.items()}
-            kinds["graph_us"] = interleaved_time_us({n: g.replay for n, g in captured.items()},
-                                                    iters=iters, reps=reps)
-            del captured
-        out = {"rate": rate, "accepted": int(acceptance.accepted_len.sum()), "drafts": case.k * case.batch}
-        for name in fns:
-            out[name] = {kind: round(t[name], 1) for kind, t in kinds.items()}
-        for kind in kinds:
-            for mode in NWOR_MODES:
-                out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
-                out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
-        rows.append(out)
-    return rows
+            out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
+            out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
+    del cases
+    return out
 
 
 def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2, 0.5, 0.8),
         context: int = 1024, attention: str = "auto", graphs: bool = True, command: str = "") -> dict:
     results = []
     for name in models:
-        model = make_model(name)
-        for batch, k in itertools.product(batches, ks):
-            case = StepCase(model, batch, k, context, attention)
+        pair = make_pair(name)
+        for batch, k, rate in itertools.product(batches, ks, rates):
             with torch.no_grad():
-                rows = measure(case, rates, graphs=graphs)
-            for row in rows:
-                row.update(model=name, batch=batch, k=k, context=context, tokens=case.window.num_tokens)
-                results.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)   # progress: nothing lost on a crash
-            del case
+                row = measure(pair, batch, k, context, rate, attention, graphs=graphs)
+            row.update(model=name, batch=batch, k=k, context=context)
+            results.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)   # progress: nothing lost on a crash
             torch.cuda.empty_cache()
-        del model
+        del pair
         torch.cuda.empty_cache()
     from nwor_lab.model.attention import use_kernel
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "attention": "triton" if use_kernel(attention, torch.device("cuda")) else "torch",
+            "step": "nwor_lab.engine.step.run_step (verify, sampler, SCV, head pass, commit, draft chain)",
             "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "block_size": BLOCK, "results": results}
 
@@ -221,18 +174,15 @@ def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2,
 @torch.no_grad()
 def profile_one(model: str, batch: int, k: int, rate: float, context: int, attention: str, mode: str) -> int:
     """One warm eager step of `mode` inside the profiler range (what ncu measures DRAM bytes of)."""
-    case = StepCase(make_model(model), batch, k, context, attention)
-    acceptance = case.forced(rate)
-    policy = make_policy(LabConfig(nwor_mode=mode, validate=False, attention=attention), case.cache, records=False)
-    fn = case.step_fn(policy, acceptance)
-    fn(), fn()
+    case = StepCase(make_pair(model), batch, k, context, mode, rate, attention)
+    case.eager(), case.eager()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    fn()
+    case.eager()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print(json.dumps({"profiled": mode, "model": model, "batch": batch, "k": k, "rate": rate,
-                      "accepted": int(acceptance.accepted_len.sum()), "tokens": case.window.num_tokens}))
+                      "tokens": case.exact.tokens}))
     return 0
 
 

@@ -47,6 +47,7 @@ class RankReport:
     all_reduces: int = 0             # all-reduces this rank did in the run
     all_reduce_mismatches: int = 0   # debug: all-reduce results not bit-identical on every rank
     audit: dict | None = None        # ShardAudit.summary()
+    replays: int = 0                 # steps replayed from a captured CUDA graph (engine.runner)
     key: torch.Tensor | None = field(default=None, repr=False)     # its cache shard (collect_caches)
     value: torch.Tensor | None = field(default=None, repr=False)
 
@@ -192,6 +193,7 @@ def _rank_generate(group: TPGroup, source, prompts, runs: list[dict], common: di
             cross_rank_checks=sum(o.windows for o in engine.observers if isinstance(o, CrossRankCheck)),
             agreed_windows=agreed.windows if agreed else 0, all_reduces=group.reductions - reduces,
             all_reduce_mismatches=group.bit_mismatches - mismatches, audit=audit.summary() if audit else None,
+            replays=engine.runner.replays,
             key=cache.key.detach().cpu().clone() if collect else None,
             value=cache.value.detach().cpu().clone() if collect else None)
         summary = None

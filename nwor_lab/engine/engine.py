@@ -18,7 +18,7 @@ Observers (`engine.observers`) see every phase of every window through the polic
 Sliding windows (`LabConfig.sliding_window`, `kv_ring`; nwor_lab.engine.ring): every layer attends
 the last W positions, each request's cache is a ring of `sliding.ring_slots` slots (or the whole
 context), the guard cuts drafts that could evict a needed position, and debug mode checks every
-cache read against a `RingLedger`. Steps with a sliding window run eagerly (`graphed_off` says why).
+cache read against a `RingLedger`. cow on a ring runs eagerly (`graphed_off` says why).
 """
 from __future__ import annotations
 
@@ -103,10 +103,10 @@ class SpecEngine:
         self.eos_token_id = eos_token_id
         self.graphed_off = None      # why steps stay eager although CUDA graphs were asked for
         capture = can_capture(self)
-        if capture and self.sliding is not None:
-            self.graphed_off = ("sliding-window caches run every step eagerly: captured steps read the "
-                                "whole context (no ring, no log of evicted rows)")
-            capture = False
+        if capture and self.sliding is not None and self.sliding.ring_slots is not None \
+                and self.policy.evicted_in_log:
+            self.graphed_off = ("a ring whose policy reads evicted rows from its log runs every step "
+                                "eagerly: captured steps read no log")
         self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
         self.trace: list[WindowTrace] = []
         self.step_index = 0

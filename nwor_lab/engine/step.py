@@ -74,7 +74,7 @@ class StepInputs:
         if static:
             in_buffer = e.policy.window_in_buffer
             kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
-                                self.qsl if in_buffer else None, max_query_len=max_query_len)
+                                self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
             self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
                                         e.policy, 0, kernel)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
@@ -217,7 +217,7 @@ class ChainInputs:
                 self.steps.append(AttentionMetadata(
                     self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
                     (s - 1) * size, KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start,
-                                               max_query_len=1)))
+                                               *_sliding_args(e), max_query_len=1)))
 
     def place(self, engine, base: torch.Tensor, counts: torch.Tensor) -> None:
         """Positions, cached lengths and slots of every chain row: request j drafts `counts[j]`
@@ -244,6 +244,13 @@ class ChainInputs:
             e.cache, e.drafter.policy, [b + s - 1 for b in base], [1] * size, tables, ctx, window_rows=rows,
             write_offset=(s - 1) * size, slot_mapping=self.window.slot_mapping[(s - 1) * size:s * size],
             attention=e.config.attention, sliding=e.sliding, ledger=e.ledger)
+
+
+def _sliding_args(e) -> tuple[int, int]:
+    """(W, ring slots) of the kernel's static metadata (0: off). A captured step never reads a log
+    of evicted rows (the runner keeps cow on a ring eager)."""
+    s = e.sliding
+    return (s.size, s.ring_slots or 0) if s is not None else (0, 0)
 
 
 def run_step(engine, inp: StepInputs):

@@ -23,7 +23,7 @@ import torch
 
 from nwor_lab.config import SCV_MODES
 from nwor_lab.ops.scv import check_against_ids, check_scv_args, scv_mask
-from nwor_lab._checks import check_sampled_rows
+from nwor_lab._checks import capturing, check_sampled_rows
 from nwor_lab.window import Acceptance
 
 logger = logging.getLogger("nwor_lab.scv")
@@ -168,6 +168,9 @@ class ScvRunner:
         args = (draft_token_ids, cu_num_draft_tokens, sampled_token_ids, token_req, token_draft_pos)
         if not sampled_token_ids.is_cuda:
             self.how = "vectorised (CPU: no CUDA graphs)"
+            return Acceptance(*scv_mask(*args))
+        if capturing():       # inside the engine step's own CUDA graph: the op is captured with it
+            self.how = "vectorised, inside the step's CUDA graph"
             return Acceptance(*scv_mask(*args))
         if self._fallback_reason is None:
             try:

@@ -48,26 +48,28 @@ def test_gpu_bf16_modes_agree_bit_for_bit_with_the_kernel():
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
 @pytest.mark.parametrize("k", [0, 4])
 def test_gpu_graphed_steps_decode_what_eager_steps_do(mode, k):
-    """Steady verify steps replayed from CUDA graphs (LabConfig.cuda_graph, the CUDA default) give
-    the eager engine's greedy tokens; the graphs were really captured and replayed."""
+    """Steps replayed from CUDA graphs (LabConfig.cuda_graph, the CUDA default; SCV graph) give the
+    tokens and records of the same body run eagerly; the graphs were really captured and replayed."""
     from nwor_lab.engine import SpecEngine
     from nwor_lab.model.shipped import load_tiny
 
     target, head, tok = load_tiny(device="cuda")
     outs, records = {}, {}
     for graphs in (False, True):
-        engine = SpecEngine(target, head, LabConfig(nwor_mode=mode, backend="cuda", cuda_graph=graphs), k=k,
+        engine = SpecEngine(target, head, LabConfig(nwor_mode=mode, scv_mode="graph", backend="cuda", cuda_graph=graphs),
+                            k=k,
                             max_num_seqs=4)
         reqs = [engine.add_request(tok.encode(p).ids, 40) for p in PROMPTS + PROMPTS[:1]]
         engine.run()
         outs[graphs] = [r.output for r in reqs]
         records[graphs] = [(t.kind, t.record.to_dict()) for t in engine.trace]
         if graphs:
-            assert engine.graphed is not None and engine.graphed.steps > 0
-            assert any(b.graph is not None for b in engine.graphed.buckets.values())
-            assert engine.graphed.prelaunched > 0     # steps launched before the host read the one before
+            r = engine.runner
+            assert r.replays > 0 and any(b.graph is not None for b in r.buckets.values())
+            assert r.prelaunched > 0     # steps launched before the host read the one before
             if k:   # the draft chain rode in the verify graph
-                assert engine.graphed.chained_steps > 0
-                assert any(b.graph is not None for (_, chain), b in engine.graphed.buckets.items() if chain)
+                assert all(b.chain is not None for b in r.buckets.values())
+        else:
+            assert engine.runner.replays == 0 and not engine.runner.buckets
     assert outs[True] == outs[False]
     assert records[True] == records[False]     # replayed windows get the records their commits make

@@ -23,7 +23,7 @@ def shipped():
 
 def staggered(target, head, prompts, mode, k, graphs, acceptance=None, gap=3, new_tokens=30, seqs=4):
     from nwor_lab.engine import SpecEngine
-    engine = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, backend="cuda", cuda_graph=graphs),
+    engine = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, scv_mode="graph", backend="cuda", cuda_graph=graphs),
                         k=k, max_num_seqs=seqs, acceptance=acceptance)
     reqs = run_prompts(engine, prompts, new_tokens, arrival_gap=gap)
     return [r.output for r in reqs], engine
@@ -36,22 +36,21 @@ def test_gpu_mixed_steps_from_graphs_decode_what_eager_steps_do(shipped, mode, k
     eager, _ = staggered(target, head, prompts, mode, k, graphs=False)
     graphed, engine = staggered(target, head, prompts, mode, k, graphs=True)
     assert graphed == eager
-    g = engine.graphed
+    g = engine.runner
     assert g.mixed_steps > 0 and g.prefill_steps > 0
-    assert any(b.graph is not None for b in g.mixed_buckets.values())     # really captured and replayed
-    if k:
-        assert g.draft.steps == 0           # the first drafts after every prefill came from its own graph
+    assert any(b.graph is not None and key[2] == 0 for key, b in g.buckets.items())   # prefill buckets replayed
 
 
 def test_gpu_mixed_steps_left_eager_still_decode_the_same(shipped):
     target, head, prompts = shipped
     eager, _ = staggered(target, head, prompts, "stage", 4, graphs=False)
     from nwor_lab.engine import SpecEngine
-    engine = SpecEngine(target, head, LabConfig(nwor_mode="stage", backend="cuda"), k=4, max_num_seqs=4)
-    engine.graphed.mixed = False
+    engine = SpecEngine(target, head, LabConfig(nwor_mode="stage", scv_mode="graph", backend="cuda"), k=4,
+                        max_num_seqs=4)
+    engine.runner.mixed = False
     reqs = run_prompts(engine, prompts, 30, arrival_gap=3)
     assert [r.output for r in reqs] == eager
-    assert engine.graphed.mixed_steps == 0 and engine.graphed.draft.steps > 0
+    assert engine.runner.mixed_steps == 0 and engine.runner.replays > 0
 
 
 @pytest.mark.parametrize("head_kind", ["eagle1", "eagle3"])
@@ -69,12 +68,12 @@ def test_gpu_forced_acceptance_8b_code_path(head_kind, mode):
     prompts = prompts_for(4, 24, target.config.vocab_size, staggered=True)
     out, stats = {}, {}
     for graphs in (False, True):
-        engine = build_engine(target, head, 4, mode, "off", 4, 24, 40, forced, "auto", graphs)
+        engine = build_engine(target, head, 4, mode, "graph", 4, 24, 40, forced, "auto", graphs)
         reqs = run_prompts(engine, prompts, 40, arrival_gap=3)
         out[graphs] = [r.output for r in reqs]
         stats[graphs] = acceptance_stats(engine.trace, 4)
         if graphs:
-            assert engine.graphed.mixed_steps > 0 and engine.graphed.chained_steps > 0
+            assert engine.runner.mixed_steps > 0 and engine.runner.replays > 0
     assert out[True] == out[False]
     assert stats[True] == stats[False]
     assert stats[True][0] == pytest.approx(mean_acceptance_length(forced.for_k(4)), abs=0.5)

@@ -104,3 +104,15 @@ def test_gpu_bench_step_tp1_vs_tp2(ext):
                 "--batch-sizes", "1", "--k", "4", "--nwor", "stage"])
     assert out["backend"] == "nccl" and [r["tp"] for r in out["results"]] == [1, 2]
     assert out["results"][1]["speedup_vs_tp1"] is not None
+
+
+def test_gpu_tp2_graphed_steps_equal_tp1(ext):
+    """Without debug or audit every step can be captured: tp = 2 replays its steps from CUDA graphs
+    (the agreed SCV's and drafter's broadcasts captured with them) and decodes the tp = 1 tokens."""
+    runs = [{"config": LabConfig(nwor_mode=m, scv_mode="graph", backend="cuda")} for m in ("off", "stage")]
+    out = D.generate_many(PROMPTS, runs, tp=2, max_new_tokens=NEW, device="cuda", timeout_s=120)
+    target, head, tok = load_tiny(device="cuda")
+    for run, res in zip(runs, out):
+        ref = generate(PROMPTS, NEW, k=4, config=run["config"], target=target, head=head, tokenizer=tok)
+        assert res.token_ids == ref.token_ids, run["config"].nwor_mode
+        assert all(rep.replays > 0 for rep in res.ranks)

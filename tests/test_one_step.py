@@ -1,0 +1,50 @@
+"""The engine's step is written once (nwor_lab.engine.step.run_step): the eager path, the captured
+path and the benchmarks run that one function, and no other module samples, accepts and commits a
+verify window. A second implementation of the verify step fails here."""
+import ast
+from pathlib import Path
+
+import nwor_lab.bench.step as bench_step
+import nwor_lab.engine.runner as runner
+import nwor_lab.engine.step as engine_step
+
+PACKAGE = Path(engine_step.__file__).resolve().parents[1]
+STEP = Path(engine_step.__file__).resolve()
+# what only a verify step calls: the rejection sampler and the target forward with EAGLE's aux streams
+STEP_CALLS = {"rejection_sample", "forward_with_aux"}
+
+
+def calls_in(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if name in STEP_CALLS:
+                out.add(name)
+    return out
+
+
+def test_the_benchmarks_and_the_runner_run_the_engines_step():
+    assert bench_step.run_step is engine_step.run_step
+    assert runner.run_step is engine_step.run_step
+
+
+def test_no_second_verify_step_in_the_package():
+    """Only engine/step.py calls the sampler or the target's forward with aux streams (the model
+    defines it and its plain `forward` is a thin wrapper; the sampler is defined in speculative/)."""
+    allowed = {STEP, PACKAGE / "model" / "llama.py"}
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.resolve() in allowed or path.relative_to(PACKAGE).parts[0] in ("speculative", "vllm"):
+            continue
+        found = calls_in(path)
+        if found:
+            offenders[str(path.relative_to(PACKAGE))] = sorted(found)
+    assert not offenders, f"a second verify step: {offenders}; run nwor_lab.engine.step.run_step instead"
+
+
+def test_the_checker_sees_a_planted_step(tmp_path):
+    bad = tmp_path / "mod.py"
+    bad.write_text("def step(e, spec, logits):\n    return rejection_sample(spec, None, logits)\n")
+    assert calls_in(bad) == {"rejection_sample"}
