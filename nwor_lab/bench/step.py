@@ -88,6 +88,7 @@ class StepCase:
         g = torch.Generator().manual_seed(seed)
         prompts = torch.randint(0, cfg.vocab_size, (batch, context), generator=g).tolist()
         self.requests = [e.add_request(p, 2 * k + 40) for p in prompts]
+        e.runner.prelaunch = False       # the host state stays the step's: the buffers hold the next step
         e.step()                                            # the prefill (eager, exact sizes)
         self.inputs = None
         for _ in range(3):                                  # warm-up, capture (CUDA), replay

@@ -66,6 +66,7 @@ class StepRunner:
         self.prefill_steps = 0    # bucket steps of prefills alone
         self.mixed_steps = 0      # bucket steps of prefills and decodes together
         self.mixed = True         # False: steps mixing prefills and decodes stay eager (bench comparison)
+        self.prelaunch = True     # False: never launch a step before the host read the one before
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         k = engine.k if engine.drafting else 0
@@ -207,7 +208,8 @@ class StepRunner:
         k = inp.k
         sched = e.scheduler
         running = sched.running
-        return (inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+        guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
+        return (self.prelaunch and not guard and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
                 and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)

@@ -196,11 +196,12 @@ class ChainInputs:
         token_req = torch.arange(size, dtype=torch.int32, device=dev).repeat(max(0, k - 1))
         draft_pos = torch.arange(1, max(1, k), dtype=torch.int32, device=dev).repeat_interleave(size)
         order = torch.arange(rows, device=dev).view(max(0, k - 1), size).t().reshape(-1)   # request-major
-        self.window = Window(slots, token_req, draft_pos, order, [max(0, k - 1)] * size, [max(0, k - 1)] * size)
+        self.positions = torch.zeros(max(0, k - 1), size, dtype=torch.long, device=dev)   # [step, request]
+        self.window = Window(slots, token_req, draft_pos, order, [max(0, k - 1)] * size, [max(0, k - 1)] * size,
+                             positions=self.positions.view(-1))           # step-major, as the rows
         self.reject = Acceptance.rejecting_all(self.window)
         self.in_buffer = pol.window_in_buffer
         self.step_offset = torch.arange(max(0, k - 1), device=dev)[:, None]
-        self.positions = torch.zeros(max(0, k - 1), size, dtype=torch.long, device=dev)   # [step, request]
         self.lens = torch.zeros(max(0, k - 1), size, dtype=torch.int32, device=dev)
         self.lens_offset = torch.zeros(max(0, k - 1), 1, dtype=torch.long, device=dev) if self.in_buffer else \
             torch.arange(1, max(1, k), device=dev)[:, None]                 # chain step s reads s own rows

@@ -110,9 +110,13 @@ class RingLedger:
         tables = None if md.read_slots is not None else md.kernel.block_tables.cpu()
         window_positions = set(self._window[1].tolist()) if self._window is not None else set()
         pos_host = md.positions.cpu()
+        writes = md.slot_mapping.cpu()
         for r in range(len(md.read_from)):
             lo, hi = md.read_from[r], md.cache_ends[r]
-            if hi <= lo or md.query_start_loc[r] == md.query_start_loc[r + 1]:
+            qs, qe = md.query_start_loc[r], md.query_start_loc[r + 1]
+            # a request that writes nowhere is padding (a step's padding rows, a chain row of a
+            # request that finished or drafts no further): its output is never used
+            if hi <= lo or qs == qe or bool((writes[qs:qe] < 0).all()):
                 continue
             wanted = torch.arange(lo, hi)
             if md.read_slots is not None:
