@@ -79,7 +79,8 @@ def _rank_bench(group, shape: str, dtype, configs: list[dict], prompt_len: int, 
         rows.append({**c, "tp": group.world_size, "step_ms_median": round(1e3 * statistics.median(times), 3),
                      "step_ms_mean": round(1e3 * statistics.mean(times), 3),
                      "tokens_per_s": round(emitted / sum(times), 2),
-                     "mean_acceptance_length": round(statistics.mean(acc), 3) if acc else None})
+                     "mean_acceptance_length": round(statistics.mean(acc), 3) if acc else None,
+                     "replayed_steps": engine.runner.replays})
         del engine
         if group.device.type == "cuda":
             torch.cuda.empty_cache()
