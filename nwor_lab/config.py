@@ -68,8 +68,8 @@ class LabConfig:
         `cuda` (extension required: a build failure is an error), `torch` (reference only).
     attention: `auto` (the Triton paged verify-window kernel for CUDA tensors when Triton imports,
         else the torch reference), `triton` (kernel required), `torch` (reference only).
-    cuda_graph: on CUDA (with the Triton attention), replay steady verify steps from one CUDA
-        graph per batch bucket (`nwor_lab.engine.graphed`); False keeps every step eager.
+    cuda_graph: on CUDA (with the Triton attention), replay the engine's step body from one CUDA
+        graph per bucket (`nwor_lab.engine.runner`); False keeps every step eager.
     sliding_window: W > 0: a query at position q attends keys q - W + 1 .. q in every layer, the
         target's and the draft head's (0: the whole context).
     kv_ring:   with a sliding window, how each request's cache is kept (one line each):
