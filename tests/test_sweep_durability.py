@@ -102,8 +102,8 @@ def test_damaged_rows_are_named_by_file_and_line_and_their_runs_redone(three_run
     err = capsys.readouterr().err
     assert [r["run_id"] for r in rows] == [good[0]["run_id"]]
     assert f"{results}:2: not UTF-8 (byte 0xff at column" in err
-    assert f"{results}:3: no 'params' field; row skipped" in err
-    assert f"{results}:4: 'status' is 3, not a string; row skipped" in err
+    assert f"{results}:3: no 'params' field; row left out" in err
+    assert f"{results}:4: 'status' is 3 (a JSON number), not a string; row left out" in err
     assert write_report(out).read_text().count("data-run-id=") == 1  # the report still works
     assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
     assert "skipping 1 of 3 runs already ok" in capsys.readouterr().err
