@@ -44,6 +44,12 @@ def metric_label(name: str) -> tuple[str, str | None]:
     return name.replace("_", " "), None
 
 
+def unit_of(name: str) -> str | None:
+    """The unit a metric is measured in: `"step_ms"` -> `"ms"`, `"tok_s"` (the unit itself) -> `"tokens/s"`."""
+    text, unit = metric_label(name)
+    return unit or next((u for suffix, u in UNIT_SUFFIXES if "_" + name == suffix), None)
+
+
 def axis_title(name: str) -> str:
     text, unit = metric_label(name)
     return f"{text} ({unit})" if unit else text
@@ -198,8 +204,7 @@ def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict
     heading = title
     if with_range:
         title = f"{title}, median"
-        heading = (f"{axis_title(metric)}: median of each run's repeats, bar from their min to max"
-                   f"<br><sup>points whose bars overlap differ by no more than the noise</sup>")
+        heading = f"{axis_title(metric)}: median of each run's repeats, bar from their min to max"
     fig.update_layout(title=dict(text=heading), barmode="group", scattermode="group", legend_title_text=color_name or "",
                       legend=dict(traceorder="normal"),
                       height=140 + 300 * nrows, margin=dict(l=70, r=20, t=90, b=60), template="plotly_white")
@@ -217,7 +222,7 @@ def plotted_metrics(rows: list[dict]) -> tuple[list[str], list[str]]:
     ranged = _spread.families(rows)
     hidden = {m for f in ranged for m in _spread.members(f)}
     names = [m for m in numeric_metrics(rows) if m not in constant and m not in hidden]
-    timings = [m for m in names if _spread.is_timing(m, metric_label(m)[1], ranged)]
+    timings = [m for m in names if _spread.is_timing(m, unit_of(m), ranged)]
     return [m for m in names if m not in timings], timings
 
 

@@ -71,7 +71,7 @@ def table_columns(rows: list[dict]) -> tuple[list[str], list[tuple[str, str]]]:
     hidden = {m for f in ranged for m in _spread.members(f)}
     metrics = []
     for key in dict.fromkeys(k for r in rows for k in (r.get("metrics") or {})):
-        if key in hidden:
+        if key in hidden or key == _spread.REFERENCE:      # folded into its timing / named above the timings
             continue
         if key in ranged:
             metrics.append((key, f"{key} (median, min–max)"))
@@ -183,9 +183,22 @@ def _div(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, default_height=f"{fig.layout.height}px")
 
 
+def _overlay_reference(fig, ref_fig, reference: str) -> None:
+    """Draw the reference timing (the same work in every run) in grey on a timing of the same unit:
+    where both move together between runs, the machine moved, not the configs."""
+    if fig.data and not any(t.showlegend for t in fig.data):      # one series: name it beside the reference
+        fig.data[0].update(showlegend=True, name=fig.layout.yaxis.title.text or fig.data[0].name)
+    for i, trace in enumerate(ref_fig.data):
+        trace.update(marker=dict(color="#9e9e9e", symbol="circle-open", size=10), legendgroup="reference",
+                     name=f"{reference} (the same work in every run)", showlegend=i == 0,
+                     error_y=dict(color="#9e9e9e"))
+        fig.add_trace(trace)
+    fig.update_layout(showlegend=True)
+
+
 def _figures(rows: list[dict], varying: list[str]) -> tuple[list[str], list[str]]:
     """HTML of the two figure sections: what the runs changed, then the timings with their noise."""
-    from nwor_lab.sweep.figures import color_map, metric_figure, metric_label, plotted_metrics
+    from nwor_lab.sweep.figures import color_map, metric_figure, plotted_metrics, unit_of
 
     changed, timings = plotted_metrics(rows)
     colors = color_map(rows, varying[1] if len(varying) > 1 else None)
@@ -201,11 +214,21 @@ def _figures(rows: list[dict], varying: list[str]) -> tuple[list[str], list[str]
         second = ["<h2>Timings, with their noise</h2>",
                   '<p class="lead">Measured with a clock, so they carry the machine\'s noise. A timing recorded '
                   "with its repeats is drawn as their median with a bar from their minimum to their maximum.</p>"]
+        reference = _spread.reference_of(rows)
+        if reference:
+            second.append(f'<p class="lead">The chapter times the same work in every run: <code>{reference}</code>. '
+                          "How far it moves between runs is the machine's noise between processes.</p>")
         for m in timings:
-            second.append(_div(metric_figure(rows, m, varying, colors)))
-            for sentence in _spread.verdicts(rows, m, varying, metric_label(m)[1], has_range=m in ranged):
-                apart = " apart" if "do not overlap" in sentence else ""
-                second.append(f'<p class="noise{apart}">{html.escape(sentence)}</p>')
+            fig = metric_figure(rows, m, varying, colors)
+            if reference and m != reference and unit_of(m) == unit_of(reference):
+                _overlay_reference(fig, metric_figure(rows, reference, varying, colors), reference)
+            found = _spread.verdicts(rows, m, varying, unit_of(m), has_range=m in ranged, reference=reference)
+            if found:
+                mark = ("the differences lie within the noise: no ranking" if all(v.within for v in found)
+                        else "some differences exceed the repeats' noise: read the note below")
+                fig.update_layout(title_text=f"{fig.layout.title.text}<br><sup>{mark}</sup>")
+            second.append(_div(fig))
+            second += [f'<p class="noise{"" if v.within else " apart"}">{html.escape(v.text)}</p>' for v in found]
     return first, second
 
 

@@ -93,7 +93,7 @@ def _is_a(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def _json_kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "true/false", type(None): "null"}.get(type(value), "number")
+    return {dict: "object", list: "array", str: "string", bool: "true/false", type(None): "null"}.get(type(value), "number")
 
 
 def _shown(value: Any) -> str:

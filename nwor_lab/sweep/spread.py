@@ -13,7 +13,11 @@ compares lie within one another's range (`verdicts`): then the figure shows no r
 
 The range of one run's repeats is the noise inside one process. Separate runs are separate
 processes on a machine whose load changes between them, so a difference between runs can exceed
-every run's own range and still be noise; a verdict says so rather than call it a ranking.
+every run's own range and still be noise. A chapter that times the same work in every run (10_sweep:
+target-only decoding) names it, `record_metrics({"timing_reference": "target_only_tok_s"})`; how far
+that reference moved between runs is the noise between processes, and a difference no larger than
+it ranks nothing either. A ratio taken inside each run (a speed-up against the reference timed
+next to it) cancels most of that drift.
 
 Pure Python: no plotly, no numpy.
 """
@@ -21,9 +25,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 LOW, HIGH = "_min", "_max"
+REFERENCE = "timing_reference"   # a text metric: the family that times the same work in every run
 TIME_UNITS = ("s", "ms", "µs", "ns", "tokens/s")   # what `nwor_lab.sweep.figures.metric_label` names
 
 
@@ -62,45 +68,76 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
-def verdicts(rows: list[dict], metric: str, params: list[str], unit: str | None, *, has_range: bool) -> list[str]:
-    """One sentence per group of compared configs: the values of the first varying parameter
-    (the figure's x axis) at each combination of the others. Says whether their differences lie
-    within the repeats' ranges, or, for a metric recorded once per run, that no range was measured."""
+def reference_of(rows: list[dict]) -> str | None:
+    """The timing every ok run declares (`REFERENCE`) as the same work measured in every run, when
+    they agree on one that is recorded with its range; else None."""
+    named = {(r.get("metrics") or {}).get(REFERENCE) for r in rows if r.get("status") == "ok"}
+    if len(named) != 1:
+        return None
+    name = named.pop()
+    return name if isinstance(name, str) and name in families(rows) else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one group of compared configs shows: `within` the noise (no ranking) or not."""
+
+    text: str
+    within: bool
+
+
+def verdicts(rows: list[dict], metric: str, params: list[str], unit: str | None, *, has_range: bool,
+             reference: str | None = None) -> list[Verdict]:
+    """One verdict per group of compared configs: the values of the first varying parameter (the
+    figure's x axis) at each combination of the others.
+
+    The differences lie within the noise when every run's min-max range overlaps every other's
+    (the noise inside one process), or when the medians differ by no more than `reference`, the
+    same work timed in every run, differed between these runs (the noise between processes). A
+    metric recorded once per run has no measured noise, and ranks nothing either.
+    """
     ok = [r for r in rows if r.get("status") == "ok" and _number((r.get("metrics") or {}).get(metric))]
-    if not ok:
-        return []
     x_name, others = (params[0], params[1:]) if params else (None, [])
     groups: dict[str, list[dict]] = {}
     for r in ok:
-        key = ", ".join(f"{n}={r['params'].get(n)}" for n in others)
-        groups.setdefault(key, []).append(r)
-    what = f"{metric}" + (f" ({unit})" if unit else "")
+        groups.setdefault(", ".join(f"{n}={r['params'].get(n)}" for n in others), []).append(r)
     out = []
     for key, group in groups.items():
+        if len(group) < 2:
+            continue
         where = f"At {key}: " if key else ""
         names = [f"{x_name}={r['params'].get(x_name)}" if x_name else r["run_id"] for r in group]
         med = [r["metrics"][metric] for r in group]
-        if len(group) < 2:
-            continue
         lo_med, hi_med = min(med), max(med)
-        diff = (hi_med - lo_med) / lo_med if lo_med > 0 else math.inf
+        factor = hi_med / lo_med if lo_med > 0 else math.inf
+        medians = f"medians {_fmt(lo_med)} to {_fmt(hi_med)}" + (f" {unit}" if unit else "")
         if not has_range:
-            out.append(f"{where}{what} was measured once per run ({_fmt(lo_med)} to {_fmt(hi_med)}), with no "
-                       f"repeats: its noise is unknown, so these {len(group)} values rank nothing.")
+            out.append(Verdict(f"{where}measured once per run ({medians[8:]}), without repeats: its noise is "
+                               f"unknown, so these {len(group)} values rank nothing.", True))
             continue
         low = [r["metrics"][metric + LOW] for r in group]
         high = [r["metrics"][metric + HIGH] for r in group]
-        apart = [(names[i], names[j]) for i in range(len(group)) for j in range(i + 1, len(group))
+        apart = [f"{names[i]} and {names[j]}" for i in range(len(group)) for j in range(i + 1, len(group))
                  if high[i] < low[j] or high[j] < low[i]]
-        pooled = f"pooled range {_fmt(min(low))} to {_fmt(max(high))}"
-        if not apart:
-            out.append(f"{where}the medians of {', '.join(names)} differ by {diff:.0%} at most, and every run's "
-                       f"min-max range overlaps every other's ({pooled}): the differences lie within the noise "
-                       f"of the repeats; read no ranking from this figure.")
+        pairs = ("no two runs' ranges overlap" if len(apart) == len(group) * (len(group) - 1) // 2 else
+                 f"the ranges of {'; '.join(apart)} do not overlap")
+        ref = [r["metrics"].get(reference) for r in group] if reference else []
+        ref_factor = (max(ref) / min(ref)) if ref and all(_number(v) and v > 0 for v in ref) else None
+        drift = (f"{reference}, the same work in every run, moved {ref_factor:.2f}x between these runs "
+                 f"(the machine's load changed between them)" if ref_factor else "")
+        if metric == reference:
+            out.append(Verdict(f"{where}{medians}: this is the same work in every run, so its {factor:.2f}x "
+                               f"between runs is pure noise, the machine's load changing between processes; a "
+                               f"timing that differs between these runs by no more than that ranks nothing.", True))
+        elif not apart:
+            out.append(Verdict(f"{where}{medians}, {factor:.2f}x at most apart, and every run's min-max range "
+                               f"overlaps every other's: the differences lie within the noise of the repeats; "
+                               f"read no ranking from this figure.", True))
+        elif ref_factor and factor <= ref_factor:
+            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart; {pairs}, but {drift}: the differences lie within that noise; read no ranking "
+                               f"from this figure.", True))
         else:
-            pairs = "; ".join(f"{a} and {b}" for a, b in apart)
-            out.append(f"{where}the ranges of {pairs} do not overlap (medians {_fmt(lo_med)} to {_fmt(hi_med)}, "
-                       f"{pooled}). The repeats share one process and the runs do not, so the machine's load "
-                       f"can differ between runs by more than any run's range: repeat the sweep before reading "
-                       f"this as a ranking.")
+            beyond = f"; {drift}, less than this" if ref_factor else ""
+            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart: {pairs}{beyond}. Repeats share one process and runs do not: repeat the sweep "
+                               f"(another --out) before reading this as a ranking.", False))
     return out
