@@ -134,10 +134,11 @@ def verdicts(rows: list[dict], metric: str, params: list[str], unit: str | None,
                                f"overlaps every other's: the differences lie within the noise of the repeats; "
                                f"read no ranking from this figure.", True))
         elif ref_factor and factor <= ref_factor:
-            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart; {pairs}, but {drift}: the differences lie within that noise; read no ranking "
-                               f"from this figure.", True))
+            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart; {pairs}, but {drift}: the differences "
+                               f"lie within that noise; read no ranking from this figure.", True))
         else:
             beyond = f"; {drift}, less than this" if ref_factor else ""
-            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart: {pairs}{beyond}. Repeats share one process and runs do not: repeat the sweep "
-                               f"(another --out) before reading this as a ranking.", False))
+            out.append(Verdict(f"{where}{medians}, {factor:.2f}x apart: {pairs}{beyond}. Repeats share one "
+                               f"process and runs do not: repeat the sweep (another --out) before reading this "
+                               f"as a ranking.", False))
     return out
