@@ -110,6 +110,7 @@ DAMAGE = {   # class -> (the line as bytes, what the warning must say)
     "status unknown": (json.dumps({**GOOD, "status": "done"}).encode(), "'status' is 'done', not one of ok, failed"),
     "not an object": (b'["x=1", {"x": 1}, "ok"]', "a JSON array, not an object"),
     "torn mid-file": (json.dumps(GOOD).encode()[:25], "not a complete JSON row"),
+    "an empty line": (b"", "an empty line"),
 }
 
 
@@ -151,7 +152,7 @@ def test_damaged_rows_are_named_their_runs_redone_and_the_damaged_file_kept(thre
     err = capsys.readouterr().err
     for lineno, says in ((2, "not UTF-8 (byte 0xff"), (3, "'run_id' is 2 (a JSON number), not a string"),
                          (4, "no 'params' field"), (5, "'metrics' is ["), (6, "'status' is 3 (a JSON number), not a string")):
-        assert f"{results}:{lineno}: {says}" in err and "will be redone" in err, err
+        assert f"{results}:{lineno}: {says}" in err and "a sweep over it redoes it" in err, err
     kept = list(out.glob("results.jsonl.damaged-*"))
     assert len(kept) == 1 and kept[0].read_bytes() == original, kept
     assert f"kept the damaged file whole as {kept[0].name}" in err

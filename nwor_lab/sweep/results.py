@@ -152,6 +152,7 @@ class Reading:
     bad: list[BadLine] = field(default_factory=list)
     good_lines: list[bytes] = field(default_factory=list)   # the rows' own bytes, no newline
     lost_newline: bool = False       # the last line is a complete row that lost its newline
+    data: bytes = b""                 # the file as read
 
     @property
     def latest(self) -> dict[str, dict[str, Any]]:
@@ -178,11 +179,13 @@ def read_log(path: Path) -> Reading:
         data = path.read_bytes()
     except FileNotFoundError:
         return reading
+    reading.data = data
     lines = data.split(NEWLINE)
     for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            if line:            # spaces or a lone \r: harmless, but not something this writer writes
-                reading.bad.append(BadLine(path, lineno, "a blank line of whitespace"))
+        if not line and lineno == len(lines):      # after the last newline: the end, not a line
+            continue
+        if not line.strip():                        # no writer of this file writes one
+            reading.bad.append(BadLine(path, lineno, "an empty line" if not line else "a line of whitespace only"))
             continue
         row, problem = _parse(line)
         if row is not None:
@@ -229,12 +232,11 @@ def repair(path: Path, say=_warn) -> Repair:
     done = Repair(bad=reading.bad)
     if reading.bad:
         kept = damaged_copy_name(path)
-        original = path.read_bytes()
-        atomic.write_bytes(kept, original)
+        atomic.write_bytes(kept, reading.data)
         atomic.write_bytes(path, b"".join(line + NEWLINE for line in reading.good_lines))
         done.kept_as = kept
         for bad in reading.bad:
-            say(f"{bad}; left out, its run counts as not done and will be redone")
+            say(f"{bad}; left out: its run counts as not done, and a sweep over it redoes it")
         say(f"{path}: kept the damaged file whole as {kept.name}; {path.name} now holds its "
             f"{len(reading.good_lines)} well-formed rows")
     elif reading.lost_newline:
