@@ -154,6 +154,21 @@ def _left_out_note(bad: list[BadLine]) -> str:
     return f'<b class="status-failed">{n} of {RESULTS_FILE} left out</b> (see "Lines left out"). '
 
 
+def _constant_facts(rows: list[dict]) -> dict:
+    """Metrics that are true/false or text with one value in every ok run (an invariant such as
+    `same_tokens_as_target_only`), a parameter's echo and the timing reference left out."""
+    ok = [r.get("metrics") or {} for r in rows if r.get("status") == "ok"]
+    params = {k for r in rows for k in r["params"]}
+    out = {}
+    for key in dict.fromkeys(k for m in ok for k in m):
+        values = {repr(m.get(key)) for m in ok}
+        value = ok[0].get(key)
+        if (len(values) == 1 and isinstance(value, (bool, str)) and key not in params
+                and key != _spread.REFERENCE):
+            out[key] = value
+    return out
+
+
 def _constants(constant: dict) -> str:
     """The metrics with one value in every run: a table instead of flat charts."""
     from nwor_lab.sweep.figures import metric_label
@@ -251,7 +266,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     varying = varying_params(rows)
     rows.sort(key=lambda r: [param_sort_key(p)(r["params"].get(p)) for p in varying] + [r["run_id"]])
     n_ok = sum(r.get("status") == "ok" for r in rows)
-    constant = constant_metrics(rows)
+    constant = {**constant_metrics(rows), **_constant_facts(rows)}
     changed, timings = _figures(rows, varying)
     title = f"Sweep {run_dir.resolve().name}"
     parts = [
