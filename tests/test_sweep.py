@@ -315,3 +315,85 @@ def test_importing_the_package_pulls_in_neither_torch_nor_papermill_nor_plotly()
     code = "import sys, nwor_lab.sweep; print(sorted({'torch', 'papermill', 'plotly'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------- timings with their noise
+def timed_rows(tok: dict[str, tuple[float, float, float]], reference: dict[str, tuple[float, float, float]] | None = None):
+    """Rows of a policy sweep at k=2: `tok[mode]` = (median, min, max) tokens/s; bytes that the policy decides."""
+    from nwor_lab.sweep.spread import REFERENCE
+    rows = []
+    for i, (mode, (med, lo, hi)) in enumerate(tok.items()):
+        metrics = {"bytes_written": 1000 * (i + 1), "mean_acceptance_length": 2.5,
+                   "tok_s": med, "tok_s_min": lo, "tok_s_max": hi}
+        if reference:
+            r_med, r_lo, r_hi = reference[mode]
+            metrics.update({"target_only_tok_s": r_med, "target_only_tok_s_min": r_lo, "target_only_tok_s_max": r_hi,
+                            REFERENCE: "target_only_tok_s"})
+        rows.append({"run_id": f"k=2,nwor_mode={mode}", "params": {"nwor_mode": mode, "k": 2}, "status": "ok",
+                     "metrics": metrics})
+    return rows
+
+
+def test_spread_records_the_median_and_the_range_of_repeats():
+    from nwor_lab.sweep.spread import spread
+    assert spread("tok_s", [30.0, 10.0, 20.0, 40.0]) == {"tok_s": 25.0, "tok_s_min": 10.0, "tok_s_max": 40.0}
+    assert record_metrics(spread("step_ms", [2, 1, 3])) == {"step_ms": 2.0, "step_ms_min": 1.0, "step_ms_max": 3.0}
+    with pytest.raises(ValueError, match="'tok_s'"):
+        spread("tok_s", [])
+
+
+def test_a_timing_is_drawn_after_what_the_runs_changed_as_median_and_range():
+    from nwor_lab.sweep.figures import plotted_metrics, sweep_figures
+    rows = timed_rows({"off": (100.0, 90.0, 110.0), "cow": (104.0, 95.0, 112.0), "stage": (98.0, 91.0, 103.0)})
+    assert plotted_metrics(rows) == (["bytes_written"], ["tok_s"])       # tok_s_min / _max fold into tok_s
+    figures = dict(sweep_figures(rows))
+    assert list(figures) == ["bytes_written", "tok_s"]
+    tok = figures["tok_s"]
+    assert {t.type for t in tok.data} == {"scatter"} and all(t.mode == "markers" for t in tok.data)   # no bar from 0
+    (trace,) = tok.data
+    assert list(trace.y) == [100.0, 104.0, 98.0]
+    assert list(trace.error_y.array) == [10.0, 8.0, 5.0] and list(trace.error_y.arrayminus) == [10.0, 9.0, 7.0]
+    assert {t.type for t in figures["bytes_written"].data} == {"bar"}
+
+
+def test_verdicts_say_when_differences_lie_within_the_noise():
+    from nwor_lab.sweep.spread import reference_of, verdicts
+    params = ["nwor_mode", "k"]
+    overlap = timed_rows({"off": (100.0, 90.0, 110.0), "cow": (104.0, 95.0, 112.0), "stage": (98.0, 91.0, 103.0)})
+    (v,) = verdicts(overlap, "tok_s", params, "tokens/s", has_range=True)
+    assert v.within and "overlaps every other's" in v.text and "read no ranking" in v.text
+    apart = timed_rows({"off": (60.0, 55.0, 70.0), "cow": (33.0, 32.0, 36.0), "stage": (28.0, 24.0, 29.0)})
+    (v,) = verdicts(apart, "tok_s", params, "tokens/s", has_range=True)
+    assert not v.within and "no two runs' ranges overlap" in v.text and "repeat the sweep" in v.text
+    # the same work timed in every run moved 2.2x between the runs: a 2.1x difference is that noise
+    drifted = timed_rows({"off": (60.0, 55.0, 70.0), "cow": (33.0, 32.0, 36.0), "stage": (28.0, 24.0, 29.0)},
+                         reference={"off": (42.0, 38.0, 46.0), "cow": (25.0, 23.0, 29.0), "stage": (19.0, 18.5, 19.1)})
+    assert reference_of(drifted) == "target_only_tok_s"
+    (v,) = verdicts(drifted, "tok_s", params, "tokens/s", has_range=True, reference="target_only_tok_s")
+    assert v.within and "moved 2.21x between these runs" in v.text
+    (v,) = verdicts(drifted, "target_only_tok_s", params, "tokens/s", has_range=True, reference="target_only_tok_s")
+    assert v.within and "same work in every run" in v.text
+    steady = timed_rows({"off": (60.0, 55.0, 70.0), "cow": (33.0, 32.0, 36.0), "stage": (28.0, 24.0, 29.0)},
+                        reference={m: (40.0, 39.0, 41.0) for m in ("off", "cow", "stage")})
+    (v,) = verdicts(steady, "tok_s", params, "tokens/s", has_range=True, reference="target_only_tok_s")
+    assert not v.within and "moved 1.00x between these runs" in v.text     # the machine held still: beyond noise
+    once = [{**r, "metrics": {"tok_s": r["metrics"]["tok_s"]}} for r in apart]
+    (v,) = verdicts(once, "tok_s", params, "tokens/s", has_range=False)
+    assert v.within and "measured once per run" in v.text and "rank nothing" in v.text
+
+
+def test_the_report_shows_changes_before_timings_and_says_what_the_noise_allows(tmp_path):
+    from nwor_lab.sweep.report import table_columns
+    rows = timed_rows({"off": (60.0, 55.0, 70.0), "cow": (33.0, 32.0, 36.0), "stage": (28.0, 24.0, 29.0)},
+                      reference={"off": (42.0, 38.0, 46.0), "cow": (25.0, 23.0, 29.0), "stage": (19.0, 18.5, 19.1)})
+    _, metrics = table_columns(rows)
+    assert [h for _, h in metrics] == ["bytes_written", "mean_acceptance_length", "tok_s (median, min–max)",
+                                       "target_only_tok_s (median, min–max)"]
+    with ResultsLog(tmp_path) as log:
+        for r in rows:
+            log.append(r)
+    page = write_report(tmp_path).read_text()
+    assert page.index("What the runs changed") < page.index("Timings, with their noise")
+    assert ">60 (55–70)<" in page                                        # median (min–max) in the table
+    assert page.count('<p class="noise">') == 2 and "apart" not in page.split("Timings, with their noise")[1].split("<script")[0]
+    assert "the same work in every run" in page and "no ranking" in page

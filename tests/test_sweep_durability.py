@@ -84,30 +84,89 @@ def test_a_torn_row_is_redone_never_counted_done(three_runs, tmp_path, capsys):
     assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "the last row was torn" in err and "skipping 2 of 3 runs already ok" in err
+    kept = list(out.glob("results.jsonl.damaged-*"))                 # the torn file, kept whole
+    assert len(kept) == 1 and kept[0].read_bytes() == data[: last + (len(data) - last) // 2]
     after = jsonl_rows(results)
     assert after[:2] == before[:2] and [r["run_id"] for r in after[2:]] == [torn]
     assert after[2]["metrics"] == before[2]["metrics"] and after[2]["status"] == "ok"
 
 
-def test_damaged_rows_are_named_by_file_and_line_and_their_runs_redone(three_runs, tmp_path, capsys):
+# -- lines that are not rows: every damage class named `file:line: what is wrong` ----------------------
+GOOD = {"run_id": "x=1", "params": {"x": 1}, "status": "ok", "metrics": {"x_squared": 1}}
+DAMAGE = {   # class -> (the line as bytes, what the warning must say)
+    "binary bytes": (b'{"run_id": "x=2", "params": {"x": 2}, "status": "ok", "note": "\xff\xfe\x00"}',
+                     "not UTF-8 (byte 0xff at column"),
+    "NUL bytes": (b"\x00\x00\x00\x00", "not a complete JSON row"),
+    "run id not a string": (json.dumps({**GOOD, "run_id": 2}).encode(), "'run_id' is 2 (a JSON number), not a string"),
+    "run id a path": (json.dumps({**GOOD, "run_id": "../../x=1"}).encode(), "not a run id"),
+    "row without parameters": (json.dumps({k: v for k, v in GOOD.items() if k != "params"}).encode(),
+                               "no 'params' field"),
+    "parameters a list": (json.dumps({**GOOD, "params": [1]}).encode(), "'params' is [1] (a JSON array), not an object"),
+    "metrics a list": (json.dumps({**GOOD, "metrics": [1, 2]}).encode(),
+                       "'metrics' is [1, 2] (a JSON array), not an object or null"),
+    "a metric not flat": (json.dumps({**GOOD, "metrics": {"m": {"a": 1}}}).encode(),
+                          "metric 'm' is {\"a\": 1} (a JSON object), not a number, text"),
+    "NaN": (b'{"run_id": "x=1", "params": {"x": 1}, "status": "ok", "metrics": {"m": NaN}}', "NaN is not a JSON number"),
+    "status unknown": (json.dumps({**GOOD, "status": "done"}).encode(), "'status' is 'done', not one of ok, failed"),
+    "not an object": (b'["x=1", {"x": 1}, "ok"]', "a JSON array, not an object"),
+    "torn mid-file": (json.dumps(GOOD).encode()[:25], "not a complete JSON row"),
+    "an empty line": (b"", "an empty line"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_each_damage_class_is_named_by_file_and_line_and_left_out(damage, tmp_path, capsys):
+    line, says = DAMAGE[damage]
+    results = tmp_path / "results.jsonl"
+    results.write_bytes(json.dumps(GOOD).encode() + b"\n" + line + b"\n" + json.dumps({**GOOD, "run_id": "x=3"}).encode() + b"\n")
+    assert [r["run_id"] for r in read_rows(tmp_path)] == ["x=1", "x=3"]
+    err = capsys.readouterr().err
+    assert f"{results}:2: " in err and says in err, err
+    assert err.count("warning:") == 1
+
+
+def test_damaged_rows_are_named_their_runs_redone_and_the_damaged_file_kept(three_runs, tmp_path, capsys):
     out = copy_of(three_runs, tmp_path)
     results = out / "results.jsonl"
     good = jsonl_rows(results)
-    damaged = [json.dumps(good[0]).encode(),
-               b'{"run_id": "x=2", "params": {"x": 2}, "status": "ok", "metrics": {}, "note": "\xff\xfe"}',
-               json.dumps({k: v for k, v in good[2].items() if k != "params"}).encode(),
+    damaged = [json.dumps(good[0]).encode(), DAMAGE["binary bytes"][0],
+               json.dumps({**good[1], "run_id": 2}).encode(),                               # run id not a string
+               json.dumps({k: v for k, v in good[2].items() if k != "params"}).encode(),    # no parameters
+               json.dumps({**good[2], "metrics": list(good[2]["metrics"].values())}).encode(),  # metrics a list
                json.dumps({**good[2], "status": 3}).encode()]
-    results.write_bytes(b"\n".join(damaged) + b"\n")
-    rows = read_rows(out)
+    original = b"\n".join(damaged) + b"\n"
+    results.write_bytes(original)
+    assert [r["run_id"] for r in read_rows(out)] == [good[0]["run_id"]]
+    capsys.readouterr()
+    # the report leaves them out, says so on the page and on stderr, and writes nothing into the file
+    assert main(["report", str(out)]) == 0
     err = capsys.readouterr().err
-    assert [r["run_id"] for r in rows] == [good[0]["run_id"]]
-    assert f"{results}:2: not UTF-8 (byte 0xff at column" in err
-    assert f"{results}:3: no 'params' field; row skipped" in err
-    assert f"{results}:4: 'status' is 3, not a string; row skipped" in err
-    assert write_report(out).read_text().count("data-run-id=") == 1  # the report still works
+    page = (out / "report.html").read_text()
+    assert results.read_bytes() == original and page.count("data-run-id=") == 1
+    assert "5 lines of results.jsonl left out" in page and "Lines left out" in page
+    for lineno in range(2, 7):
+        assert f"{results}:{lineno}: " in err and f"<code>{results}:{lineno}: " in page
+    assert "left out of the report" in err
+    # the sweep names each line, keeps the damaged file whole beside it, rewrites the good rows, redoes the rest
     assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
-    assert "skipping 1 of 3 runs already ok" in capsys.readouterr().err
-    assert sorted(r["run_id"] for r in read_rows(out)) == ["x=1", "x=2", "x=3"]
+    err = capsys.readouterr().err
+    for lineno, says in ((2, "not UTF-8 (byte 0xff"), (3, "'run_id' is 2 (a JSON number), not a string"),
+                         (4, "no 'params' field"), (5, "'metrics' is ["), (6, "'status' is 3 (a JSON number), not a string")):
+        assert f"{results}:{lineno}: {says}" in err and "a sweep over it redoes it" in err, err
+    kept = list(out.glob("results.jsonl.damaged-*"))
+    assert len(kept) == 1 and kept[0].read_bytes() == original, kept
+    assert f"kept the damaged file whole as {kept[0].name}" in err
+    assert "skipping 1 of 3 runs already ok" in err
+    after = jsonl_rows(results)                                    # every line a well-formed row again
+    assert after[0] == good[0] and sorted(r["run_id"] for r in after) == ["x=1", "x=2", "x=3"]
+    assert all(r["status"] == "ok" for r in after)
+    # a clean file: the next sweep and report say nothing about damage and keep no other copy
+    assert main([*SWEEP, "--grid", "x=1,2,3", "--out", str(out)]) == 0
+    assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err and len(list(out.glob("results.jsonl.damaged-*"))) == 1
+    page = (out / "report.html").read_text()
+    assert "Lines left out" not in page and kept[0].name in page     # the kept file is named, not read
 
 
 def test_an_appended_row_is_whole_and_durable(tmp_path):

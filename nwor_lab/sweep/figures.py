@@ -6,6 +6,11 @@ Layout of a metric's figure, from the varying parameters in grid order:
 Only "ok" runs are plotted; failures are listed by the report instead. A metric with one value
 in every ok run gets no figure (`constant_metrics`; the report lists it in a table).
 
+A timing recorded with its range (`nwor_lab.sweep.spread`: `name`, `name_min`, `name_max`) is
+drawn as its median with a min-max error bar, one point per run, never as a bar from zero: a bar's
+height invites a ranking that the range may not support. `sweep_figures` returns what the runs
+changed first and what a clock measured last.
+
 Every figure of a report shows a value the same way: one colour per value of the colour
 parameter (`color_map`, made once from all rows), and values in one order (`value_order`): the
 lab's declared order for its named choices (write policies off, cow, stage, then registered
@@ -17,6 +22,7 @@ import math
 from typing import Any
 
 from nwor_lab.config import ATTENTION_BACKENDS, BACKENDS, CACHE_DTYPE_NAMES, SCV_MODES, nwor_modes
+from nwor_lab.sweep import spread as _spread
 
 # metric-name suffix -> unit; longest first, so `_tok_s` wins over `_s`
 UNIT_SUFFIXES = [
@@ -36,6 +42,12 @@ def metric_label(name: str) -> tuple[str, str | None]:
         if name.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)].replace("_", " "), unit
     return name.replace("_", " "), None
+
+
+def unit_of(name: str) -> str | None:
+    """The unit a metric is measured in: `"step_ms"` -> `"ms"`, `"tok_s"` (the unit itself) -> `"tokens/s"`."""
+    text, unit = metric_label(name)
+    return unit or next((u for suffix, u in UNIT_SUFFIXES if "_" + name == suffix), None)
 
 
 def axis_title(name: str) -> str:
@@ -124,13 +136,19 @@ def _label(value: Any) -> str:
     return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict[str, str] | None = None):
+def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict[str, str] | None = None,
+                  with_range: bool | None = None):
     """The figure of one metric over `rows` (ok runs), keyed by `params` (see module docstring).
-    `colors`: label -> colour of the colour parameter's values (default: made from `rows`)."""
+    `colors`: label -> colour of the colour parameter's values (default: made from `rows`);
+    `with_range`: draw `metric_min`..`metric_max` as error bars (default: when every ok run
+    records them, `nwor_lab.sweep.spread.families`)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     points = [r for r in rows if r.get("status") == "ok" and _is_number((r.get("metrics") or {}).get(metric))]
+    if with_range is None:
+        with_range = metric in _spread.families(rows)
+    low_key, high_key = _spread.members(metric)
     x_name = params[0] if params else None
     color_name = params[1] if len(params) > 1 else None
     panel_names = params[2:]
@@ -170,10 +188,24 @@ def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict
                           marker_color=colour_of.get(label, "#636efa"),
                           hovertemplate="%{customdata}<br>%{y}<extra></extra>")
             in_legend.add(label)
-            trace = go.Scatter(mode="lines+markers", **common) if as_lines else go.Bar(**common)
+            if with_range:
+                ys = common["y"]
+                common["error_y"] = dict(type="data", symmetric=False, thickness=2, width=8,
+                                         array=[r["metrics"][high_key] - y for r, y in zip(series, ys)],
+                                         arrayminus=[y - r["metrics"][low_key] for r, y in zip(series, ys)])
+                common["hovertemplate"] = ("%{customdata}<br>median %{y}<br>min-max of the repeats: "
+                                           "%{y} -%{error_y.arrayminus} / +%{error_y.array}<extra></extra>")
+                trace = go.Scatter(mode="lines+markers" if as_lines else "markers",
+                                   marker=dict(size=11, symbol="diamond"), **common)
+            else:
+                trace = go.Scatter(mode="lines+markers", **common) if as_lines else go.Bar(**common)
             fig.add_trace(trace, row=prow + 1, col=pcol + 1)
     title = axis_title(metric)
-    fig.update_layout(title=dict(text=title), barmode="group", legend_title_text=color_name or "",
+    heading = title
+    if with_range:
+        title = f"{title}, median"
+        heading = f"{axis_title(metric)}: median of each run's repeats, bar from their min to max"
+    fig.update_layout(title=dict(text=heading), barmode="group", scattermode="group", legend_title_text=color_name or "",
                       legend=dict(traceorder="normal"),
                       height=140 + 300 * nrows, margin=dict(l=70, r=20, t=90, b=60), template="plotly_white")
     if x_name and not as_lines:
@@ -183,11 +215,21 @@ def metric_figure(rows: list[dict], metric: str, params: list[str], colors: dict
     return fig
 
 
+def plotted_metrics(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """(metrics the runs changed, timings): the numeric metrics of `rows` that vary, a timing's
+    `_min` / `_max` folded into it; what changed first, in recorded order, then the timings."""
+    constant = constant_metrics(rows)
+    ranged = _spread.families(rows)
+    hidden = {m for f in ranged for m in _spread.members(f)}
+    names = [m for m in numeric_metrics(rows) if m not in constant and m not in hidden]
+    timings = [m for m in names if _spread.is_timing(m, unit_of(m), ranged)]
+    return [m for m in names if m not in timings], timings
+
+
 def sweep_figures(rows: list[dict]) -> list[tuple[str, Any]]:
-    """`(metric, figure)` for every numeric metric of `rows` (the newest row per run) that varies;
-    one colour map for all of them."""
+    """`(metric, figure)` for every numeric metric of `rows` (the newest row per run) that varies:
+    the metrics the runs changed, then the timings; one colour map for all of them."""
     params = varying_params(rows)
     colors = color_map(rows, params[1] if len(params) > 1 else None)
-    constant = constant_metrics(rows)
-    return [(metric, metric_figure(rows, metric, params, colors)) for metric in numeric_metrics(rows)
-            if metric not in constant]
+    changed, timings = plotted_metrics(rows)
+    return [(metric, metric_figure(rows, metric, params, colors)) for metric in changed + timings]

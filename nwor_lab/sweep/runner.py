@@ -39,7 +39,7 @@ from nwor_lab.sweep.plan import (Run, check_kernel, check_out_dir, check_owner, 
                                  plan_runs, run_parameters, split_done)
 from nwor_lab.sweep.pool import EXIT_NO_SPACE, POLL_S, Dispatch, Worker
 from nwor_lab.sweep.record import read_metrics
-from nwor_lab.sweep.results import RESULTS_FILE, ResultsLog, repair_tail
+from nwor_lab.sweep.results import RESULTS_FILE, ResultsLog, repair
 
 FREE_BYTES_MIN = 1 << 20      # below this, a run that died is taken to have died of a full disk
 
@@ -104,10 +104,12 @@ def run_sweep(notebook: str | os.PathLike, grid: dict[str, list[Any]], out: str 
                 f"stopped {len(lock.reaped)} processes it left running")
         claim_folder(out, notebook)
         shutil.rmtree(out / ".work", ignore_errors=True)   # scratch of runs a dead sweep left unfinished
-        try:
-            repair_tail(out / RESULTS_FILE)                # a crash's lost newline or torn row, first
+        try:   # first: a crash's lost newline or torn row, any damaged line (the file kept whole beside)
+            repair(out / RESULTS_FILE, say=lambda msg: say(f"warning: {msg}"))
+        except atomic.OutputError:
+            raise                                          # names the file it could not write
         except OSError as err:
-            raise atomic.OutputError(out / RESULTS_FILE, err, "nothing was run") from None
+            raise atomic.OutputError(out / RESULTS_FILE, err, "nothing was run, results.jsonl is unchanged") from None
         done, todo = split_done(runs, out)
         outcome = SweepOutcome(out, len(runs), skipped=[r.run_id for r in done])
         if done:
