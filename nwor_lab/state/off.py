@@ -1,0 +1,17 @@
+"""`off`: the live state advances through every row of the window, drafts included (the bug every
+engine had to fix: a rejected draft's update stays in the state; the outputs go wrong from the next
+window on)."""
+from __future__ import annotations
+
+from nwor_lab.state.policy import StatePolicy
+
+
+class OffState(StatePolicy):
+    advances_live = True
+    commits_accepted_only = False
+
+    def _state_out(self, layer, r, kept, inputs, scale):
+        self._write_live(layer, r, state=kept[-1])
+
+    def _conv_out(self, layer, r, history):
+        self._write_live(layer, r, conv=history[-(self.spec.conv_width - 1):])

@@ -1,0 +1,262 @@
+"""The state-policy interface: how a verify window's recurrent and conv state reach the store.
+
+It mirrors the K/V write policies (nwor_lab.policies) window by window:
+
+    policy.begin(window, slots)                   # slots [R]: each request's state slot
+    for layer in linear-attention layers:
+        y = policy.conv(layer, x, weight)         # x [T, C] the conv's inputs, y [T, C] (pre-SiLU)
+        o = policy.recur(layer, q, k, v, g, beta) # [T, H, .] -> o [T, H, V]
+    policy.commit(acceptance)                     # an Acceptance (nwor_lab.window); None: no drafts
+    # on failure instead: policy.cancel()         # store as `off` would have left it
+
+Each request's rows run from its committed state; which states the policy keeps, where and for how
+long is what distinguishes the strategies. It declares that in class attributes (nothing outside
+compares names):
+    advances_live          the committed row is advanced through every window row during the window
+    keeps_window_states    the states after t_last, d_1 .. d_k are kept until commit
+    keeps_window_inputs    the window's layer inputs are kept until commit (to recompute from them)
+    checkpoints            the committed state is copied before the window (to restore on reject)
+    commits_accepted_only  after commit the store holds the state of exactly the committed tokens
+and `rows_per_slot(k)`, `steady_bytes_per_request(k, spec)`, `transient_bytes_per_request(k, spec)`.
+
+Rows per request (vLLM order, as `Window`): a request schedules `s` rows, its drafts are the last
+`d`; its candidate end rows are `s-d-1 .. s-1` (t_last, d_1 .. d_d), and with `a` accepted the
+state to commit is the one after row `s-d-1+a`. A request without drafts commits all its rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from nwor_lab.ops.gated_delta import causal_conv_reference, gated_delta_rule
+from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
+from nwor_lab.window import Acceptance, Window
+
+
+class StateWindowError(RuntimeError):
+    """A lifecycle call in the wrong order (commit without begin, a layer advanced twice, ...)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One request's rows in the window: `start .. start+rows-1`, its last `drafts` are drafts."""
+
+    start: int
+    rows: int
+    drafts: int
+    slot: int
+
+    @property
+    def first_candidate(self) -> int:
+        """Local row of t_last: the state after it is what commits when no draft is accepted."""
+        return self.rows - self.drafts - 1
+
+    def end_row(self, accepted: int) -> int:
+        """Local row whose state commits with `accepted` drafts accepted."""
+        return self.first_candidate + accepted
+
+
+class StatePolicy:
+    """Base class: window bookkeeping and checks; runs the conv and the recurrence per request from
+    the state `_state_in` / `_conv_in` gives and hands the results to the strategy's hooks."""
+
+    name: ClassVar[str] = "?"
+    advances_live: ClassVar[bool] = False
+    keeps_window_states: ClassVar[bool] = False
+    keeps_window_inputs: ClassVar[bool] = False
+    checkpoints: ClassVar[bool] = False
+    commits_accepted_only: ClassVar[bool] = True
+
+    def __init__(self, store: RecurrentStateStore, backend: str = "auto"):
+        if not isinstance(store, RecurrentStateStore):
+            raise TypeError(f"store: expected a nwor_lab.state.RecurrentStateStore, got {type(store).__name__}")
+        self.store = store
+        self.spec: RecurrentSpec = store.spec
+        self.backend = backend
+        self.window: Window | None = None
+        self.segments: list[Segment] = []
+        self.layers = range(self.spec.num_layers)
+        self._conv_done: set[int] = set()
+        self._recur_done: set[int] = set()
+        self.windows_done = 0
+        # host counters: what the strategy cost (rows recomputed at commit, bytes copied)
+        self.stats = {"rows_recomputed": 0, "bytes_copied": 0, "bytes_kept_peak": 0}
+
+    # -- what it keeps ------------------------------------------------------------------------
+    @classmethod
+    def rows_per_slot(cls, k: int) -> int:
+        """Rows of the store each request holds for windows of up to k drafts."""
+        return 1
+
+    @classmethod
+    def steady_bytes_per_request(cls, k: int, spec: RecurrentSpec) -> int:
+        """Bytes a request holds in the store for as long as it lives."""
+        return cls.rows_per_slot(k) * spec.row_bytes
+
+    @classmethod
+    def transient_bytes_per_request(cls, k: int, spec: RecurrentSpec) -> int:
+        """Bytes held per speculative request (t_last + k drafts) only while a window is open."""
+        return 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def begin(self, window: Window, slots, layers: range | None = None) -> None:
+        """Open a window. slots: `[R]` state slot of each request (list or tensor); layers: the
+        linear-attention layers it advances (default all)."""
+        if self.window is not None:
+            raise StateWindowError("begin: a window is already open; commit() or cancel() it first")
+        if not isinstance(window, Window):
+            raise TypeError(f"window: expected nwor_lab.window.Window, got {type(window).__name__}")
+        slots = [int(s) for s in (slots.tolist() if torch.is_tensor(slots) else slots)]
+        if len(slots) != window.num_reqs:
+            raise ValueError(f"slots: {len(slots)} entries for a window of {window.num_reqs} requests; "
+                             f"give each request's state slot")
+        if len(set(slots)) != len(slots) or any(not 0 <= s < self.store.num_slots for s in slots):
+            raise ValueError(f"slots={slots}: each must be a distinct slot in 0..{self.store.num_slots - 1}")
+        k = window.max_spec_len
+        if k + 1 > self.store.rows_per_slot and self.rows_per_slot(k) > 1:
+            raise ValueError(f"window: {k} drafts need {k + 1} rows per slot under '{self.name}', the store "
+                             f"has {self.store.rows_per_slot}; build it with make_state_store(..., k={k})")
+        layers = self.layers if layers is None else layers
+        if not isinstance(layers, range) or not layers or layers.start < 0 or layers.stop > self.spec.num_layers:
+            raise ValueError(f"layers={layers!r}: a non-empty range within the {self.spec.num_layers} "
+                             f"linear-attention layers")
+        self.window, self.layers = window, layers
+        start, self.segments = 0, []
+        for rows, drafts, slot in zip(window.num_scheduled_tokens, window.num_draft_tokens, slots):
+            self.segments.append(Segment(start, rows, drafts, slot))
+            start += rows
+        self._conv_done, self._recur_done = set(), set()
+        self._begin()
+
+    def conv(self, layer: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The short causal conv of the window's rows: x `[T, C]`, weight `[C, W]` -> `[T, C]`
+        (before the activation), each request's rows continuing from its conv state."""
+        self._check_layer("conv", layer, self._conv_done, x, (self.spec.conv_dim,))
+        y = torch.empty_like(x)
+        for r, seg in enumerate(self.segments):
+            rows = slice(seg.start, seg.start + seg.rows)
+            y[rows], history = causal_conv_reference(x[rows], weight, self._conv_in(layer, r).clone())
+            self._conv_out(layer, r, history)
+        return y
+
+    def recur(self, layer: int, q, k, v, g, beta, scale: float | None = None) -> torch.Tensor:
+        """The gated delta rule over the window's rows: q, k `[T, H, K]`, v `[T, H, V]`, g, beta
+        `[T, H]` -> o `[T, H, V]` float32, each request's rows continuing from its state."""
+        s = self.spec
+        self._check_layer("recur", layer, self._recur_done, q, (s.num_heads, s.head_k_dim))
+        o = torch.empty(q.shape[0], s.num_heads, s.head_v_dim, device=q.device)
+        for r, seg in enumerate(self.segments):
+            rows = slice(seg.start, seg.start + seg.rows)
+            inputs = tuple(t[rows] for t in (q, k, v, g, beta))
+            o[rows], kept = gated_delta_rule(*inputs, self._state_in(layer, r).clone(), scale,
+                                             keep_from=seg.first_candidate, backend=self.backend)
+            self._state_out(layer, r, kept, inputs, scale)
+        return o
+
+    def commit(self, acceptance: Acceptance | None = None) -> list[int]:
+        """Keep the state after each request's last committed row. acceptance: the window's
+        `Acceptance`; None only for a window without drafts. -> accepted drafts per request."""
+        w = self._need_window("commit")
+        missing = [l for l in self.layers if l not in self._conv_done or l not in self._recur_done]
+        if missing:
+            raise StateWindowError(f"commit: layers {missing} were not advanced over the window (conv and "
+                                   f"recur); advance them or cancel()")
+        accepted = self._accepted(w, acceptance)
+        self._commit(accepted)
+        self._finish()
+        return accepted
+
+    def cancel(self) -> None:
+        """Abandon the window: the store ends as `off` would have left it (every row advanced)."""
+        self._need_window("cancel")
+        self._cancel()
+        self._finish()
+
+    def committed(self, slot: int):
+        """(recurrent `[L, H, K, V]`, conv `[L, W-1, C]`) committed for the slot."""
+        return self.store.committed(slot)
+
+    # -- the strategies' hooks ----------------------------------------------------------------
+    def _begin(self) -> None: ...
+    def _state_in(self, layer: int, r: int) -> torch.Tensor:
+        return self.store.committed(self.segments[r].slot, layer)[0]
+
+    def _conv_in(self, layer: int, r: int) -> torch.Tensor:
+        return self.store.committed(self.segments[r].slot, layer)[1]
+
+    def _state_out(self, layer: int, r: int, kept: torch.Tensor, inputs: tuple, scale) -> None:
+        """kept `[d+1, H, K, V]`: the states after the request's candidate rows s-d-1 .. s-1."""
+        raise NotImplementedError
+
+    def _conv_out(self, layer: int, r: int, history: torch.Tensor) -> None:
+        """history `[W-1+s, C]`: the conv state before the rows, then the rows' inputs."""
+        raise NotImplementedError
+
+    def _commit(self, accepted: list[int]) -> None: ...
+    def _cancel(self) -> None: ...
+
+    # -- helpers for the strategies -------------------------------------------------------------
+    def _write_live(self, layer: int, r: int, state: torch.Tensor | None = None, conv: torch.Tensor | None = None):
+        slot = self.segments[r].slot
+        row = int(self.store.current[slot])
+        if state is not None:
+            self.store.recurrent[layer, slot, row].copy_(state)
+            self.stats["bytes_copied"] += state.nbytes
+        if conv is not None:
+            self.store.conv[layer, slot, row].copy_(conv)
+            self.stats["bytes_copied"] += conv.nbytes
+
+    def _conv_after(self, history: torch.Tensor, local_row: int) -> torch.Tensor:
+        """The conv state after local row t: history[t+1 : t+W] `[W-1, C]`."""
+        return history[local_row + 1: local_row + self.spec.conv_width]
+
+    def _readvance(self, layer: int, r: int, state, conv, inputs: tuple, x: torch.Tensor, rows: int, scale):
+        """The state and conv state after the request's first `rows` rows, recomputed from `state`
+        and `conv` over the kept inputs (cow after a restore; replay)."""
+        prefix = tuple(t[:rows] for t in inputs)
+        _, kept = gated_delta_rule(*prefix, state.clone(), scale, backend=self.backend)
+        history = torch.cat([conv, x[:rows]])
+        self.stats["rows_recomputed"] += rows
+        return kept[-1], history[-(self.spec.conv_width - 1):]
+
+    def _note_kept(self, nbytes: int) -> None:
+        self.stats["bytes_kept_peak"] = max(self.stats["bytes_kept_peak"], nbytes)
+
+    # -- checks --------------------------------------------------------------------------------
+    def _need_window(self, what: str) -> Window:
+        if self.window is None:
+            raise StateWindowError(f"{what}: no window is open; call begin(window, slots) first")
+        return self.window
+
+    def _check_layer(self, what, layer, done: set, x: torch.Tensor, tail: tuple) -> None:
+        w = self._need_window(what)
+        if layer not in self.layers:
+            raise ValueError(f"layer={layer!r}: this window was opened for linear-attention layers "
+                             f"{self.layers.start}..{self.layers.stop - 1}")
+        if layer in done:
+            raise StateWindowError(f"{what}: layer {layer} was already advanced over this window; each "
+                                   f"layer advances once per window")
+        if x.shape[0] != w.num_tokens or tuple(x.shape[1:]) != tail:
+            raise ValueError(f"{what}: expected [T={w.num_tokens}, {', '.join(map(str, tail))}] rows, got "
+                             f"{tuple(x.shape)}")
+        done.add(layer)
+
+    def _accepted(self, w: Window, acceptance: Acceptance | None) -> list[int]:
+        if acceptance is None:
+            if w.num_drafts:
+                raise ValueError(f"commit: the window has {w.num_drafts} drafts; pass their Acceptance")
+            return [0] * w.num_reqs
+        if not isinstance(acceptance, Acceptance):
+            raise TypeError(f"acceptance: expected nwor_lab.window.Acceptance, got {type(acceptance).__name__}")
+        accepted = [int(a) for a in acceptance.accepted_len.tolist()]
+        if len(accepted) != w.num_reqs or any(not 0 <= a <= d for a, d in zip(accepted, w.num_draft_tokens)):
+            raise ValueError(f"acceptance.accepted_len={accepted}: one per request, each in 0..its drafts "
+                             f"{w.num_draft_tokens}")
+        return accepted
+
+    def _finish(self) -> None:
+        self.window, self.segments = None, []
+        self._conv_done, self._recur_done = set(), set()
+        self.windows_done += 1
