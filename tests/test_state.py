@@ -1,0 +1,160 @@
+"""Every state strategy but `off` leaves the store equal, bit for bit, to decoding only the accepted
+rows one by one; `off` keeps the rejected drafts' updates. Op level: the conv and the recurrence fed
+the same rows (nwor_lab.state); the model level is tests/test_hybrid.py."""
+import pytest
+import torch
+
+from nwor_lab.config import LabConfig
+from nwor_lab.ops.gated_delta import causal_conv_reference, gated_delta_recurrent_reference
+from nwor_lab.ops.generators import gated_delta_inputs
+from nwor_lab.state import (STATE_POLICIES, RecurrentSpec, StateWindowError, make_state_policy,
+                            make_state_store, state_policy_class)
+from nwor_lab.window import Acceptance, Window
+
+SPEC = RecurrentSpec(num_layers=2, num_heads=2, head_k_dim=8, head_v_dim=6, conv_dim=12, conv_width=4)
+K = 3
+NAMES = ("q", "k", "v", "g", "beta")
+
+
+def run_window(policy, rows, drafts, slots, accepted, seed):
+    """One window over every layer; -> the per-request inputs of each layer (for the oracle)."""
+    window = Window.from_counts(rows, drafts, torch.arange(sum(rows)))
+    policy.begin(window, slots)
+    fed = []
+    for layer in range(SPEC.num_layers):
+        c = gated_delta_inputs(sum(rows), SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
+                               SPEC.conv_width, seed=seed * 10 + layer)
+        policy.conv(layer, c["x"], c["weight"])
+        policy.recur(layer, *(c[n] for n in NAMES))
+        fed.append(c)
+    policy.commit(Acceptance.from_accepted_len(window, accepted) if sum(drafts) else None)
+    return window, fed
+
+
+class Oracle:
+    """Sequential decoding of only the committed rows, one row per step, per slot and layer."""
+
+    def __init__(self):
+        self.state, self.conv = {}, {}
+
+    def feed(self, fed, rows, drafts, slots, accepted):
+        start = 0
+        for s, d, slot, a in zip(rows, drafts, slots, accepted):
+            for layer, c in enumerate(fed):
+                st = self.state.get((layer, slot), torch.zeros(SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim))
+                cv = self.conv.get((layer, slot), torch.zeros(SPEC.conv_width - 1, SPEC.conv_dim))
+                for t in range(start, start + s - d + a):
+                    st = gated_delta_recurrent_reference(*(c[n][t:t + 1] for n in NAMES), st)[1][0]
+                    cv = causal_conv_reference(c["x"][t:t + 1], c["weight"], cv)[1][-(SPEC.conv_width - 1):]
+                self.state[layer, slot], self.conv[layer, slot] = st, cv
+            start += s
+
+
+# (rows, drafts, slots, accepted) per window: prefills, then verify windows with every acceptance,
+# a request without drafts beside speculative ones, and slots in another order
+WINDOWS = [([5, 3, 2], [0, 0, 0], [2, 0, 1], [0, 0, 0]),
+           ([4, 4, 1], [3, 3, 0], [2, 0, 1], [1, 3, 0]),
+           ([4, 4, 4], [3, 3, 3], [2, 0, 1], [0, 2, 3]),
+           ([3, 4], [2, 3], [0, 2], [2, 0])]
+
+
+@pytest.mark.parametrize("mode", sorted(STATE_POLICIES))
+def test_store_equals_decoding_only_the_accepted_rows(mode):
+    config = LabConfig(state_mode=mode)
+    policy = make_state_policy(config, make_state_store(config, SPEC, num_slots=3, k=K))
+    oracle = Oracle()
+    differs = False
+    for i, (rows, drafts, slots, accepted) in enumerate(WINDOWS):
+        _, fed = run_window(policy, rows, drafts, slots, accepted, seed=i)
+        oracle.feed(fed, rows, drafts, slots, accepted)
+        for layer in range(SPEC.num_layers):
+            for slot in range(3):
+                state, conv = policy.store.committed(slot, layer)
+                same = torch.equal(state, oracle.state[layer, slot]) and torch.equal(conv, oracle.conv[layer, slot])
+                if policy.commits_accepted_only:
+                    assert same, f"{mode}: window {i}, layer {layer}, slot {slot}"
+                differs |= not same
+        # an off store, once wrong, stays on its own path: feed the oracle its state to find the
+        # next window's own difference too
+        if not policy.commits_accepted_only:
+            for layer in range(SPEC.num_layers):
+                for slot in range(3):
+                    oracle.state[layer, slot], oracle.conv[layer, slot] = (
+                        t.clone() for t in policy.store.committed(slot, layer))
+    assert differs == (not policy.commits_accepted_only)
+
+
+def test_memory_declarations():
+    spec = SPEC
+    row = spec.row_bytes
+    assert row == 2 * (2 * 8 * 6 * 4 + 3 * 12 * 4)
+    steady = {m: STATE_POLICIES[m].steady_bytes_per_request(K, spec) for m in STATE_POLICIES}
+    transient = {m: STATE_POLICIES[m].transient_bytes_per_request(K, spec) for m in STATE_POLICIES}
+    assert steady["snapshots"] == (K + 1) * row and all(steady[m] == row for m in steady if m != "snapshots")
+    assert transient["off"] == transient["snapshots"] == 0
+    assert transient["replay"] < transient["cow"]                    # cow adds the checkpoint
+    assert transient["stage"] >= K * row                             # k+1 states while the window is open
+    store = make_state_store(LabConfig(state_mode="snapshots"), spec, 4, K)
+    assert store.nbytes == 4 * steady["snapshots"]
+
+
+def test_kept_bytes_are_what_the_strategy_declares():
+    """The peak of what cow / replay / stage held during a window of one request with k drafts is
+    within their declared transient bytes."""
+    for mode in ("cow", "replay", "stage"):
+        config = LabConfig(state_mode=mode)
+        policy = make_state_policy(config, make_state_store(config, SPEC, 1, K))
+        run_window(policy, [K + 1], [K], [0], [1], seed=9)
+        declared = policy.transient_bytes_per_request(K, SPEC)
+        assert 0 < policy.stats["bytes_kept_peak"] <= declared, mode
+
+
+def test_auto_follows_nwor_mode():
+    assert state_policy_class(LabConfig(nwor_mode="stage")).name == "stage"
+    assert state_policy_class(LabConfig(nwor_mode="cow")).name == "cow"
+    assert state_policy_class(LabConfig(nwor_mode="cow", state_mode="replay")).name == "replay"
+    assert LabConfig.from_env(environ={"NWOR_LAB_STATE_MODE": "snapshots"}).state_mode == "snapshots"
+    with pytest.raises(ValueError, match="state_mode"):
+        LabConfig(state_mode="mamba")
+
+
+def test_cancel_leaves_the_store_as_off():
+    stores = {}
+    for mode in ("off", "stage", "replay", "cow", "snapshots"):
+        config = LabConfig(state_mode=mode)
+        policy = make_state_policy(config, make_state_store(config, SPEC, 2, K))
+        run_window(policy, [3, 2], [0, 0], [0, 1], [0, 0], seed=1)
+        window = Window.from_counts([4, 4], [3, 3], torch.arange(8))
+        policy.begin(window, [0, 1])
+        for layer in range(SPEC.num_layers):
+            c = gated_delta_inputs(8, SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim, seed=layer)
+            policy.conv(layer, c["x"], c["weight"])
+            policy.recur(layer, *(c[n] for n in NAMES))
+        policy.cancel()
+        stores[mode] = [t.clone() for s in (0, 1) for t in policy.store.committed(s)]
+    for mode in stores:
+        assert all(torch.equal(a, b) for a, b in zip(stores[mode], stores["off"])), mode
+
+
+def test_lifecycle_errors():
+    config = LabConfig(state_mode="stage")
+    policy = make_state_policy(config, make_state_store(config, SPEC, 2, K))
+    window = Window.from_counts([2], [1], torch.arange(2))
+    with pytest.raises(StateWindowError, match="no window"):
+        policy.commit()
+    with pytest.raises(ValueError, match="slots"):
+        policy.begin(window, [0, 1])
+    policy.begin(window, [1])
+    c = gated_delta_inputs(2, SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim)
+    policy.conv(0, c["x"], c["weight"])
+    with pytest.raises(StateWindowError, match="already advanced"):
+        policy.conv(0, c["x"], c["weight"])
+    with pytest.raises(StateWindowError, match="not advanced"):
+        policy.commit(Acceptance.from_accepted_len(window, [1]))
+    with pytest.raises(ValueError, match="expected"):
+        policy.recur(0, *(c[n][:1] for n in NAMES))
+    policy.cancel()
+    snap = LabConfig(state_mode="snapshots")
+    small = make_state_policy(snap, make_state_store(snap, SPEC, 1, k=1))
+    with pytest.raises(ValueError, match="rows per slot"):
+        small.begin(Window.from_counts([4], [3], torch.arange(4)), [0])
