@@ -1,0 +1,112 @@
+"""The hybrid target (gated DeltaNet + attention): paged forward = dense forward under every state
+strategy; greedy speculative decoding by hand gives the target-only tokens under every strategy but
+`off`, whose state keeps rejected drafts; its DeltaNet layer matches transformers' Qwen3-Next one."""
+import pytest
+import torch
+
+from hybrid_decode import HandDecoder, speculative, target_only
+from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
+from nwor_lab.model.toy import toy_hybrid
+from nwor_lab.state import STATE_POLICIES
+
+PROMPTS = [[1, 5, 9, 2, 7], [3, 3, 8], [30, 2, 11, 4, 4, 6, 1]]
+K = 3
+
+
+def spoil(w, r):
+    """Where request r's acceptance ends in window w: every length 0..k, differing per request."""
+    return (w + 2 * r) % (K + 2)          # K and K+1: nothing spoiled (all accepted)
+
+
+def test_config_layout():
+    cfg = toy_hybrid().config
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+    assert HybridConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="layer_types"):
+        HybridConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, layer_types=["linear_attention"])
+    model = toy_hybrid()
+    assert model.num_layers == 1 and model.num_state_layers == 3
+    names = {n for n, _ in model.named_parameters()}
+    assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in names
+    assert "model.layers.3.self_attn.q_proj.weight" in names
+
+
+@pytest.mark.parametrize("state_mode", sorted(STATE_POLICIES))
+def test_paged_equals_dense(state_mode):
+    """Prefill (chunked form past 16 rows) and then windows of 1 and 3 rows, no drafts: every
+    strategy carries the state as the dense forward does."""
+    model = toy_hybrid(1)
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 32, (24,), generator=gen).tolist() for _ in range(2)]
+    got = [[], []]
+    # one pass at a time, committed, collecting the hidden states
+    dec = HandDecoder(model, 2, k=2, state_mode=state_mode)
+    done = 0
+    for n in (18, 1, 3, 2):
+        rows = [s[done:done + n] for s in seqs]
+        window, logits = dec.forward(rows, [0, 0])
+        dec.commit(window, [0, 0])
+        got[0].append(logits[:n]), got[1].append(logits[n:])
+        done += n
+    with torch.no_grad():
+        want = model.compute_logits(model.forward_dense(torch.tensor(seqs)))
+    for s in range(2):
+        torch.testing.assert_close(torch.cat(got[s]), want[s], atol=1e-4, rtol=1e-4)
+
+
+def test_speculative_equals_target_only_except_off():
+    model = toy_hybrid(2)
+    want = target_only(model, PROMPTS, 16)
+    tokens = {}
+    for mode in sorted(STATE_POLICIES):
+        tokens[mode], history = speculative(model, PROMPTS, 16, K, spoil, state_mode=mode, reference=want)
+        assert any(a < K for acc in history for a in acc) and any(a == K for acc in history for a in acc)
+    for mode, got in tokens.items():
+        if STATE_POLICIES[mode].commits_accepted_only:
+            assert got == want, mode
+    assert tokens["off"] != want, "off kept the rejected drafts' state and still matched: a weak test model"
+
+
+def test_store_after_each_window_equals_target_only_decoding():
+    """After every window the committed recurrent and conv state of each request equals the state
+    target-only decoding reaches at the same length (fp32 tolerance: the window's GEMMs see more
+    rows than one-token decoding's, so the layer inputs round differently); off's drifts away."""
+    model = toy_hybrid(3)
+    reached = {}                           # (request, committed length) -> target-only state
+
+    def record(dec, w):
+        for r, n in enumerate(dec.lens):
+            reached[r, n] = [t.clone() for t in dec.states.committed(r)]
+    want = target_only(model, PROMPTS, 14 + K + 1, on_step=record)   # covers what a last window overshoots
+    for mode in sorted(STATE_POLICIES):
+        seen = []
+
+        def check(dec, w):
+            for r, n in enumerate(dec.lens):
+                got, ref = dec.states.committed(r), reached[r, n]
+                seen.append(all(torch.allclose(x, y, atol=1e-4, rtol=1e-4) for x, y in zip(got, ref)))
+        speculative(model, PROMPTS, 14, K, spoil, state_mode=mode, reference=want, on_window=check)
+        assert all(seen) if STATE_POLICIES[mode].commits_accepted_only else not all(seen), mode
+
+
+def test_hf_qwen3_next_gated_deltanet_matches():
+    """transformers' Qwen3NextGatedDeltaNet with the lab layer's weights gives the same output (its
+    torch fallback: chunked prefill from zeros), where transformers has it."""
+    transformers = pytest.importorskip("transformers")
+    qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    model = toy_hybrid(4)
+    cfg = model.config
+    hf_cfg = transformers.Qwen3NextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, linear_num_key_heads=cfg.linear_num_key_heads,
+        linear_num_value_heads=cfg.linear_num_value_heads, linear_key_head_dim=cfg.linear_key_head_dim,
+        linear_value_head_dim=cfg.linear_value_head_dim, linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
+        rms_norm_eps=cfg.rms_norm_eps, hidden_act="silu")
+    hf = qn.Qwen3NextGatedDeltaNet(hf_cfg, layer_idx=0)
+    lab = model.model.layers[0].linear_attn
+    missing, unexpected = hf.load_state_dict(lab.state_dict(), strict=False)
+    assert not missing and not unexpected
+    x = torch.randn(2, 9, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x), lab.forward_dense(x), atol=1e-5, rtol=1e-4)
