@@ -110,3 +110,15 @@ def test_hf_qwen3_next_gated_deltanet_matches():
     x = torch.randn(2, 9, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(x), lab.forward_dense(x), atol=1e-5, rtol=1e-4)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    """save_llama / load_llama keep the hybrid (config.json `model_type` nwor_hybrid)."""
+    from nwor_lab.model.loader import load_llama, save_llama
+    model = toy_hybrid(5)
+    save_llama(model, tmp_path, dtype=torch.float32)
+    loaded = load_llama(tmp_path)
+    assert isinstance(loaded, HybridForCausalLM) and loaded.config == model.config
+    x = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(loaded.forward_dense(x), model.forward_dense(x))

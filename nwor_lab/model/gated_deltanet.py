@@ -113,8 +113,11 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.project(x)
         conv_out = self.conv1d(mixed.transpose(1, 2))[..., :S].transpose(1, 2)
         q, k, v, g, beta = self.rule_inputs(conv_out, b, a)
-        o = torch.stack([gated_delta_rule(q[i], k[i], v[i], g[i], beta[i])[0] for i in range(x.shape[0])])
-        return self.output(o.to(x.dtype), z)
+        # every (sequence, head) pair is its own recurrence: fold the batch into the heads
+        B, H = x.shape[0], self.num_v_heads
+        fold = lambda t: t.transpose(0, 1).reshape(S, B * H, *t.shape[3:])       # noqa: E731
+        o = gated_delta_rule(fold(q), fold(k), fold(v), fold(g), fold(beta), backend="torch")[0]
+        return self.output(o.view(S, B, H, -1).transpose(0, 1).to(x.dtype), z)
 
     @torch.no_grad()
     def init_decay(self, generator: torch.Generator | None = None) -> None:
