@@ -158,3 +158,14 @@ def test_lifecycle_errors():
     small = make_state_policy(snap, make_state_store(snap, SPEC, 1, k=1))
     with pytest.raises(ValueError, match="rows per slot"):
         small.begin(Window.from_counts([4], [3], torch.arange(4)), [0])
+
+
+def test_memory_rows_on_the_qwen3_next_shape():
+    """stage holds 1/(k+1) of snapshots' steady memory; every strategy's window peak is listed."""
+    from nwor_lab.state import memory_rows, qwen3_next_spec
+    spec = qwen3_next_spec()
+    rows = {r["strategy"]: r for r in memory_rows(spec, 4)}
+    assert spec.state_bytes_layer == 32 * 128 * 128 * 4 and spec.conv_dim == 8192
+    assert rows["stage"]["state_bytes_steady"] * 5 == rows["snapshots"]["state_bytes_steady"]
+    assert all(r["state_bytes_window"] >= r["state_bytes_steady"] for r in rows.values())
+    assert rows["replay"]["state_bytes_window"] < rows["stage"]["state_bytes_window"]
