@@ -169,3 +169,30 @@ def test_memory_rows_on_the_qwen3_next_shape():
     assert rows["stage"]["state_bytes_steady"] * 5 == rows["snapshots"]["state_bytes_steady"]
     assert all(r["state_bytes_window"] >= r["state_bytes_steady"] for r in rows.values())
     assert rows["replay"]["state_bytes_window"] < rows["stage"]["state_bytes_window"]
+
+
+def test_cow_as_captured_restores_every_request_and_stays_exact(monkeypatch):
+    """Inside a CUDA-graph capture cow cannot learn on the host which requests took every draft: it
+    restores and re-advances all of them, the rejected rows masked to identity (g = 0, beta = 0).
+    The store is bit-identical to the eager path's."""
+    import nwor_lab.state.cow as cow
+    stores = []
+    for captured in (False, True):
+        monkeypatch.setattr(cow, "capturing", lambda: captured)
+        config = LabConfig(state_mode="cow", validate=not captured)
+        policy = make_state_policy(config, make_state_store(config, SPEC, 3, K))
+        for i, (rows, drafts, slots, accepted) in enumerate(WINDOWS):
+            run_window(policy, rows, drafts, slots, accepted, seed=i)
+        assert policy.stats["rows_recomputed"] > 0
+        stores.append([t.clone() for s in range(3) for t in policy.store.committed(s)])
+    assert all(torch.equal(a, b) for a, b in zip(*stores))
+
+
+def test_masked_rows_leave_the_state_bit_for_bit():
+    """The identity a fixed-shape recompute relies on: a row with g = 0 and beta = 0 changes nothing."""
+    c = gated_delta_inputs(5, seed=2)
+    g, beta = c["g"].clone(), c["beta"].clone()
+    g[3:], beta[3:] = 0, 0
+    _, masked = gated_delta_recurrent_reference(c["q"], c["k"], c["v"], g, beta, c["state"])
+    _, prefix = gated_delta_recurrent_reference(*(c[n][:3] for n in NAMES), c["state"])
+    assert torch.equal(masked[-1], prefix[-1])

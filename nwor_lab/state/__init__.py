@@ -56,7 +56,7 @@ def make_state_store(config: LabConfig, spec: RecurrentSpec, num_slots: int, k: 
 
 def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePolicy:
     """The state policy `config` selects, over `store` (its backend: `config.backend`)."""
-    return state_policy_class(config)(store, backend=config.backend)
+    return state_policy_class(config)(store, backend=config.backend, validate=config.validate)
 
 
 __all__ = ["STATE_POLICIES", "register_state_policy", "state_policy_class", "make_state_store",

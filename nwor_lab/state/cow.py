@@ -6,6 +6,9 @@ only the recurrence and the conv from the layer inputs the window kept, which gi
 (the accepted rows' inputs do not depend on the rejected ones: the model is causal)."""
 from __future__ import annotations
 
+import torch
+
+from nwor_lab._checks import capturing
 from nwor_lab.state.policy import StatePolicy
 
 
@@ -24,8 +27,8 @@ class CowState(StatePolicy):
         for r, seg in enumerate(self.segments):
             if seg.drafts:
                 for layer in self.layers:
-                    state, conv = self.store.committed(seg.slot, layer)
-                    self._saved[layer, r] = [state.clone(), conv.clone(), None, None]
+                    self._saved[layer, r] = [self._state_in(layer, r).clone(), self._conv_in(layer, r).clone(),
+                                             None, None]
         self._note_kept(sum(s.nbytes + c.nbytes for s, c, _, _ in self._saved.values()))
 
     def _state_out(self, layer, r, kept, inputs, scale):
@@ -39,14 +42,21 @@ class CowState(StatePolicy):
             self._saved[layer, r][3] = history[self.spec.conv_width - 1:]
 
     def _commit(self, accepted):
+        # Eagerly, a request whose drafts were all accepted keeps its live state (llama.cpp's win:
+        # no restore); while capturing a CUDA graph the acceptance is not known on the host, so every
+        # request restores and re-advances (masked: bit-identical to the live state when all passed).
+        skip = None if capturing() else (accepted == self._drafts()).tolist()
         for (layer, r), (state, conv, (inputs, scale), x) in self._saved.items():
-            seg, a = self.segments[r], accepted[r]
-            if a == seg.drafts:
-                continue                          # every draft accepted: the live state is right
+            if skip is not None and skip[r]:
+                continue
+            seg = self.segments[r]
             # restore, then re-advance over t_last .. d_a
-            state, conv = self._readvance(layer, r, state, conv, inputs, x, seg.end_row(a) + 1, scale)
+            state, conv = self._readvance(state, conv, inputs, x, seg.first_candidate + accepted[r], scale)
             self._write_live(layer, r, state=state, conv=conv)
         self._saved = {}
+
+    def _drafts(self):
+        return torch.tensor([seg.drafts for seg in self.segments], device=self.store.device)
 
     def _cancel(self):
         self._saved = {}

@@ -22,6 +22,12 @@ and `rows_per_slot(k)`, `steady_bytes_per_request(k, spec)`, `transient_bytes_pe
 Rows per request (vLLM order, as `Window`): a request schedules `s` rows, its drafts are the last
 `d`; its candidate end rows are `s-d-1 .. s-1` (t_last, d_1 .. d_d), and with `a` accepted the
 state to commit is the one after row `s-d-1+a`. A request without drafts commits all its rows.
+
+No host sync after `begin`: the rows of each request are host facts of the window, the acceptance
+stays on the device (commit picks rows with `index_select`, recomputes with the rejected rows masked
+to identity: g = 0, beta = 0 leaves the state bit for bit as it was), so a step body can run the
+policy eagerly or inside a CUDA-graph capture. Only the checks under `validate` read the acceptance
+on the host, and never while capturing.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from typing import ClassVar
 
 import torch
 
+from nwor_lab._checks import capturing
 from nwor_lab.ops.gated_delta import causal_conv_reference, gated_delta_rule
 from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
 from nwor_lab.window import Acceptance, Window
@@ -69,12 +76,13 @@ class StatePolicy:
     checkpoints: ClassVar[bool] = False
     commits_accepted_only: ClassVar[bool] = True
 
-    def __init__(self, store: RecurrentStateStore, backend: str = "auto"):
+    def __init__(self, store: RecurrentStateStore, backend: str = "auto", validate: bool = True):
         if not isinstance(store, RecurrentStateStore):
             raise TypeError(f"store: expected a nwor_lab.state.RecurrentStateStore, got {type(store).__name__}")
         self.store = store
         self.spec: RecurrentSpec = store.spec
         self.backend = backend
+        self.validate = validate                 # host checks of the acceptance (one sync; never when capturing)
         self.window: Window | None = None
         self.segments: list[Segment] = []
         self.layers = range(self.spec.num_layers)
@@ -155,18 +163,17 @@ class StatePolicy:
             self._state_out(layer, r, kept, inputs, scale)
         return o
 
-    def commit(self, acceptance: Acceptance | None = None) -> list[int]:
+    def commit(self, acceptance: Acceptance | None = None) -> None:
         """Keep the state after each request's last committed row. acceptance: the window's
-        `Acceptance`; None only for a window without drafts. -> accepted drafts per request."""
+        `Acceptance` (its `accepted_len` [R] stays on the device); None only for a window without
+        drafts."""
         w = self._need_window("commit")
         missing = [l for l in self.layers if l not in self._conv_done or l not in self._recur_done]
         if missing:
             raise StateWindowError(f"commit: layers {missing} were not advanced over the window (conv and "
                                    f"recur); advance them or cancel()")
-        accepted = self._accepted(w, acceptance)
-        self._commit(accepted)
+        self._commit(self._accepted(w, acceptance))
         self._finish()
-        return accepted
 
     def cancel(self) -> None:
         """Abandon the window: the store ends as `off` would have left it (every row advanced)."""
@@ -181,10 +188,10 @@ class StatePolicy:
     # -- the strategies' hooks ----------------------------------------------------------------
     def _begin(self) -> None: ...
     def _state_in(self, layer: int, r: int) -> torch.Tensor:
-        return self.store.committed(self.segments[r].slot, layer)[0]
+        return self._committed_row(self.store.recurrent, layer, r)
 
     def _conv_in(self, layer: int, r: int) -> torch.Tensor:
-        return self.store.committed(self.segments[r].slot, layer)[1]
+        return self._committed_row(self.store.conv, layer, r)
 
     def _state_out(self, layer: int, r: int, kept: torch.Tensor, inputs: tuple, scale) -> None:
         """kept `[d+1, H, K, V]`: the states after the request's candidate rows s-d-1 .. s-1."""
@@ -194,32 +201,53 @@ class StatePolicy:
         """history `[W-1+s, C]`: the conv state before the rows, then the rows' inputs."""
         raise NotImplementedError
 
-    def _commit(self, accepted: list[int]) -> None: ...
+    def _commit(self, accepted: torch.Tensor) -> None:
+        """accepted: `[R]` int64 on the store's device."""
     def _cancel(self) -> None: ...
 
     # -- helpers for the strategies -------------------------------------------------------------
-    def _write_live(self, layer: int, r: int, state: torch.Tensor | None = None, conv: torch.Tensor | None = None):
+    def _committed_row(self, table: torch.Tensor, layer: int, r: int) -> torch.Tensor:
+        """The request's committed row of `table` (store.recurrent or store.conv), found on the
+        device: a view when the slot has one row, an index_select (a copy) of `current` otherwise."""
         slot = self.segments[r].slot
-        row = int(self.store.current[slot])
-        if state is not None:
-            self.store.recurrent[layer, slot, row].copy_(state)
-            self.stats["bytes_copied"] += state.nbytes
-        if conv is not None:
-            self.store.conv[layer, slot, row].copy_(conv)
-            self.stats["bytes_copied"] += conv.nbytes
+        if self.store.rows_per_slot == 1:
+            return table[layer, slot, 0]
+        return table[layer, slot].index_select(0, self.store.current[slot:slot + 1])[0]
 
-    def _conv_after(self, history: torch.Tensor, local_row: int) -> torch.Tensor:
-        """The conv state after local row t: history[t+1 : t+W] `[W-1, C]`."""
-        return history[local_row + 1: local_row + self.spec.conv_width]
+    def _write_live(self, layer: int, r: int, state: torch.Tensor | None = None, conv: torch.Tensor | None = None):
+        """Overwrite the request's committed row (recurrent and / or conv state)."""
+        slot = self.segments[r].slot
+        for table, value in ((self.store.recurrent, state), (self.store.conv, conv)):
+            if value is None:
+                continue
+            if self.store.rows_per_slot == 1:
+                table[layer, slot, 0].copy_(value)
+            else:
+                table[layer, slot].index_copy_(0, self.store.current[slot:slot + 1], value[None].to(table.dtype))
+            self.stats["bytes_copied"] += value.nbytes
 
-    def _readvance(self, layer: int, r: int, state, conv, inputs: tuple, x: torch.Tensor, rows: int, scale):
-        """The state and conv state after the request's first `rows` rows, recomputed from `state`
-        and `conv` over the kept inputs (cow after a restore; replay)."""
-        prefix = tuple(t[:rows] for t in inputs)
-        _, kept = gated_delta_rule(*prefix, state.clone(), scale, backend=self.backend)
-        history = torch.cat([conv, x[:rows]])
-        self.stats["rows_recomputed"] += rows
-        return kept[-1], history[-(self.spec.conv_width - 1):]
+    def _conv_after(self, history: torch.Tensor, end_row) -> torch.Tensor:
+        """The conv state after local row `end_row` (an int, or a 0-dim / [1] device tensor):
+        history[end_row+1 : end_row+W] `[W-1, C]`."""
+        W = self.spec.conv_width
+        if isinstance(end_row, int):
+            return history[end_row + 1: end_row + W]
+        idx = end_row.reshape(1) + 1 + torch.arange(W - 1, device=history.device)
+        return history.index_select(0, idx)
+
+    def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_row, scale):
+        """The state and conv state after local row `end_row` (an int, or a device tensor), recomputed
+        from `state` / `conv` over the kept inputs `[s, ...]` and conv inputs x `[s, C]` (cow after a
+        restore; replay). Rows after `end_row` run with g = 0 and beta = 0: the state passes them
+        unchanged, bit for bit, so one fixed-shape run serves every acceptance (no host sync)."""
+        q, k, v, g, beta = inputs
+        s = q.shape[0]
+        keep = torch.arange(s, device=q.device) <= end_row
+        g = torch.where(keep[:, None], g, torch.zeros((), dtype=g.dtype, device=g.device))
+        beta = torch.where(keep[:, None], beta, torch.zeros((), dtype=beta.dtype, device=beta.device))
+        _, kept = gated_delta_rule(q, k, v, g, beta, state.clone(), scale, backend=self.backend)
+        self.stats["rows_recomputed"] += s
+        return kept[-1], self._conv_after(torch.cat([conv.to(x.dtype), x]), end_row)
 
     def _note_kept(self, nbytes: int) -> None:
         self.stats["bytes_kept_peak"] = max(self.stats["bytes_kept_peak"], nbytes)
@@ -243,18 +271,25 @@ class StatePolicy:
                              f"{tuple(x.shape)}")
         done.add(layer)
 
-    def _accepted(self, w: Window, acceptance: Acceptance | None) -> list[int]:
+    def _accepted(self, w: Window, acceptance: Acceptance | None) -> torch.Tensor:
+        """-> accepted drafts per request `[R]` int64 on the store's device."""
+        dev = self.store.device
         if acceptance is None:
             if w.num_drafts:
                 raise ValueError(f"commit: the window has {w.num_drafts} drafts; pass their Acceptance")
-            return [0] * w.num_reqs
+            return torch.zeros(w.num_reqs, dtype=torch.long, device=dev)
         if not isinstance(acceptance, Acceptance):
             raise TypeError(f"acceptance: expected nwor_lab.window.Acceptance, got {type(acceptance).__name__}")
-        accepted = [int(a) for a in acceptance.accepted_len.tolist()]
-        if len(accepted) != w.num_reqs or any(not 0 <= a <= d for a, d in zip(accepted, w.num_draft_tokens)):
-            raise ValueError(f"acceptance.accepted_len={accepted}: one per request, each in 0..its drafts "
-                             f"{w.num_draft_tokens}")
-        return accepted
+        acc = acceptance.accepted_len
+        if acc.shape != (w.num_reqs,) or acc.is_floating_point():
+            raise ValueError(f"acceptance.accepted_len: expected [R={w.num_reqs}] integers, got {tuple(acc.shape)} "
+                             f"{acc.dtype}")
+        if self.validate and not capturing():
+            host = [int(a) for a in acc.tolist()]
+            if any(not 0 <= a <= d for a, d in zip(host, w.num_draft_tokens)):
+                raise ValueError(f"acceptance.accepted_len={host}: each in 0..its request's drafts "
+                                 f"{w.num_draft_tokens}")
+        return acc.to(device=dev, dtype=torch.long)
 
     def _finish(self) -> None:
         self.window, self.segments = None, []

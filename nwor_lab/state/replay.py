@@ -3,6 +3,8 @@ and commit recomputes the state over the accepted rows only (ReplaySSM in vLLM, 
 rollback costs nothing; every commit costs a recurrence over the accepted rows."""
 from __future__ import annotations
 
+import torch
+
 from nwor_lab.state.policy import StatePolicy
 
 
@@ -28,17 +30,20 @@ class ReplayState(StatePolicy):
         else:
             self._inputs.setdefault((layer, r), [None, None])[1] = history[self.spec.conv_width - 1:]
 
-    def _replay(self, rows_of):
+    def _replay(self, accepted):
+        """Recompute each speculative request from its committed state over t_last, d_1 .. d_a
+        (the rows after are masked to identity: one fixed-shape run, no host sync)."""
         kept = sum(t.nbytes for (inputs, _), x in self._inputs.values() for t in (*inputs, x))
         self._note_kept(kept)
         for (layer, r), ((inputs, scale), x) in self._inputs.items():
-            state, conv = self.store.committed(self.segments[r].slot, layer)
-            state, conv = self._readvance(layer, r, state, conv, inputs, x, rows_of(self.segments[r], r), scale)
+            seg = self.segments[r]
+            state, conv = self._state_in(layer, r), self._conv_in(layer, r)
+            state, conv = self._readvance(state, conv, inputs, x, seg.first_candidate + accepted[r], scale)
             self._write_live(layer, r, state=state, conv=conv)
         self._inputs = {}
 
     def _commit(self, accepted):
-        self._replay(lambda seg, r: seg.end_row(accepted[r]) + 1)
+        self._replay(accepted)
 
     def _cancel(self):
-        self._replay(lambda seg, r: seg.rows)
+        self._replay(torch.tensor([seg.drafts for seg in self.segments], device=self.store.device))

@@ -4,6 +4,8 @@ position `num_accepted - 1` is read next). Nothing is copied at commit, but ever
 k + 1 rows for as long as it lives."""
 from __future__ import annotations
 
+import torch
+
 from nwor_lab.state.policy import StatePolicy
 
 
@@ -28,9 +30,12 @@ class SnapshotsState(StatePolicy):
         self.stats["bytes_copied"] += (seg.drafts + 1) * self.spec.conv_bytes_layer
 
     def _commit(self, accepted):
-        for seg, a in zip(self.segments, accepted):
-            self.store.current[seg.slot] = a
+        # the accepted position's row becomes the committed one: no state moves
+        self.store.current.index_copy_(0, self._slots(), accepted)
 
     def _cancel(self):
-        for seg in self.segments:
-            self.store.current[seg.slot] = seg.drafts
+        drafts = torch.tensor([seg.drafts for seg in self.segments], device=self.store.device)
+        self.store.current.index_copy_(0, self._slots(), drafts)
+
+    def _slots(self):
+        return torch.tensor([seg.slot for seg in self.segments], device=self.store.device)

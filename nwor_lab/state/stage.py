@@ -4,6 +4,8 @@ it keeps is a slice of the window's conv history. The store only ever receives a
 (NWOR), holds one row per request, and commit is one copy per layer and request."""
 from __future__ import annotations
 
+import torch
+
 from nwor_lab.state.policy import StatePolicy
 
 
@@ -26,17 +28,19 @@ class StageState(StatePolicy):
         # what any candidate's conv state can need: W-1 rows before t_last's, to the end
         self._histories[layer, r] = history[seg.first_candidate + 1:]
 
-    def _pick(self, end_of):
+    def _pick(self, accepted):
+        """accepted `[R]` (device): candidate a of each request commits (a = its accepted drafts)."""
         kept = sum(t.nbytes for t in (*self._states.values(), *self._histories.values()))
         self._note_kept(kept)
         for (layer, r), states in self._states.items():
-            j = end_of(self.segments[r], r)             # candidate index: accepted drafts
-            history = self._histories[layer, r]
-            self._write_live(layer, r, state=states[j], conv=history[j: j + self.spec.conv_width - 1])
+            j = accepted[r:r + 1]
+            # history starts at t_last's row + 1, so candidate j's conv state begins at row j
+            self._write_live(layer, r, state=states.index_select(0, j)[0],
+                             conv=self._conv_after(self._histories[layer, r], j - 1))
         self._states, self._histories = {}, {}
 
     def _commit(self, accepted):
-        self._pick(lambda seg, r: accepted[r])
+        self._pick(accepted)
 
     def _cancel(self):
-        self._pick(lambda seg, r: seg.drafts)
+        self._pick(torch.tensor([seg.drafts for seg in self.segments], device=self.store.device))
