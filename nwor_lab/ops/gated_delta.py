@@ -128,20 +128,26 @@ def gated_delta_chunk_reference(q, k, v, g, beta, state=None, scale=None, keep_f
 
 
 def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None = None):
-    """Depthwise causal conv, before its activation. x `[T, C]`; weight `[C, W]` (nn.Conv1d's
-    `[C, 1, W]` squeezed); conv_state `[W-1, C]`, the inputs before x, oldest first (None: zeros).
-    -> (y `[T, C]`, history `[W-1+T, C]`): y_t = sum_j weight[:, j] * history[t + j]; the conv state
-    after row t is `history[t+1 : t+W]`."""
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
-        raise ValueError(f"x [T, C], weight [C, W]: got {tuple(x.shape)} and {tuple(weight.shape)}")
+    """Depthwise causal conv, before its activation. x `[..., T, C]`; weight `[C, W]` (nn.Conv1d's
+    `[C, 1, W]` squeezed); conv_state `[..., W-1, C]`, the inputs before x, oldest first (None: zeros).
+    -> (y `[..., T, C]`, history `[..., W-1+T, C]`): y_t = sum_j weight[:, j] * history[t + j]; the
+    conv state after row t is `history[..., t+1 : t+W, :]`.
+
+    Written as W multiply-adds in a fixed order, so a row's output does not depend on how many rows
+    or sequences run with it (one-row decoding and a window agree bit for bit)."""
+    if x.dim() < 2 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"x [..., T, C], weight [C, W]: got {tuple(x.shape)} and {tuple(weight.shape)}")
     C, W = weight.shape
+    T = x.shape[-2]
     if conv_state is None:
-        conv_state = x.new_zeros(W - 1, C)
-    if conv_state.shape != (W - 1, C):
-        raise ValueError(f"conv_state: expected [W-1={W - 1}, C={C}], got {tuple(conv_state.shape)}")
-    history = torch.cat([conv_state.to(x.dtype), x])
-    # conv1d over [1, C, W-1+T] with no padding: output t sees history[t .. t+W-1]
-    y = F.conv1d(history.t()[None], weight[:, None, :].to(x.dtype), groups=C)[0].t()
+        conv_state = x.new_zeros(*x.shape[:-2], W - 1, C)
+    if conv_state.shape != (*x.shape[:-2], W - 1, C):
+        raise ValueError(f"conv_state: expected [..., W-1={W - 1}, C={C}] matching x, got {tuple(conv_state.shape)}")
+    history = torch.cat([conv_state.to(x.dtype), x], dim=-2)
+    w = weight.to(x.dtype)
+    y = history[..., 0:T, :] * w[:, 0]
+    for j in range(1, W):
+        y = y + history[..., j:j + T, :] * w[:, j]
     return y, history
 
 

@@ -16,7 +16,7 @@ from nwor_lab.config import LabConfig, check_config
 from nwor_lab.state.cow import CowState
 from nwor_lab.state.memory import memory_rows, qwen3_next_spec
 from nwor_lab.state.off import OffState
-from nwor_lab.state.policy import Segment, StatePolicy, StateWindowError
+from nwor_lab.state.policy import Group, StatePolicy, StateWindowError
 from nwor_lab.state.replay import ReplayState
 from nwor_lab.state.snapshots import SnapshotsState
 from nwor_lab.state.stage import StageState
@@ -60,5 +60,5 @@ def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePol
 
 
 __all__ = ["STATE_POLICIES", "register_state_policy", "state_policy_class", "make_state_store",
-           "make_state_policy", "StatePolicy", "StateWindowError", "Segment", "RecurrentSpec",
+           "make_state_policy", "StatePolicy", "StateWindowError", "Group", "RecurrentSpec",
            "RecurrentStateStore", "memory_rows", "qwen3_next_spec", "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]

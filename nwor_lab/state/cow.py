@@ -6,8 +6,6 @@ only the recurrence and the conv from the layer inputs the window kept, which gi
 (the accepted rows' inputs do not depend on the rejected ones: the model is causal)."""
 from __future__ import annotations
 
-import torch
-
 from nwor_lab._checks import capturing
 from nwor_lab.state.policy import StatePolicy
 
@@ -22,41 +20,36 @@ class CowState(StatePolicy):
         return spec.row_bytes + (k + 1) * spec.token_input_bytes
 
     def _begin(self):
-        # the checkpoint: each speculative request's committed row, in every opened layer
+        # the checkpoint: each speculative group's committed rows, in every opened layer
         self._saved = {}
-        for r, seg in enumerate(self.segments):
-            if seg.drafts:
+        for grp in self.groups:
+            if grp.drafts:
                 for layer in self.layers:
-                    self._saved[layer, r] = [self._state_in(layer, r).clone(), self._conv_in(layer, r).clone(),
-                                             None, None]
+                    self._saved[layer, grp] = [self._state_in(layer, grp), self._conv_in(layer, grp), None, None]
         self._note_kept(sum(s.nbytes + c.nbytes for s, c, _, _ in self._saved.values()))
 
-    def _state_out(self, layer, r, kept, inputs, scale):
-        self._write_live(layer, r, state=kept[-1])
-        if self.segments[r].drafts:
-            self._saved[layer, r][2] = (inputs, scale)
+    def _state_out(self, layer, grp, kept, inputs, scale):
+        self._write_live(layer, grp, state=kept[:, -1])
+        if grp.drafts:
+            self._saved[layer, grp][2] = (inputs, scale)
 
-    def _conv_out(self, layer, r, history):
-        self._write_live(layer, r, conv=history[-(self.spec.conv_width - 1):])
-        if self.segments[r].drafts:
-            self._saved[layer, r][3] = history[self.spec.conv_width - 1:]
+    def _conv_out(self, layer, grp, history):
+        self._write_live(layer, grp, conv=history[:, -(self.spec.conv_width - 1):])
+        if grp.drafts:
+            self._saved[layer, grp][3] = history[:, self.spec.conv_width - 1:]
 
     def _commit(self, accepted):
-        # Eagerly, a request whose drafts were all accepted keeps its live state (llama.cpp's win:
-        # no restore); while capturing a CUDA graph the acceptance is not known on the host, so every
-        # request restores and re-advances (masked: bit-identical to the live state when all passed).
-        skip = None if capturing() else (accepted == self._drafts()).tolist()
-        for (layer, r), (state, conv, (inputs, scale), x) in self._saved.items():
-            if skip is not None and skip[r]:
+        # Eagerly, a group whose drafts were all accepted keeps its live state (llama.cpp's win: no
+        # restore); while capturing a CUDA graph the acceptance is not known on the host, so every
+        # group restores and re-advances (masked: bit-identical to the live state when all passed).
+        for (layer, grp), (state, conv, (inputs, scale), x) in self._saved.items():
+            a = accepted[grp.reqs]
+            if not capturing() and bool((a == grp.drafts).all()):
                 continue
-            seg = self.segments[r]
-            # restore, then re-advance over t_last .. d_a
-            state, conv = self._readvance(state, conv, inputs, x, seg.first_candidate + accepted[r], scale)
-            self._write_live(layer, r, state=state, conv=conv)
+            state, conv = self._readvance(state, conv, inputs, x, grp.first_candidate + a, scale)
+            self._write_live(layer, grp, state=state, conv=conv)
         self._saved = {}
 
-    def _drafts(self):
-        return torch.tensor([seg.drafts for seg in self.segments], device=self.store.device)
-
-    def _cancel(self):
+    def _cancel(self, drafts):
+        """The live state already holds every row: drop the checkpoint."""
         self._saved = {}

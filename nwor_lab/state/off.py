@@ -10,8 +10,11 @@ class OffState(StatePolicy):
     advances_live = True
     commits_accepted_only = False
 
-    def _state_out(self, layer, r, kept, inputs, scale):
-        self._write_live(layer, r, state=kept[-1])
+    def _state_out(self, layer, grp, kept, inputs, scale):
+        self._write_live(layer, grp, state=kept[:, -1])
 
-    def _conv_out(self, layer, r, history):
-        self._write_live(layer, r, conv=history[-(self.spec.conv_width - 1):])
+    def _conv_out(self, layer, grp, history):
+        self._write_live(layer, grp, conv=history[:, -(self.spec.conv_width - 1):])
+
+    def _cancel(self, drafts):
+        """Nothing to do: the live state already holds every row."""

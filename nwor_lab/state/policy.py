@@ -23,6 +23,12 @@ Rows per request (vLLM order, as `Window`): a request schedules `s` rows, its dr
 `d`; its candidate end rows are `s-d-1 .. s-1` (t_last, d_1 .. d_d), and with `a` accepted the
 state to commit is the one after row `s-d-1+a`. A request without drafts commits all its rows.
 
+Requests run in **groups**: maximal runs of consecutive requests with the same `s` and `d` (a verify
+step of R requests with k drafts each is one group). A group's rows are one contiguous slice of the
+window, viewed `[G, s, ...]`; its recurrences run as one, the G requests folded into the heads
+(each (request, head) pair is its own recurrence), and the hooks see `[G, ...]` tensors. A group of
+one and a group of G give the same bits (tests/test_state.py).
+
 No host sync after `begin`: the rows of each request are host facts of the window, the acceptance
 stays on the device (commit picks rows with `index_select`, recomputes with the rejected rows masked
 to identity: g = 0, beta = 0 leaves the state bit for bit as it was), so a step body can run the
@@ -47,27 +53,45 @@ class StateWindowError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Segment:
-    """One request's rows in the window: `start .. start+rows-1`, its last `drafts` are drafts."""
+class Group:
+    """Requests `first .. first+count-1`, each with `rows` rows of which the last `drafts` are drafts;
+    their rows are window rows `start .. start + count*rows - 1`, request-major."""
 
+    first: int
+    count: int
     start: int
     rows: int
     drafts: int
-    slot: int
+
+    @property
+    def reqs(self) -> slice:
+        return slice(self.first, self.first + self.count)
+
+    @property
+    def window_rows(self) -> slice:
+        return slice(self.start, self.start + self.count * self.rows)
 
     @property
     def first_candidate(self) -> int:
-        """Local row of t_last: the state after it is what commits when no draft is accepted."""
+        """Local row of t_last: the state after it commits when no draft is accepted."""
         return self.rows - self.drafts - 1
 
-    def end_row(self, accepted: int) -> int:
-        """Local row whose state commits with `accepted` drafts accepted."""
-        return self.first_candidate + accepted
+
+def groups_of(window: Window) -> list[Group]:
+    out, start = [], 0
+    for r, (rows, drafts) in enumerate(zip(window.num_scheduled_tokens, window.num_draft_tokens)):
+        last = out[-1] if out else None
+        if last is not None and (last.rows, last.drafts) == (rows, drafts):
+            out[-1] = Group(last.first, last.count + 1, last.start, rows, drafts)
+        else:
+            out.append(Group(r, 1, start, rows, drafts))
+        start += rows
+    return out
 
 
 class StatePolicy:
-    """Base class: window bookkeeping and checks; runs the conv and the recurrence per request from
-    the state `_state_in` / `_conv_in` gives and hands the results to the strategy's hooks."""
+    """Base class: window bookkeeping and checks; runs the conv and the recurrence per group from
+    the state `_state_in` / `_conv_in` gives, and hands the results to the strategy's hooks."""
 
     name: ClassVar[str] = "?"
     advances_live: ClassVar[bool] = False
@@ -82,14 +106,15 @@ class StatePolicy:
         self.store = store
         self.spec: RecurrentSpec = store.spec
         self.backend = backend
-        self.validate = validate                 # host checks of the acceptance (one sync; never when capturing)
+        self.validate = validate                 # host checks (one sync each; never while capturing)
         self.window: Window | None = None
-        self.segments: list[Segment] = []
+        self.groups: list[Group] = []
+        self.slots: torch.Tensor | None = None   # [R] int64 on the store's device
         self.layers = range(self.spec.num_layers)
         self._conv_done: set[int] = set()
         self._recur_done: set[int] = set()
         self.windows_done = 0
-        # host counters: what the strategy cost (rows recomputed at commit, bytes copied)
+        # host counters: what the strategy cost (rows recomputed at commit, bytes copied, peak kept)
         self.stats = {"rows_recomputed": 0, "bytes_copied": 0, "bytes_kept_peak": 0}
 
     # -- what it keeps ------------------------------------------------------------------------
@@ -110,31 +135,33 @@ class StatePolicy:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, window: Window, slots, layers: range | None = None) -> None:
-        """Open a window. slots: `[R]` state slot of each request (list or tensor); layers: the
-        linear-attention layers it advances (default all)."""
+        """Open a window. slots: `[R]` state slot of each request: a device tensor (what a captured
+        step passes: no copy, checked on the host only under `validate` outside a capture) or a list.
+        layers: the linear-attention layers it advances (default all)."""
         if self.window is not None:
             raise StateWindowError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
             raise TypeError(f"window: expected nwor_lab.window.Window, got {type(window).__name__}")
-        slots = [int(s) for s in (slots.tolist() if torch.is_tensor(slots) else slots)]
-        if len(slots) != window.num_reqs:
-            raise ValueError(f"slots: {len(slots)} entries for a window of {window.num_reqs} requests; "
-                             f"give each request's state slot")
-        if len(set(slots)) != len(slots) or any(not 0 <= s < self.store.num_slots for s in slots):
-            raise ValueError(f"slots={slots}: each must be a distinct slot in 0..{self.store.num_slots - 1}")
+        dev = self.store.device
+        host = None if torch.is_tensor(slots) else [int(s) for s in slots]
+        slots = torch.tensor(host, dtype=torch.long, device=dev) if host is not None else slots.to(dev).long()
+        if slots.shape != (window.num_reqs,):
+            raise ValueError(f"slots: {tuple(slots.shape)} for a window of {window.num_reqs} requests; give each "
+                             f"request's state slot, [R]")
+        if host is None and self.validate and not capturing():
+            host = slots.tolist()
+        if host is not None and (len(set(host)) != len(host) or any(not 0 <= s < self.store.num_slots for s in host)):
+            raise ValueError(f"slots={host}: each must be a distinct slot in 0..{self.store.num_slots - 1}")
         k = window.max_spec_len
-        if k + 1 > self.store.rows_per_slot and self.rows_per_slot(k) > 1:
-            raise ValueError(f"window: {k} drafts need {k + 1} rows per slot under '{self.name}', the store "
-                             f"has {self.store.rows_per_slot}; build it with make_state_store(..., k={k})")
+        if self.rows_per_slot(k) > self.store.rows_per_slot:
+            raise ValueError(f"window: {k} drafts need {self.rows_per_slot(k)} rows per slot under '{self.name}', "
+                             f"the store has {self.store.rows_per_slot}; build it with make_state_store(..., k={k})")
         layers = self.layers if layers is None else layers
         if not isinstance(layers, range) or not layers or layers.start < 0 or layers.stop > self.spec.num_layers:
             raise ValueError(f"layers={layers!r}: a non-empty range within the {self.spec.num_layers} "
                              f"linear-attention layers")
-        self.window, self.layers = window, layers
-        start, self.segments = 0, []
-        for rows, drafts, slot in zip(window.num_scheduled_tokens, window.num_draft_tokens, slots):
-            self.segments.append(Segment(start, rows, drafts, slot))
-            start += rows
+        self.window, self.layers, self.slots = window, layers, slots
+        self.groups = groups_of(window)
         self._conv_done, self._recur_done = set(), set()
         self._begin()
 
@@ -143,10 +170,11 @@ class StatePolicy:
         (before the activation), each request's rows continuing from its conv state."""
         self._check_layer("conv", layer, self._conv_done, x, (self.spec.conv_dim,))
         y = torch.empty_like(x)
-        for r, seg in enumerate(self.segments):
-            rows = slice(seg.start, seg.start + seg.rows)
-            y[rows], history = causal_conv_reference(x[rows], weight, self._conv_in(layer, r).clone())
-            self._conv_out(layer, r, history)
+        for grp in self.groups:
+            xs = x[grp.window_rows].reshape(grp.count, grp.rows, -1)
+            yg, history = causal_conv_reference(xs, weight, self._conv_in(layer, grp))
+            y[grp.window_rows] = yg.reshape(-1, yg.shape[-1])
+            self._conv_out(layer, grp, history)
         return y
 
     def recur(self, layer: int, q, k, v, g, beta, scale: float | None = None) -> torch.Tensor:
@@ -155,12 +183,11 @@ class StatePolicy:
         s = self.spec
         self._check_layer("recur", layer, self._recur_done, q, (s.num_heads, s.head_k_dim))
         o = torch.empty(q.shape[0], s.num_heads, s.head_v_dim, device=q.device)
-        for r, seg in enumerate(self.segments):
-            rows = slice(seg.start, seg.start + seg.rows)
-            inputs = tuple(t[rows] for t in (q, k, v, g, beta))
-            o[rows], kept = gated_delta_rule(*inputs, self._state_in(layer, r).clone(), scale,
-                                             keep_from=seg.first_candidate, backend=self.backend)
-            self._state_out(layer, r, kept, inputs, scale)
+        for grp in self.groups:
+            inputs = tuple(t[grp.window_rows].reshape(grp.count, grp.rows, *t.shape[1:]) for t in (q, k, v, g, beta))
+            og, kept = self._run(self._state_in(layer, grp), inputs, scale, keep_from=grp.first_candidate)
+            o[grp.window_rows] = og.reshape(-1, *og.shape[2:])
+            self._state_out(layer, grp, kept, inputs, scale)
         return o
 
     def commit(self, acceptance: Acceptance | None = None) -> None:
@@ -177,77 +204,95 @@ class StatePolicy:
 
     def cancel(self) -> None:
         """Abandon the window: the store ends as `off` would have left it (every row advanced)."""
-        self._need_window("cancel")
-        self._cancel()
+        w = self._need_window("cancel")
+        self._cancel(torch.tensor(w.num_draft_tokens, dtype=torch.long, device=self.store.device))
         self._finish()
 
     def committed(self, slot: int):
-        """(recurrent `[L, H, K, V]`, conv `[L, W-1, C]`) committed for the slot."""
+        """(recurrent `[L, H, K, V]`, conv `[L, W-1, C]`) committed for the slot (host read)."""
         return self.store.committed(slot)
 
     # -- the strategies' hooks ----------------------------------------------------------------
     def _begin(self) -> None: ...
-    def _state_in(self, layer: int, r: int) -> torch.Tensor:
-        return self._committed_row(self.store.recurrent, layer, r)
 
-    def _conv_in(self, layer: int, r: int) -> torch.Tensor:
-        return self._committed_row(self.store.conv, layer, r)
-
-    def _state_out(self, layer: int, r: int, kept: torch.Tensor, inputs: tuple, scale) -> None:
-        """kept `[d+1, H, K, V]`: the states after the request's candidate rows s-d-1 .. s-1."""
+    def _state_out(self, layer: int, grp: Group, kept: torch.Tensor, inputs: tuple, scale) -> None:
+        """kept `[G, d+1, H, K, V]`: the states after the candidate rows s-d-1 .. s-1; inputs: the
+        group's q, k, v, g, beta `[G, s, ...]`."""
         raise NotImplementedError
 
-    def _conv_out(self, layer: int, r: int, history: torch.Tensor) -> None:
-        """history `[W-1+s, C]`: the conv state before the rows, then the rows' inputs."""
+    def _conv_out(self, layer: int, grp: Group, history: torch.Tensor) -> None:
+        """history `[G, W-1+s, C]`: the conv state before the rows, then the rows' inputs."""
         raise NotImplementedError
 
     def _commit(self, accepted: torch.Tensor) -> None:
         """accepted: `[R]` int64 on the store's device."""
-    def _cancel(self) -> None: ...
+
+    def _cancel(self, drafts: torch.Tensor) -> None:
+        """drafts: `[R]` int64, each request's draft count (cancel commits every row, as off)."""
+        self._commit(drafts)
 
     # -- helpers for the strategies -------------------------------------------------------------
-    def _committed_row(self, table: torch.Tensor, layer: int, r: int) -> torch.Tensor:
-        """The request's committed row of `table` (store.recurrent or store.conv), found on the
-        device: a view when the slot has one row, an index_select (a copy) of `current` otherwise."""
-        slot = self.segments[r].slot
-        if self.store.rows_per_slot == 1:
-            return table[layer, slot, 0]
-        return table[layer, slot].index_select(0, self.store.current[slot:slot + 1])[0]
+    def _run(self, state: torch.Tensor, inputs: tuple, scale, keep_from: int):
+        """The recurrence of a group: state `[G, H, K, V]`, inputs `[G, s, ...]` -> (o `[G, s, H, V]`,
+        kept `[G, s-keep_from, H, K, V]`); the G requests folded into the heads."""
+        G, S, H = inputs[0].shape[:3]
+        fold = lambda t: t.transpose(0, 1).reshape(S, G * H, *t.shape[3:])         # noqa: E731
+        o, kept = gated_delta_rule(*(fold(t) for t in inputs), state.reshape(G * H, *state.shape[2:]), scale,
+                                   keep_from=keep_from, backend=self.backend)
+        o = o.view(S, G, H, -1).transpose(0, 1)
+        return o, kept.view(kept.shape[0], G, H, *kept.shape[2:]).transpose(0, 1)
 
-    def _write_live(self, layer: int, r: int, state: torch.Tensor | None = None, conv: torch.Tensor | None = None):
-        """Overwrite the request's committed row (recurrent and / or conv state)."""
-        slot = self.segments[r].slot
+    def _rows_of(self, table: torch.Tensor, layer: int, grp: Group) -> torch.Tensor:
+        """The group's committed rows of `table` (store.recurrent or store.conv), `[G, ...]`, a copy,
+        found on the device (the slots and, with several rows per slot, `current`)."""
+        slots = self.slots[grp.reqs]
+        if self.store.rows_per_slot == 1:
+            return table[layer, :, 0].index_select(0, slots)
+        return table[layer][slots, self.store.current[slots]]
+
+    def _state_in(self, layer: int, grp: Group) -> torch.Tensor:
+        return self._rows_of(self.store.recurrent, layer, grp)
+
+    def _conv_in(self, layer: int, grp: Group) -> torch.Tensor:
+        return self._rows_of(self.store.conv, layer, grp)
+
+    def _write_live(self, layer: int, grp: Group, state: torch.Tensor | None = None,
+                    conv: torch.Tensor | None = None) -> None:
+        """Overwrite the group's committed rows: state `[G, H, K, V]`, conv `[G, W-1, C]`."""
+        slots = self.slots[grp.reqs]
         for table, value in ((self.store.recurrent, state), (self.store.conv, conv)):
             if value is None:
                 continue
+            value = value.to(table.dtype)
             if self.store.rows_per_slot == 1:
-                table[layer, slot, 0].copy_(value)
+                table[layer, :, 0].index_copy_(0, slots, value)
             else:
-                table[layer, slot].index_copy_(0, self.store.current[slot:slot + 1], value[None].to(table.dtype))
+                table[layer].index_put_((slots, self.store.current[slots]), value)
             self.stats["bytes_copied"] += value.nbytes
 
-    def _conv_after(self, history: torch.Tensor, end_row) -> torch.Tensor:
-        """The conv state after local row `end_row` (an int, or a 0-dim / [1] device tensor):
-        history[end_row+1 : end_row+W] `[W-1, C]`."""
+    def _conv_after(self, history: torch.Tensor, end_rows) -> torch.Tensor:
+        """The conv state after local row e of each request: history `[G, W-1+s, C]`, end_rows an int
+        or `[G]` device tensor -> `history[g, e+1 : e+W]` `[G, W-1, C]`."""
         W = self.spec.conv_width
-        if isinstance(end_row, int):
-            return history[end_row + 1: end_row + W]
-        idx = end_row.reshape(1) + 1 + torch.arange(W - 1, device=history.device)
-        return history.index_select(0, idx)
+        if isinstance(end_rows, int):
+            return history[:, end_rows + 1: end_rows + W]
+        idx = end_rows[:, None] + 1 + torch.arange(W - 1, device=history.device)
+        return torch.gather(history, 1, idx[:, :, None].expand(-1, -1, history.shape[-1]))
 
-    def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_row, scale):
-        """The state and conv state after local row `end_row` (an int, or a device tensor), recomputed
-        from `state` / `conv` over the kept inputs `[s, ...]` and conv inputs x `[s, C]` (cow after a
-        restore; replay). Rows after `end_row` run with g = 0 and beta = 0: the state passes them
-        unchanged, bit for bit, so one fixed-shape run serves every acceptance (no host sync)."""
+    def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_rows: torch.Tensor, scale):
+        """The state `[G, H, K, V]` and conv state `[G, W-1, C]` after local row end_rows[g] (`[G]`,
+        device), recomputed from `state` / `conv` over the kept inputs `[G, s, ...]` and conv inputs
+        x `[G, s, C]` (cow after a restore; replay). Rows after end_rows run with g = 0 and beta = 0:
+        the state passes them unchanged, bit for bit, so one fixed-shape run serves every acceptance
+        (no host sync)."""
         q, k, v, g, beta = inputs
-        s = q.shape[0]
-        keep = torch.arange(s, device=q.device) <= end_row
-        g = torch.where(keep[:, None], g, torch.zeros((), dtype=g.dtype, device=g.device))
-        beta = torch.where(keep[:, None], beta, torch.zeros((), dtype=beta.dtype, device=beta.device))
-        _, kept = gated_delta_rule(q, k, v, g, beta, state.clone(), scale, backend=self.backend)
-        self.stats["rows_recomputed"] += s
-        return kept[-1], self._conv_after(torch.cat([conv.to(x.dtype), x]), end_row)
+        s = q.shape[1]
+        keep = (torch.arange(s, device=q.device)[None] <= end_rows[:, None])[:, :, None]      # [G, s, 1]
+        zero = torch.zeros((), dtype=g.dtype, device=g.device)
+        g, beta = torch.where(keep, g, zero), torch.where(keep, beta, zero.to(beta.dtype))
+        _, kept = self._run(state, (q, k, v, g, beta), scale, keep_from=s - 1)
+        self.stats["rows_recomputed"] += q.shape[0] * s
+        return kept[:, -1], self._conv_after(torch.cat([conv.to(x.dtype), x], 1), end_rows)
 
     def _note_kept(self, nbytes: int) -> None:
         self.stats["bytes_kept_peak"] = max(self.stats["bytes_kept_peak"], nbytes)
@@ -292,6 +337,6 @@ class StatePolicy:
         return acc.to(device=dev, dtype=torch.long)
 
     def _finish(self) -> None:
-        self.window, self.segments = None, []
+        self.window, self.groups, self.slots = None, [], None
         self._conv_done, self._recur_done = set(), set()
         self.windows_done += 1

@@ -16,26 +16,22 @@ class SnapshotsState(StatePolicy):
     def rows_per_slot(cls, k: int) -> int:
         return k + 1
 
-    def _state_out(self, layer, r, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, scale):
         # row j holds the state after candidate j (t_last, d_1, ...); the committed row was read
-        # (cloned) before these writes, so overwriting it is safe, as in vLLM's kernel
-        slot = self.segments[r].slot
-        self.store.recurrent[layer, slot, :kept.shape[0]].copy_(kept)
+        # (gathered into a copy) before these writes, so overwriting it is safe, as in vLLM's kernel
+        n = kept.shape[1]
+        self.store.recurrent[layer, :, :n].index_copy_(0, self.slots[grp.reqs], kept)
         self.stats["bytes_copied"] += kept.nbytes
 
-    def _conv_out(self, layer, r, history):
-        seg = self.segments[r]
-        for j in range(seg.drafts + 1):
-            self.store.conv[layer, seg.slot, j].copy_(self._conv_after(history, seg.first_candidate + j))
-        self.stats["bytes_copied"] += (seg.drafts + 1) * self.spec.conv_bytes_layer
+    def _conv_out(self, layer, grp, history):
+        W, n = self.spec.conv_width, grp.drafts + 1
+        # candidate j's conv state: history[first_candidate + 1 + j : ... + W - 1]
+        idx = grp.first_candidate + 1 + torch.arange(n, device=history.device)[:, None] \
+            + torch.arange(W - 1, device=history.device)
+        snaps = history[:, idx]                                             # [G, d+1, W-1, C]
+        self.store.conv[layer, :, :n].index_copy_(0, self.slots[grp.reqs], snaps.to(self.store.conv.dtype))
+        self.stats["bytes_copied"] += snaps.nbytes
 
     def _commit(self, accepted):
         # the accepted position's row becomes the committed one: no state moves
-        self.store.current.index_copy_(0, self._slots(), accepted)
-
-    def _cancel(self):
-        drafts = torch.tensor([seg.drafts for seg in self.segments], device=self.store.device)
-        self.store.current.index_copy_(0, self._slots(), drafts)
-
-    def _slots(self):
-        return torch.tensor([seg.slot for seg in self.segments], device=self.store.device)
+        self.store.current.index_copy_(0, self.slots, accepted)

@@ -1,7 +1,7 @@
 """`stage`: the states after t_last, d_1 .. d_k are transient (one buffer per window, as SGLang's
 `intermediate_states_buffer`); commit writes only the accepted position's state, and the conv state
 it keeps is a slice of the window's conv history. The store only ever receives accepted state
-(NWOR), holds one row per request, and commit is one copy per layer and request."""
+(NWOR), holds one row per request, and commit is one gather and one copy per layer and group."""
 from __future__ import annotations
 
 import torch
@@ -20,27 +20,19 @@ class StageState(StatePolicy):
     def _begin(self):
         self._states, self._histories = {}, {}
 
-    def _state_out(self, layer, r, kept, inputs, scale):
-        self._states[layer, r] = kept
+    def _state_out(self, layer, grp, kept, inputs, scale):
+        self._states[layer, grp] = kept
 
-    def _conv_out(self, layer, r, history):
-        seg = self.segments[r]
-        # what any candidate's conv state can need: W-1 rows before t_last's, to the end
-        self._histories[layer, r] = history[seg.first_candidate + 1:]
-
-    def _pick(self, accepted):
-        """accepted `[R]` (device): candidate a of each request commits (a = its accepted drafts)."""
-        kept = sum(t.nbytes for t in (*self._states.values(), *self._histories.values()))
-        self._note_kept(kept)
-        for (layer, r), states in self._states.items():
-            j = accepted[r:r + 1]
-            # history starts at t_last's row + 1, so candidate j's conv state begins at row j
-            self._write_live(layer, r, state=states.index_select(0, j)[0],
-                             conv=self._conv_after(self._histories[layer, r], j - 1))
-        self._states, self._histories = {}, {}
+    def _conv_out(self, layer, grp, history):
+        # what any candidate's conv state can need: from the row after t_last's first input on
+        self._histories[layer, grp] = history[:, grp.first_candidate + 1:]
 
     def _commit(self, accepted):
-        self._pick(accepted)
-
-    def _cancel(self):
-        self._pick(torch.tensor([seg.drafts for seg in self.segments], device=self.store.device))
+        """accepted `[R]` (device): candidate a of each request commits (a = its accepted drafts)."""
+        self._note_kept(sum(t.nbytes for t in (*self._states.values(), *self._histories.values())))
+        for (layer, grp), states in self._states.items():
+            a = accepted[grp.reqs]
+            picked = states[torch.arange(grp.count, device=a.device), a]             # [G, H, K, V]
+            # the kept history starts one row after t_last's conv state begins: candidate a's is at a
+            self._write_live(layer, grp, state=picked, conv=self._conv_after(self._histories[layer, grp], a - 1))
+        self._states, self._histories = {}, {}
