@@ -104,6 +104,9 @@ def test_hf_qwen3_next_gated_deltanet_matches():
         linear_value_head_dim=cfg.linear_value_head_dim, linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
         rms_norm_eps=cfg.rms_norm_eps, hidden_act="silu")
     hf = qn.Qwen3NextGatedDeltaNet(hf_cfg, layer_idx=0)
+    # its torch paths on CPU tensors even where fla / causal-conv1d are installed (their kernels are CUDA)
+    hf.chunk_gated_delta_rule, hf.causal_conv1d_fn = qn.torch_chunk_gated_delta_rule, None
+    hf.norm = qn.Qwen3NextRMSNormGated(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
     lab = model.model.layers[0].linear_attn
     missing, unexpected = hf.load_state_dict(lab.state_dict(), strict=False)
     assert not missing and not unexpected
