@@ -90,29 +90,62 @@ def test_store_after_each_window_equals_target_only_decoding():
         assert all(seen) if STATE_POLICIES[mode].commits_accepted_only else not all(seen), mode
 
 
-def test_hf_qwen3_next_gated_deltanet_matches():
-    """transformers' Qwen3NextGatedDeltaNet with the lab layer's weights gives the same output (its
-    torch fallback: chunked prefill from zeros), where transformers has it."""
+def hf_layer(model):
+    """transformers' Qwen3NextGatedDeltaNet holding the toy hybrid's layer-0 weights (skip without it)."""
     transformers = pytest.importorskip("transformers")
     qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
-    model = toy_hybrid(4)
     cfg = model.config
     hf_cfg = transformers.Qwen3NextConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=1, num_attention_heads=4,
         num_key_value_heads=2, linear_num_key_heads=cfg.linear_num_key_heads,
         linear_num_value_heads=cfg.linear_num_value_heads, linear_key_head_dim=cfg.linear_key_head_dim,
         linear_value_head_dim=cfg.linear_value_head_dim, linear_conv_kernel_dim=cfg.linear_conv_kernel_dim,
-        rms_norm_eps=cfg.rms_norm_eps, hidden_act="silu")
+        rms_norm_eps=cfg.rms_norm_eps, hidden_act="silu", layer_types=["linear_attention"])
     hf = qn.Qwen3NextGatedDeltaNet(hf_cfg, layer_idx=0)
     # its torch paths on CPU tensors even where fla / causal-conv1d are installed (their kernels are CUDA)
     hf.chunk_gated_delta_rule, hf.causal_conv1d_fn = qn.torch_chunk_gated_delta_rule, None
     hf.norm = qn.Qwen3NextRMSNormGated(cfg.linear_value_head_dim, eps=cfg.rms_norm_eps)
-    lab = model.model.layers[0].linear_attn
-    missing, unexpected = hf.load_state_dict(lab.state_dict(), strict=False)
+    missing, unexpected = hf.load_state_dict(model.model.layers[0].linear_attn.state_dict(), strict=False)
     assert not missing and not unexpected
-    x = torch.randn(2, 9, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    return transformers, hf_cfg, hf
+
+
+def test_hf_qwen3_next_decode_state_matches_the_store():
+    """Prefill then one-token decodes through transformers' layer and its cache, and through the
+    lab's layer and a state store: same outputs, same recurrent state, and the same conv inputs (HF
+    keeps the last W, the lab the last W - 1)."""
+    model = toy_hybrid(6)
+    transformers, hf_cfg, hf = hf_layer(model)
+    from nwor_lab.config import LabConfig
+    from nwor_lab.state import make_state_policy, make_state_store
+    from nwor_lab.window import Window
+    lab = model.model.layers[0].linear_attn
+    config = LabConfig(state_mode="stage")
+    store = make_state_store(config, model.state_spec(), 1, k=0)
+    states = make_state_policy(config, store)
+    cache = transformers.DynamicCache(config=hf_cfg)
+    x = torch.randn(1, 8, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    W = model.config.linear_conv_kernel_dim
     with torch.no_grad():
-        torch.testing.assert_close(hf(x), lab.forward_dense(x), atol=1e-5, rtol=1e-4)
+        for a, b in ((0, 5), (5, 6), (6, 7), (7, 8)):
+            want = hf(x[:, a:b], cache=cache)
+            states.begin(Window.from_counts([b - a], [0], torch.arange(b - a)), [0], layers=range(1))
+            got = lab(x[0, a:b], states, 0)
+            states.commit()
+            torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-4)
+            recurrent, conv = store.committed(0, 0)
+            torch.testing.assert_close(recurrent, cache.layers[0].recurrent_states[0][0], atol=1e-5, rtol=1e-4)
+            assert torch.equal(conv, cache.layers[0].conv_states[0][0, :, -(W - 1):].t())
+
+
+def test_hf_qwen3_next_gated_deltanet_matches():
+    """transformers' Qwen3NextGatedDeltaNet with the lab layer's weights gives the same output (its
+    torch fallback: chunked prefill from zeros), where transformers has it."""
+    model = toy_hybrid(4)
+    _, _, hf = hf_layer(model)
+    x = torch.randn(2, 9, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x), model.model.layers[0].linear_attn.forward_dense(x), atol=1e-5, rtol=1e-4)
 
 
 def test_checkpoint_round_trip(tmp_path):
