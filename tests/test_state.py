@@ -106,7 +106,7 @@ def test_kept_bytes_are_what_the_strategy_declares():
         policy = make_state_policy(config, make_state_store(config, SPEC, 1, K))
         run_window(policy, [K + 1], [K], [0], [1], seed=9)
         declared = policy.transient_bytes_per_request(K, SPEC)
-        assert 0 < policy.stats["bytes_kept_peak"] <= declared, mode
+        assert declared // 2 < policy.stats["bytes_kept_peak"] <= declared, mode
 
 
 def test_auto_follows_nwor_mode():
@@ -196,3 +196,18 @@ def test_masked_rows_leave_the_state_bit_for_bit():
     _, masked = gated_delta_recurrent_reference(c["q"], c["k"], c["v"], g, beta, c["state"])
     _, prefix = gated_delta_recurrent_reference(*(c[n][:3] for n in NAMES), c["state"])
     assert torch.equal(masked[-1], prefix[-1])
+
+
+def test_state_window_bench_rows():
+    """`python -m nwor_lab.bench.state_window` at the tiny shape: one row per strategy and batch, the
+    window's real peak within each strategy's declaration (timings are printed, never asserted)."""
+    from nwor_lab.bench.state_window import main
+    doc = main(["--shape", "tiny", "--batch", "2", "--k", str(K), "--reps", "1", "--json", "--device", "cpu"])
+    assert doc["backend"] == "torch" and doc["device"] == "cpu"
+    rows = {r["strategy"]: r for r in doc["rows"]}
+    assert set(rows) == set(STATE_POLICIES)
+    for name, r in rows.items():
+        assert r["bytes_kept_peak_per_request"] <= r["state_bytes_window"] - r["state_bytes_steady"], name
+        assert r["window_ms"] >= r["commit_ms"] >= 0
+    assert rows["replay"]["rows_recomputed_per_window"] == 3 * 2 * (K + 1)   # layers x requests x (k+1)
+    assert rows["stage"]["rows_recomputed_per_window"] == rows["snapshots"]["rows_recomputed_per_window"] == 0

@@ -26,7 +26,6 @@ class CowState(StatePolicy):
             if grp.drafts:
                 for layer in self.layers:
                     self._saved[layer, grp] = [self._state_in(layer, grp), self._conv_in(layer, grp), None, None]
-        self._note_kept(sum(s.nbytes + c.nbytes for s, c, _, _ in self._saved.values()))
 
     def _state_out(self, layer, grp, kept, inputs, scale):
         self._write_live(layer, grp, state=kept[:, -1])
@@ -42,6 +41,8 @@ class CowState(StatePolicy):
         # Eagerly, a group whose drafts were all accepted keeps its live state (llama.cpp's win: no
         # restore); while capturing a CUDA graph the acceptance is not known on the host, so every
         # group restores and re-advances (masked: bit-identical to the live state when all passed).
+        self._note_kept(sum(t.nbytes for state, conv, (inputs, _), x in self._saved.values()
+                            for t in (state, conv, *inputs, x)))
         for (layer, grp), (state, conv, (inputs, scale), x) in self._saved.items():
             a = accepted[grp.reqs]
             if not capturing() and bool((a == grp.drafts).all()):
