@@ -43,7 +43,8 @@ class HandDecoder:
         self.kv.begin(window)
         self.states.begin(window, list(range(len(rows))))
         md = AttentionMetadata.build(self.cache, self.kv, pos, qlens, self.tables, self.lens, attention="torch")
-        hidden = self.model(torch.tensor(ids), md, states=self.states)
+        md.states = self.states          # beside the K/V writer: the model calls stay those of a Llama
+        hidden = self.model(torch.tensor(ids), md)
         return window, self.model.compute_logits(hidden)
 
     def commit(self, window, accepted: list[int]) -> None:

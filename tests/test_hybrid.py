@@ -27,6 +27,8 @@ def test_config_layout():
                      num_attention_heads=2, layer_types=["linear_attention"])
     model = toy_hybrid()
     assert model.num_layers == 1 and model.num_state_layers == 3
+    with pytest.raises(ValueError, match="states"):          # a hybrid without its state policy
+        model.model.layers[0].linear_attn(torch.zeros(2, model.config.hidden_size), None, 0)
     names = {n for n, _ in model.named_parameters()}
     assert "model.layers.0.linear_attn.in_proj_qkvz.weight" in names
     assert "model.layers.3.self_attn.q_proj.weight" in names

@@ -98,7 +98,8 @@ class HybridDecoderLayer(nn.Module):
 
 class HybridForCausalLM(LlamaForCausalLM):
     """Target model; as `LlamaForCausalLM`, with `states` (a StatePolicy whose window is open, the
-    same window as the K/V policy's) passed to `forward` / `forward_with_aux`."""
+    same window as the K/V policy's) passed to `forward` / `forward_with_aux`, or carried in
+    `AttentionMetadata.states` (so a step body calls every target alike)."""
 
     def __init__(self, cfg: HybridConfig):
         if not isinstance(cfg, HybridConfig):
@@ -135,6 +136,8 @@ class HybridForCausalLM(LlamaForCausalLM):
         return self.forward_with_aux(input_ids, md, states=states)[0]
 
     def forward_with_aux(self, input_ids: torch.Tensor, md: AttentionMetadata, aux_layers=(), states=None):
+        """As LlamaForCausalLM's; `states` (default `md.states`): the state policy with the window open."""
+        states = md.states if states is None else states
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary.cos_sin(md.positions, x.dtype)
         aux = {}
