@@ -116,7 +116,9 @@ class GatedDeltaNet(nn.Module):
         # every (sequence, head) pair is its own recurrence: fold the batch into the heads
         B, H = x.shape[0], self.num_v_heads
         fold = lambda t: t.transpose(0, 1).reshape(S, B * H, *t.shape[3:])       # noqa: E731
-        o = gated_delta_rule(fold(q), fold(k), fold(v), fold(g), fold(beta), backend="torch")[0]
+        # the recurrence in float32 even under training's bf16 autocast (its matmuls would drop to bf16)
+        with torch.autocast(x.device.type, enabled=False):
+            o = gated_delta_rule(fold(q), fold(k), fold(v), fold(g), fold(beta), backend="torch")[0]
         return self.output(o.view(S, B, H, -1).transpose(0, 1).to(x.dtype), z)
 
     @torch.no_grad()
