@@ -19,7 +19,8 @@ def fla():
     assert fla_available("cuda")
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-2)])
+# fla's chunk kernels multiply with tl.dot's default precision (tf32 for float32 inputs): ~1e-3
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("T,keep", [(1, None), (4, 0), (17, 12), (200, None)])
 def test_gpu_fla_matches_the_reference(dtype, tol, T, keep):
     c = gated_delta_inputs(T, num_heads=4, head_k_dim=64, head_v_dim=64, seed=T, dtype=dtype, device="cuda")
