@@ -211,3 +211,45 @@ def test_state_window_bench_rows():
         assert r["window_ms"] >= r["commit_ms"] >= 0
     assert rows["replay"]["rows_recomputed_per_window"] == 3 * 2 * (K + 1)   # layers x requests x (k+1)
     assert rows["stage"]["rows_recomputed_per_window"] == rows["snapshots"]["rows_recomputed_per_window"] == 0
+
+
+def run_window_device_layout(policy, rows, drafts, slots, accepted, seed, scratch):
+    """run_window through the device layout a captured step keeps: the same requests, then two
+    padding rows in no request's range and a padding request with no rows (at the scratch slot)."""
+    pad_rows = 2
+    window = Window.from_counts(rows + [pad_rows], drafts + [0], torch.arange(sum(rows) + pad_rows))
+    qsl = torch.tensor([0] + rows).cumsum(0)
+    qsl = torch.cat([qsl, qsl[-1:]])                               # the padding request: no rows
+    policy.begin(window, torch.tensor(slots + [scratch]), query_start_loc=qsl,
+                 num_drafts=torch.tensor(drafts + [0]), max_query_len=max(rows))
+    for layer in range(SPEC.num_layers):
+        c = gated_delta_inputs(sum(rows), SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
+                               SPEC.conv_width, seed=seed * 10 + layer)
+        junk = gated_delta_inputs(pad_rows, SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
+                                  SPEC.conv_width, seed=999)
+        cat = {n: torch.cat([c[n], junk[n]]) for n in ("x",) + NAMES}
+        y = policy.conv(layer, cat["x"], c["weight"])
+        o = policy.recur(layer, *(cat[n] for n in NAMES))
+        assert y.shape[0] == o.shape[0] == sum(rows) + pad_rows
+    policy.commit(Acceptance.from_accepted_len(window, accepted + [0]))
+
+
+@pytest.mark.parametrize("mode", sorted(STATE_POLICIES))
+def test_device_layout_equals_the_host_groups(mode):
+    """Rows per request as device data (query_start_loc, num_drafts, a bound Q), with padding rows
+    and a padding request: the store ends bit-identical to the host-grouped run, and the scratch
+    slot of the padding request is left as it was."""
+    stores = []
+    for device_layout in (False, True):
+        config = LabConfig(state_mode=mode)
+        policy = make_state_policy(config, make_state_store(config, SPEC, 4, K))
+        scratch_before = [t.clone() for t in policy.store.committed(3)]
+        for i, (rows, drafts, slots, accepted) in enumerate(WINDOWS):
+            if device_layout and max(rows) <= 16:
+                run_window_device_layout(policy, rows, drafts, slots, accepted, seed=i, scratch=3)
+            else:
+                run_window(policy, rows, drafts, slots, accepted, seed=i)
+        stores.append([t.clone() for s in range(3) for t in policy.store.committed(s)])
+        if device_layout:
+            assert all(torch.equal(a, b) for a, b in zip(scratch_before, policy.store.committed(3)))
+    assert all(torch.equal(a, b) for a, b in zip(*stores)), mode

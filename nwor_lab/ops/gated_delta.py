@@ -32,7 +32,6 @@ after row t is `history[t+1 : t+W]`, a slice, so no per-row conv state is ever c
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 RECURRENT_MAX_ROWS = 16     # runs up to this many rows use the token-by-token form
 CHUNK_SIZE = 64

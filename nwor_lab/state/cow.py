@@ -23,18 +23,18 @@ class CowState(StatePolicy):
         # the checkpoint: each speculative group's committed rows, in every opened layer
         self._saved = {}
         for grp in self.groups:
-            if grp.drafts:
+            if grp.speculative:
                 for layer in self.layers:
                     self._saved[layer, grp] = [self._state_in(layer, grp), self._conv_in(layer, grp), None, None]
 
     def _state_out(self, layer, grp, kept, inputs, scale):
         self._write_live(layer, grp, state=kept[:, -1])
-        if grp.drafts:
+        if grp.speculative:
             self._saved[layer, grp][2] = (inputs, scale)
 
     def _conv_out(self, layer, grp, history):
-        self._write_live(layer, grp, conv=history[:, -(self.spec.conv_width - 1):])
-        if grp.drafts:
+        self._write_live(layer, grp, conv=self._conv_after(history, grp.last_row))
+        if grp.speculative:
             self._saved[layer, grp][3] = history[:, self.spec.conv_width - 1:]
 
     def _commit(self, accepted):

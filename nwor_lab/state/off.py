@@ -14,7 +14,7 @@ class OffState(StatePolicy):
         self._write_live(layer, grp, state=kept[:, -1])
 
     def _conv_out(self, layer, grp, history):
-        self._write_live(layer, grp, conv=history[:, -(self.spec.conv_width - 1):])
+        self._write_live(layer, grp, conv=self._conv_after(history, grp.last_row))
 
     def _cancel(self, drafts):
         """Nothing to do: the live state already holds every row."""

@@ -43,7 +43,7 @@ from typing import ClassVar
 import torch
 
 from nwor_lab._checks import capturing
-from nwor_lab.ops.gated_delta import causal_conv_reference, gated_delta_rule
+from nwor_lab.ops.gated_delta import RECURRENT_MAX_ROWS, causal_conv_reference, gated_delta_rule
 from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
 from nwor_lab.window import Acceptance, Window
 
@@ -52,16 +52,26 @@ class StateWindowError(RuntimeError):
     """A lifecycle call in the wrong order (commit without begin, a layer advanced twice, ...)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Group:
     """Requests `first .. first+count-1`, each with `rows` rows of which the last `drafts` are drafts;
-    their rows are window rows `start .. start + count*rows - 1`, request-major."""
+    their rows are window rows `start .. start + count*rows - 1`, request-major.
+
+    The device layout (`begin(..., query_start_loc=...)`, what a captured step has) is one group of
+    every request: `rows` is the bucket's bound Q, the rows are `index [G, Q]` (a scratch row T where
+    a request has fewer), `valid [G, Q]`, and `drafts`, `cand` (t_last's local row) and `last` are
+    `[G]` device tensors; a padding request has no rows (cand = last = -1: its state passes unchanged)."""
 
     first: int
     count: int
     start: int
     rows: int
-    drafts: int
+    drafts: object                      # int, or [G] tensor (device layout)
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    cand: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    num_candidates: int = 0             # device layout: k + 1
 
     @property
     def reqs(self) -> slice:
@@ -72,9 +82,26 @@ class Group:
         return slice(self.start, self.start + self.count * self.rows)
 
     @property
-    def first_candidate(self) -> int:
-        """Local row of t_last: the state after it commits when no draft is accepted."""
-        return self.rows - self.drafts - 1
+    def first_candidate(self):
+        """Local row of t_last: the state after it commits when no draft is accepted (int, or [G])."""
+        return self.rows - self.drafts - 1 if self.index is None else self.cand
+
+    @property
+    def last_row(self):
+        return self.rows - 1 if self.index is None else self.last
+
+    @property
+    def keep_from(self) -> int:
+        """First local row whose state the recurrence keeps (the device layout keeps all Q)."""
+        return self.first_candidate if self.index is None else 0
+
+    @property
+    def speculative(self) -> bool:
+        """Whether any request of the group may reject (the device layout: assume so)."""
+        return self.index is not None or self.drafts > 0
+
+    def candidates(self) -> int:
+        return self.drafts + 1 if self.index is None else self.num_candidates
 
 
 def groups_of(window: Window) -> list[Group]:
@@ -87,6 +114,29 @@ def groups_of(window: Window) -> list[Group]:
             out.append(Group(r, 1, start, rows, drafts))
         start += rows
     return out
+
+
+def device_group(window: Window, query_start_loc, num_drafts, max_query_len, dev) -> Group:
+    """The device layout as one group (see Group)."""
+    R, T = window.num_reqs, window.num_tokens
+    if num_drafts is None or max_query_len is None:
+        raise ValueError("query_start_loc: give num_drafts [R] and max_query_len with it")
+    if not 1 <= int(max_query_len) <= RECURRENT_MAX_ROWS:
+        raise ValueError(f"max_query_len={max_query_len}: the device layout runs the token-by-token form, "
+                         f"1..{RECURRENT_MAX_ROWS} rows per request; run longer (prefill) windows with the "
+                         f"window's host counts")
+    qsl = query_start_loc.to(dev).long()
+    drafts = num_drafts.to(dev).long()
+    if qsl.shape != (R + 1,) or drafts.shape != (R,):
+        raise ValueError(f"query_start_loc {tuple(qsl.shape)} / num_drafts {tuple(drafts.shape)}: expected "
+                         f"[R+1={R + 1}] and [R={R}]")
+    Q = int(max_query_len)
+    q = qsl[1:] - qsl[:-1]
+    j = torch.arange(Q, device=dev)
+    valid = j[None] < q[:, None]
+    index = torch.where(valid, qsl[:-1, None] + j, T)                  # T: the scratch row
+    return Group(0, R, 0, Q, drafts, index=index, valid=valid, cand=q - drafts - 1, last=q - 1,
+                 num_candidates=window.max_spec_len + 1)
 
 
 class StatePolicy:
@@ -134,10 +184,16 @@ class StatePolicy:
         return 0
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def begin(self, window: Window, slots, layers: range | None = None) -> None:
+    def begin(self, window: Window, slots, layers: range | None = None, *, query_start_loc=None,
+              num_drafts=None, max_query_len: int | None = None) -> None:
         """Open a window. slots: `[R]` state slot of each request: a device tensor (what a captured
         step passes: no copy, checked on the host only under `validate` outside a capture) or a list.
-        layers: the linear-attention layers it advances (default all)."""
+        layers: the linear-attention layers it advances (default all).
+
+        Rows per request come from the window's host counts, or, with `query_start_loc` `[R+1]` and
+        `num_drafts` `[R]` (device tensors) and `max_query_len` Q (a host bound, at most 16), from the
+        device: the layout a captured step keeps as data (padding rows in no request's range,
+        padding requests with none; give those a scratch slot)."""
         if self.window is not None:
             raise StateWindowError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
@@ -161,7 +217,10 @@ class StatePolicy:
             raise ValueError(f"layers={layers!r}: a non-empty range within the {self.spec.num_layers} "
                              f"linear-attention layers")
         self.window, self.layers, self.slots = window, layers, slots
-        self.groups = groups_of(window)
+        if query_start_loc is None:
+            self.groups = groups_of(window)
+        else:
+            self.groups = [device_group(window, query_start_loc, num_drafts, max_query_len, dev)]
         self._conv_done, self._recur_done = set(), set()
         self._begin()
 
@@ -169,26 +228,29 @@ class StatePolicy:
         """The short causal conv of the window's rows: x `[T, C]`, weight `[C, W]` -> `[T, C]`
         (before the activation), each request's rows continuing from its conv state."""
         self._check_layer("conv", layer, self._conv_done, x, (self.spec.conv_dim,))
-        y = torch.empty_like(x)
+        y = self._out_rows(x.shape[1:], x.dtype, x.device)
         for grp in self.groups:
-            xs = x[grp.window_rows].reshape(grp.count, grp.rows, -1)
-            yg, history = causal_conv_reference(xs, weight, self._conv_in(layer, grp))
-            y[grp.window_rows] = yg.reshape(-1, yg.shape[-1])
+            yg, history = causal_conv_reference(self._rows(grp, x), weight, self._conv_in(layer, grp))
+            self._put_rows(grp, y, yg)
             self._conv_out(layer, grp, history)
-        return y
+        return y[:x.shape[0]]
 
     def recur(self, layer: int, q, k, v, g, beta, scale: float | None = None) -> torch.Tensor:
         """The gated delta rule over the window's rows: q, k `[T, H, K]`, v `[T, H, V]`, g, beta
         `[T, H]` -> o `[T, H, V]` float32, each request's rows continuing from its state."""
         s = self.spec
         self._check_layer("recur", layer, self._recur_done, q, (s.num_heads, s.head_k_dim))
-        o = torch.empty(q.shape[0], s.num_heads, s.head_v_dim, device=q.device)
+        o = self._out_rows((s.num_heads, s.head_v_dim), torch.float32, q.device)
         for grp in self.groups:
-            inputs = tuple(t[grp.window_rows].reshape(grp.count, grp.rows, *t.shape[1:]) for t in (q, k, v, g, beta))
-            og, kept = self._run(self._state_in(layer, grp), inputs, scale, keep_from=grp.first_candidate)
-            o[grp.window_rows] = og.reshape(-1, *og.shape[2:])
+            inputs = tuple(self._rows(grp, t) for t in (q, k, v, g, beta))
+            if grp.valid is not None:            # rows a request does not have pass its state unchanged
+                keep = grp.valid[:, :, None]
+                inputs = inputs[:3] + tuple(torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+                                            for t in inputs[3:])
+            og, kept = self._run(self._state_in(layer, grp), inputs, scale, keep_from=grp.keep_from)
+            self._put_rows(grp, o, og)
             self._state_out(layer, grp, kept, inputs, scale)
-        return o
+        return o[:q.shape[0]]
 
     def commit(self, acceptance: Acceptance | None = None) -> None:
         """Keep the state after each request's last committed row. acceptance: the window's
@@ -232,6 +294,40 @@ class StatePolicy:
         self._commit(drafts)
 
     # -- helpers for the strategies -------------------------------------------------------------
+    def _out_rows(self, tail: tuple, dtype, device) -> torch.Tensor:
+        """The pass's output rows `[T, *tail]` (plus a scratch row T in the device layout; zeros:
+        padding rows belong to no request)."""
+        T = self.window.num_tokens
+        if any(grp.index is not None for grp in self.groups):
+            return torch.zeros(T + 1, *tail, dtype=dtype, device=device)
+        return torch.empty(T, *tail, dtype=dtype, device=device)
+
+    def _rows(self, grp: Group, t: torch.Tensor) -> torch.Tensor:
+        """The group's rows of `t` `[T, ...]` as `[G, Q, ...]` (a view for host groups)."""
+        if grp.index is None:
+            return t[grp.window_rows].reshape(grp.count, grp.rows, *t.shape[1:])
+        return t[grp.index.clamp(max=t.shape[0] - 1)]
+
+    def _put_rows(self, grp: Group, out: torch.Tensor, vals: torch.Tensor) -> None:
+        if grp.index is None:
+            out[grp.window_rows] = vals.reshape(-1, *vals.shape[2:])
+        else:
+            out.index_copy_(0, grp.index.reshape(-1), vals.reshape(-1, *vals.shape[2:]).to(out.dtype))
+
+    def _candidate_states(self, grp: Group, kept: torch.Tensor, offset=0) -> torch.Tensor:
+        """kept `[G, n, ...]` (the recurrence's states from `grp.keep_from` on) -> the states after
+        candidate j = 0 .. candidates-1 `[G, candidates, ...]`; `offset` (an int or [G]) picks
+        one candidate per request instead -> `[G, ...]`."""
+        if grp.index is None and isinstance(offset, int) and offset == 0:
+            return kept
+        G, n = kept.shape[:2]
+        base = grp.first_candidate - grp.keep_from
+        if isinstance(offset, int) and offset == 0:
+            idx = torch.as_tensor(base, device=kept.device).reshape(-1, 1) + torch.arange(grp.candidates(), device=kept.device)
+            return kept[torch.arange(G, device=kept.device)[:, None], idx.expand(G, -1).clamp(0, n - 1)]
+        idx = (base + offset).clamp(0, n - 1)
+        return kept[torch.arange(G, device=kept.device), idx]
+
     def _run(self, state: torch.Tensor, inputs: tuple, scale, keep_from: int):
         """The recurrence of a group: state `[G, H, K, V]`, inputs `[G, s, ...]` -> (o `[G, s, H, V]`,
         kept `[G, s-keep_from, H, K, V]`); the G requests folded into the heads."""
@@ -276,7 +372,7 @@ class StatePolicy:
         W = self.spec.conv_width
         if isinstance(end_rows, int):
             return history[:, end_rows + 1: end_rows + W]
-        idx = end_rows[:, None] + 1 + torch.arange(W - 1, device=history.device)
+        idx = (end_rows[:, None] + 1 + torch.arange(W - 1, device=history.device)).clamp(0, history.shape[1] - 1)
         return torch.gather(history, 1, idx[:, :, None].expand(-1, -1, history.shape[-1]))
 
     def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_rows: torch.Tensor, scale):

@@ -19,14 +19,14 @@ class ReplayState(StatePolicy):
         self._inputs = {}
 
     def _state_out(self, layer, grp, kept, inputs, scale):
-        if grp.drafts == 0:                        # nothing to roll back: write as off does
+        if not grp.speculative:                    # nothing to roll back: write as off does
             self._write_live(layer, grp, state=kept[:, -1])
         else:
             self._inputs.setdefault((layer, grp), [None, None])[0] = (inputs, scale)
 
     def _conv_out(self, layer, grp, history):
-        if grp.drafts == 0:
-            self._write_live(layer, grp, conv=history[:, -(self.spec.conv_width - 1):])
+        if not grp.speculative:
+            self._write_live(layer, grp, conv=self._conv_after(history, grp.last_row))
         else:
             self._inputs.setdefault((layer, grp), [None, None])[1] = history[:, self.spec.conv_width - 1:]
 

@@ -19,16 +19,17 @@ class SnapshotsState(StatePolicy):
     def _state_out(self, layer, grp, kept, inputs, scale):
         # row j holds the state after candidate j (t_last, d_1, ...); the committed row was read
         # (gathered into a copy) before these writes, so overwriting it is safe, as in vLLM's kernel
-        n = kept.shape[1]
-        self.store.recurrent[layer, :, :n].index_copy_(0, self.slots[grp.reqs], kept)
-        self.stats["bytes_copied"] += kept.nbytes
+        snaps = self._candidate_states(grp, kept)                          # [G, n, H, K, V]
+        self.store.recurrent[layer, :, :snaps.shape[1]].index_copy_(0, self.slots[grp.reqs], snaps)
+        self.stats["bytes_copied"] += snaps.nbytes
 
     def _conv_out(self, layer, grp, history):
-        W, n = self.spec.conv_width, grp.drafts + 1
+        W, n, dev = self.spec.conv_width, grp.candidates(), history.device
         # candidate j's conv state: history[first_candidate + 1 + j : ... + W - 1]
-        idx = grp.first_candidate + 1 + torch.arange(n, device=history.device)[:, None] \
-            + torch.arange(W - 1, device=history.device)
-        snaps = history[:, idx]                                             # [G, d+1, W-1, C]
+        fc = torch.as_tensor(grp.first_candidate, device=dev).reshape(-1, 1, 1)
+        idx = (fc + 1 + torch.arange(n, device=dev)[:, None] + torch.arange(W - 1, device=dev)).clamp(
+            0, history.shape[1] - 1).expand(grp.count, -1, -1)
+        snaps = history[torch.arange(grp.count, device=dev)[:, None, None], idx]   # [G, n, W-1, C]
         self.store.conv[layer, :, :n].index_copy_(0, self.slots[grp.reqs], snaps.to(self.store.conv.dtype))
         self.stats["bytes_copied"] += snaps.nbytes
 

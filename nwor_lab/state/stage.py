@@ -4,8 +4,6 @@ it keeps is a slice of the window's conv history. The store only ever receives a
 (NWOR), holds one row per request, and commit is one gather and one copy per layer and group."""
 from __future__ import annotations
 
-import torch
-
 from nwor_lab.state.policy import StatePolicy
 
 
@@ -24,15 +22,20 @@ class StageState(StatePolicy):
         self._states[layer, grp] = kept
 
     def _conv_out(self, layer, grp, history):
-        # what any candidate's conv state can need: from the row after t_last's first input on
-        self._histories[layer, grp] = history[:, grp.first_candidate + 1:]
+        if grp.index is None:
+            # what any candidate's conv state can need: from the row after t_last's first input on
+            fc = grp.first_candidate
+            self._histories[layer, grp] = (history[:, fc + 1:], -(fc + 1))
+        else:
+            self._histories[layer, grp] = (history, 0)
 
     def _commit(self, accepted):
         """accepted `[R]` (device): candidate a of each request commits (a = its accepted drafts)."""
-        self._note_kept(sum(t.nbytes for t in (*self._states.values(), *self._histories.values())))
+        self._note_kept(sum(t.nbytes for t in self._states.values())
+                        + sum(h.nbytes for h, _ in self._histories.values()))
         for (layer, grp), states in self._states.items():
             a = accepted[grp.reqs]
-            picked = states[torch.arange(grp.count, device=a.device), a]             # [G, H, K, V]
-            # the kept history starts one row after t_last's conv state begins: candidate a's is at a
-            self._write_live(layer, grp, state=picked, conv=self._conv_after(self._histories[layer, grp], a - 1))
+            history, shift = self._histories[layer, grp]
+            self._write_live(layer, grp, state=self._candidate_states(grp, states, a),
+                             conv=self._conv_after(history, grp.first_candidate + a + shift))
         self._states, self._histories = {}, {}
