@@ -104,9 +104,10 @@ class Group:
         return self.drafts + 1 if self.index is None else self.num_candidates
 
 
-def groups_of(window: Window) -> list[Group]:
+def groups_of(num_rows: list[int], num_drafts: list[int]) -> list[Group]:
+    """Host counts per request -> runs of consecutive requests with equal (rows, drafts)."""
     out, start = [], 0
-    for r, (rows, drafts) in enumerate(zip(window.num_scheduled_tokens, window.num_draft_tokens)):
+    for r, (rows, drafts) in enumerate(zip(num_rows, num_drafts)):
         last = out[-1] if out else None
         if last is not None and (last.rows, last.drafts) == (rows, drafts):
             out[-1] = Group(last.first, last.count + 1, last.start, rows, drafts)
@@ -190,10 +191,11 @@ class StatePolicy:
         step passes: no copy, checked on the host only under `validate` outside a capture) or a list.
         layers: the linear-attention layers it advances (default all).
 
-        Rows per request come from the window's host counts, or, with `query_start_loc` `[R+1]` and
-        `num_drafts` `[R]` (device tensors) and `max_query_len` Q (a host bound, at most 16), from the
-        device: the layout a captured step keeps as data (padding rows in no request's range,
-        padding requests with none; give those a scratch slot)."""
+        Rows per request come from the window's host counts; or from `query_start_loc` `[R+1]` and
+        `num_drafts` `[R]` given as host lists (an eager step's true counts; rows past the last
+        request are padding); or, as device tensors with `max_query_len` Q (a host bound, at most 16),
+        from the device: the layout a captured step keeps as data (padding rows in no request's
+        range, padding requests with none; give those a scratch slot)."""
         if self.window is not None:
             raise StateWindowError("begin: a window is already open; commit() or cancel() it first")
         if not isinstance(window, Window):
@@ -218,7 +220,17 @@ class StatePolicy:
                              f"linear-attention layers")
         self.window, self.layers, self.slots = window, layers, slots
         if query_start_loc is None:
-            self.groups = groups_of(window)
+            self.groups = groups_of(window.num_scheduled_tokens, window.num_draft_tokens)
+        elif not torch.is_tensor(query_start_loc):        # host lists: an eager step's true counts
+            qsl, drafts = [int(v) for v in query_start_loc], [int(v) for v in num_drafts]
+            rows = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
+            if len(rows) != window.num_reqs or len(drafts) != window.num_reqs or qsl[0] != 0 \
+                    or qsl[-1] > window.num_tokens or any(n < 0 or d < 0 or (d and n < d + 1)
+                                                          for n, d in zip(rows, drafts)):
+                raise ValueError(f"query_start_loc={qsl}, num_drafts={drafts}: R+1 offsets from 0 within the "
+                                 f"window's {window.num_tokens} rows and R draft counts, each request holding "
+                                 f"t_last and its drafts")
+            self.groups = [grp for grp in groups_of(rows, drafts) if grp.rows]   # padding requests: no rows
         else:
             self.groups = [device_group(window, query_start_loc, num_drafts, max_query_len, dev)]
         self._conv_done, self._recur_done = set(), set()
@@ -300,7 +312,8 @@ class StatePolicy:
         T = self.window.num_tokens
         if any(grp.index is not None for grp in self.groups):
             return torch.zeros(T + 1, *tail, dtype=dtype, device=device)
-        return torch.empty(T, *tail, dtype=dtype, device=device)
+        covered = sum(grp.count * grp.rows for grp in self.groups)
+        return (torch.empty if covered == T else torch.zeros)(T, *tail, dtype=dtype, device=device)
 
     def _rows(self, grp: Group, t: torch.Tensor) -> torch.Tensor:
         """The group's rows of `t` `[T, ...]` as `[G, Q, ...]` (a view for host groups)."""
