@@ -2,7 +2,7 @@
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
 overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
-`NWOR_LAB_KV_RING`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
+`NWOR_LAB_KV_RING`, `NWOR_LAB_STATE_MODE`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
 `NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
@@ -18,6 +18,9 @@ BACKENDS = ("auto", "cuda", "torch")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")       # verify-window attention (nwor_lab.model.attention)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
 KV_LAYOUTS = ("NHD", "HND", "VLLM_CPU")                # the cache layouts of nwor_lab.kv (kv.layout.CACHE_LAYOUTS)
+# How a hybrid model's recurrent + conv state is kept under speculative decoding (nwor_lab.state):
+# `auto` follows nwor_mode where a strategy has that name (off / cow / stage).
+STATE_MODES = ("auto", "off", "snapshots", "cow", "replay", "stage")
 # How a sliding-window cache is kept (LabConfig.kv_ring; nwor_lab.kv.ring has the arithmetic):
 KV_RINGS = ("auto", "ring", "slack", "full", "guard")
 
@@ -81,6 +84,12 @@ class LabConfig:
                 fallback: no speculation once the ring has wrapped): exact;
         `auto`  `ring` for a policy that keeps a ring exact (`WritePolicy.keeps_ring_exact`), else
                 `slack`: never wrong.
+    state_mode: how a hybrid model's recurrent and conv state (gated DeltaNet layers) is kept
+        across a verify window (nwor_lab.state): `off` (advanced through every row: wrong after a
+        rejection), `snapshots` (a state per window position, the accepted one picked: vLLM),
+        `cow` (checkpoint, restore and re-advance on reject: llama.cpp), `replay` (keep the window's
+        inputs, recompute over the accepted rows: ReplaySSM), `stage` (window states transient,
+        only the accepted one committed); `auto` follows nwor_mode (off / cow / stage).
     debug:     log each window's lifecycle and assert committed == accepted every window; with a
         sliding window, name any read of a ring slot that no longer holds the position read.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
@@ -94,12 +103,14 @@ class LabConfig:
     cuda_graph: bool = True
     sliding_window: int = 0
     kv_ring: str = "auto"
+    state_mode: str = "auto"
     debug: bool = False
     validate: bool = True
 
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
-                               ("attention", ATTENTION_BACKENDS), ("kv_ring", KV_RINGS)):
+                               ("attention", ATTENTION_BACKENDS), ("kv_ring", KV_RINGS),
+                               ("state_mode", STATE_MODES)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
@@ -161,7 +172,8 @@ def check_config(name: str, config) -> LabConfig:
 ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_MODE", "scv_mode", lambda: SCV_MODES),
                ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
                ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS),
-               ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS))
+               ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS),
+               ("NWOR_LAB_STATE_MODE", "state_mode", lambda: STATE_MODES))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
 ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
 

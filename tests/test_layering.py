@@ -6,7 +6,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
-    {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies"}, {"speculative"},
+    {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies", "state"}, {"speculative"},
     {"model"}, {"engine"}, {"distributed"}, {"train"},
     {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "why", "__init__", "__main__",
      "checkpoints"},

@@ -50,3 +50,21 @@ def test_train_command_end_to_end_at_toy_scale(tmp_path):
     assert {"model.safetensors", "eagle.safetensors", "tokenizer.json", "train_log.json"} <= names
     log = json.loads((tmp_path / "o" / "train_log.json").read_text())
     assert log["stats"]["target"]["steps"] == 2 and log["stats"]["head"]["steps"] == 2
+
+
+def test_hybrid_target_and_its_head_learn():
+    """`pair --hybrid`'s loops: the gated DeltaNet + attention target (its dense forward is the
+    torch chunked form) and an EAGLE-1 head for it train on CPU and learn."""
+    from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
+    logs = []
+    cfg = HybridConfig.from_dict({**TOY, "num_hidden_layers": 4, "linear_num_key_heads": 1,
+                                  "linear_num_value_heads": 2, "linear_key_head_dim": 16,
+                                  "linear_value_head_dim": 16})
+    train, evald = _data(20000, 1), _data(4000, 2)
+    common = dict(batch_size=8, seq=32, device="cpu", log=logs.append, warmup=5)
+    target, t_stats = train_target(cfg, train, evald, steps=40, lr=3e-3, **common)
+    assert isinstance(target, HybridForCausalLM) and t_stats["eval_loss"] < np.log(64) * 0.5, t_stats
+    assert target.model.layers[0].linear_attn.dt_bias.abs().min() > 0       # the decay init survived
+    head_cfg = LlamaConfig.from_dict({**cfg.to_dict(), "num_hidden_layers": 1})
+    _, h_stats = train_head(target, head_cfg, train, evald, steps=10, lr=3e-3, **common)
+    assert h_stats["steps"] == 10 and np.isfinite(h_stats["eval_loss"])

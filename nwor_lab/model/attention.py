@@ -54,6 +54,8 @@ class AttentionMetadata:
                     `writer.log_kv(layer)` instead of the cache (cow on a ring)
     sliding         the SlidingWindow, or None
     ledger          a RingLedger checking every cache read (debug mode), or None
+    states          the state policy (nwor_lab.state) with this pass's window open, for a hybrid
+                    target's linear-attention layers (None: the target has none); set by the caller
     """
 
     positions: torch.Tensor
@@ -71,6 +73,7 @@ class AttentionMetadata:
     log_ranges: list | None = None
     sliding: SlidingWindow | None = None
     ledger: object = None
+    states: object = None
 
     @classmethod
     def build(cls, cache, writer: KVWriter | None, positions, query_lens, block_tables, context_lens, *,

@@ -51,7 +51,11 @@ def read_config(path: Path) -> LlamaConfig:
     if not path.is_file():
         raise CheckpointError(f"{path}: no config.json (a Hugging Face checkpoint directory needs one)")
     try:
-        return LlamaConfig.from_dict(read_json(path, "model config"))
+        data = read_json(path, "model config")
+        if data.get("model_type") == "nwor_hybrid":     # the lab's hybrid (gated DeltaNet + attention)
+            from nwor_lab.model.hybrid import HybridConfig
+            return HybridConfig.from_dict(data)
+        return LlamaConfig.from_dict(data)
     except (TypeError, ValueError) as err:
         if isinstance(err, CheckpointError):
             raise
@@ -119,14 +123,19 @@ def load_state(module: torch.nn.Module, weights: dict[str, torch.Tensor], what: 
 
 
 def load_llama(directory, device="cpu", dtype=torch.float32) -> LlamaForCausalLM:
-    """A Hugging Face Llama checkpoint directory -> `LlamaForCausalLM` in eval mode."""
+    """A Hugging Face Llama checkpoint directory -> `LlamaForCausalLM` in eval mode (a
+    `HybridForCausalLM` when its config.json says `model_type` `nwor_hybrid`)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such checkpoint directory")
     cfg = read_config(directory / "config.json")
     weights = read_weights(directory)
     ignored = ("lm_head.weight",) if cfg.tie_word_embeddings else ()  # tied: the embedding is the head
-    model = LlamaForCausalLM(cfg)
+    if type(cfg) is LlamaConfig:
+        model = LlamaForCausalLM(cfg)
+    else:
+        from nwor_lab.model.hybrid import HybridForCausalLM
+        model = HybridForCausalLM(cfg)
     load_state(model, weights, f"Llama checkpoint {directory}", ignored)
     return model.to(device=device, dtype=dtype).eval()
 

@@ -65,3 +65,25 @@ def toy_eagle3(target, seed: int = 0, aux_layers=None, draft_vocab_size: int | N
         i = torch.arange(head.draft_vocab_size)
         head.d2t.copy_(i * cfg.vocab_size // head.draft_vocab_size - i)
     return head.attach(target).to(next(target.parameters()).dtype).eval()
+
+
+@torch.no_grad()
+def toy_hybrid(seed: int = 0, vocab_size: int = 32, hidden_size: int = 32, num_hidden_layers: int = 4,
+               dtype=torch.float32, **kw):
+    """A random hybrid target (nwor_lab.model.hybrid): 3 gated DeltaNet layers to 1 attention layer
+    (Qwen3-Next's 3:1), on CPU, eval mode. Weights ~ N(0, 0.2) so every layer changes the output."""
+    from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
+    cfg = HybridConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                       num_hidden_layers=num_hidden_layers, num_attention_heads=4, num_key_value_heads=2,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                       linear_value_head_dim=8, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    model = HybridForCausalLM(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if "conv1d" in name else 0.2))
+    model.model.embed_tokens.weight.copy_(torch.randn(vocab_size, hidden_size, generator=gen))
+    for layer in model.model.layers:
+        if layer.layer_type == "linear_attention":
+            layer.linear_attn.init_decay(gen)
+    return model.to(dtype).eval()

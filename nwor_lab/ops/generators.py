@@ -201,3 +201,23 @@ def saturating_cases(device="cpu"):
             tensor.copy_(big.to(dtype))          # fp16 overflows past 65504 to inf: saturates as well
         case.name = "saturating-" + case.name
         yield to_device(case, device)
+
+
+def gated_delta_inputs(num_tokens: int, num_heads: int = 2, head_k_dim: int = 8, head_v_dim: int = 6,
+                       conv_dim: int = 12, conv_width: int = 4, seed: int = 0, dtype=torch.float32,
+                       device="cpu") -> dict:
+    """Inputs for the gated DeltaNet ops (nwor_lab.ops.gated_delta) as a real layer makes them: q, k
+    L2-normalised `[T, H, K]`, v `[T, H, V]`, g = -exp(A_log) * softplus(a + dt_bias) <= 0 and
+    beta = sigmoid(b) `[T, H]`, a non-zero state `[H, K, V]`, conv inputs `[T, C]`, conv weight
+    `[C, W]` and a non-zero conv state `[W-1, C]`."""
+    from nwor_lab.ops.gated_delta import l2norm
+    gen = torch.Generator().manual_seed(seed)
+    T, H = num_tokens, num_heads
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+    out = dict(q=l2norm(rand(T, H, head_k_dim)), k=l2norm(rand(T, H, head_k_dim)), v=rand(T, H, head_v_dim),
+               g=-torch.rand(H, generator=gen).mul(4).exp() * torch.nn.functional.softplus(rand(T, H)) * 0.1,
+               beta=torch.sigmoid(rand(T, H)), state=rand(H, head_k_dim, head_v_dim) * 0.5,
+               x=rand(T, conv_dim), weight=rand(conv_dim, conv_width) * 0.5, conv_state=rand(conv_width - 1, conv_dim))
+    return {n: (t.to(dtype) if n not in ("g", "beta", "state") else t).to(device) for n, t in out.items()}

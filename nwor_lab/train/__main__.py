@@ -25,6 +25,15 @@ TINY = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_
             bos_token_id=0, eos_token_id=0)
 
 
+# The tiny hybrid (`pair --hybrid`): gated DeltaNet layers 0-2, attention layer 3 (Qwen3-Next's 3:1),
+# small enough to train on a CPU.
+HYBRID_TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, max_position_embeddings=1024, tie_word_embeddings=True,
+                   bos_token_id=0, eos_token_id=0, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+
+
 def cmd_corpus(args) -> None:
     train_files, _ = corpus.split()
     if args.limit_files:
@@ -55,7 +64,11 @@ def _setup_run(args):
 
 def cmd_pair(args) -> None:
     out, log, log_lines, train, evald = _setup_run(args)
-    cfg = LlamaConfig.from_dict({**TINY, **json.loads(args.config or "{}")})
+    if args.hybrid:
+        from nwor_lab.model.hybrid import HybridConfig
+        cfg = HybridConfig.from_dict({**HYBRID_TINY, **json.loads(args.config or "{}")})
+    else:
+        cfg = LlamaConfig.from_dict({**TINY, **json.loads(args.config or "{}")})
     log(f"command: {' '.join(sys.argv)}; torch {torch.__version__}; device {args.device} "
         f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else ''}; "
         f"train {train.size} tokens, eval {evald.size} tokens")
@@ -122,6 +135,8 @@ def main(argv=None) -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     t.add_argument("--config", default="", help="JSON overrides of the tiny Llama config")
+    t.add_argument("--hybrid", action="store_true",
+                   help="train the tiny hybrid target (gated DeltaNet + attention, HYBRID_TINY) instead")
     t.add_argument("--target-steps", type=int, default=4000)
     t.add_argument("--head-steps", type=int, default=2000)
     t.add_argument("--target-seconds", type=float, default=None)

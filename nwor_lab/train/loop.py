@@ -23,9 +23,10 @@ def init_weights(module: torch.nn.Module, num_layers: int) -> None:
     """GPT-2 style: N(0, 0.02), residual projections scaled by 1/sqrt(2 * num_layers)."""
     for name, p in module.named_parameters():
         if p.dim() == 2:
-            std = 0.02 / math.sqrt(2 * num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            residual = name.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight"))
+            std = 0.02 / math.sqrt(2 * num_layers) if residual else 0.02
             torch.nn.init.normal_(p, 0.0, std)
-        elif name.endswith("bias"):
+        elif name.endswith("bias") and not name.endswith("dt_bias"):
             torch.nn.init.zeros_(p)
 
 
@@ -110,8 +111,15 @@ def eval_target(model, data, seq, device, batches=8, batch_size=32) -> float:
 def train_target(cfg: LlamaConfig, train, evald, *, steps, batch_size, seq, lr, device, log,
                  seed=0, warmup=100, time_limit=None) -> tuple[LlamaForCausalLM, dict]:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(device)
+    if type(cfg) is LlamaConfig:
+        model = LlamaForCausalLM(cfg).to(device)
+    else:                                   # a HybridConfig: gated DeltaNet + attention layers
+        from nwor_lab.model.hybrid import HybridForCausalLM
+        model = HybridForCausalLM(cfg).to(device)
     init_weights(model, cfg.num_hidden_layers)
+    for module in model.modules():          # the decay's spread across heads (Qwen3-Next's init)
+        if hasattr(module, "init_decay"):
+            module.init_decay()
     def loss_fn(x):
         logits = model.compute_logits(model.forward_dense(x[:, :-1]))
         return F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten()), ""

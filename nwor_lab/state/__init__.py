@@ -1,0 +1,64 @@
+"""The recurrent and conv state of a hybrid model's linear-attention layers, as a store of the cache,
+and the strategies that keep it across a verify window (policy.py gives the interface).
+
+| strategy    | during the window                         | at commit                              | like |
+| `off`       | live state advances through every row     | nothing: rejected drafts stay in it    | the bug |
+| `snapshots` | state after each position in its own row  | move `current` to the accepted row     | vLLM |
+| `cow`       | checkpoint, then advance live             | on reject: restore, re-advance         | llama.cpp |
+| `replay`    | keep the layer inputs, live untouched     | recompute over the accepted rows       | ReplaySSM, TensorRT-LLM |
+| `stage`     | states after each position, transient     | copy the accepted position's state     | SGLang's intermediate states, NWOR |
+
+`LabConfig.state_mode` picks one (`auto`: the strategy named like `nwor_mode`).
+"""
+from __future__ import annotations
+
+from nwor_lab.config import LabConfig, check_config
+from nwor_lab.state.cow import CowState
+from nwor_lab.state.memory import memory_rows, qwen3_next_spec
+from nwor_lab.state.off import OffState
+from nwor_lab.state.policy import Group, StatePolicy, StateWindowError
+from nwor_lab.state.replay import ReplayState
+from nwor_lab.state.snapshots import SnapshotsState
+from nwor_lab.state.stage import StageState
+from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
+
+STATE_POLICIES: dict[str, type[StatePolicy]] = {}
+
+
+def register_state_policy(name: str, cls: type[StatePolicy]) -> type[StatePolicy]:
+    if not (isinstance(cls, type) and issubclass(cls, StatePolicy)):
+        raise TypeError(f"register_state_policy({name!r}, ...): expected a StatePolicy subclass, got {cls!r}")
+    cls.name = name
+    STATE_POLICIES[name] = cls
+    return cls
+
+
+for _name, _cls in (("off", OffState), ("snapshots", SnapshotsState), ("cow", CowState),
+                    ("replay", ReplayState), ("stage", StageState)):
+    register_state_policy(_name, _cls)
+
+
+def state_policy_class(config: LabConfig) -> type[StatePolicy]:
+    """The strategy `config.state_mode` selects; `auto` takes the one named like `config.nwor_mode`."""
+    config = check_config("config", config)
+    name = config.nwor_mode if config.state_mode == "auto" else config.state_mode
+    if name not in STATE_POLICIES:
+        raise ValueError(f"state_mode='auto' follows nwor_mode={config.nwor_mode!r}, which names no state "
+                         f"strategy; set LabConfig.state_mode (or NWOR_LAB_STATE_MODE) to one of "
+                         f"{', '.join(STATE_POLICIES)}")
+    return STATE_POLICIES[name]
+
+
+def make_state_store(config: LabConfig, spec: RecurrentSpec, num_slots: int, k: int, device="cpu"):
+    """A store with the rows per slot the selected strategy needs for windows of up to k drafts."""
+    return RecurrentStateStore(spec, num_slots, state_policy_class(config).rows_per_slot(k), device)
+
+
+def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePolicy:
+    """The state policy `config` selects, over `store` (its backend: `config.backend`)."""
+    return state_policy_class(config)(store, backend=config.backend, validate=config.validate)
+
+
+__all__ = ["STATE_POLICIES", "register_state_policy", "state_policy_class", "make_state_store",
+           "make_state_policy", "StatePolicy", "StateWindowError", "Group", "RecurrentSpec",
+           "RecurrentStateStore", "memory_rows", "qwen3_next_spec", "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]

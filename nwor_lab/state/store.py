@@ -1,0 +1,112 @@
+"""The recurrent and conv state of a hybrid model's linear-attention layers: a store of the cache.
+
+Per request, one **state slot** (as a request holds block-table rows for its K/V): in every gated
+DeltaNet layer `l` the slot holds
+
+    recurrent[l, slot, row]   [H, K, V] float32   the delta-rule state after the committed tokens
+    conv[l, slot, row]        [W-1, C]            the last W-1 inputs of the short causal conv,
+                                                  oldest first (model dtype)
+
+`row` is one of `rows_per_slot` rows; `current[slot]` says which holds the committed state. Every
+strategy but `snapshots` keeps one row per slot; `snapshots` keeps k+1 (one per window position)
+and commits by moving `current` (vLLM's "block-table column num_accepted - 1").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """The shape of one request's state in every linear-attention layer.
+
+    num_layers   L   linear-attention (gated DeltaNet) layers
+    num_heads    H   value heads (the state has one [K, V] matrix per value head)
+    head_k_dim   K, head_v_dim V
+    conv_dim     C   channels of the short conv (2 * key heads * K + H * V: q, k, v mixed)
+    conv_width   W   the conv's kernel width (its state keeps W - 1 inputs)
+    dtype            the conv state's (and the layer inputs') dtype; the recurrent state is float32
+    """
+
+    num_layers: int
+    num_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_dim: int
+    conv_width: int
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_heads", "head_k_dim", "head_v_dim", "conv_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"RecurrentSpec.{name}={v!r}: expected an integer >= 1")
+        if isinstance(self.conv_width, bool) or not isinstance(self.conv_width, int) or self.conv_width < 2:
+            raise ValueError(f"RecurrentSpec.conv_width={self.conv_width!r}: expected an integer >= 2 "
+                             f"(a width-1 conv keeps no state)")
+
+    @property
+    def state_bytes_layer(self) -> int:
+        """One recurrent state [H, K, V] float32."""
+        return self.num_heads * self.head_k_dim * self.head_v_dim * 4
+
+    @property
+    def conv_bytes_layer(self) -> int:
+        """One conv state [W-1, C]."""
+        return (self.conv_width - 1) * self.conv_dim * self.dtype.itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        """One row (recurrent + conv state) over all L layers: what a request holds per row."""
+        return self.num_layers * (self.state_bytes_layer + self.conv_bytes_layer)
+
+    @property
+    def token_input_bytes(self) -> int:
+        """What one window row feeds the layers, over all L layers: the conv's input [C] and the
+        recurrence's q, k [H, K], v [H, V], g, beta [H] (float32): what replay and cow keep."""
+        h = self.num_heads
+        return self.num_layers * (self.conv_dim * self.dtype.itemsize
+                                  + (2 * h * self.head_k_dim + h * self.head_v_dim + 2 * h) * 4)
+
+
+class RecurrentStateStore:
+    """`recurrent [L, S, P, H, K, V]` float32, `conv [L, S, P, W-1, C]`, `current [S]` int64: S slots
+    of P rows each (P = `rows_per_slot`). A fresh or `clear`ed slot holds zeros (an empty prefix)."""
+
+    def __init__(self, spec: RecurrentSpec, num_slots: int, rows_per_slot: int = 1, device="cpu"):
+        if not isinstance(spec, RecurrentSpec):
+            raise TypeError(f"spec: expected a nwor_lab.state.RecurrentSpec, got {type(spec).__name__}")
+        for name, v in (("num_slots", num_slots), ("rows_per_slot", rows_per_slot)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r}: expected an integer >= 1")
+        self.spec = spec
+        self.num_slots, self.rows_per_slot = num_slots, rows_per_slot
+        s = spec
+        lead = (s.num_layers, num_slots, rows_per_slot)
+        self.recurrent = torch.zeros(*lead, s.num_heads, s.head_k_dim, s.head_v_dim, device=device)
+        self.conv = torch.zeros(*lead, s.conv_width - 1, s.conv_dim, dtype=s.dtype, device=device)
+        self.current = torch.zeros(num_slots, dtype=torch.long, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.recurrent.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.recurrent.nbytes + self.conv.nbytes
+
+    def clear(self, slot: int) -> None:
+        """Empty the slot for a new request (the state of an empty prefix is zeros)."""
+        self.recurrent[:, slot].zero_()
+        self.conv[:, slot].zero_()
+        self.current[slot] = 0
+
+    def committed(self, slot: int, layer: int | None = None):
+        """(recurrent, conv) of the slot's committed row: `[L, H, K, V]`, `[L, W-1, C]` (views), or
+        one layer's `[H, K, V]`, `[W-1, C]`."""
+        row = int(self.current[slot])
+        if layer is None:
+            return self.recurrent[:, slot, row], self.conv[:, slot, row]
+        return self.recurrent[layer, slot, row], self.conv[layer, slot, row]
