@@ -92,6 +92,14 @@ class SpecEngine:
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
         self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
+        # a hybrid target's recurrent and conv states: a store of their own, one slot per running
+        # request (the last one a scratch slot), under the state strategy the config selects
+        self.states, self.free_state_slots = None, []
+        if hasattr(target, "state_spec"):
+            from nwor_lab.state import make_state_policy, make_state_store
+            store = make_state_store(self.config, target.state_spec(), max_num_seqs + 1, self.k, self.device)
+            self.states = make_state_policy(self.config, store)
+            self.free_state_slots = list(range(max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
@@ -153,10 +161,15 @@ class SpecEngine:
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False
+        if self.states is not None:
+            for r in requests:
+                if r.state_slot is None:           # a new request: a cleared state slot
+                    r.state_slot = self.free_state_slots.pop()
+                    self.states.store.clear(r.state_slot)
         try:
             result = self.runner.step(requests)
         except BaseException as err:
-            for policy in (self.policy, self.drafter.policy if self.drafter else None):
+            for policy in (self.policy, self.drafter.policy if self.drafter else None, self.states):
                 if policy is not None and policy.window is not None:
                     policy.cancel()        # the cache ends as `off` would leave it
             self._locate(err, requests)
@@ -197,6 +210,8 @@ class SpecEngine:
         for r in requests:
             if r.remaining <= 0:
                 self.scheduler.finish(r)
+                if r.state_slot is not None:
+                    self.free_state_slots.append(r.state_slot)
 
     def _hand_out(self, requests: list[Request], result, live: list[bool]) -> None:
         """Give every request still running the drafts the body proposed for it; record the draft
@@ -258,7 +273,7 @@ def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVC
             raise ValueError(f"draft head KV shape ({hc.num_key_value_heads} heads x {hc.head_dim}) differs "
                              f"from the target's ({tc.num_key_value_heads} x {tc.head_dim}); one stacked "
                              f"cache holds both")
-    n_layers = tc.num_hidden_layers + (1 if head is not None else 0)
+    n_layers = target.num_layers + (1 if head is not None else 0)     # attention layers (a hybrid's too)
     return KVCacheSpec(n_layers, num_blocks, block_size, tc.num_key_value_heads, tc.head_dim, dtype=dtype,
                        cache_dtype=cache_dtype)
 

@@ -79,6 +79,7 @@ class Request:
     finished: bool = False
     worst_case_blocks: int = 0                            # reserved at admission (no preemption)
     acceptance_key: int = 0                               # forced acceptance: a hash of the prompt
+    state_slot: int | None = None                         # a hybrid target's recurrent-state slot
 
     @property
     def tokens(self) -> list[int]:

@@ -2,8 +2,9 @@
 
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
-               debug checks, a ring whose policy reads evicted rows from its log (cow), the first
-               step of a shape)
+               debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
+               target's steps (its state window is opened from the host lists), the first step of
+               a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
     capture    its second step: the body captured on the same buffers, then replayed once
@@ -83,7 +84,7 @@ class StepRunner:
         """Whether this step may run from a bucket's graph (else it runs eagerly, the same body)."""
         e = self.engine
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log \
+        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log or e.states is not None \
                 or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
             return False
         prefill = [r.is_prefill for r in requests]

@@ -265,6 +265,13 @@ def run_step(engine, inp: StepInputs):
     w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1), bs, ring))
     md = inp.md if inp.static else inp.host_metadata(e)
     e.policy.begin(w, kind="verify")
+    if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
+        h = inp.host
+        qsl = [0]
+        for q in h["qlens"]:
+            qsl.append(qsl[-1] + q)
+        e.states.begin(w, [r.state_slot for r in h["requests"]], query_start_loc=qsl, num_drafts=h["ndrafts"])
+        md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
     logits = e.target.compute_logits(hidden[inp.rows_logits]).float()
@@ -285,6 +292,8 @@ def run_step(engine, inp: StepInputs):
         g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
         features = g[kept]
     e.policy.commit(acceptance)
+    if e.states is not None:
+        e.states.commit(acceptance)
     packed = [sampled.long(), accepted[:, None]]
     probs = None
     if inp.chain is not None:
