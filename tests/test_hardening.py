@@ -322,7 +322,8 @@ def test_an_interrupt_mid_window_leaves_a_consistent_engine(pair, mode):
 
 
 def test_text_stream_prints_prompts_in_order_as_tokens_arrive(pair):
-    from nwor_lab.cli.generate import SEPARATOR, TextStream
+    from nwor_lab.cli.generate import TextStream
+    from nwor_lab.commandline.generate_flags import SEPARATOR
     target, head = pair
 
     class Letters:                                          # a tokenizer: id t -> one letter
