@@ -45,7 +45,8 @@ PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
 SEED = 20
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 RECORD: list[dict] = []
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc"),
+              pytest.mark.slow]
 
 
 def rng_for(command: str, sig: str) -> random.Random:
