@@ -6,6 +6,7 @@ docs/architecture.md gives; a new sub-package must be placed in it.
 Circles: over the modules of nwor_lab (an import of a sub-module, `from nwor_lab.x import y` with y
 a module, is an arrow to that module, not to the package's __init__), no loop of imports at all."""
 import ast
+from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
@@ -23,10 +24,21 @@ LAYERS = [
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once for all the checks (keyed by its text: a file that changes
+    is parsed again)."""
+    return _parse(path.read_text())
+
+
+@cache
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
 def imports_of(path: Path) -> set[str]:
     """Sub-packages of nwor_lab that `path` imports, anywhere in the file."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         names = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
@@ -64,7 +76,7 @@ def test_only_the_plugin_imports_vllm():
     for path in PACKAGE.rglob("*.py"):
         if path.relative_to(PACKAGE).parts[0] == "vllm":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if any(n == "vllm" or n.startswith("vllm.") for n in names):
@@ -87,7 +99,7 @@ def module_graph(package: Path) -> dict[str, set[str]]:
     for name, path in files.items():
         here = name if path.name == "__init__.py" else name.rpartition(".")[0]
         out = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 out |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom):
