@@ -85,6 +85,7 @@ browser-deps:
 	    || echo "make: could not install chromium; the browser tests will skip"; \
 	fi
 
+# Every test, the ones marked `slow` included (`pytest -m "not slow"` leaves those out locally).
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/vllm_plugin
 

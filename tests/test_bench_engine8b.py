@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nwor_lab.bench import attention_variants as av
-from nwor_lab.bench.engine import run_prompts
+from nwor_lab.bench.timing import run_prompts
 from nwor_lab.bench.engine8b import build_engine, main, napkin, prompts_for
 from nwor_lab.engine.runner import StepRunner
 from nwor_lab.engine.buffers import token_bucket

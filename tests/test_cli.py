@@ -78,7 +78,7 @@ def test_generate_subcommand_runs_the_shipped_pair(capsys):
 
 
 def test_a_long_build_error_becomes_one_line_naming_what_failed():
-    from nwor_lab.cli.errors import describe
+    from nwor_lab.commandline.errors import describe
     from nwor_lab.ops._ext import ExtensionBuildError
     output = "\n".join([f"[{i}/70] c++ -O3 -c csrc/ops.cpp" for i in range(35)] + ["/bin/sh: 1: nvcc: not found"] +
                        [f"ninja: build stopped {i}" for i in range(34)])

@@ -270,6 +270,7 @@ def cli_results(sandbox, tmp_path_factory):
 CASE_IDS = [c.id for c in cases(Path("/sandbox"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_cli_case_prints_one_line_and_exits_2(sandbox, cli_results, case_id):
     case = next(c for c in cases(sandbox) if c.id == case_id)
@@ -303,6 +304,7 @@ def test_traceback_on_request(sandbox):
         assert err.strip().splitlines()[-1].startswith("nwor-lab: error: ")
 
 
+@pytest.mark.slow
 def test_doctor_and_help_work_whatever_the_environment_holds(sandbox):
     env = {"NWOR_LAB_DEBUG": "maybe", "NWOR_LAB_BACKEND": "cuda", "NWOR_LAB_SCV_MODE": "never",
            "NWOR_LAB_BACKNED": "torch", "NWOR_LAB_CSRC": str(sandbox / "nowhere"), "NWOR_LAB_VALIDATE": "2"}
@@ -321,6 +323,7 @@ def test_doctor_and_help_work_whatever_the_environment_holds(sandbox):
     assert report["settings"]["NWOR_LAB_BACKEND"]["status"] == "sets LabConfig.backend"
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_streaming_generate(sandbox):
     """SIGINT once text streams: exit 130, the text so far and the statistics so far on stdout,
     one line on stderr, no traceback."""

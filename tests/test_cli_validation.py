@@ -1,7 +1,7 @@
 """The command line's one validation layer and one error path (issue 20).
 
 - every flag of every `nwor-lab` parser (the benchmarks' included) that takes a value is checked at
-  parse time: a type from `nwor_lab.cli.args`, or `choices`, or it is a free-form text that its
+  parse time: a type from `nwor_lab.commandline.args`, or `choices`, or it is a free-form text that its
   command checks before any work (listed below with the check);
 - a message carried by SystemExit is printed as the one line, never swallowed;
 - Ctrl-C under `generate --tp 2` prints what was generated and exits 130, leaving no rank behind.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, run
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, run
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp")
@@ -45,8 +45,8 @@ class _Parsed(Exception):
 def all_parsers() -> dict[str, argparse.ArgumentParser]:
     """prog -> parser, for the top-level command tree, generate, and each benchmark (captured
     when its `main` parses)."""
-    from nwor_lab.cli import generate
     from nwor_lab.cli.main import build_parser
+    from nwor_lab.commandline import generate_flags
 
     found: dict[str, argparse.ArgumentParser] = {}
 
@@ -57,7 +57,7 @@ def all_parsers() -> dict[str, argparse.ArgumentParser]:
                 for sub in action.choices.values():
                     walk(sub)
     walk(build_parser())
-    walk(generate.parser())
+    walk(generate_flags.parser())
     original = LabArgumentParser.parse_args
 
     def capture(self, *a, **kw):
@@ -87,7 +87,7 @@ def test_every_flag_is_checked_at_parse_time():
             typed = getattr(action.type, "__module__", None) == types.__name__
             if not (typed or action.choices is not None or action.dest in FREE_TEXT):
                 unchecked.append(f"{prog} {'/'.join(action.option_strings) or action.dest}")
-    assert not unchecked, "flags without a check from nwor_lab.cli.args: " + ", ".join(unchecked)
+    assert not unchecked, "flags without a check from nwor_lab.commandline.args: " + ", ".join(unchecked)
 
 
 def test_a_system_exit_message_is_printed_not_swallowed(capsys):
@@ -126,6 +126,7 @@ def rank_processes(parent: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_under_tensor_parallel_generate_prints_what_was_generated():
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}

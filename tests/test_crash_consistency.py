@@ -19,7 +19,7 @@ report, sweep and workshop build end with one line naming the file and "no space
 what was finished, and leave no temporary file.
 
 What happened is recorded (command, signal, delay, exit code, what survived) in a JSON list at
-$FAULT_LOG when that is set, and printed by the last test (visible with `pytest -s`).
+$FAULT_LOG when that is set, and printed once the module's cases ran (visible with `pytest -s`).
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
 SEED = 20
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
 RECORD: list[dict] = []
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds processes through /proc"),
+              pytest.mark.slow]
 
 
 def rng_for(command: str, sig: str) -> random.Random:
@@ -117,6 +118,23 @@ def no_process_left(s: Started) -> None:
 
 def record(**entry) -> None:
     RECORD.append(entry)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_injection_record():
+    """After the module's cases: print (visible with `pytest -s`) and, with $FAULT_LOG, save what every
+    case that ran did. A report, not a test: each case asserts its own outcome."""
+    yield
+    if os.environ.get("FAULT_LOG"):
+        Path(os.environ["FAULT_LOG"]).write_text(json.dumps({"seed": SEED, "cases": RECORD}, indent=1) + "\n")
+    kills = [r for r in RECORD if r["signal"] in SIGNALS]
+    early = sum(bool(r.get("finished_before_signal")) for r in kills)
+    print(f"\nfault injection (seed {SEED}): {len(kills)} signals ({early} landed after the command had "
+          f"finished), {len(RECORD) - len(kills)} full-disk runs")
+    for r in RECORD:
+        where = (f"{r['signal_at_s']:>6.2f} s (ready {r['ready_at_s']:.2f} + {r['delay_s']:.2f})"
+                 if "signal_at_s" in r else "")
+        print(f"  {r['command']:<15} {r['signal']:<9} {where:<32} exit {r['exit_code']!s:<5} {r['survived']}")
 
 
 def sweep_argv(out: Path) -> list[str]:
@@ -373,17 +391,3 @@ def test_full_disk_workshop_build_names_the_file(tmp_path):
         check_kit(kit)
     record(command="workshop build", signal="full disk", exit_code=code, survived="no half-written file",
            message=line)
-
-
-def test_zz_record_of_the_fault_injection():
-    """Print (and with $FAULT_LOG, save) what every case above did."""
-    if os.environ.get("FAULT_LOG"):
-        Path(os.environ["FAULT_LOG"]).write_text(json.dumps({"seed": SEED, "cases": RECORD}, indent=1) + "\n")
-    kills = [r for r in RECORD if r["signal"] in SIGNALS]
-    early = sum(bool(r.get("finished_before_signal")) for r in kills)
-    print(f"\nfault injection (seed {SEED}): {len(kills)} signals ({early} landed after the command had "
-          f"finished), {len(RECORD) - len(kills)} full-disk runs")
-    for r in RECORD:
-        where = (f"{r['signal_at_s']:>6.2f} s (ready {r['ready_at_s']:.2f} + {r['delay_s']:.2f})"
-                 if "signal_at_s" in r else "")
-        print(f"  {r['command']:<15} {r['signal']:<9} {where:<32} exit {r['exit_code']!s:<5} {r['survived']}")

@@ -241,12 +241,19 @@ def test_scv_wrong_sampled_rows_blame_the_sampled_ids():
 
 
 def test_numpy_token_offset():
+    """A numpy integer offset (what indexing an array gives) places each chunk at its window rows."""
     from nwor_lab.policies import make_policy
     from nwor_lab.window import Window
     cache = PagedKVCache(KVCacheSpec(1, 4, 4, 2, 8))
     policy = make_policy(LabConfig(), cache)
-    policy.begin(Window.from_counts([2], [0], torch.tensor([0, 1])))
-    policy.write(0, torch.zeros(2, 2, 8), torch.zeros(2, 2, 8), token_offset=np.int64(0))
+    policy.begin(Window.from_counts([2], [0], torch.tensor([5, 2])))          # row 0 -> slot 5, row 1 -> slot 2
+    key, value = torch.randn(2, 2, 8), torch.randn(2, 2, 8)
+    for row in np.arange(2):                                                   # np.int64 offsets, one row each
+        policy.write(0, key[row:row + 1], value[row:row + 1], token_offset=row)
+    policy.commit(None)
+    k_cache, v_cache = cache.layer(0)                                          # [NB, BS, H, D], BS = 4
+    assert torch.equal(k_cache[1, 1], key[0]) and torch.equal(v_cache[1, 1], value[0])
+    assert torch.equal(k_cache[0, 2], key[1]) and torch.equal(v_cache[0, 2], value[1])
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -322,7 +329,8 @@ def test_an_interrupt_mid_window_leaves_a_consistent_engine(pair, mode):
 
 
 def test_text_stream_prints_prompts_in_order_as_tokens_arrive(pair):
-    from nwor_lab.cli.generate import SEPARATOR, TextStream
+    from nwor_lab.cli.generate import TextStream
+    from nwor_lab.commandline.generate_flags import SEPARATOR
     target, head = pair
 
     class Letters:                                          # a tokenizer: id t -> one letter

@@ -180,6 +180,7 @@ def _makefile_nbval_flags():
     return line.group(1).split()
 
 
+@pytest.mark.slow      # runs nbval (a Jupyter kernel) twice
 def test_nbval_run_masks_timings_and_catches_changed_numbers(tmp_path):
     """Two copies of the clean placeholder under nbval with the Makefile's flags: one whose stored
     output differs only in the timing (must pass), one whose stored count differs (must fail)."""

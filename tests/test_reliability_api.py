@@ -64,6 +64,7 @@ def test_acceptance_stats_rule_on_a_hand_made_trace():
     assert by_pos == [1.0, 0.5, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_tensor_parallel_statistics_count_what_was_emitted():
     from nwor_lab import distributed as D
     (res,) = D.generate_many([[1, 2, 3]], [{}], tp=2, max_new_tokens=3, k=6, model=D.ToyPair(0, kv_heads=2),

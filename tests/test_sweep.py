@@ -78,6 +78,7 @@ def sweep8(tmp_path_factory):
 
 # ---------------------------------------------------------------- sweeps (papermill)
 
+@pytest.mark.slow
 def test_sweep_of_8_combinations_records_one_correct_row_per_run(sweep8):
     rc, out = sweep8
     assert rc == 0
@@ -94,6 +95,7 @@ def test_sweep_of_8_combinations_records_one_correct_row_per_run(sweep8):
     assert not (out / ".work").exists()
 
 
+@pytest.mark.slow
 def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep8, tmp_path):
     _, out = sweep8
     rows = lines_of(out / "results.jsonl")
@@ -113,6 +115,7 @@ def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep8, tm
            {k: twin[k] for k in ("params", "metrics", "status", "error")}
 
 
+@pytest.mark.slow
 def test_failing_run_is_recorded_named_and_rerun_retries_only_it(tmp_path, capsys):
     out = tmp_path / "fail"
     argv = [*SWEEP, "--grid", "mode=a,b,c", "--set", "fail_on=b", "--out", str(out), "--workers", "2"]
@@ -140,6 +143,7 @@ def test_failing_run_is_recorded_named_and_rerun_retries_only_it(tmp_path, capsy
     assert text.count("data-run-id=") == 3 and "ValueError: mode &#x27;b&#x27; is fail_on" in text
 
 
+@pytest.mark.slow
 def test_sigint_keeps_finished_rows_exits_130_and_resume_completes(tmp_path, capsys):
     out = tmp_path / "interrupted"
     args = [*SWEEP, "--grid", "x=1,2,3", "--set", "sleep_s=0.5", "--out", str(out)]
@@ -164,6 +168,7 @@ def test_sigint_keeps_finished_rows_exits_130_and_resume_completes(tmp_path, cap
     assert sorted(r["run_id"] for r in after) == ["x=1", "x=2", "x=3"]  # each run recorded exactly once
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_run_and_its_kernel(tmp_path):
     out = tmp_path / "timeout"
     assert main([*SWEEP, "--grid", "x=1", "--set", "sleep_s=60", "--timeout", "5", "--out", str(out)]) == 1
@@ -172,6 +177,7 @@ def test_timeout_kills_the_run_and_its_kernel(tmp_path):
     assert not processes_mentioning(str(out))
 
 
+@pytest.mark.slow
 def test_report_is_one_self_contained_page_with_a_row_per_run(sweep8, capsys):
     from plotly.offline import get_plotlyjs
 

@@ -24,6 +24,7 @@ from nwor_lab.sweep import METRICS_ENV, read_rows, write_report
 from nwor_lab.sweep.cli import main
 from nwor_lab.sweep.results import ResultsLog
 
+pytestmark = pytest.mark.slow       # papermill sweeps, resumed after each damage
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
 SWEEP = ["sweep", str(PROBE), "--no-progress"]

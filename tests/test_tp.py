@@ -90,6 +90,7 @@ def label(run):
 
 
 # -- tp = 2 against tp = 1 -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_greedy_tokens_equal_tp1_in_every_mode(tp2, tp1):
     assert len(MODES) == 9
     for run, res, ref in zip(GREEDY_RUNS, tp2, tp1):
@@ -100,6 +101,7 @@ def test_greedy_tokens_equal_tp1_in_every_mode(tp2, tp1):
         assert res.mean_acceptance_length >= 2.0, (label(run), res.summary())
 
 
+@pytest.mark.slow      # the tp = 2 runs (spawned ranks) it reads
 def test_each_rank_cache_shard_equals_its_heads_of_tp1(tp2, tp1):
     for run, res, ref in zip(GREEDY_RUNS, tp2, tp1):
         cache = ref.engine.cache
@@ -117,6 +119,7 @@ def test_ranks_hold_their_heads():
     assert [list(D.kv_heads(cfg, r, 4)) for r in range(4)] == [[0], [0], [1], [1]]   # replicated
 
 
+@pytest.mark.slow      # the tp = 2 runs (spawned ranks) it reads
 def test_rejected_slots_preserved_on_every_rank(tp2):
     """ShardAudit raised in the rank if a rejected slot changed under cow / stage, or a slot
     outside a window changed under any policy; here: it ran, and it had rejected slots to check."""
@@ -127,6 +130,7 @@ def test_rejected_slots_preserved_on_every_rank(tp2):
             assert (rep.audit["rejected_slot_layers_checked"] > 0) == preserving, label(run)
 
 
+@pytest.mark.slow      # the tp = 2 runs (spawned ranks) it reads
 def test_draft_head_layer_present_and_committed_on_every_rank(tp2, tp1):
     """The seed's bug: staging buffers for the target's layers only. Every rank's cache has the
     head's layer N, every rank wrote and committed it, and it holds the tp = 1 head layer's K/V."""
@@ -141,6 +145,7 @@ def test_draft_head_layer_present_and_committed_on_every_rank(tp2, tp1):
                                        rtol=1e-4)
 
 
+@pytest.mark.slow      # the tp = 2 runs (spawned ranks) it reads
 def test_debug_checks_ran_across_ranks(tp2):
     for run, res in zip(GREEDY_RUNS, tp2):
         verify = sum(w.kind == "verify" for w in res.trace)
@@ -154,6 +159,7 @@ def test_debug_checks_ran_across_ranks(tp2):
         assert all(r.records == res.ranks[0].records for r in res.ranks)
 
 
+@pytest.mark.slow      # the tp = 2 runs (spawned ranks) it reads
 def test_sampled_run_ranks_agree(tp2, tiny):
     res = tp2[-1]
     assert all(rep.token_ids == res.token_ids for rep in res.ranks)
@@ -164,6 +170,7 @@ def test_sampled_run_ranks_agree(tp2, tiny):
 
 
 # -- KV heads replicated: one KV head over 2 ranks (toy pair, multi-query attention) ---------------
+@pytest.mark.slow
 def test_kv_head_replicated_when_fewer_than_ranks():
     prompts = [[1, 5, 9, 2], [3, 3, 7, 11, 4, 8], [12]]
     cfg = LabConfig(nwor_mode="stage", scv_mode="graph", debug=True)
@@ -267,6 +274,7 @@ def test_cross_rank_check_catches_ranks_that_disagree():
 
 
 # -- a failed rank ends the run ---------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("how,expect", [("raise", "rank 1 raised RuntimeError: injected failure"),
                                         ("exit", "rank 1 the process exited with code 3"),
                                         ("hang", "rank 1 stopped answering")])
@@ -300,6 +308,7 @@ def test_cli_generate_tp_refuses_before_starting_ranks(capsys):
     assert "--tp-timeout" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_generate_tp2_under_torchrun(tmp_path):
     """`torchrun --nproc-per-node 2 -m nwor_lab.cli generate ... --tp 2`: each process is a rank
     (TPGroup.from_env), rank 0 prints the JSON, the tokens are tp = 1's."""
@@ -318,6 +327,7 @@ def test_cli_generate_tp2_under_torchrun(tmp_path):
     assert res["kv_heads_per_rank"] == [[0]]        # under torchrun a rank knows its own report only
 
 
+@pytest.mark.slow
 def test_bench_step_smoke():
     from nwor_lab.bench.tp import main
     out = main(["--tp", "2", "--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "0",

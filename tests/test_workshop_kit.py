@@ -44,6 +44,7 @@ def built(tmp_path_factory):
     return code, out, json.loads((out / "index.json").read_text())
 
 
+@pytest.mark.slow
 def test_failing_chapter_fails_the_build_but_not_the_others(built, capsys):
     code, out, index = built
     assert code == 1
@@ -54,6 +55,7 @@ def test_failing_chapter_fails_the_build_but_not_the_others(built, capsys):
     assert index["parameters"] == {"interactive": False}
 
 
+@pytest.mark.slow
 def test_each_chapter_is_exported_and_ran_with_interactive_false(built):
     _, out, index = built
     for chapter in index["chapters"]:  # the failing one too, up to its error
@@ -63,6 +65,7 @@ def test_each_chapter_is_exported_and_ran_with_interactive_false(built):
     assert "ZeroDivisionError" in (out / "02_fails.html").read_text()
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_and_draws_the_static_figures(built):
     _, out, _ = built
     page = (out / "01_stepper.html").read_text()
@@ -71,6 +74,7 @@ def test_html_is_self_contained_and_draws_the_static_figures(built):
     assert "phase 3\\u002f3: commit" in page and "committed 3 of 5 slots, 1536 bytes" in page  # plotly escapes '/'
 
 
+@pytest.mark.slow
 def test_slides_break_at_headings(built):
     _, out, _ = built
     slides = (out / "01_stepper.slides.html").read_text()
@@ -78,6 +82,7 @@ def test_slides_break_at_headings(built):
     assert slides.count("<section") >= 4  # title, "The stepper", "Exercise 1" (+ reveal's wrapper)
 
 
+@pytest.mark.slow
 def test_index_lists_titles_times_links_and_exercises(built):
     _, out, index = built
     page = (out / "index.html").read_text()
@@ -92,6 +97,7 @@ def test_index_lists_titles_times_links_and_exercises(built):
     assert "failed" in page and "ZeroDivisionError" in page
 
 
+@pytest.mark.slow
 def test_timeout_fails_the_chapter(tmp_path):
     sleeper = _notebook(tmp_path / "slow.ipynb", "# Slow", "interactive = True", "import time\ntime.sleep(60)")
     built = kit.build_chapter(sleeper, tmp_path / "out", timeout=2)
@@ -128,6 +134,7 @@ def test_clean_command_strips_a_notebook_in_place(tmp_path, capsys):
     assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
 
 
+@pytest.mark.slow
 def test_a_chapter_whose_kernel_is_missing_is_skipped_not_failed(tmp_path, capsys):
     """09_vllm runs in kernel nwor-lab-vllm (make setup-vllm): where it is missing the kit says so."""
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "nwor-lab-no-such-kernel", "display_name": "x",
@@ -150,6 +157,7 @@ def test_a_chapter_whose_kernel_is_missing_is_skipped_not_failed(tmp_path, capsy
     assert main(["build", "--chapters", str(chapters), "--out", str(out), "--strict"]) == 1
 
 
+@pytest.mark.slow
 def test_relative_output_folder_still_stores_figures_as_data(tmp_path, monkeypatch):
     """The kernels run in the chapter's folder: the kit's IPython startup must be found from there."""
     monkeypatch.chdir(tmp_path)

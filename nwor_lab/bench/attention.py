@@ -30,8 +30,8 @@ import torch
 
 from nwor_lab.bench.kernels import copy_bandwidth_gbps, graph_time_us, rotating, time_us
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
 H, HQ, D, BS = 8, 32, 128, 16
 DTYPE = torch.bfloat16

@@ -31,8 +31,8 @@ import time
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
 Q_LEN, CONTEXT = 5, 1024
 PLANS = {"before": dict(max_query_len=0, split_tail=False), "after": dict(max_query_len=Q_LEN, split_tail=False)}

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,9 @@ import torch
 
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser
+from nwor_lab.bench.timing import time_engine, timed
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.engine.generate import acceptance_stats, prepare
 from nwor_lab.model.shipped import load_tiny
 from nwor_lab.ops import backend
@@ -46,54 +46,6 @@ def held_out_stream(tokenizer) -> np.ndarray:
 def prompts_from(stream: np.ndarray, n: int, length: int, seed: int = 7) -> list[list[int]]:
     gen = np.random.default_rng(seed)
     return [stream[s:s + length].astype(np.int64).tolist() for s in gen.integers(0, stream.size - length, n)]
-
-
-def timed(fn, device) -> tuple[object, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
-
-def run_prompts(engine, prompts, new_tokens: int, arrival_gap: int = 0) -> list:
-    """Queue `prompts` on `engine` and run it to the end -> the requests. arrival_gap > 0: the
-    prompts arrive one every `arrival_gap` engine steps (requests join a running batch: the
-    serving case, which mixes prefills into decode steps) instead of all at once."""
-    if not arrival_gap:
-        reqs = [engine.add_request(p, new_tokens) for p in prompts]
-        engine.run()
-        return reqs
-    queue, reqs, step = list(prompts), [], 0
-    while queue or engine.scheduler.has_work:
-        if queue and step % arrival_gap == 0:
-            reqs.append(engine.add_request(queue.pop(0), new_tokens))
-        if engine.scheduler.has_work:
-            engine.step_with_progress()
-        step += 1
-    return reqs
-
-
-def time_engine(engine, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,
-                cold: float | None = None) -> dict:
-    """The bench's protocol on a built engine: one cold run (compiles, warms every bucket up; its
-    time `cold` when the caller ran it), one run that captures the buckets' graphs, then `repeats`
-    timed runs; -> their times, the last run's requests, and the trace and target forwards of
-    the timed runs."""
-    def go():
-        return run_prompts(engine, prompts, new_tokens, arrival_gap)
-    if cold is None:
-        _, cold = timed(go, device)
-    go()
-    first_window, forwards = len(engine.trace), engine.target_forwards
-    times, reqs = [], []
-    for _ in range(repeats):
-        reqs, t = timed(go, device)
-        times.append(t)
-    return dict(cold=cold, times=times, seconds=float(np.median(times)), requests=reqs,
-                trace=engine.trace[first_window:], forwards=(engine.target_forwards - forwards) // repeats)
 
 
 def hf_generate_rows(prompts: list[list[int]], batch_sizes, new_tokens: int, device,
@@ -160,7 +112,7 @@ def main(argv=None) -> dict:
                    help="timed runs per configuration (the median is reported)")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    from nwor_lab.cli.main import check_device_arg
+    from nwor_lab.commandline.environment import check_device_arg
     device = check_device_arg("--device", args.device)
     dtype = getattr(torch, args.dtype)
     target, head, tok = load_tiny(device=device, head=args.head, dtype=dtype)

@@ -41,9 +41,9 @@ import time
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.bench.engine import time_engine, timed
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.bench.timing import run_prompts, time_engine, timed
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab.engine.generate import acceptance_stats
 from nwor_lab.engine.buffers import token_bucket
@@ -79,7 +79,6 @@ def measure(engine, prompts, new_tokens: int, repeats: int, device, gap: int) ->
 
 
 def time_prefill(engine, prompts, gap: int) -> None:
-    from nwor_lab.bench.engine import run_prompts
     run_prompts(engine, prompts, 1, gap)
 
 
@@ -328,7 +327,7 @@ def parser() -> LabArgumentParser:
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    from nwor_lab.cli.main import check_device_arg
+    from nwor_lab.commandline.environment import check_device_arg
     device = torch.device(check_device_arg("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
     if args.model == "8b" and device.type != "cuda":
         raise UsageError("bench engine --model 8b: needs a CUDA device (16 GB of weights); --model 8b-mini runs "

@@ -31,8 +31,8 @@ import torch
 
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
 TOKENS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHAPES = {

@@ -26,8 +26,8 @@ from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies import make_policy
 from nwor_lab.window import Acceptance, Window
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
 LAYERS, HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 K = 4

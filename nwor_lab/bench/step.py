@@ -33,8 +33,8 @@ import torch
 
 from nwor_lab.bench.kernels import interleaved_time_us
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine.step import run_step
 from nwor_lab.policies import WritePolicy

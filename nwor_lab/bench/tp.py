@@ -24,8 +24,8 @@ import torch
 
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab import atomic
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.model.config import LlamaConfig
 
 SHAPES = {
@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
     p.add_argument("--timeout", type=types.seconds, default=300.0, help="collective timeout per rank, seconds")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
-    from nwor_lab.cli.main import check_device_arg
+    from nwor_lab.commandline.environment import check_device_arg
     from nwor_lab.distributed.launcher import launch
     device = check_device_arg("--device", args.device)
     shape = args.model or ("llama3-8b" if device.type == "cuda" else "tiny")

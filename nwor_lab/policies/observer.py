@@ -13,24 +13,32 @@ Observers only read. With no observer attached a policy builds no event (one lis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
+from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import WindowRecord
 from nwor_lab.window import Acceptance, Window
 
-if TYPE_CHECKING:
-    from nwor_lab.policies.policy import WritePolicy
-
 PHASES = ("begin", "write", "acceptance", "commit", "cancel")
+
+
+class ObservedPolicy(Protocol):
+    """What an observer may read of the `WritePolicy` that sent an event: what it declares. (Named by
+    these attributes rather than by the class: `policies.policy` imports this module.)"""
+
+    name: str                                # the registry name (for captions and logs)
+    cache: PagedKVCache                      # the cache the window writes
+    window_in_buffer: bool                   # attention reads the window from the policy's buffer
+    preserves_rejected_slots: bool           # every rejected slot is left as it was
 
 
 @dataclass(frozen=True)
 class PhaseEvent:
     phase: str                               # one of PHASES
     kind: str                                # what begin() was told: "verify", "draft", or ""
-    policy: "WritePolicy"                    # .name, .cache, .window_in_buffer, .preserves_rejected_slots
+    policy: ObservedPolicy                   # the WritePolicy that sent the event
     window: Window
     layers: range                            # the layers the window may write
     layer: int | None = None                 # write: the layer written

@@ -7,16 +7,16 @@
 
 Exit codes: 0 every run ok; 1 some run failed (ids and errors printed); 2 bad input, a full or
 read-only disk (one line on stderr; bad input: nothing run); 130 interrupted by Ctrl-C (143 by
-SIGTERM), finished runs kept. Every flag is checked before anything runs (`nwor_lab.cli.args`),
-and errors take the `nwor-lab` command's one error path (`nwor_lab.cli.errors.run`).
+SIGTERM), finished runs kept. Every flag is checked before anything runs (`nwor_lab.commandline.args`),
+and errors take the `nwor-lab` command's one error path (`nwor_lab.commandline.errors.run`).
 """
 from __future__ import annotations
 
 import shlex
 import sys
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, interrupted_exit_code, run
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, interrupted_exit_code, run
 from nwor_lab.sweep.grid import parse_grid, parse_set
 
 

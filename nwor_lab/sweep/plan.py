@@ -1,6 +1,7 @@
 """What a sweep will run: the notebook and grid checked up front, combinations, what is already done."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 from dataclasses import dataclass
@@ -37,14 +38,34 @@ def notebook_parameters(notebook: str | Path) -> dict[str, Any]:
         raise SweepInputError(f"NOTEBOOK {notebook}: cannot be read as a notebook ({type(err).__name__}: {err})") from None
 
 
+def parameters_cells(nb) -> list:
+    """The code cells tagged `parameters` (papermill injects its values after the first)."""
+    return [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+
+
+def parameters(cell) -> dict:
+    """Literal assignments of a parameters cell (`name = value`, `name: type = value`)."""
+    found = {}
+    for node in ast.parse(cell.source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and value is not None:
+                try:
+                    found[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    found[target.id] = ast.unparse(value)  # not a literal: keep its text
+    return found
+
+
 def assigned_parameters(notebook: str | Path) -> set[str]:
     """Names the `parameters` cell assigns, as Python reads it (papermill reads the cell line by
     line and skips a line it cannot parse)."""
-    from nwor_lab.workshop import chapters
+    import nbformat
 
     try:
-        cells = chapters.parameters_cells(chapters.read(notebook))
-        return set(chapters.parameters(cells[0])) if cells else set()
+        cells = parameters_cells(nbformat.read(str(notebook), as_version=4))
+        return set(parameters(cells[0])) if cells else set()
     except Exception:  # noqa: BLE001 - only used to explain a refusal; papermill's view decides
         return set()
 

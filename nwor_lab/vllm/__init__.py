@@ -36,11 +36,9 @@ Use it through `engine_kwargs(...)` (everything `vllm.LLM(...)` needs) or by han
 """
 from __future__ import annotations
 
-SUPPORTED_VLLM = ("0.32.0",)          # the versions whose internals the hooks below were read from
+from nwor_lab.vllm.plugin import BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, SUPPORTED_VLLM  # noqa: F401 (the package's names)
+
 WORKER_CLS = "nwor_lab.vllm.worker.NworCPUWorker"
-BACKEND_CLS = "nwor_lab.vllm.backend.NworCPUAttentionBackend"
-EAGLE1_ARCH = "EagleLlamaFcBiasForCausalLM"      # vLLM's method "eagle" wants an "Eagle..." name
-EAGLE1_CLS = "nwor_lab.vllm.eagle_head:EagleLlamaFcBiasForCausalLM"
 
 
 def register() -> None:

@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import EXIT_INTERRUPTED, PROG, UsageError
-from nwor_lab.cli.generate import SEPARATOR, parser as lab_parser, stats_line
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError
+from nwor_lab.commandline.generate_flags import SEPARATOR, parser as lab_parser, stats_line
 
 HEADS = {"eagle1": "eagle", "eagle3": "eagle3", "ngram": "ngram"}
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 import logging
 
 from nwor_lab.config import env_bool
-from nwor_lab.vllm import BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, SUPPORTED_VLLM
+
+SUPPORTED_VLLM = ("0.32.0",)          # the versions whose internals the hooks below were read from
+BACKEND_CLS = "nwor_lab.vllm.backend.NworCPUAttentionBackend"
+EAGLE1_ARCH = "EagleLlamaFcBiasForCausalLM"      # vLLM's method "eagle" wants an "Eagle..." name
+EAGLE1_CLS = "nwor_lab.vllm.eagle_head:EagleLlamaFcBiasForCausalLM"
 
 log = logging.getLogger("nwor_lab.vllm")
 _registered = False

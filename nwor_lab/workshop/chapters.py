@@ -10,13 +10,14 @@ It has one code cell tagged `parameters` (papermill injects overrides after it) 
 """
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 import nbformat
+
+from nwor_lab.sweep.plan import parameters, parameters_cells  # the parameters cell is papermill's (the sweep's) contract
 
 KERNEL_NAME = "python3"
 # The kernels a chapter may name: the lab's own, and the one `make setup-vllm` registers for the
@@ -77,25 +78,6 @@ def exercises(nb) -> list[Exercise]:
             first = cell.source.strip().splitlines()[0].lstrip("#").strip()
             if not any(e.title == first for e in found):
                 found.append(Exercise(first, html_anchor(first)))
-    return found
-
-
-def parameters_cells(nb) -> list:
-    return [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
-
-
-def parameters(cell) -> dict:
-    """Literal assignments of a parameters cell (`name = value`, `name: type = value`)."""
-    found = {}
-    for node in ast.parse(cell.source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        value = getattr(node, "value", None)
-        for target in targets:
-            if isinstance(target, ast.Name) and value is not None:
-                try:
-                    found[target.id] = ast.literal_eval(value)
-                except ValueError:
-                    found[target.id] = ast.unparse(value)  # not a literal: keep its text
     return found
 
 

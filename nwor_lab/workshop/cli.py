@@ -1,8 +1,8 @@
 """`nwor-lab workshop build|clean` (also `python -m nwor_lab.workshop build|clean`).
 
-Every argument is checked before the first chapter runs (`nwor_lab.cli.args`: a timeout is a
+Every argument is checked before the first chapter runs (`nwor_lab.commandline.args`: a timeout is a
 finite number of seconds > 0, `--out` a folder we can write, the kernel installed, the chapters
-found), errors take the `nwor-lab` command's one error path (`nwor_lab.cli.errors.run`).
+found), errors take the `nwor-lab` command's one error path (`nwor_lab.commandline.errors.run`).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import argparse
 import sys
 import time
 
-from nwor_lab.cli import args as types
-from nwor_lab.cli.errors import LabArgumentParser, UsageError, run
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError, run
 from nwor_lab.workshop import kit
 
 

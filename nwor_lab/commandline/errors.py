@@ -1,6 +1,6 @@
-"""The `nwor-lab` command's one error path, shared by every command (built in or added later).
+"""The one error path of every command line of the lab (built in or added later).
 
-A command raises; `nwor_lab.cli.main.main` catches, once:
+A command raises; `run` (behind `nwor_lab.cli.main.main`) catches, once:
 
   UsageError, and the lab's domain errors        one line `nwor-lab: error: <message>`, exit 2
     (ValueError, TypeError, IndexError, OSError,  the message names the argument, file or
@@ -24,7 +24,7 @@ usage errors into UsageError too, so they print the same one line.
 
 A new command: `add_parsers(subparsers)` adds its parser with `set_defaults(func=run)`, `run(args)`
 returns the exit code and raises UsageError (or lets the lab's errors through) for bad input.
-Every flag's value is checked at parse time by a type from `nwor_lab.cli.args` (ranges, files it
+Every flag's value is checked at parse time by a type from `nwor_lab.commandline.args` (ranges, files it
 will write, devices), so nothing runs before the whole command line is known to be good.
 """
 from __future__ import annotations
@@ -103,8 +103,8 @@ def describe(err: BaseException) -> tuple[int, str]:
 
 def check_output_path(flag: str, path) -> Path:
     """Before any work: `path` can be written (its folder exists and is writable, it is not a
-    folder). -> the path. Raises UsageError naming `flag` (the rule: `nwor_lab.cli.args.output_file`)."""
-    from nwor_lab.cli.args import output_file
+    folder). -> the path. Raises UsageError naming `flag` (the rule: `nwor_lab.commandline.args.output_file`)."""
+    from nwor_lab.commandline.args import output_file
     try:
         return Path(output_file(os.fspath(path)))
     except argparse.ArgumentTypeError as err:

@@ -6,7 +6,8 @@ Every `nwor-lab` flag takes one of these (or `choices=`), so a bad value fails a
 same shape everywhere: exit 2 and one line `nwor-lab: error: argument --FLAG: <what is allowed>,
 got <value>` (`LabArgumentParser` turns argparse's errors into that line). Torch-free: the command
 line is checked before torch is imported. Whether a device exists, a checkpoint loads or the
-engine's limits fit is checked next, still before any work (`nwor_lab.cli.main`, the commands).
+engine's limits fit is checked next, still before any work (`nwor_lab.commandline.environment`, the
+commands).
 """
 from __future__ import annotations
 

@@ -1,0 +1,60 @@
+"""How the engine benchmarks time a run (`bench engine`, both pairs): the prompts queued on a built
+engine and run to the end (`run_prompts`, all at once or arriving one every few steps), each
+run timed with the device synchronised (`timed`), and the protocol (`time_engine`): one cold run
+(compiles the kernels, warms every batch bucket up), one run that captures each bucket's CUDA
+graph, then `repeats` timed runs, their median reported."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+
+def timed(fn, device) -> tuple[object, float]:
+    """`fn()` -> (its result, seconds), the device synchronised before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def run_prompts(engine, prompts, new_tokens: int, arrival_gap: int = 0) -> list:
+    """Queue `prompts` on `engine` and run it to the end -> the requests. arrival_gap > 0: the
+    prompts arrive one every `arrival_gap` engine steps (requests join a running batch: the
+    serving case, which mixes prefills into decode steps) instead of all at once."""
+    if not arrival_gap:
+        reqs = [engine.add_request(p, new_tokens) for p in prompts]
+        engine.run()
+        return reqs
+    queue, reqs, step = list(prompts), [], 0
+    while queue or engine.scheduler.has_work:
+        if queue and step % arrival_gap == 0:
+            reqs.append(engine.add_request(queue.pop(0), new_tokens))
+        if engine.scheduler.has_work:
+            engine.step_with_progress()
+        step += 1
+    return reqs
+
+
+def time_engine(engine, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,
+                cold: float | None = None) -> dict:
+    """The bench's protocol on a built engine: one cold run (compiles, warms every bucket up; its
+    time `cold` when the caller ran it), one run that captures the buckets' graphs, then `repeats`
+    timed runs; -> their times, the last run's requests, and the trace and target forwards of
+    the timed runs."""
+    def go():
+        return run_prompts(engine, prompts, new_tokens, arrival_gap)
+    if cold is None:
+        _, cold = timed(go, device)
+    go()
+    first_window, forwards = len(engine.trace), engine.target_forwards
+    times, reqs = [], []
+    for _ in range(repeats):
+        reqs, t = timed(go, device)
+        times.append(t)
+    return dict(cold=cold, times=times, seconds=float(np.median(times)), requests=reqs,
+                trace=engine.trace[first_window:], forwards=(engine.target_forwards - forwards) // repeats)
