@@ -13,30 +13,15 @@ and the strategies that keep it across a verify window (policy.py gives the inte
 from __future__ import annotations
 
 from nwor_lab.config import LabConfig, check_config
-from nwor_lab.state.cow import CowState
 from nwor_lab.state.memory import memory_rows, qwen3_next_spec
-from nwor_lab.state.off import OffState
 from nwor_lab.state.policy import Group, StatePolicy, StateWindowError
+from nwor_lab.state.cow import CowState
+from nwor_lab.state.off import OffState
+from nwor_lab.state.registry import STATE_POLICIES, register_state_policy
 from nwor_lab.state.replay import ReplayState
 from nwor_lab.state.snapshots import SnapshotsState
 from nwor_lab.state.stage import StageState
 from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
-
-STATE_POLICIES: dict[str, type[StatePolicy]] = {}
-
-
-def register_state_policy(name: str, cls: type[StatePolicy]) -> type[StatePolicy]:
-    if not (isinstance(cls, type) and issubclass(cls, StatePolicy)):
-        raise TypeError(f"register_state_policy({name!r}, ...): expected a StatePolicy subclass, got {cls!r}")
-    cls.name = name
-    STATE_POLICIES[name] = cls
-    return cls
-
-
-for _name, _cls in (("off", OffState), ("snapshots", SnapshotsState), ("cow", CowState),
-                    ("replay", ReplayState), ("stage", StageState)):
-    register_state_policy(_name, _cls)
-
 
 def state_policy_class(config: LabConfig) -> type[StatePolicy]:
     """The strategy `config.state_mode` selects; `auto` takes the one named like `config.nwor_mode`."""

@@ -25,7 +25,7 @@ def qwen3_next_spec(dtype=torch.bfloat16) -> RecurrentSpec:
 
 def memory_rows(spec: RecurrentSpec, k: int, policies: dict[str, type[StatePolicy]] | None = None) -> list[dict]:
     if policies is None:
-        from nwor_lab.state import STATE_POLICIES as policies
+        from nwor_lab.state.registry import STATE_POLICIES as policies
     rows = []
     for name, cls in policies.items():
         steady = cls.steady_bytes_per_request(k, spec)
