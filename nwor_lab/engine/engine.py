@@ -109,6 +109,9 @@ class SpecEngine:
                                     "linear slots and full-context attention only")
             else:
                 self.graphed = GraphedVerify(self, max_num_seqs, max_num_batched_tokens)
+        # optional (engine, requests) -> list[int] | None: drafts (0..k) each request verifies in the
+        # next window (an adaptive k, nwor_lab.serve.AdaptiveK); None, or all k: the k drafts as usual
+        self.draft_counts = None
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
@@ -202,6 +205,12 @@ class SpecEngine:
             chain = self.graphed.chain_done(self.step_index)
             if chain is not None:
                 self._end_window(*chain)
+            if self.draft_counts is not None and self.graphed.pending_requests is None:
+                # the chain rode in the graph with k drafts: verify only the hook's prefix (a step
+                # pre-launched already verifies all k: its drafts are on the device)
+                reqs = [batch.requests[i] for i in live]
+                for r, n in zip(reqs, self.draft_counts(self, reqs) or [self.k] * len(reqs)):
+                    r.keep_drafts(n)
         elif self.drafting and live:
             self._draft([batch.requests[i] for i in live], features[live])
         self.step_index += 1
@@ -300,13 +309,19 @@ class SpecEngine:
     def _draft(self, requests: list[Request], features: torch.Tensor) -> None:
         """Drafts for the next window: the chain's CUDA graph when it can (GraphedDraft), else the
         eager drafter."""
+        n_drafts = self.draft_counts(self, requests) if self.draft_counts is not None else None
+        if n_drafts is not None and (len(n_drafts) != len(requests) or any(not 0 <= n <= self.k for n in n_drafts)):
+            raise ValueError(f"draft_counts returned {list(n_drafts)} for {len(requests)} requests: one count "
+                             f"in 0..k={self.k} per request")
+        if n_drafts is not None and all(n == self.k for n in n_drafts):
+            n_drafts = None
         graphed = self.graphed.draft if self.graphed is not None else None
-        if graphed is not None and graphed.eligible(requests):
+        if graphed is not None and n_drafts is None and graphed.eligible(requests):
             self._end_window(*graphed.draft(requests, features, self.step_index, self.graphed.capture))
             return
-        n_drafts = None
         if self.sliding is not None and self.sliding.guard:   # t_last of the next window sits at num_computed
-            n_drafts = [self.sliding.drafts_allowed(r.num_computed, self.k) for r in requests]
+            guard = [self.sliding.drafts_allowed(r.num_computed, self.k) for r in requests]
+            n_drafts = guard if n_drafts is None else [min(n, g) for n, g in zip(n_drafts, guard)]
         chain = self.drafter.draft(requests, features, self.step_index, n_drafts)
         if chain is not None:
             self._end_window(*chain)
