@@ -7,7 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
     {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies"}, {"speculative"},
-    {"model"}, {"engine"}, {"distributed"}, {"train"},
+    {"model"}, {"engine"}, {"distributed"}, {"train"}, {"serve"},
     {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "why", "__init__", "__main__",
      "checkpoints"},
     {"vllm"},     # the vLLM plugin: the only package that imports vllm; nothing imports it
