@@ -162,3 +162,26 @@ def test_serve_open_and_closed_loop(pair):
     assert sends[:2] == [0.0, 0.0] and sends[2:] == finishes[:3]
     with pytest.raises(ValueError, match="not both"):
         serve(e, specs, arrivals=[0.0] * 5, concurrency=2)
+
+
+def test_draft_counts_hook_on_the_graphed_path_keeps_tokens_exact():
+    """The graphed engine (run on CPU without capture) carries the chain in its step with k drafts;
+    the hook's cut applies to the next window (eager then), and tokens stay the eager engine's."""
+    from nwor_lab.engine.graphed import GraphedVerify
+    from nwor_lab.model.toy import toy_pair
+    target, head = toy_pair(0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [3, 3, 3]]
+    outs, seen = {}, set()
+    for graphed, hook in ((False, False), (True, True)):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=4)
+        if graphed:
+            e.graphed = GraphedVerify(e, 4, 1024, capture=False)
+        if hook:
+            counts = iter([3, 0, 2, 3, 1] * 100)
+            e.draft_counts = lambda eng, reqs: [next(counts)] * len(reqs)
+        reqs = [e.add_request(p, 14) for p in prompts]
+        e.run()
+        outs[graphed] = [r.output for r in reqs]
+        seen = {d for w in e.trace if w.kind == "verify" for d in w.drafted}
+    assert outs[True] == outs[False]
+    assert 0 in seen and len(seen) >= 3 and e.graphed.steps > 0     # cut windows, whole ones replayed

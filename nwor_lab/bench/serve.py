@@ -23,7 +23,8 @@ learned across the config's load points, as a server would.
 Per load point (`nwor_lab.serve.metrics`, vLLM's names): TTFT, TPOT, ITL, E2EL (mean, p50, p90,
 p99 ms), request / output / total token throughput, request goodput under `--goodput`
 (default tpot:50), accept_length, occupancy (mean batch and a timeline), decode steps by
-(requests, drafts). `crossover`: per load point, each config's TPOT p50 and output throughput
+(requests, drafts). `components` (8B shape, `--components`): a decode step, a verify step and a
+head pass timed alone at those batch sizes. `crossover`: per load point, each config's TPOT p50 and output throughput
 against target-only's. JSON on stdout (one line per load point) and in `--out`; a progress bar on
 stderr (`--quiet`: none).
 """
@@ -105,6 +106,9 @@ def parser() -> LabArgumentParser:
     p.add_argument("--seed", type=types.integer(0), default=0)
     p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
     p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
+    p.add_argument("--components", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(),
+                   help="8B shape: also time a decode step, a verify step of 1 + k-max tokens and one head pass "
+                        "at these batch sizes (CUDA-graph replays, bench engine --model 8b's napkin inputs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     return p
@@ -213,6 +217,16 @@ def main(argv=None) -> dict:
     target, heads, make_specs, acceptance = load_models(args, device, dtype)
     every = make_specs(args.requests + n_warm)
     specs, warmup = every[:args.requests], every[args.requests:]
+    components = []
+    if args.components:
+        if args.model == "shipped":
+            raise UsageError("bench serve --components: the component timings are the 8B shape's (--model 8b)")
+        from nwor_lab.bench.engine8b import component_times
+        context = args.prompt_len + args.output_len // 2
+        for bs in args.components:
+            components.append(component_times(target, heads, bs, [args.k_max], context, args.attention, device))
+            print(json.dumps(components[-1]), flush=True)
+    args.component_rows = components
     rows = []
     configs = [(None, 0, "off")] if (None, 0) in args.configs else []
     configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
@@ -246,7 +260,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},
            "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
-           "results": rows, "crossover": crossover(rows)}
+           "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
     if args.out:
         atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
     return out
