@@ -1,4 +1,4 @@
-"""nwor_lab.serve: the workload, the wall-clock driver (open and closed loop) on the shipped pair,
+"""nwor_lab.serve: the workload, the wall-clock driver (open and closed loop) on a toy pair,
 the metrics' definitions (vLLM's) on hand-made runs, AdaptiveK's decisions on fed measurements,
 and the engine's `draft_counts` hook (tokens stay exact whatever counts it returns)."""
 import math
@@ -107,17 +107,17 @@ def test_adaptive_k_refreshes_the_unused_anchor_and_checks_its_arguments():
         AdaptiveK(2, candidates=[5])
 
 
-# -- the engine hook and the driver on the shipped pair ---------------------------------------------
+# -- the engine hook and the driver on a toy pair ---------------------------------------------
 @pytest.fixture(scope="module")
 def pair():
-    from nwor_lab.model.shipped import load_tiny
-    target, head, _ = load_tiny(head="eagle1")
-    return target, head
+    from nwor_lab.model.toy import toy_pair
+    return toy_pair(0)
 
 
 def engine_for(pair, k):
     target, head = pair
-    return SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage"), k=k, num_blocks=64, max_num_seqs=4)
+    return SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage"), k=k, block_size=4, num_blocks=64,
+                      max_num_seqs=4)
 
 
 def test_draft_counts_hook_keeps_tokens_exact(pair):
