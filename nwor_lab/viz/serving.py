@@ -67,7 +67,8 @@ def serve_table(result: Mapping) -> list[dict]:
     out = []
     for r in result["results"]:
         b = base.get((r["mode"], _load_key(r)))
-        row = {"load": f"{_load_key(r)} req/s" if r["mode"] == "open" else f"{_load_key(r)} clients",
+        c = _load_key(r)
+        row = {"load": f"{c} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
                "config": r["config"], **{f"{m}_{p}": r[f"{p}_{m}_ms"] for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                "tok_s": r["output_throughput"], "accept_length": r.get("accept_length"),
                "mean_batch": r["occupancy"]["mean_batch"]}
@@ -83,8 +84,8 @@ def crossover_points(result: Mapping, config: str) -> dict:
     p50 (`tpot`) and on output tokens/s (`throughput`); None where it never stops (in the range run)."""
     rows = [r for r in serve_table(result) if r["config"] == config and "tpot_speedup" in r]
     out = {}
-    for mode, unit in (("open", " req/s"), ("closed", " clients")):
-        pts = sorted((r for r in rows if r["load"].endswith(unit)), key=lambda r: float(r["load"].split()[0]))
+    for mode, unit in (("open", " req/s"), ("closed", " client")):
+        pts = sorted((r for r in rows if unit in r["load"]), key=lambda r: float(r["load"].split()[0]))
         out[mode] = {m: next((r["load"] for r in pts if r[key] is not None and r[key] < 1.0), None)
                      for m, key in (("tpot", "tpot_speedup"), ("throughput", "throughput_ratio"))}
     return out
