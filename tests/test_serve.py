@@ -185,3 +185,39 @@ def test_draft_counts_hook_on_the_graphed_path_keeps_tokens_exact():
         seen = {d for w in e.trace if w.kind == "verify" for d in w.drafted}
     assert outs[True] == outs[False]
     assert 0 in seen and len(seen) >= 3 and e.graphed.steps > 0     # cut windows, whole ones replayed
+
+
+# -- the bench's arguments and the chapter's readings of a result ----------------------------------
+def test_config_spec_parses_and_names_the_fix():
+    import argparse
+    from nwor_lab.bench.serve import config_spec
+    assert config_spec("target") == (None, 0) and config_spec("eagle3:4") == ("eagle3", 4)
+    assert config_spec("eagle1:auto") == ("eagle1", "auto")
+    for bad in ("eagle2:4", "eagle3", "eagle3:0", "eagle3:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="HEAD:K"):
+            config_spec(bad)
+
+
+def fake_result():
+    def row(config, c, tpot, tput, steps, L=None):
+        return {"config": config, "mode": "closed", "concurrency": c, "p50_tpot_ms": tpot, "p90_tpot_ms": tpot,
+                "p99_tpot_ms": tpot, "p50_ttft_ms": 1.0, "p90_ttft_ms": 1.0, "p99_ttft_ms": 1.0,
+                "output_throughput": tput, "accept_length": L, "occupancy": {"mean_batch": float(c)},
+                "steps_by_batch": steps}
+    dec = lambda n, ms: {"requests": n, "drafts": 0, "steps": 10, "mean_ms": ms, "tokens_per_step": n}  # noqa: E731
+    spec = lambda n, ms: {"requests": n, "drafts": 4, "steps": 10, "mean_ms": ms, "tokens_per_step": 3 * n}  # noqa: E731
+    return {"results": [row("target-only", 1, 10.0, 100.0, [dec(1, 10.0)]),
+                        row("target-only", 8, 12.0, 660.0, [dec(8, 12.0)]),
+                        row("eagle", 1, 4.0, 250.0, [spec(1, 12.0)], 3.0),
+                        row("eagle", 8, 15.0, 530.0, [spec(8, 45.0)], 3.0)]}
+
+
+def test_the_crossover_is_found_and_explained_from_the_steps():
+    from nwor_lab.viz.serving import crossover_points, explain, serve_table
+    r = fake_result()
+    rows = {(x["config"], x["load"]): x for x in serve_table(r)}
+    assert rows["eagle", "1 client"]["tpot_speedup"] == 2.5 and rows["eagle", "8 clients"]["throughput_ratio"] < 1
+    assert crossover_points(r, "eagle")["closed"] == {"tpot": "8 clients", "throughput": "8 clients"}
+    e = {x["clients"]: x for x in explain(r, "eagle")}
+    assert e[1]["predicted_speedup"] == pytest.approx(3 * 10 / 12, abs=1e-3)     # L x decode / EAGLE step
+    assert e[8]["step_ratio"] == pytest.approx(45 / 12, abs=1e-3) and e[8]["predicted_speedup"] < 1

@@ -64,9 +64,9 @@ def config_spec(text: str) -> tuple[str | None, int | str]:
     try:
         n = int(k)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: K is a draft count 1..16 or `auto`") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`") from None
     if not 1 <= n <= 16:
-        raise argparse.ArgumentTypeError(f"{text!r}: K is a draft count 1..16 or `auto`")
+        raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`")
     return head, n
 
 
