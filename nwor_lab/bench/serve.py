@@ -131,9 +131,8 @@ def load_models(args, device, dtype):
             heads[h] = head
         heads = {h: heads[h] for h in heads_needed}
         stream = held_out_stream(tok)
-        n = args.requests + (args.warmup or 0)
-        return target, heads, lambda n=n: specs_from_stream(stream, n, args.prompt_len, args.output_len,
-                                                            args.range_ratio, args.seed), None
+        return target, heads, lambda n: specs_from_stream(stream, n, args.prompt_len, args.output_len,
+                                                          args.range_ratio, args.seed), None
     from nwor_lab.model.shapes import random_head, random_target
     from nwor_lab.speculative.synthetic import ForcedAcceptance
     try:
