@@ -43,7 +43,7 @@ import torch
 from nwor_lab import atomic
 from nwor_lab.cli import args as types
 from nwor_lab.cli.errors import LabArgumentParser, UsageError
-from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.config import NWOR_MODES, SCV_MODES
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
 from nwor_lab.serve.driver import Progress
 from nwor_lab.serve.workload import poisson_arrivals, random_specs, specs_from_stream
@@ -88,6 +88,9 @@ def parser() -> LabArgumentParser:
                    help="comma-separated: target, HEAD:K, HEAD:auto (HEAD eagle1 or eagle3)")
     p.add_argument("--k-max", type=types.integer(1, 16), default=4, help="drafts an `auto` engine may verify")
     p.add_argument("--policies", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=("stage",))
+    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
+                   help="SCV mode of the EAGLE engines (graph: the acceptance mask on the device, as graphed steps "
+                        "need it)")
     p.add_argument("--rates", type=types.listed(types.number_in(1e-3, math.inf), "request rates"), default=(),
                    help="open loop: Poisson request rates, requests per second of wall time (inf: all at once)")
     p.add_argument("--concurrency", type=types.listed(types.integer(1, 4096), "client counts"), default=(),
@@ -151,7 +154,7 @@ def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs
     from nwor_lab.bench.engine8b import build_engine
     longest_prompt = max(len(s.prompt) for s in specs)
     longest_output = max(s.output_len for s in specs)
-    return build_engine(target, head, k, mode, "off", max_num_seqs, longest_prompt, longest_output,
+    return build_engine(target, head, k, mode, args.scv, max_num_seqs, longest_prompt, longest_output,
                         acceptance if k else None, args.attention, not args.no_cuda_graph)
 
 
@@ -231,7 +234,7 @@ def main(argv=None) -> dict:
     configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
     for head, k, mode in configs:
         k_engine = args.k_max if k == "auto" else k
-        name = "target-only" if head is None else f"{head} k={k} nwor={mode}"
+        name = "target-only" if head is None else f"{head} k={k} nwor={mode}"   # (scv: --scv, in the JSON)
         engine = build(target, heads.get(head), k_engine, mode, args, every, acceptance, max_num_seqs)
         k_auto = None
         if k == "auto":
@@ -257,7 +260,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
                         "range_ratio": args.range_ratio, "seed": args.seed, "warmup_requests": args.warmup,
                         "prompts": "held-out corpus text" if args.model == "shipped" else "random ids"},
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},
-           "goodput_slo_ms": args.goodput.describe(), "complete": complete,
+           "scv": args.scv, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
            "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
     if args.out:
