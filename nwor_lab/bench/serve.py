@@ -172,6 +172,9 @@ def run_config(engine, name: str, k_auto, points, specs, warmup, args, device) -
         run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
                     controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
         row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
+        if k_auto is not None and not k_auto.decisions:
+            raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
+                               f"without the hook would run k_max every step: not an adaptive k)")
         if k_auto is not None:
             row["k_auto"] = k_auto.describe()
         rows.append(row)
