@@ -221,3 +221,8 @@ def test_the_crossover_is_found_and_explained_from_the_steps():
     e = {x["clients"]: x for x in explain(r, "eagle")}
     assert e[1]["predicted_speedup"] == pytest.approx(3 * 10 / 12, abs=1e-3)     # L x decode / EAGLE step
     assert e[8]["step_ratio"] == pytest.approx(45 / 12, abs=1e-3) and e[8]["predicted_speedup"] < 1
+    assert "napkin_step_ms" not in e[8]                      # no components timed
+    r["components"] = [{"batch": 8, "decode_ms": 11.0, "verify_k4_ms": 30.0, "eagle_pass_ms": 2.0}]
+    r["results"] = [dict(x, config=x["config"].replace("eagle", "eagle k=4")) for x in r["results"]]
+    e8 = {x["clients"]: x for x in explain(r, "eagle k=4")}[8]
+    assert e8["napkin_step_ms"] == 38.0 and e8["component_verify_ms"] == 30.0

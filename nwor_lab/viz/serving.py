@@ -111,8 +111,33 @@ def explain(result: Mapping, config: str) -> list[dict]:
         n = max(common, key=lambda n: mine[n]["steps"])
         decode, step = theirs[n]["mean_ms"], mine[n]["mean_ms"]
         per_request = mine[n]["tokens_per_step"] / n          # L over this batch's steps
-        out.append({"clients": r["concurrency"], "batch": n, "decode_ms": decode, "eagle_step_ms": step,
-                    "step_ratio": round(step / decode, 3), "tokens_per_request_step": round(per_request, 3),
-                    "predicted_speedup": round(per_request * decode / step, 3),
-                    "measured_tpot_speedup": round(b["p50_tpot_ms"] / r["p50_tpot_ms"], 3)})
+        row = {"clients": r["concurrency"], "batch": n, "decode_ms": decode, "eagle_step_ms": step,
+               "step_ratio": round(step / decode, 3), "tokens_per_request_step": round(per_request, 3),
+               "predicted_speedup": round(per_request * decode / step, 3),
+               "measured_tpot_speedup": round(b["p50_tpot_ms"] / r["p50_tpot_ms"], 3)}
+        row.update(_components_at(result, config, n))
+        out.append(row)
     return out
+
+
+def _components_at(result: Mapping, config: str, batch: int) -> dict:
+    """The parts timed alone (`bench serve --components`, 8B shape) at this batch, for an EAGLE
+    config named `HEAD k=K ...`: the napkin step (a verify of 1 + K tokens + K head passes) and
+    what the measured step spends beyond it (sampler, commit, host, launch gaps)."""
+    comps = {c["batch"]: c for c in result.get("components", [])}
+    parts = config.split()
+    c = comps.get(batch)
+    if c is None or len(parts) < 2 or not parts[1].startswith("k="):
+        return {}
+    head, k = parts[0], parts[1][2:]
+    if not k.isdigit():                     # k=auto: the components were timed at k_max
+        timed = [int(key[len("verify_k"):-len("_ms")]) for key in c if key.startswith("verify_k")]
+        if not timed:
+            return {}
+        k = str(max(timed))
+    k = int(k)
+    verify, head_ms = c.get(f"verify_k{k}_ms"), c.get(f"{head}_pass_ms")
+    if verify is None or head_ms is None:
+        return {}
+    return {"component_decode_ms": c["decode_ms"], "component_verify_ms": verify, "component_head_pass_ms": head_ms,
+            "napkin_step_ms": round(verify + k * head_ms, 3)}
