@@ -17,8 +17,9 @@ Configs (`--configs`): `target` (target-only), `HEAD:K` (eagle1 / eagle3, K draf
 (an engine with `--k-max` drafts whose count is chosen per step by `nwor_lab.serve.AdaptiveK`),
 each under every `--policies` write policy. One engine per config serves every load point in
 turn (rates ascending, then concurrencies), after an untimed warm-up of `--warmup` requests at
-`--max-num-seqs` (compiles kernels, captures CUDA graphs); an adaptive controller keeps what it
-learned across the config's load points, as a server would.
+`--max-num-seqs` (compiles kernels, captures CUDA graphs); the configs take turns at each load
+point, so a drift of the machine hits them alike; an adaptive controller keeps what it learned
+across the config's load points, as a server would.
 
 Per load point (`nwor_lab.serve.metrics`, vLLM's names): TTFT, TPOT, ITL, E2EL (mean, p50, p90,
 p99 ms), request / output / total token throughput, request goodput under `--goodput`
@@ -158,29 +159,31 @@ def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs
                         acceptance if k else None, args.attention, not args.no_cuda_graph)
 
 
-def run_config(engine, name: str, k_auto, points, specs, warmup, args, device) -> list[dict]:
-    rows = []
+def warm_up(engine, name: str, k_auto, warmup, args) -> None:
+    """Untimed requests at max_num_seqs (compiles, captures each bucket's graph; teaches k_auto)."""
     if warmup:
         serve(engine, warmup, concurrency=engine.scheduler.max_num_seqs, controller=k_auto,
               progress=None if args.quiet else Progress(len(warmup), f"{name} warm-up"))
-    for point in points:
-        first = len(engine.trace)
-        arrivals = poisson_arrivals(len(specs), point["rate"], args.seed + 3) if point["mode"] == "open" else None
-        label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
-                    controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
-        row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
-        if k_auto is not None and not k_auto.decisions:
-            raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
-                               f"without the hook would run k_max every step: not an adaptive k)")
-        if k_auto is not None:
-            row["k_auto"] = k_auto.describe()
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto")}),
-              flush=True)
-    return rows
+
+
+def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> dict:
+    """One config at one load point -> its row (also printed as one JSON line)."""
+    first = len(engine.trace)
+    arrivals = poisson_arrivals(len(specs), point["rate"], args.seed + 3) if point["mode"] == "open" else None
+    label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
+                controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
+    row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
+    if k_auto is not None and not k_auto.decisions:
+        raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
+                           f"without the hook would run k_max every step: not an adaptive k)")
+    if k_auto is not None:
+        row["k_auto"] = k_auto.describe()
+    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto")}),
+          flush=True)
+    return row
 
 
 def crossover(rows: list[dict]) -> list[dict]:
@@ -235,6 +238,7 @@ def main(argv=None) -> dict:
     rows = []
     configs = [(None, 0, "off")] if (None, 0) in args.configs else []
     configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
+    engines = []                       # every config's engine, built and warmed up once
     for head, k, mode in configs:
         k_engine = args.k_max if k == "auto" else k
         name = "target-only" if head is None else f"{head} k={k} nwor={mode}"   # (scv: --scv, in the JSON)
@@ -243,13 +247,17 @@ def main(argv=None) -> dict:
         if k == "auto":
             k_auto = AdaptiveK(k_engine)
             engine.draft_counts = k_auto
-        rows += run_config(engine, name, k_auto, points, specs, warmup, args, device)
-        del engine
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        warm_up(engine, name, k_auto, warmup, args)
+        engines.append((engine, name, k_auto))
+    # configs interleaved at each load point: a drift of the machine (a neighbour's load, clocks)
+    # hits every config of a point alike, not one config's whole sweep
+    for point in points:
+        for engine, name, k_auto in engines:
+            rows.append(run_point(engine, name, k_auto, point, specs, args, device))
         if args.out:                              # what is measured so far survives a timeout
             write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=False)
+    del engines
+    gc.collect()
     return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=True)
 
 
