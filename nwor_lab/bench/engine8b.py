@@ -2,7 +2,6 @@
 with an EAGLE-1-shaped and an EAGLE-3-shaped head, drafts accepted by a forced profile.
 
     nwor-lab bench engine --model 8b --device cuda --out benchmarks/results/engine8b_h100.json
-    nwor-lab bench engine --model 8b --arrivals staggered --heads eagle3 --ks 4 --batch-sizes 8,32
     nwor-lab bench engine --model 8b-mini --device cpu      (the same code path at toy size)
 
 What runs (`nwor_lab.model.shapes`): the 8B target (bf16, ~16 GB), the heads (EAGLE-1: the target's
@@ -17,9 +16,11 @@ Tokens are random ids: meaningless, and different from target-only's by design.
 Per batch size: target-only, then every head x k x write policy (SCV `--scv`), each on its own
 engine with the protocol of `bench engine` (a cold run, a capturing run, `--repeats` timed runs,
 median). Prompts: `--prompt-len` random ids; at batch 1 two prompts one after the other, else
-`batch` prompts together, or (`--arrivals staggered`) 2 x batch prompts arriving one every
-`--arrival-gap` steps (requests join a running batch: mixed prefill + decode steps), with the
-mixed steps replayed from graphs and left eager (`mixed_graphs`), for the comparison.
+`batch` prompts together. Requests joining a running batch are `nwor-lab bench serve`'s: arrivals
+in wall-clock time (Poisson, or closed-loop clients). This bench's `--arrivals staggered` spaced
+arrivals in engine steps, so configs whose steps last differently (EAGLE vs target-only) saw
+different workloads in time: it is gone (its stored runs, `engine8b_staggered_*.json`, compared
+mixed steps replayed from graphs against the same steps eager, within one config).
 
 Rows: tokens/s end to end, and `decode_tokens_per_s` without the prefill (a run of the same
 prompts for one token, timed alike, subtracted: `prefill_seconds`), each one's speedup over
@@ -310,11 +311,8 @@ def parser() -> LabArgumentParser:
     p.add_argument("--prompt-len", type=types.integer(1, 4096), default=64)
     p.add_argument("--new-tokens", type=types.integer(2, 4096), default=64)
     p.add_argument("--repeats", type=types.integer(1, 100), default=2)
-    p.add_argument("--arrivals", type=types.one_of(("together", "staggered")), default="together")
-    p.add_argument("--arrival-gap", type=types.integer(1, 10_000), default=4,
-                   help="staggered: engine steps between two arrivals")
-    p.add_argument("--mixed-graphs", type=types.one_of(("on", "off", "both")), default=None,
-                   help="replay steps that mix prefills and decodes from graphs (default: on; staggered: both)")
+    p.add_argument("--mixed-graphs", type=types.one_of(("on", "off", "both")), default="on",
+                   help="replay steps with prefills from graphs (on), eagerly (off), or both for the comparison")
     p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
     p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate row")
@@ -339,9 +337,8 @@ def main(argv=None) -> dict:
     except ValueError as err:
         raise UsageError(f"argument --acceptance: {err}") from None
     dtype = getattr(torch, args.dtype)
-    staggered = args.arrivals == "staggered"
-    gap = args.arrival_gap if staggered else 0
-    mixed_modes = {"on": [True], "off": [False], "both": [True, False], None: [True, False] if staggered else [True]}
+    gap = 0                       # arrivals in engine steps are gone (module docstring): all together
+    mixed_modes = {"on": [True], "off": [False], "both": [True, False]}
     graphs = not args.no_cuda_graph
     t_start = time.perf_counter()
     target = random_target(args.model, device, dtype)
@@ -350,11 +347,11 @@ def main(argv=None) -> dict:
              **{f"{n}_gib": round(parameter_bytes(h) / 2**30, 3) for n, h in heads.items()}}
     print(json.dumps({"model": args.model, **sizes}), flush=True)
     # the outside baseline first (Hugging Face generate, the same weights): it is in every file written
-    hf = [] if args.no_hf or staggered else hf_rows(target, args.batch_sizes, args.prompt_len, args.new_tokens,
+    hf = [] if args.no_hf else hf_rows(target, args.batch_sizes, args.prompt_len, args.new_tokens,
                                                     device, args.hf_repeats)
     rows, components = [], []
     for bs in args.batch_sizes:
-        prompts = prompts_for(bs, args.prompt_len, target.config.vocab_size, staggered)
+        prompts = prompts_for(bs, args.prompt_len, target.config.vocab_size, False)
         if not args.no_components:
             c = component_times(target, heads, bs, args.ks, args.prompt_len + args.new_tokens // 2, args.attention,
                                 device)

@@ -109,6 +109,9 @@ class SpecEngine:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
             self.drafter = Drafter(head, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
+        # optional (engine, requests) -> drafts 0..k per request for the next window (None: k each),
+        # asked before each step, whose draft chain drafts that window (nwor_lab.serve.AdaptiveK)
+        self.draft_counts = None
         self.graphed_off = None      # why steps stay eager although CUDA graphs were asked for
         capture = can_capture(self)
         if capture and self.sliding is not None and self.sliding.ring_slots is not None \

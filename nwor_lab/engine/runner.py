@@ -210,7 +210,7 @@ class StepRunner:
         sched = e.scheduler
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
-        return (self.prelaunch and not guard and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+        return (self.prelaunch and not guard and e.draft_counts is None and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
                 and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)

@@ -51,13 +51,14 @@ class StepInputs:
             dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),
             rows_logits=((size * (k + 1),), torch.long), draft_rows=((size * k,), torch.long),
             last_rows=((size,), torch.long), num_drafts=((size,), torch.long), remaining=((size,), torch.long),
-            start=((size,), torch.long), token_req=((tokens,), torch.int32), draft_pos=((tokens,), torch.int32),
+            start=((size,), torch.long), draft_limit=((size,), torch.long), token_req=((tokens,), torch.int32), draft_pos=((tokens,), torch.int32),
             drafts=((size * k,), torch.int32), qsl=((size + 1,), torch.int32), cache_lens=((size,), torch.int32),
             tables=((size, max_blocks(e)), torch.int32))
         i = self.inputs.dev
         self.ids, self.positions, self.req_key, self.start = i["ids"], i["positions"], i["req_key"], i["start"]
         self.rows_logits, self.last_rows, self.num_drafts = i["rows_logits"], i["last_rows"], i["num_drafts"]
         self.remaining, self.qsl, self.tables, self.cache_lens = i["remaining"], i["qsl"], i["tables"], i["cache_lens"]
+        self.draft_limit = i["draft_limit"]         # drafts each request may propose for the next window
         # every request slot has k drafts in the sampler's layout: target rows then the bonus row
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
@@ -119,6 +120,7 @@ class StepInputs:
         h["drafts"][:] = rows["drafts"] + [-1] * (pad_reqs * k)
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
+        h["draft_limit"][:] = draft_limits(engine, requests) + [0] * pad_reqs
         self.inputs.upload()
         if self.draft_probs is not None:
             self.draft_probs.zero_()
@@ -299,7 +301,7 @@ def run_step(engine, inp: StepInputs):
     if inp.chain is not None:
         live = accepted + 1 < inp.remaining                           # still running after this step
         base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
-        counts = torch.where(live, _drafts_allowed(e, base), 0)
+        counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
         drafts, probs = draft_chain(e, inp.chain, base, counts, features)
         packed.append(drafts)
     if inp.feeds_itself:
@@ -328,6 +330,21 @@ def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     if drafts is not None:
         inp.spec.draft_token_ids.copy_(torch.where(real[:, None], drafts, -1).reshape(-1).int())
     inp.start.copy_(start)
+
+
+def draft_limits(e, requests) -> list[int]:
+    """Drafts each request may propose for its next window: `engine.draft_counts(engine, requests)`
+    when set (checked: one count in 0..k per request), else k."""
+    k = e.k if e.drafting else 0
+    got = e.draft_counts(e, requests) if e.draft_counts is not None and k else None
+    if got is None:
+        return [k] * len(requests)
+    got = list(got)
+    if len(got) != len(requests) or any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= k
+                                        for n in got):
+        raise ValueError(f"draft_counts returned {got!r}: give one int in 0..{k} (the engine's k) per request, "
+                         f"{len(requests)} here")
+    return got
 
 
 def _drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:

@@ -5,8 +5,7 @@
 #       `bench engine --model 8b` (batch 1/8/32 x target-only, EAGLE-1/EAGLE-3 shapes x k 2/4/6 x
 #       off/cow/stage, HF generate); the engine's earlier GPU tests in the time left
 #   B   `bench step` on the 8B shape (batch 1/16/64, k 4, acceptance 0.5, policies interleaved),
-#       ncu of verify attention's window vs cache variant before/after, `bench engine --model 8b`
-#       with staggered arrivals (mixed steps graphed vs eager), compute-sanitizer memcheck +
+#       ncu of verify attention's window vs cache variant before/after, compute-sanitizer memcheck +
 #       racecheck over the Triton kernels
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/issue21_run.sh A    (then B)
 set -uo pipefail
@@ -57,11 +56,8 @@ for line in sys.stdin:
           f\"  eager stage/off {r['stage']['eager_vs_off']:.4f} cow/off {r['cow']['eager_vs_off']:.4f}\")"
   stage "ncu: verify attention window vs cache, before / after"
   bash tests/gpu/ncu_verify_attention.sh
-  stage "bench engine --model 8b, staggered arrivals"
-  timeout $(lim 200) python3 -m nwor_lab.cli.main bench engine --model 8b --device cuda --arrivals staggered \
-    --heads eagle3 --ks 4 --policies stage --batch-sizes 8,32 --no-components \
-    --out "$OUT/engine8b_staggered_$TAG.json" > "$OUT/engine8b_staggered.log" 2>&1
-  echo "staggered exit $?"; tail -8 "$OUT/engine8b_staggered.log" | cut -c1-300
+  # (the staggered-arrivals run that was here is gone with `--arrivals staggered`: requests
+  #  joining mid-run in wall-clock time are tests/gpu/serve_run.sh's `bench serve`)
   stage "compute-sanitizer over the Triton kernels"
   bash tests/gpu/sanitize.sh
 fi

@@ -1,0 +1,283 @@
+"""Benchmark (not a test): the engine as a server, in wall-clock time: TTFT, TPOT, ITL, goodput.
+
+    nwor-lab bench serve --device cpu --rates 1,2,4 --concurrency 1,4 --out serve_cpu.json
+    nwor-lab bench serve --model 8b --device cuda --configs target,eagle3:4,eagle3:auto \\
+        --rates 2,4,8,16,32 --concurrency 1,8,32 --out benchmarks/results/serve_8b_h100.json
+
+Load (`nwor_lab.serve.driver`): open loop, a Poisson process at each `--rates` request rate
+(requests per second of wall time), and closed loop, each `--concurrency` clients sending their
+next request the moment the last one finished (the batch never drains until the workload ends).
+Requests (`nwor_lab.serve.workload`, fixed seed, the same for every config): prompt and output
+lengths uniform in L (1 +- `--range-ratio`) (vLLM's random dataset); prompts are held-out corpus
+text for the shipped pair, random ids for the 8B shape (`--model 8b` / `8b-mini`, drafts accepted
+by the forced `--acceptance` profile, as `bench engine --model 8b`). Every output is generated
+to its length (no end token: vLLM's --ignore-eos).
+
+Configs (`--configs`): `target` (target-only), `HEAD:K` (eagle1 / eagle3, K drafts) and `HEAD:auto`
+(an engine with `--k-max` drafts whose count is chosen per step by `nwor_lab.serve.AdaptiveK`),
+each under every `--policies` write policy. One engine per config serves every load point in
+turn (rates ascending, then concurrencies), after an untimed warm-up of `--warmup` requests at
+`--max-num-seqs` (compiles kernels, captures CUDA graphs); the configs take turns at each load
+point, so a drift of the machine hits them alike; an adaptive controller keeps what it learned
+across the config's load points, as a server would.
+
+Per load point (`nwor_lab.serve.metrics`, vLLM's names): TTFT, TPOT, ITL, E2EL (mean, p50, p90,
+p99 ms), request / output / total token throughput, request goodput under `--goodput`
+(default tpot:50), accept_length, occupancy (mean batch and a timeline), decode steps by
+(requests, drafts). `components` (8B shape, `--components`): a decode step, a verify step and a
+head pass timed alone at those batch sizes. `crossover`: per load point, each config's TPOT p50 and output throughput
+against target-only's. JSON on stdout (one line per load point) and in `--out`; a progress bar on
+stderr (`--quiet`: none).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import platform
+import sys
+import time
+
+import torch
+
+from nwor_lab import atomic
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.errors import LabArgumentParser, UsageError
+from nwor_lab.config import NWOR_MODES, SCV_MODES
+from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
+from nwor_lab.serve.driver import Progress
+from nwor_lab.serve.workload import poisson_arrivals, random_specs, specs_from_stream
+
+HEADS = ("eagle1", "eagle3")
+
+
+def config_spec(text: str) -> tuple[str | None, int | str]:
+    """`target` -> (None, 0); `eagle3:4` -> ("eagle3", 4); `eagle3:auto` -> ("eagle3", "auto")."""
+    if text == "target":
+        return None, 0
+    head, _, k = text.partition(":")
+    if head not in HEADS or not k:
+        raise argparse.ArgumentTypeError(f"{text!r}: a config is `target`, HEAD:K or HEAD:auto, HEAD one of "
+                                         f"{', '.join(HEADS)} (e.g. eagle3:4)")
+    if k == "auto":
+        return head, "auto"
+    try:
+        n = int(k)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`") from None
+    if not 1 <= n <= 16:
+        raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`")
+    return head, n
+
+
+def slo_text(text: str) -> Slo:
+    try:
+        return Slo.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parser() -> LabArgumentParser:
+    p = LabArgumentParser(prog="nwor-lab bench serve", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=types.one_of(("shipped", "8b", "8b-mini")), default="shipped")
+    p.add_argument("--device", type=types.device, default=None, help="default: cuda when present, else cpu")
+    p.add_argument("--dtype", type=types.one_of(("float32", "bfloat16", "float16")), default=None,
+                   help="default: float32 for the shipped pair, bfloat16 for the 8B shape")
+    p.add_argument("--configs", type=types.listed(config_spec, "configs"), default=(config_spec("target"),
+                   config_spec("eagle3:4"), config_spec("eagle3:auto")),
+                   help="comma-separated: target, HEAD:K, HEAD:auto (HEAD eagle1 or eagle3)")
+    p.add_argument("--k-max", type=types.integer(1, 16), default=4, help="drafts an `auto` engine may verify")
+    p.add_argument("--policies", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=("stage",))
+    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
+                   help="SCV mode of the EAGLE engines (graph: the acceptance mask on the device, as graphed steps "
+                        "need it)")
+    p.add_argument("--rates", type=types.listed(types.number_in(1e-3, math.inf), "request rates"), default=(),
+                   help="open loop: Poisson request rates, requests per second of wall time (inf: all at once)")
+    p.add_argument("--concurrency", type=types.listed(types.integer(1, 4096), "client counts"), default=(),
+                   help="closed loop: concurrent clients")
+    p.add_argument("--requests", type=types.integer(1, 100_000), default=32, help="requests per load point")
+    p.add_argument("--prompt-len", type=types.integer(1, 1 << 16), default=32)
+    p.add_argument("--output-len", type=types.integer(1, 1 << 16), default=32)
+    p.add_argument("--range-ratio", type=types.number_in(0.0, 0.99), default=0.25,
+                   help="lengths uniform in L x (1 - r) .. L x (1 + r) (vLLM's --random-range-ratio)")
+    p.add_argument("--max-num-seqs", type=types.integer(1, 4096), default=None,
+                   help="the engine's batch limit (default: the largest --concurrency, at least 8)")
+    p.add_argument("--goodput", type=slo_text, default=Slo(), help="SLOs in ms, e.g. tpot:50 or ttft:500,tpot:50")
+    p.add_argument("--warmup", type=types.integer(0, 100_000), default=None,
+                   help="untimed requests before the first load point (default: 2 x max-num-seqs)")
+    p.add_argument("--acceptance", default="shipped", help="8B shape: forced acceptance profile (bench engine's)")
+    p.add_argument("--seed", type=types.integer(0), default=0)
+    p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
+    p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
+    p.add_argument("--components", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(),
+                   help="8B shape: also time a decode step, a verify step of 1 + k-max tokens and one head pass "
+                        "at these batch sizes (CUDA-graph replays, bench engine --model 8b's napkin inputs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
+    return p
+
+
+def load_points(args) -> list[dict]:
+    return ([{"mode": "open", "rate": r} for r in sorted(args.rates)]
+            + [{"mode": "closed", "concurrency": c} for c in sorted(args.concurrency)])
+
+
+def load_models(args, device, dtype):
+    """-> (target, {head name: head}, request specs, acceptance or None)."""
+    heads_needed = sorted({h for h, _ in args.configs if h})
+    if args.model == "shipped":
+        from nwor_lab.bench.engine import held_out_stream
+        from nwor_lab.model.shipped import load_tiny
+        target, heads, tok = None, {}, None
+        for h in heads_needed or ["eagle1"]:
+            target, head, tok = load_tiny(device=device, head=h, dtype=dtype)
+            heads[h] = head
+        heads = {h: heads[h] for h in heads_needed}
+        stream = held_out_stream(tok)
+        return target, heads, lambda n: specs_from_stream(stream, n, args.prompt_len, args.output_len,
+                                                          args.range_ratio, args.seed), None
+    from nwor_lab.model.shapes import random_head, random_target
+    from nwor_lab.speculative.synthetic import ForcedAcceptance
+    try:
+        acceptance = ForcedAcceptance.parse(args.acceptance, args.k_max)
+    except ValueError as err:
+        raise UsageError(f"argument --acceptance: {err}") from None
+    target = random_target(args.model, device, dtype)
+    heads = {h: random_head(target, h, args.model) for h in heads_needed}
+    vocab = target.config.vocab_size
+    return target, heads, lambda n: random_specs(n, args.prompt_len, args.output_len, args.range_ratio, vocab,
+                                                 args.seed), acceptance
+
+
+def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs: int):
+    """One engine for every load point of a config, sized for its longest request at max_num_seqs."""
+    from nwor_lab.bench.engine8b import build_engine
+    longest_prompt = max(len(s.prompt) for s in specs)
+    longest_output = max(s.output_len for s in specs)
+    return build_engine(target, head, k, mode, args.scv, max_num_seqs, longest_prompt, longest_output,
+                        acceptance if k else None, args.attention, not args.no_cuda_graph)
+
+
+def warm_up(engine, name: str, k_auto, warmup, args) -> None:
+    """Untimed requests at max_num_seqs (compiles, captures each bucket's graph; teaches k_auto)."""
+    if warmup:
+        serve(engine, warmup, concurrency=engine.scheduler.max_num_seqs, controller=k_auto,
+              progress=None if args.quiet else Progress(len(warmup), f"{name} warm-up"))
+
+
+def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> dict:
+    """One config at one load point -> its row (also printed as one JSON line)."""
+    first = len(engine.trace)
+    arrivals = poisson_arrivals(len(specs), point["rate"], args.seed + 3) if point["mode"] == "open" else None
+    label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
+                controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
+    row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
+    if k_auto is not None and not k_auto.decisions:
+        raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
+                           f"without the hook would run k_max every step: not an adaptive k)")
+    if k_auto is not None:
+        row["k_auto"] = k_auto.describe()
+    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto")}),
+          flush=True)
+    return row
+
+
+def crossover(rows: list[dict]) -> list[dict]:
+    """Per load point and config: TPOT p50 and output throughput against target-only's at that point
+    (> 1: the config is faster)."""
+    def key(r):
+        return (r["mode"], r.get("rate"), r.get("concurrency"))
+    base = {key(r): r for r in rows if r["config"] == "target-only"}
+    out = []
+    for r in rows:
+        b = base.get(key(r))
+        if b is None or r["config"] == "target-only":
+            continue
+        tpot, btpot = r["p50_tpot_ms"], b["p50_tpot_ms"]
+        out.append({"config": r["config"], "mode": r["mode"], "rate": r.get("rate"), "concurrency": r.get("concurrency"),
+                    "tpot_p50_speedup": round(btpot / tpot, 3) if tpot and btpot else None,
+                    "output_throughput_ratio": round(r["output_throughput"] / max(b["output_throughput"], 1e-9), 3),
+                    "mean_batch": r["occupancy"]["mean_batch"], "target_mean_batch": b["occupancy"]["mean_batch"],
+                    "accept_length": r.get("accept_length")})
+    return out
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    from nwor_lab.commandline.environment import check_device_arg
+    device = torch.device(check_device_arg("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    if args.model == "8b" and device.type != "cuda":
+        raise UsageError("bench serve --model 8b: needs a CUDA device (16 GB of weights); --model 8b-mini runs the "
+                         "same code path on CPU")
+    points = load_points(args)
+    if not points:
+        raise UsageError("bench serve: give --rates (open loop) and/or --concurrency (closed loop)")
+    dtype = getattr(torch, args.dtype or ("float32" if args.model == "shipped" else "bfloat16"))
+    max_num_seqs = args.max_num_seqs or max([8, *args.concurrency])
+    n_warm = 2 * max_num_seqs if args.warmup is None else args.warmup
+    args.warmup = n_warm
+    t_start = time.perf_counter()
+    target, heads, make_specs, acceptance = load_models(args, device, dtype)
+    every = make_specs(args.requests + n_warm)
+    specs, warmup = every[:args.requests], every[args.requests:]
+    components = []
+    if args.components:
+        if args.model == "shipped":
+            raise UsageError("bench serve --components: the component timings are the 8B shape's (--model 8b)")
+        from nwor_lab.bench.engine8b import component_times
+        context = args.prompt_len + args.output_len // 2
+        for bs in args.components:
+            components.append(component_times(target, heads, bs, [args.k_max], context, args.attention, device))
+            print(json.dumps(components[-1]), flush=True)
+    args.component_rows = components
+    rows = []
+    configs = [(None, 0, "off")] if (None, 0) in args.configs else []
+    configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
+    engines = []                       # every config's engine, built and warmed up once
+    for head, k, mode in configs:
+        k_engine = args.k_max if k == "auto" else k
+        name = "target-only" if head is None else f"{head} k={k} nwor={mode}"   # (scv: --scv, in the JSON)
+        engine = build(target, heads.get(head), k_engine, mode, args, every, acceptance, max_num_seqs)
+        k_auto = None
+        if k == "auto":
+            k_auto = AdaptiveK(k_engine)
+            engine.draft_counts = k_auto
+        warm_up(engine, name, k_auto, warmup, args)
+        engines.append((engine, name, k_auto))
+    # configs interleaved at each load point: a drift of the machine (a neighbour's load, clocks)
+    # hits every config of a point alike, not one config's whole sweep
+    for point in points:
+        for engine, name, k_auto in engines:
+            rows.append(run_point(engine, name, k_auto, point, specs, args, device))
+        if args.out:                              # what is measured so far survives a timeout
+            write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=False)
+    del engines
+    gc.collect()
+    return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=True)
+
+
+def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete: bool) -> dict:
+    out = {"command": "nwor-lab bench serve " + " ".join(argv),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
+           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+           "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
+           "workload": {"requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
+                        "range_ratio": args.range_ratio, "seed": args.seed, "warmup_requests": args.warmup,
+                        "prompts": "held-out corpus text" if args.model == "shipped" else "random ids"},
+           "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},
+           "scv": args.scv, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
+           "seconds_total": round(time.perf_counter() - t_start, 1),
+           "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
+    if args.out:
+        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Adaptive k: each step's draft count (0..k) from the batch size, the measured acceptance and a
+step-time model measured online.
+
+A step of n requests verifying k drafts each emits n x L(k) tokens in T(n, k) seconds, with
+
+    L(k) = 1 + sum_{j=1..k} prod_{i<=j} c_i      c_i: the conditional acceptance rate of draft i
+                                                 (drafts 1..i-1 accepted), counted from the trace
+    T(n, k)                                      the step's wall time (verify of n (1 + k) tokens,
+                                                 the head's pass, the chain's k - 1 passes),
+                                                 a model fitted to the measured steps
+
+and, n being fixed for the step, the k that maximises L(k) / T(n, k) maximises both the batch's
+tokens per second and each request's (its TPOT). k = 0 (decode; the head still runs its pass so
+that its cache and features stay current for later drafts) is kept unless another count is
+predicted at least `margin` better.
+
+T(n, k) is a locally weighted least-squares fit of `a + b k + c n + d n k` to the measured
+(n, k) cells (each an exponential moving average of its steps' times), weighted by how many
+steps a cell holds and by closeness in log2(n): a batch size never measured borrows from its
+neighbours, and the fit follows the hardware's own curve (flat in n where a step is
+weight-bound, linear where it is compute-bound). The model is only as good as its anchors, so
+while the cells near n hold too few steps at k = 0 or k = k_max the controller measures them
+first (exploration), and every `explore_every` decisions it re-measures the anchor it is not
+using (the cost of tracking a GPU whose step times drift).
+
+Use it as the engine's `draft_counts` hook and feed it every step:
+
+    k_auto = AdaptiveK(k_max=engine.k)
+    engine.draft_counts = k_auto              # (engine, requests) -> [k_step] * len(requests)
+    ... engine.step(); k_auto.observe_step(new trace entries, step seconds)
+
+Unlike vLLM's `speculative_disable_by_batch_size` (a fixed threshold on the running batch, set by
+the operator, all-or-nothing) and SGLang's `--speculative-num-steps / --speculative-num-draft-tokens`
+(fixed at launch; `bench_speculative.py` sweeps them offline per batch size), the count is chosen
+per step from what this engine measured on this hardware and this traffic, and can be any of
+0..k_max, not only on or off.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class AdaptiveK:
+    """Per step draft count for an engine built with k = k_max (module docstring)."""
+
+    def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
+                 margin: float = 0.05, ema: float = 0.2, bandwidth: float = 1.0, min_weight: float = 2.0,
+                 explore_every: int = 50):
+        if k_max < 1:
+            raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
+        self.k_max = k_max
+        cands = sorted(set(range(k_max + 1) if candidates is None else candidates) | {0, k_max})
+        if any(not 0 <= c <= k_max for c in cands):
+            raise ValueError(f"candidates={list(cands)}: every draft count must be in 0..{k_max}")
+        self.candidates = cands
+        self.prior_rate, self.prior_weight = prior_rate, prior_weight
+        self.margin, self.ema, self.bandwidth = margin, ema, bandwidth
+        self.min_weight, self.explore_every = min_weight, explore_every
+        self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
+        self.accepted = np.zeros(k_max)       # [k_max] of which accepted
+        self.cells: dict[tuple[int, int], list[float]] = {}   # (n, k) -> [mean seconds, steps]
+        self.decisions = 0
+        self.history: list[tuple[int, int, str]] = []          # (n, k chosen, why) per decision
+
+    # -- what was measured ----------------------------------------------------------------------
+    def observe_step(self, entries, seconds: float) -> None:
+        """One engine step: its windows (`WindowTrace`, verify and draft) and its wall time. The
+        acceptance counts every verify; the time model only steps without a prefill (a prefill's
+        cost is not the draft count's)."""
+        verify = [e for e in entries if e.kind == "verify"]
+        if not verify:
+            return
+        for e in verify:
+            for d, a in zip(e.drafted, e.accepted):
+                for i in range(min(d, self.k_max)):
+                    if a < i:
+                        break
+                    self.tried[i] += 1
+                    self.accepted[i] += a > i
+        if any(k == "prefill" for e in verify for k in e.kinds):
+            return
+        n = sum(len(e.req_ids) for e in verify)
+        k = max((d for e in verify for d in e.drafted), default=0)
+        cell = self.cells.get((n, k))
+        if cell is None:
+            self.cells[(n, k)] = [seconds, 1]
+        else:
+            cell[0] += self.ema * (seconds - cell[0])
+            cell[1] += 1
+
+    def rates(self) -> np.ndarray:
+        """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
+        return (self.accepted + self.prior_rate * self.prior_weight) / (self.tried + self.prior_weight)
+
+    def accept_length(self, k: int) -> float:
+        """L(k): expected tokens a request emits in a step verifying k drafts."""
+        return float(1.0 + np.cumprod(self.rates()[:k]).sum()) if k else 1.0
+
+    def _weights(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        keys = list(self.cells)
+        ns = np.array([c[0] for c in keys], dtype=float)
+        ks = np.array([c[1] for c in keys], dtype=float)
+        steps = np.array([self.cells[c][1] for c in keys], dtype=float)
+        w = np.minimum(steps, 8.0) * np.exp(-0.5 * ((np.log2(ns) - math.log2(n)) / self.bandwidth) ** 2)
+        return ns, ks, w
+
+    def anchor_weight(self, n: int, k: int) -> float:
+        """How many steps' worth of measurements near batch n at draft count k the model has."""
+        if not self.cells:
+            return 0.0
+        ns, ks, w = self._weights(n)
+        return float(w[ks == k].sum())
+
+    def step_time(self, n: int, k: int) -> float | None:
+        """T(n, k) in seconds from the locally weighted fit, or None before any measurement."""
+        if not self.cells:
+            return None
+        ns, ks, w = self._weights(n)
+        means = np.array([v[0] for v in self.cells.values()])
+        x = np.stack([np.ones_like(ns), ks, ns - n, (ns - n) * ks], 1)      # centred at n: the value is coef 0 + 1
+        sw = np.sqrt(w)[:, None]
+        ridge = 1e-3 * np.diag([0.0, 0.0, 1.0, 1.0]) * max(float(w.sum()), 1.0)
+        coef = np.linalg.solve((x * sw).T @ (x * sw) + ridge + 1e-12 * np.eye(4), (x * sw).T @ (means * sw[:, 0]))
+        return float(max(coef[0] + coef[1] * k, 1e-9))
+
+    # -- the decision --------------------------------------------------------------------------
+    def choose(self, n: int) -> int:
+        """The draft count for a step of n requests."""
+        self.decisions += 1
+        for k in (self.k_max, 0):               # measure the anchors before trusting the fit
+            if self.anchor_weight(n, k) < self.min_weight:
+                self.history.append((n, k, "explore"))
+                return k
+        gain = {k: self.accept_length(k) / self.step_time(n, k) for k in self.candidates}
+        best = max(gain, key=gain.get)
+        if best and gain[best] < (1.0 + self.margin) * gain[0]:
+            best = 0
+        if self.explore_every and self.decisions % self.explore_every == 0:
+            other = 0 if best else self.k_max     # keep the unused anchor's time current
+            self.history.append((n, other, "refresh"))
+            return other
+        self.history.append((n, best, "model"))
+        return best
+
+    def __call__(self, engine, requests) -> list[int]:
+        """The engine's `draft_counts` hook: one count for every request of the next window, sized
+        by the requests running now."""
+        k = self.choose(max(1, len(engine.scheduler.running)))
+        return [k] * len(requests)
+
+    def describe(self) -> dict:
+        """The controller's state for a benchmark's JSON: the acceptance it measured, its step-time
+        cells, and how often it chose each count."""
+        chosen: dict[int, int] = {}
+        for _, k, _ in self.history:
+            chosen[k] = chosen.get(k, 0) + 1
+        return {"k_max": self.k_max, "margin": self.margin,
+                "acceptance_rates": [round(float(r), 3) for r in self.rates()],
+                "accept_length_k_max": round(self.accept_length(self.k_max), 3),
+                "chosen": {str(k): c for k, c in sorted(chosen.items())},
+                "explored": sum(1 for h in self.history if h[2] != "model"),
+                "cells_ms": [{"requests": n, "drafts": k, "ms": round(1e3 * v[0], 3), "steps": int(v[1])}
+                             for (n, k), v in sorted(self.cells.items())]}
