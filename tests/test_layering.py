@@ -6,7 +6,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
-    {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"policies"}, {"speculative"},
+    {"config", "atomic", "lifeline"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"tree"}, {"policies"},
+    {"speculative"},
     {"model"}, {"engine"}, {"distributed"}, {"train"},
     {"bench", "selfcheck", "cli", "viz", "exercises", "sweep", "workshop", "why", "__init__", "__main__",
      "checkpoints"},

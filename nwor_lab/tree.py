@@ -1,0 +1,233 @@
+"""Tree windows: `t_last` plus N draft nodes per request, each node with a parent and a depth.
+
+A tree window schedules, per request, `[t_last, node_1 .. node_N]` (parents before children: a
+node's parent is t_last (0) or an earlier node). Node i sits at position `n + depth_i` (n = the
+position of t_last), so siblings share a position; a chain is the tree with one child per node.
+
+Two slot maps per row, both `[T] int64`, -1 = padding:
+    slot_mapping   where a WRITE-ALL window puts row j of a request: position n + j (each row its own
+                   slot, SGLang / TensorRT-LLM order). `stage` never writes there.
+    commit_slots   where the row belongs if accepted: position n + depth. The accepted path (node
+                   indices i1 < .. < ia, depths 1 .. a) ends at positions n + 1 .. n + a.
+Moving the accepted path from `slot_mapping` to `commit_slots` is the **compaction**: write-all pays
+it as a copy after verify, remap re-points a block-size-1 table, and `stage` does it as its commit.
+
+Attention: a node attends the cache prefix (positions < n) and its ancestors (t_last included) and
+itself. `ancestors [T, words] int64` holds that as a bitmask over the request's window rows: bit
+j % 64 of word j // 64 of row t is set iff the request's row j is an ancestor of t or t itself
+(`attention_bits`). Positions passed to RoPE and to the attention's prefix mask are `n + depth`.
+
+The accepted path's draft mask is ancestor-closed with one node per depth 1..a (not prefix-closed
+in row order, as a chain's is): `TreeWindow.acceptance_error` checks that rule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nwor_lab._checks import INDEX_DTYPES, check_tensor
+from nwor_lab.kv.blocks import build_slot_mapping
+from nwor_lab.window import Window
+
+BITS = 64      # rows per ancestor word (int64)
+
+
+def words_for(rows: int) -> int:
+    """int64 words of an ancestor bitmask over `rows` window rows."""
+    return max(1, -(-rows // BITS))
+
+
+def _signed(bits: int) -> int:
+    """An unsigned 64-bit pattern as the int64 torch stores (bit 63 is the sign)."""
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+
+def check_parents(name: str, parents) -> list[int]:
+    """`parents[i]` of node i+1: 0 (t_last) or an earlier node 1..i. Returns them as ints."""
+    out = []
+    for i, p in enumerate(parents):
+        if isinstance(p, bool) or not hasattr(p, "__index__"):
+            raise TypeError(f"{name}[{i}]={p!r}: expected an int (0 = t_last, j = node j)")
+        p = p.__index__()
+        if not 0 <= p <= i:
+            raise ValueError(f"{name}[{i}]={p}: node {i + 1}'s parent must be t_last (0) or an earlier node "
+                             f"1..{i} (nodes are listed parents first)")
+        out.append(p)
+    return out
+
+
+def depths_of(parents: list[int]) -> list[int]:
+    """Depth of each node (t_last is depth 0) from checked parents."""
+    depth = [0]
+    for p in parents:
+        depth.append(depth[p] + 1)
+    return depth[1:]
+
+
+def ancestor_rows(parents: list[int]) -> list[set[int]]:
+    """For rows 0..N (0 = t_last): the set of rows each one attends in the window (ancestors, itself)."""
+    anc = [{0}]
+    for i, p in enumerate(parents, start=1):
+        anc.append(anc[p] | {i})
+    return anc
+
+
+def attention_bits(parents: list[int], words: int) -> list[list[int]]:
+    """`[N + 1][words]` int64 ancestor bitmask of one request's rows (see the module doc)."""
+    out = []
+    for rows in ancestor_rows(parents):
+        w = [0] * words
+        for j in rows:
+            w[j // BITS] |= 1 << (j % BITS)
+        out.append([_signed(x) for x in w])
+    return out
+
+
+def chain_parents(k: int) -> list[int]:
+    """The chain d_1 .. d_k as a tree: node i's parent is node i - 1."""
+    return list(range(k))
+
+
+@dataclass
+class TreeWindow(Window):
+    """A verify window of trees (see the module doc). Extra fields, all `[T]` unless said:
+
+    token_depth    int32  depth of each row (t_last 0, node i its depth)
+    token_parent   int64  window row of the parent (-1 for t_last)
+    commit_slots   int64  slot of position n + depth (-1 padding)
+    ancestors      [T, words] int64  attention bitmask over the request's rows
+    node_parents   list[list[int]]  host copy of each request's parents (node i+1 -> 0 .. i)
+    `token_draft_pos` keeps its meaning of the row's index inside the request (0 = t_last, j = node
+    j): the write-all slot of row j is position n + j.
+    """
+
+    token_depth: torch.Tensor | None = None
+    token_parent: torch.Tensor | None = None
+    commit_slots_: torch.Tensor | None = None
+    ancestors: torch.Tensor | None = None
+    node_parents: list | None = None
+
+    @classmethod
+    def from_parents(cls, parents, write_slots: torch.Tensor, commit_slots: torch.Tensor,
+                     draft_token_ids: torch.Tensor | None = None) -> "TreeWindow":
+        """parents: per request, a list of each node's parent (0 = t_last, j = node j, parents first).
+        write_slots / commit_slots `[T]`: each row's slot at position n + row / n + depth, request
+        by request (`[t_last, node_1 .. node_N]`). draft_token_ids `[Dtot]`: the nodes' tokens."""
+        parents = [check_parents(f"parents[{r}]", p) for r, p in enumerate(parents)]
+        counts = [len(p) for p in parents]
+        base = Window.from_counts([1 + n for n in counts], counts, write_slots, draft_token_ids)
+        check_tensor("commit_slots", commit_slots, shape=tuple(write_slots.shape), dtypes=INDEX_DTYPES,
+                     device=write_slots.device, what="[num_tokens]: slot of position n + depth per row")
+        words = words_for(1 + max(counts, default=0))
+        depth, parent_row, bits, start = [], [], [], 0
+        for p in parents:
+            depth += [0] + depths_of(p)
+            parent_row += [-1] + [start + q for q in p]
+            bits += attention_bits(p, words)
+            start += 1 + len(p)
+        dev = write_slots.device
+        if draft_token_ids is not None:
+            _check_sibling_tokens(parents, draft_token_ids)
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        return cls(**fields, token_depth=torch.tensor(depth, dtype=torch.int32).to(dev),
+                   token_parent=torch.tensor(parent_row, dtype=torch.int64).to(dev),
+                   commit_slots_=commit_slots.long(),
+                   ancestors=torch.tensor(bits, dtype=torch.int64).reshape(-1, words).to(dev),
+                   node_parents=parents)
+
+    @classmethod
+    def build(cls, parents, block_tables: torch.Tensor, context_lens, block_size: int,
+              draft_token_ids: torch.Tensor | None = None) -> "TreeWindow":
+        """From each request's block table row `[R, max_blocks]` and `context_lens[r]` = n, the
+        position of its t_last: write slots at n + row, commit slots at n + depth."""
+        parents = [check_parents(f"parents[{r}]", p) for r, p in enumerate(parents)]
+        dev = block_tables.device
+        req, row_pos, depth_pos = [], [], []
+        for r, (p, n) in enumerate(zip(parents, context_lens)):
+            req += [r] * (1 + len(p))
+            row_pos += [int(n) + j for j in range(1 + len(p))]
+            depth_pos += [int(n)] + [int(n) + d for d in depths_of(p)]
+        req = torch.tensor(req, dtype=torch.long, device=dev)
+        write = build_slot_mapping(block_tables, req, torch.tensor(row_pos, device=dev), block_size)
+        commit = build_slot_mapping(block_tables, req, torch.tensor(depth_pos, device=dev), block_size)
+        return cls.from_parents(parents, write, commit, draft_token_ids)
+
+    # -- what differs from a chain -------------------------------------------------------------
+    @property
+    def is_tree(self) -> bool:
+        return True
+
+    @property
+    def commit_slots(self) -> torch.Tensor:
+        return self.commit_slots_
+
+    @property
+    def max_depth(self) -> int:
+        return max((max(depths_of(p), default=0) for p in self.node_parents), default=0)
+
+    @property
+    def max_children(self) -> int:
+        """The most children any row has (host bound for the stochastic walk)."""
+        most = 0
+        for p in self.node_parents:
+            for row in range(1 + len(p)):
+                most = max(most, sum(1 for q in p if q == row))
+        return most
+
+    @property
+    def query_positions_offset(self) -> torch.Tensor:
+        """[T] int64 depth of each row: its RoPE / mask position is n + this."""
+        return self.token_depth.long()
+
+    def commit_mask_from(self, accepted_len: torch.Tensor) -> torch.Tensor:
+        raise ValueError("TreeWindow: a tree's commit mask follows from the accepted path (a draft mask), not "
+                         "from accepted lengths; use Acceptance.from_draft_mask(window, path_mask)")
+
+    def commit_mask_for(self, draft_mask: torch.Tensor, accepted_len: torch.Tensor) -> torch.Tensor:
+        keep = torch.ones(self.num_tokens, dtype=torch.bool, device=draft_mask.device)
+        return keep.index_put((self.draft_rows.to(draft_mask.device),), draft_mask)
+
+    def restore_slots(self, acceptance) -> torch.Tensor:
+        """[Dtot] the draft slots (write-all order) that no accepted row moves into: slots of rows j
+        > a_r, which hold nothing after the compaction (-1 elsewhere)."""
+        acc = acceptance.accepted_len.long().to(self.token_req.device)
+        index = self.token_draft_pos[self.draft_rows].long()
+        return self.draft_slots.masked_fill(index <= acc[self.draft_req.long()], -1)
+
+    def path_moves(self, draft_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(src, dst)` `[Dtot]` slots: each accepted node's write-all slot and its commit slot
+        (-1 for rejected nodes and for nodes already in place)."""
+        src = self.draft_slots
+        dst = self.commit_slots[self.draft_rows]
+        move = draft_mask.to(src.device) & (src != dst)
+        return src.masked_fill(~move, -1), dst.masked_fill(~move, -1)
+
+    def acceptance_error(self, draft_mask: torch.Tensor, accepted_len: torch.Tensor) -> str | None:
+        """Why `draft_mask` is not an accepted root path of `accepted_len[r]` nodes per request (host)."""
+        mask = draft_mask.cpu().tolist()
+        acc = accepted_len.cpu().tolist()
+        d0 = 0
+        for r, p in enumerate(self.node_parents):
+            nodes = [i + 1 for i in range(len(p)) if mask[d0 + i]]
+            depth = depths_of(p)
+            if sorted(depth[i - 1] for i in nodes) != list(range(1, len(nodes) + 1)) or len(nodes) != acc[r] \
+                    or any(p[i - 1] != 0 and p[i - 1] not in nodes for i in nodes):
+                return (f"request {r}: accepted nodes {nodes} are not one root path of {acc[r]} nodes (depths "
+                        f"1..a, each node's parent accepted or t_last)")
+            d0 += len(p)
+        return None
+
+
+def _check_sibling_tokens(parents: list[list[int]], draft_token_ids: torch.Tensor) -> None:
+    """Siblings carry distinct tokens: otherwise the accepted path is ambiguous."""
+    ids, d0 = draft_token_ids.cpu().tolist(), 0
+    for r, p in enumerate(parents):
+        seen = {}
+        for i, q in enumerate(p):
+            t = ids[d0 + i]
+            if t >= 0 and (q, t) in seen:
+                raise ValueError(f"draft_token_ids: request {r}'s nodes {seen[(q, t)] + 1} and {i + 1} share parent "
+                                 f"{q} and token {t}; siblings must carry distinct tokens")
+            seen[(q, t)] = i
+        d0 += len(p)
