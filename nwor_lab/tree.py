@@ -23,6 +23,7 @@ in row order, as a chain's is): `TreeWindow.acceptance_error` checks that rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -45,6 +46,8 @@ def _signed(bits: int) -> int:
 
 def check_parents(name: str, parents) -> list[int]:
     """`parents[i]` of node i+1: 0 (t_last) or an earlier node 1..i. Returns them as ints."""
+    if type(parents) in (list, tuple) and _well_formed(tuple(parents)):
+        return list(parents)
     out = []
     for i, p in enumerate(parents):
         if isinstance(p, bool) or not hasattr(p, "__index__"):
@@ -57,12 +60,22 @@ def check_parents(name: str, parents) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=256)
+def _well_formed(parents: tuple) -> bool:
+    return all(type(p) is int and 0 <= p <= i for i, p in enumerate(parents))
+
+
 def depths_of(parents: list[int]) -> list[int]:
     """Depth of each node (t_last is depth 0) from checked parents."""
+    return list(_depths(tuple(parents)))
+
+
+@lru_cache(maxsize=256)
+def _depths(parents: tuple) -> tuple:
     depth = [0]
     for p in parents:
         depth.append(depth[p] + 1)
-    return depth[1:]
+    return tuple(depth[1:])
 
 
 def ancestor_rows(parents: list[int]) -> list[set[int]]:
@@ -75,6 +88,12 @@ def ancestor_rows(parents: list[int]) -> list[set[int]]:
 
 def attention_bits(parents: list[int], words: int) -> list[list[int]]:
     """`[N + 1][words]` int64 ancestor bitmask of one request's rows (see the module doc)."""
+    return _bits(tuple(parents), words)
+
+
+@lru_cache(maxsize=256)
+def _bits(parents: tuple, words: int) -> list[list[int]]:
+    # a batch usually repeats one tree shape (a static tree, EAGLE-2's fixed node count)
     out = []
     for rows in ancestor_rows(parents):
         w = [0] * words
@@ -122,7 +141,7 @@ class TreeWindow(Window):
         words = words_for(1 + max(counts, default=0))
         depth, parent_row, bits, start = [], [], [], 0
         for p in parents:
-            depth += [0] + depths_of(p)
+            depth += (0, *_depths(tuple(p)))
             parent_row += [-1] + [start + q for q in p]
             bits += attention_bits(p, words)
             start += 1 + len(p)
@@ -169,11 +188,25 @@ class TreeWindow(Window):
     @property
     def max_children(self) -> int:
         """The most children any row has (host bound for the stochastic walk)."""
-        most = 0
-        for p in self.node_parents:
-            for row in range(1 + len(p)):
-                most = max(most, sum(1 for q in p if q == row))
-        return most
+        return self.children.shape[1]
+
+    @property
+    def children(self) -> torch.Tensor:
+        """[T, K] int64 each row's children (window rows, in index order), -1 padded; K = the most
+        children any row has (>= 1). Made on the host once (a graphed step builds it before capture)."""
+        if getattr(self, "_children", None) is None:
+            parent = self.token_parent.cpu()
+            nodes = (parent >= 0).nonzero().flatten()
+            par = parent[nodes]
+            order = torch.sort(par, stable=True).indices          # children grouped by parent, index order
+            nodes, par = nodes[order], par[order]
+            first = torch.searchsorted(par, par)                  # first child of the same parent
+            rank = torch.arange(len(par)) - first
+            k = int(rank.max()) + 1 if len(par) else 1
+            table = torch.full((self.num_tokens, k), -1, dtype=torch.long)
+            table[par, rank] = nodes
+            self._children = table.to(self.token_req.device)
+        return self._children
 
     @property
     def query_positions_offset(self) -> torch.Tensor:

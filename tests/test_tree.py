@@ -132,47 +132,51 @@ def _emitted(parents, tokens, logits, probs, temperature, n, seed):
 def test_stochastic_tree_keeps_the_target_distribution(temperature, drafter):
     # Root with 3 children, the first two with 2 children each: what the target alone emits for the
     # first two tokens is p(x1) p(x2 | x1); the tree's candidates must not show through.
-    vocab, n = 4, 30_000
+    vocab, n = 4, 20_000
     gen = torch.Generator().manual_seed(0)
     parents = [0, 0, 0, 1, 1, 2, 2]
     target = torch.randn(1 + vocab, vocab, generator=gen) * 1.5     # row 0: root; row 1 + x: after token x
-    q_root = torch.tensor([0.1, 0.2, 0.3, 0.4])
-    q_next = torch.tensor([0.4, 0.3, 0.2, 0.1])
-    # one tree per sample: candidates drawn without replacement from q (or fixed top-k, q one-hot)
+    # a peaked q: a sampler that forgot to drop a rejected candidate from q shows here (0.056 off)
+    q_root = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    q_next = torch.tensor([0.1, 0.1, 0.1, 0.7])
+    # one tree per sample: candidates drawn without replacement from q (Gumbel top-k), or a fixed
+    # top-k (q one-hot on each candidate: draft_probs None)
     rng = torch.Generator().manual_seed(1)
-    ws, lgs, qs = [], [], []
-    for _ in range(n if drafter == "sampled" else 1):
-        if drafter == "sampled":
-            c1 = torch.multinomial(q_root, 3, replacement=False, generator=rng).tolist()
-            c2 = [torch.multinomial(q_next, 2, replacement=False, generator=rng).tolist() for _ in range(2)]
-        else:
-            c1, c2 = [2, 0, 3], [[1, 0], [0, 2]]
-        tokens = c1 + c2[0] + c2[1]
-        rows = [target[0]] + [target[1 + t] for t in tokens]
-        ws.append(tokens)
-        lgs.append(torch.stack(rows))
-        qs.append(torch.stack([q_root] + [q_next] * 7))
+    m = n if drafter == "sampled" else 1
+
+    def without_replacement(q, k, rows):
+        gumbel = -torch.empty(rows, vocab).exponential_(generator=rng).log()
+        return (q.log() + gumbel).topk(k, dim=1).indices
+
     if drafter == "sampled":
-        w, _ = make_window([parents] * n, [0] * n, 64, 2, ws)
-        v = accept_tree_sampled(w, torch.cat(lgs), torch.cat(qs), temperature, torch.Generator().manual_seed(2))
+        tokens = torch.cat([without_replacement(q_root, 3, m), without_replacement(q_next, 2, m),
+                            without_replacement(q_next, 2, m)], 1)              # [m, 7]
+    else:
+        tokens = torch.tensor([[2, 0, 3, 1, 0, 0, 2]])
+    rows = torch.cat([torch.zeros(m, 1, dtype=torch.long), 1 + tokens], 1)    # target row of each tree row
+    logits = target[rows].reshape(-1, vocab)
+    if drafter == "sampled":
+        w, _ = make_window([parents] * n, [0] * n, 64, 2, tokens.tolist())
+        q = torch.cat([q_root[None], q_next.expand(7, vocab)]).repeat(n, 1)
+        v = accept_tree_sampled(w, logits, q, temperature, torch.Generator().manual_seed(2))
         first, second = v.sampled[:, 0].long(), v.sampled[:, 1].long()
     else:
-        first, second = _emitted(parents, ws[0], lgs[0], None, temperature, n, 2)
+        first, second = _emitted(parents, tokens[0].tolist(), logits, None, temperature, n, 2)
     p1 = torch.softmax(target[0].double() / temperature, -1)
     p2 = torch.softmax(target[1:].double() / temperature, -1)           # [x1, x2]
     # the first token, whether accepted from the tree or recovered from the residual, follows p1
-    # (binomial std <= 0.0029 at n = 30k; 0.015 is > 5 sigma, the seeds are fixed)
+    # (binomial std <= 0.0036 at n = 20k; 0.02 is > 5 sigma, the seeds are fixed)
     freq1 = torch.bincount(first, minlength=vocab).double() / n
-    assert (freq1 - p1).abs().max() < 0.015, (freq1, p1)
+    assert (freq1 - p1).abs().max() < 0.02, (freq1, p1)
     # when x1 was accepted, this window emits a second token: it follows p(. | x1) (its test uses
     # randomness of its own level only)
     checked = 0
     for x1 in range(vocab):
         rows = (first == x1) & (second >= 0)
-        if int(rows.sum()) < 3000:
+        if int(rows.sum()) < 2500:
             continue
         freq2 = torch.bincount(second[rows], minlength=vocab).double() / int(rows.sum())
-        assert (freq2 - p2[x1]).abs().max() < 0.03, (x1, freq2, p2[x1])     # std <= 0.0092 at 3k
+        assert (freq2 - p2[x1]).abs().max() < 0.04, (x1, freq2, p2[x1])     # std <= 0.01 at 2.5k
         checked += 1
     assert checked >= 2
 

@@ -164,7 +164,7 @@ def accept_tree_sampled(window: TreeWindow, target_logits: torch.Tensor, draft_p
     R = window.num_reqs
     tokens = _row_tokens(window, V)
     p_all = torch.softmax(target_logits.double() / temperature, -1)
-    children = _children_table(window)                          # [T, K] rows, -1 none
+    children = window.children                                  # [T, K] rows, -1 none
     u = torch.rand(T, dtype=torch.float64, device=dev, generator=generator)
     race = torch.empty((R, V), dtype=torch.float64, device=dev).exponential_(generator=generator)
     cur = torch.zeros(R, dtype=torch.long, device=dev).scatter_reduce(
@@ -206,21 +206,3 @@ def accept_tree_sampled(window: TreeWindow, target_logits: torch.Tensor, draft_p
     last = torch.argmax(p / race, dim=-1)      # exponential race: one sample per request, no sync
     acc = window.token_depth.long()[cur].to(torch.int32)
     return TreeVerdict(_sampled_ids(window, tokens, on_path, acc, last), on_path, acc)
-
-
-def _children_table(window: TreeWindow) -> torch.Tensor:
-    """[T, K] int64: each row's children (window rows, in index order), -1 padded; K = max children.
-    Built on the host once per window and kept on it (a graphed step builds it before capture)."""
-    cached = getattr(window, "_children", None)
-    if cached is not None:
-        return cached
-    k = max(1, window.max_children)
-    table = [[] for _ in range(window.num_tokens)]
-    start = 0
-    for p in window.node_parents:
-        for i, q in enumerate(p):
-            table[start + q].append(start + 1 + i)
-        start += 1 + len(p)
-    rows = [c + [-1] * (k - len(c)) for c in table]
-    window._children = torch.tensor(rows, dtype=torch.long).to(window.token_req.device)
-    return window._children
