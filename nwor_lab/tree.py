@@ -126,6 +126,8 @@ class TreeWindow(Window):
     commit_slots_: torch.Tensor | None = None
     ancestors: torch.Tensor | None = None
     node_parents: list | None = None
+    depth_bound: int = 0          # host bounds of a window built on the device (from_tensors)
+    children_bound: int = 0
 
     @classmethod
     def from_parents(cls, parents, write_slots: torch.Tensor, commit_slots: torch.Tensor,
@@ -172,6 +174,65 @@ class TreeWindow(Window):
         commit = build_slot_mapping(block_tables, req, torch.tensor(depth_pos, device=dev), block_size)
         return cls.from_parents(parents, write, commit, draft_token_ids)
 
+    @classmethod
+    def from_tensors(cls, parents: torch.Tensor, write_slots: torch.Tensor, commit_slots: torch.Tensor,
+                     draft_token_ids: torch.Tensor, max_depth: int, max_children: int) -> "TreeWindow":
+        """A batch of same-size trees built on the device, no host sync (a graphed step's window).
+
+        parents `[R, N]` int64: node i+1's parent (0 = t_last, j = node j, j <= i). A request with fewer
+        nodes pads with parent 0, token -1 and slot -1 (never written, never accepted).
+        write_slots / commit_slots `[R * (N + 1)]`, draft_token_ids `[R * N]`.
+        max_depth / max_children: host bounds (EAGLE-2: depth, topk) that fix every loop's length.
+        Depths, ancestor bits and the children table come from `max_depth` gathers.
+        """
+        R, N = parents.shape
+        dev = parents.device
+        T = R * (N + 1)
+        base = Window(slot_mapping=write_slots.long(),
+                      token_req=torch.arange(R, device=dev, dtype=torch.int32).repeat_interleave(N + 1),
+                      token_draft_pos=torch.arange(N + 1, device=dev, dtype=torch.int32).repeat(R),
+                      draft_rows=(torch.arange(R, device=dev)[:, None] * (N + 1) + 1 +
+                                  torch.arange(N, device=dev)[None, :]).flatten(),
+                      num_scheduled_tokens=[N + 1] * R, num_draft_tokens=[N] * R, draft_token_ids=draft_token_ids)
+        par = torch.cat([torch.zeros(R, 1, dtype=torch.long, device=dev), parents.long()], 1)   # row 0: itself
+        words = words_for(N + 1)
+        rows = torch.arange(N + 1, device=dev)
+        own = torch.zeros(N + 1, words, dtype=torch.long, device=dev)
+        own[rows, rows // BITS] = torch.ones_like(rows) << (rows % BITS)
+        own = own[None].expand(R, N + 1, words)
+        depth = torch.zeros(R, N + 1, dtype=torch.long, device=dev)
+        anc = own.clone()
+        is_node = (rows > 0)[None, :]
+        for _ in range(max_depth):          # each pass settles one more level
+            depth = torch.where(is_node, depth.gather(1, par) + 1, 0)
+            anc = torch.where(is_node[..., None], own | anc.gather(1, par[..., None].expand(R, N + 1, words)), own)
+        # children: rank of a node among its earlier siblings, scattered into [R, N + 1, K]
+        same = (par[:, 1:, None] == par[:, None, 1:]) & torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)
+        rank = same.sum(2)                                                   # [R, N]
+        k = max(1, int(max_children))
+        table = torch.full((R, N + 2, k), -1, dtype=torch.long, device=dev)  # row N + 1: overflow, dropped
+        tgt = torch.where(rank < k, par[:, 1:], N + 1)
+        table[torch.arange(R, device=dev)[:, None], tgt, rank.clamp(max=k - 1)] = \
+            (torch.arange(R, device=dev)[:, None] * (N + 1) + 1 + torch.arange(N, device=dev)[None, :])
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        w = cls(**fields, token_depth=depth.flatten().to(torch.int32),
+                token_parent=torch.where(is_node, par + (torch.arange(R, device=dev) * (N + 1))[:, None], -1).flatten(),
+                commit_slots_=commit_slots.long(), ancestors=anc.reshape(T, words),
+                depth_bound=int(max_depth), children_bound=k)
+        w._children = table[:, :N + 1].reshape(T, k)
+        return w
+
+    def parents_host(self) -> list[list[int]]:
+        """Each request's parents as host lists (node i+1 -> 0 .. i); one sync for a device-built window."""
+        if self.node_parents is None:
+            parent = self.token_parent.cpu().tolist()
+            out, start = [], 0
+            for n in self.num_draft_tokens:
+                out.append([parent[start + 1 + i] - start for i in range(n)])
+                start += 1 + n
+            self.node_parents = out
+        return self.node_parents
+
     # -- what differs from a chain -------------------------------------------------------------
     @property
     def is_tree(self) -> bool:
@@ -183,6 +244,9 @@ class TreeWindow(Window):
 
     @property
     def max_depth(self) -> int:
+        """A host bound on every node's depth (the number of gathers a walk up the tree needs)."""
+        if self.depth_bound:
+            return self.depth_bound
         return max((max(depths_of(p), default=0) for p in self.node_parents), default=0)
 
     @property
@@ -241,7 +305,7 @@ class TreeWindow(Window):
         mask = draft_mask.cpu().tolist()
         acc = accepted_len.cpu().tolist()
         d0 = 0
-        for r, p in enumerate(self.node_parents):
+        for r, p in enumerate(self.parents_host()):
             nodes = [i + 1 for i in range(len(p)) if mask[d0 + i]]
             depth = depths_of(p)
             if sorted(depth[i - 1] for i in nodes) != list(range(1, len(nodes) + 1)) or len(nodes) != acc[r] \

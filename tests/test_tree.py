@@ -295,3 +295,29 @@ def test_costs_per_strategy():
     acc1 = Acceptance.from_draft_mask(w, torch.tensor([False, True, False, False]))
     c1 = tree_commit_costs("move", w, acc1, num_layers=2, bytes_per_row=10, block_size=4, context_lens=[5])
     assert c1["rejected_bytes_in_blocks"] == 1 * 2 * 10      # position 7 holds a rejected row
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_device_built_window_equals_the_host_one(seed):
+    rng = random.Random(seed)
+    N, R, block_size = 9, 3, 4
+    parents = [random_parents(rng, N) for _ in range(R)]
+    tokens = [distinct_tokens(rng, p, 12) for p in parents]
+    host, tables = make_window(parents, [5, 0, 11], block_size, 8, tokens)
+    dev = TreeWindow.from_tensors(torch.tensor(parents), host.slot_mapping, host.commit_slots,
+                                  host.draft_token_ids, max_depth=N, max_children=N)
+    for f in ("token_req", "token_draft_pos", "draft_rows", "token_depth", "token_parent", "ancestors", "children"):
+        a, b = getattr(host, f), getattr(dev, f)
+        if f == "children":
+            b = b[:, :a.shape[1]]
+            assert (getattr(dev, f)[:, a.shape[1]:] == -1).all()
+        assert torch.equal(a.long(), b.long()), f
+    logits = torch.randn(host.num_tokens, 12, generator=torch.Generator().manual_seed(seed))
+    rows = host.token_parent[host.draft_rows]
+    logits[rows, host.draft_token_ids] += 5 * torch.rand(len(rows), generator=torch.Generator().manual_seed(seed))
+    v1, v2 = accept_tree_greedy(host, logits), accept_tree_greedy(dev, logits)
+    width = v1.sampled.shape[1]
+    assert int(v1.accepted_len.max()) >= 1
+    assert torch.equal(v1.sampled, v2.sampled[:, :width]) and (v2.sampled[:, width:] == -1).all()
+    assert torch.equal(v1.path_mask, v2.path_mask) and torch.equal(v1.accepted_len, v2.accepted_len)
+    assert dev.parents_host() == parents
