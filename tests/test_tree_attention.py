@@ -87,3 +87,14 @@ def test_tree_arguments_are_checked():
     deep = make_tree_attention_case([chain_parents(6)], dtype=torch.float32, head_size=16, context_lens=[30], seed=1)
     with pytest.raises(ValueError, match="keep depth < W"):
         verify_attention(**deep.kwargs(), sliding_window=5, backend="reference")
+
+
+def test_case_bits_equal_the_window_bits():
+    from nwor_lab.tree import TreeWindow
+    parents = PARENTS + [[max(0, i - 3) for i in range(70)]]
+    case = make_tree_attention_case(parents, head_size=16, dtype=torch.float32, seed=2)
+    slots = torch.arange(sum(1 + len(p) for p in parents))
+    w = TreeWindow.from_parents(parents, slots, slots)
+    assert torch.equal(case.tree_mask, w.ancestors)
+    assert torch.equal(case.positions - case.tree_lo.long().repeat_interleave(
+        torch.tensor([1 + len(p) for p in parents])), w.token_depth.long())

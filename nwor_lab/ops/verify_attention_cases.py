@@ -251,16 +251,29 @@ def make_tree_attention_case(parents, *, context_lens=None, window: bool = False
     node_N]` with `parents[r]` (node i+1 -> 0 .. i), at positions n + depth (n = context_lens[r]);
     its window rows sit at key indices n .. n + N (tree_lo = n): in the cache (write-all) or in the
     window source (`window`, stage). Other arguments as make_verify_attention_case."""
-    from nwor_lab.tree import attention_bits, check_parents, depths_of, words_for
-    parents = [check_parents(f"parents[{r}]", p) for r, p in enumerate(parents)]
+    # the bits are made here, not with nwor_lab.tree (a layer above ops): a second implementation of
+    # the same rule, which the tests compare against the window's own (tests/test_tree_attention.py)
+    parents = [[int(q) for q in p] for p in parents]
+    for r, p in enumerate(parents):
+        if any(not 0 <= q <= i for i, q in enumerate(p)):
+            raise ValueError(f"parents[{r}]: node i+1's parent must be 0 (t_last) or an earlier node 1..i")
     qlens = [1 + len(p) for p in parents]
     case = make_verify_attention_case(num_reqs=len(parents), query_lens=qlens, context_lens=context_lens,
                                       window=window, window_extra=0, seed=seed, **kwargs)
     ctx = case.meta["context_lens"]
-    words = words_for(max(qlens))
-    case.positions = torch.cat([n + torch.tensor([0] + depths_of(p)) for n, p in zip(ctx, parents)]).long() \
-        .to(case.positions.device)
-    bits = [row for p in parents for row in attention_bits(p, words)]
+    words = -(-max(qlens) // 64)
+    depth, bits = [], []
+    for p in parents:
+        d, rows = [0], [{0}]
+        for i, q in enumerate(p, start=1):
+            d.append(d[q] + 1)
+            rows.append(rows[q] | {i})
+        depth += d
+        for row in rows:
+            w = [sum(1 << (j - 64 * k) for j in row if 64 * k <= j < 64 * (k + 1)) for k in range(words)]
+            bits.append([x - (1 << 64) if x >= 1 << 63 else x for x in w])
+    case.positions = torch.tensor(depth, dtype=torch.long).to(case.positions.device) + \
+        torch.repeat_interleave(torch.tensor(ctx), torch.tensor(qlens)).to(case.positions.device)
     case.tree_mask = torch.tensor(bits, dtype=torch.int64, device=case.q.device)
     case.tree_lo = torch.tensor(ctx, dtype=torch.int32, device=case.q.device)
     case.name += "-tree"
