@@ -145,3 +145,70 @@ def test_a_tree_with_an_accepted_path_exists_in_these_seeds():
         parents, tokens = draft_tree(rng, greedy, depth=4, width=3)
         lens.append(int(run_tree(target, spec, "stage", prompt, parents, tokens, seed)[4].accepted_len[0]))
     assert max(lens) >= 2, lens
+
+
+# -- drafting a tree with the EAGLE head ---------------------------------------------------------
+@torch.no_grad()
+def head_setup(seed, block_size=4):
+    target, head = toy_pair(seed, noise=0.2, cfg=toy_config(vocab_size=VOCAB))
+    spec = KVCacheSpec(target.num_layers + 1, 64, block_size, 2, 8)
+    cache = PagedKVCache(spec)
+    g = torch.Generator().manual_seed(seed)
+    cache.key.copy_(torch.randn(cache.key.shape, generator=g))
+    cache.value.copy_(torch.randn(cache.value.shape, generator=g))
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (6, 9)]
+    tables = [list(range(0, 30)), list(range(30, 60))]
+    g_root = []
+    for prompt, table in zip(prompts, tables):
+        n = len(prompt)
+        md = AttentionMetadata.build(cache, None, list(range(n)), [n], [table], [0], attention="torch")
+        hidden = target(torch.tensor(prompt), md)
+        # the head's prefix: (next token, target feature) at each position, as a verify's head pass
+        nxt = prompt[1:] + [int(target.compute_logits(hidden[-1]).argmax())]
+        out = head(torch.tensor(nxt), hidden, md)
+        g_root.append(out[-1])
+    return target, head, cache, torch.stack(g_root), [len(p) for p in prompts], tables
+
+
+@pytest.mark.parametrize("shape", [dict(topk=3, depth=3, num_nodes=8), dict(paths=[(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (1, 0, 0)])])
+def test_head_tree_is_the_same_under_every_policy(shape):
+    from nwor_lab.model.tree_draft import draft_tree_with_head
+    trees, caches = {}, {}
+    for mode in ("off", "cow", "stage"):
+        target, head, cache, g_root, ctx, tables = head_setup(1)
+        before = cache.snapshot()
+        policy = make_policy(LabConfig(nwor_mode=mode, attention="torch", debug=True), cache)
+        tree, rec = draft_tree_with_head(head, cache, policy, g_root, ctx, tables, **shape)
+        trees[mode] = tree
+        changed = (cache.key != before[0]).any(-1).any(-1)           # [L, NB, BS]
+        if mode in ("stage", "cow"):      # the provisional head K/V never stays in the cache
+            assert not changed.any(), mode
+        else:                             # off: only the head layer, only past each request's prefix
+            assert not changed[:-1].any() and changed[-1].any()
+            for r, (n, table) in enumerate(zip(ctx, tables)):
+                for p in range(n):
+                    assert not changed[-1, table[p // 4], p % 4]
+    for mode in ("cow", "stage"):
+        assert torch.equal(trees[mode].tokens, trees["off"].tokens)
+        assert torch.equal(trees[mode].parents, trees["off"].parents)
+        assert torch.allclose(trees[mode].scores, trees["off"].scores)
+
+
+@torch.no_grad()
+def test_head_tree_with_topk_one_is_the_chain():
+    from nwor_lab.model.tree_draft import draft_tree_with_head
+    target, head, cache, g_root, ctx, tables = head_setup(2)
+    policy = make_policy(LabConfig(nwor_mode="stage", attention="torch"), cache)
+    tree, _ = draft_tree_with_head(head, cache, policy, g_root, ctx, tables, topk=1, depth=4, num_nodes=4)
+    # the chain by hand: step s writes its row at n + s - 1 straight into the cache (DirectWriter)
+    for r, (n, table) in enumerate(zip(ctx, tables)):
+        g, tok, chain = g_root[r:r + 1], None, []
+        for s in range(1, 5):
+            tok = int(head.compute_logits(g).argmax())
+            chain.append(tok)
+            if s == 4:
+                break
+            md = AttentionMetadata.build(cache, None, [n + s - 1], [1], [table], [n + s - 1], attention="torch")
+            g = head(torch.tensor([tok]), g, md)
+        assert tree.tokens[r].tolist() == chain

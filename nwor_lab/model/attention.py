@@ -92,9 +92,10 @@ class AttentionMetadata:
         num_drafts[r]: drafts among request r's rows (its last ones), for a pass over a whole
         verify window: with a ring and a writer that declares `evicted_in_log`, the positions their
         writes evict are read from the log. ledger: checks every cache read (debug mode).
-        tree_mask [T, words] int64: a pass over whole tree windows (`TreeWindow.ancestors`):
-        positions are depths (n + depth), each request's window rows its ancestors' bits; the
-        default slot_mapping then writes row j at position context_lens[r] + j (write-all order).
+        tree_mask [T, words] int64: a pass over tree windows (`TreeWindow.ancestors`; or a chunk of
+        one, the EAGLE tree drafter's): bit j of a query's row = the request's window row j (key
+        index context_lens[r] + j) is an ancestor or itself; positions are depths; for a whole window
+        the default slot_mapping writes row j at position context_lens[r] + j (write-all order).
         """
         dev = cache.device
         bs = cache.spec.block_size
@@ -121,9 +122,12 @@ class AttentionMetadata:
             if ring is not None:
                 raise ValueError("tree_mask: a tree window on a ring cache is not supported (N nodes evict N "
                                  "positions, and write-all rows are not in position order); use kv_ring='full'")
-            if write_offset or tuple(tree_mask.shape[:1]) != (positions.numel(),):
-                raise ValueError(f"tree_mask: expected [num_tokens={positions.numel()}, words] for a pass over "
-                                 f"whole tree windows (write_offset 0), got {tuple(tree_mask.shape)}")
+            if tuple(tree_mask.shape[:1]) != (positions.numel(),):
+                raise ValueError(f"tree_mask: expected [num_tokens={positions.numel()}, words] (one row per "
+                                 f"query of this pass), got {tuple(tree_mask.shape)}")
+            if write_offset and slot_mapping is None:
+                raise ValueError("tree_mask: a pass over part of a tree window (write_offset > 0) needs its "
+                                 "slot_mapping (the rows' write-all slots)")
             tree_lo = [int(c) for c in context_lens]
             if slot_mapping is None:      # write-all: row j at position n + j (positions are depths)
                 rows = torch.arange(positions.numel()) - torch.repeat_interleave(torch.tensor(qsl[:-1]), qlens)
