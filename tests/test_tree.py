@@ -321,3 +321,36 @@ def test_device_built_window_equals_the_host_one(seed):
     assert torch.equal(v1.sampled, v2.sampled[:, :width]) and (v2.sampled[:, width:] == -1).all()
     assert torch.equal(v1.path_mask, v2.path_mask) and torch.equal(v1.accepted_len, v2.accepted_len)
     assert dev.parents_host() == parents
+
+
+def test_commit_op_takes_source_rows_to_other_slots():
+    # the stage commit of a tree: rows 0, 2, 5 kept to slots 7, 8, 9; rejected siblings share slots
+    from nwor_lab.ops import commit
+    spec = KVCacheSpec(2, 4, 4, 1, 4)
+    cache = filled_cache(spec, 0)
+    before = cache.snapshot()
+    staged = torch.randn(2, 8, 1, 4), torch.randn(2, 8, 1, 4)
+    slots = torch.tensor([7, 8, 8, 9, 9, 9])
+    keep = torch.tensor([True, False, True, False, False, True])
+    commit(*staged, cache.key, cache.value, slots, keep, backend="torch")
+    for layer in range(2):
+        k, _ = cache.gather(layer, torch.tensor([7, 8, 9]))
+        assert torch.equal(k, staged[0][layer, [0, 2, 5]])
+    assert torch.equal(cache.key.flatten(1, 2)[:, :7], before[0].flatten(1, 2)[:, :7])
+    with pytest.raises(ValueError, match="same slot appears twice"):
+        commit(*staged, cache.key, cache.value, slots, torch.tensor([True, True, True, False, False, True]),
+               backend="torch")
+
+
+def test_policy_refuses_a_branching_tree_acceptance():
+    spec = KVCacheSpec(1, 8, 4, 1, 4)
+    w, _ = make_window([[0, 0, 1]], [2], 4, 8, [[1, 2, 3]])
+    bad = Acceptance(torch.tensor([True, True, False]), torch.tensor([2], dtype=torch.int32),
+                     torch.tensor([True, True, True, False]))
+    policy = make_policy(LabConfig(nwor_mode="stage"), filled_cache(spec, 1))
+    policy.begin(w)
+    policy.write(0, torch.randn(4, 1, 4), torch.randn(4, 1, 4))
+    with pytest.raises(ValueError, match="not one root path"):
+        policy.commit(bad)
+    with pytest.raises(ValueError, match="follows from the accepted path"):
+        Acceptance.from_accepted_len(w, [1])
