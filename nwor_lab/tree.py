@@ -222,6 +222,22 @@ class TreeWindow(Window):
         w._children = table[:, :N + 1].reshape(T, k)
         return w
 
+    @classmethod
+    def on_device(cls, parents: torch.Tensor, draft_token_ids: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, block_size: int, max_depth: int, max_children: int) -> "TreeWindow":
+        """`from_tensors` with the slots made here, no host sync (the one step body's window):
+        block_tables `[R, max_blocks]`, context_lens `[R]` the position n of each t_last; write slots at
+        n + row, commit slots at n + depth."""
+        R, N = parents.shape
+        dev = parents.device
+        req = torch.arange(R, device=dev).repeat_interleave(N + 1)
+        n = context_lens.to(dev).long()[req]
+        row = torch.arange(N + 1, device=dev).repeat(R)
+        write = build_slot_mapping(block_tables, req, n + row, block_size)
+        w = cls.from_tensors(parents, write, write, draft_token_ids, max_depth, max_children)
+        w.commit_slots_ = build_slot_mapping(block_tables, req, n + w.token_depth.long(), block_size)
+        return w
+
     def parents_host(self) -> list[list[int]]:
         """Each request's parents as host lists (node i+1 -> 0 .. i); one sync for a device-built window."""
         if self.node_parents is None:

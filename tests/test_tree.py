@@ -354,3 +354,23 @@ def test_policy_refuses_a_branching_tree_acceptance():
         policy.commit(bad)
     with pytest.raises(ValueError, match="follows from the accepted path"):
         Acceptance.from_accepted_len(w, [1])
+
+
+def test_on_device_window_and_path_rows():
+    rng = random.Random(7)
+    parents = [random_parents(rng, 6) for _ in range(2)]
+    tokens = [distinct_tokens(rng, p, 9) for p in parents]
+    host, tables = make_window(parents, [3, 10], 4, 8, tokens)
+    dev = TreeWindow.on_device(torch.tensor(parents), torch.tensor(sum(tokens, [])), tables, torch.tensor([3, 10]),
+                               4, max_depth=6, max_children=6)
+    assert torch.equal(dev.slot_mapping, host.slot_mapping) and torch.equal(dev.commit_slots, host.commit_slots)
+    logits = torch.randn(host.num_tokens, 9, generator=torch.Generator().manual_seed(1))
+    logits[host.token_parent[host.draft_rows], host.draft_token_ids] += 6
+    v = accept_tree_greedy(host, logits)
+    rows = v.path_rows(host)
+    for r in range(2):
+        a = int(v.accepted_len[r])
+        on = v.path_mask.nonzero().flatten()
+        on = on[host.token_req[on] == r]
+        assert rows[r, :a + 1].tolist() == on[torch.argsort(host.token_depth[on])].tolist()
+        assert (rows[r, a + 1:] == -1).all()

@@ -43,6 +43,16 @@ class TreeVerdict:
     path_mask: torch.Tensor      # [T] bool: rows on the accepted path (t_last included)
     accepted_len: torch.Tensor   # [R] int32: nodes on the path
 
+    def path_rows(self, window: TreeWindow) -> torch.Tensor:
+        """[R, max_depth + 1] int64 window rows of t_last and the path by depth, -1 past the path:
+        the rows the head's pass after verify reads (fixed shape, no sync)."""
+        R, width = window.num_reqs, window.max_depth + 1
+        dev = self.path_mask.device
+        out = torch.full((R * width + 1,), -1, dtype=torch.long, device=dev)
+        at = window.token_req.long() * width + window.token_depth.long()
+        out[torch.where(self.path_mask, at, R * width)] = torch.arange(window.num_tokens, device=dev)
+        return out[:-1].view(R, width)
+
     def acceptance(self, window: TreeWindow) -> Acceptance:
         """The Acceptance the write policies commit (draft mask = the path's nodes)."""
         draft_mask = self.path_mask[window.draft_rows.to(self.path_mask.device)]
