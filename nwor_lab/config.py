@@ -2,7 +2,7 @@
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
 overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
-`NWOR_LAB_KV_RING`, `NWOR_LAB_STATE_MODE`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
+`NWOR_LAB_KV_RING`, `NWOR_LAB_STATE_MODE`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_TREE`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
 `NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
@@ -90,6 +90,10 @@ class LabConfig:
         `cow` (checkpoint, restore and re-advance on reject: llama.cpp), `replay` (keep the window's
         inputs, recompute over the accepted rows: ReplaySSM), `stage` (window states transient,
         only the accepted one committed); `auto` follows nwor_mode (off / cow / stage).
+    tree:      draft trees instead of chains (nwor_lab.tree): "" (a chain), "topk=K,depth=D,nodes=N"
+        (EAGLE-2's dynamic tree: expand the top-K children of the frontier for D levels, keep the best N
+        nodes) or "paths=0|1|0.0|0.1" (a static tree: each path lists child ranks from t_last). Parsed
+        and checked here (`tree_shape`); stored in its canonical spelling.
     debug:     log each window's lifecycle and assert committed == accepted every window; with a
         sliding window, name any read of a ring slot that no longer holds the position read.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
@@ -104,6 +108,7 @@ class LabConfig:
     sliding_window: int = 0
     kv_ring: str = "auto"
     state_mode: str = "auto"
+    tree: str = ""
     debug: bool = False
     validate: bool = True
 
@@ -119,12 +124,19 @@ class LabConfig:
             raise ValueError(f"LabConfig.sliding_window={w!r}: give the attention window W as an int >= 1 "
                              f"(0: attend to the whole context)")
         object.__setattr__(self, "sliding_window", w.__index__())
+        shape = parse_tree("LabConfig.tree", self.tree)
+        object.__setattr__(self, "tree", "" if shape is None else shape.spelling)
         for f in dataclasses.fields(self):      # every switch: a real bool ('no' and 'false' are truthy)
             value = getattr(self, f.name)
             if f.type in ("bool", bool) and not isinstance(value, bool):
                 raise TypeError(f"LabConfig.{f.name}={value!r}: expected True or False, got {type(value).__name__}"
                                 + (f" (text such as {value!r} counts as True; parse it with "
                                    f"nwor_lab.config.parse_bool)" if isinstance(value, str) else ""))
+
+    @property
+    def tree_shape(self) -> "TreeShape | None":
+        """The parsed `tree` (None: chains)."""
+        return parse_tree("LabConfig.tree", self.tree)
 
     def replace(self, **changes) -> "LabConfig":
         return dataclasses.replace(self, **changes)
@@ -146,6 +158,10 @@ class LabConfig:
         for var, field in ENV_BOOLS:
             if var in env:
                 changes[field] = parse_bool(var, env[var])
+        for var, field in ENV_TEXT:
+            if var in env:
+                parse_tree(f"LabConfig.{field} (from {var})", env[var])
+                changes[field] = env[var].strip()
         for var, field in ENV_INTS:
             if env.get(var, "").strip():
                 text = env[var].strip()
@@ -176,6 +192,72 @@ ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_M
                ("NWOR_LAB_STATE_MODE", "state_mode", lambda: STATE_MODES))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
 ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
+ENV_TEXT = (("NWOR_LAB_TREE", "tree"),)      # parsed by the field's own parser (parse_tree)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A draft tree's shape: dynamic (topk, depth, nodes) or static (paths of child ranks)."""
+
+    topk: int = 0
+    depth: int = 0
+    nodes: int = 0
+    paths: tuple = ()
+
+    @property
+    def is_static(self) -> bool:
+        return bool(self.paths)
+
+    @property
+    def spelling(self) -> str:
+        if self.paths:
+            return "paths=" + "|".join(".".join(map(str, p)) for p in self.paths)
+        return f"topk={self.topk},depth={self.depth},nodes={self.nodes}"
+
+
+TREE_HELP = ('give "topk=K,depth=D,nodes=N" (EAGLE-2: K >= 1 children per frontier node, D >= 1 levels, '
+             'N <= K + (D - 1) * K^2 nodes) or "paths=0|1|0.0|0.1" (static: child ranks from t_last, each '
+             'path\'s parent listed), or "" for chains')
+
+
+def parse_tree(name: str, text) -> TreeShape | None:
+    """`LabConfig.tree` text -> TreeShape (None: chains); anything malformed names `name` and the form."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name}={text!r}: expected a string; {TREE_HELP}")
+    t = text.strip().replace(" ", "")
+    if t in ("", "chain"):
+        return None
+    if t.startswith("paths="):
+        paths = []
+        for part in t[len("paths="):].split("|"):
+            ranks = part.split(".")
+            if not part or not all(r.isdigit() for r in ranks):
+                raise ValueError(f"{name}={text!r}: bad path {part!r}; {TREE_HELP}")
+            paths.append(tuple(int(r) for r in ranks))
+        have = set(paths)
+        if len(have) != len(paths):
+            raise ValueError(f"{name}={text!r}: a path is listed twice")
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in have:
+                raise ValueError(f"{name}={text!r}: path {'.'.join(map(str, p))} needs its parent "
+                                 f"{'.'.join(map(str, p[:-1]))} listed too")
+        return TreeShape(paths=tuple(sorted(paths, key=lambda p: (len(p), p))))
+    fields = {}
+    for part in t.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or key not in ("topk", "depth", "nodes") or key in fields or not value.isdigit():
+            raise ValueError(f"{name}={text!r}: cannot read {part!r}; {TREE_HELP}")
+        fields[key] = int(value)
+    if set(fields) != {"topk", "depth", "nodes"}:
+        missing = sorted({"topk", "depth", "nodes"} - set(fields))
+        raise ValueError(f"{name}={text!r}: missing {', '.join(missing)}; {TREE_HELP}")
+    k, d, n = fields["topk"], fields["depth"], fields["nodes"]
+    if min(k, d, n) < 1:
+        raise ValueError(f"{name}={text!r}: topk, depth and nodes must be >= 1; {TREE_HELP}")
+    if n > k + (d - 1) * k * k:
+        raise ValueError(f"{name}={text!r}: topk={k}, depth={d} propose at most {k + (d - 1) * k * k} nodes, "
+                         f"not {n}; lower nodes or raise depth / topk")
+    return TreeShape(topk=k, depth=d, nodes=n)
 
 
 # -- scalar argument checks, shared by the engine and the CLI ------------------------------------

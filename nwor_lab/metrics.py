@@ -30,6 +30,7 @@ class WindowRecord:
     bytes_skipped: int = 0          # rejected K/V never written (stage)
     bytes_logged: int = 0           # copied into the CoW log
     bytes_restored: int = 0         # copied back from the CoW log
+    bytes_moved: int = 0            # copied inside the cache to compact a tree's accepted path
     cancelled: bool = False
 
     @property

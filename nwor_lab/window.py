@@ -120,6 +120,38 @@ class Window:
         """[T] bool: keep a token iff it is not a draft or its draft index <= accepted_len."""
         return self.token_draft_pos <= accepted_len.to(self.token_req.device)[self.token_req.long()]
 
+    # -- what a tree window (nwor_lab.tree.TreeWindow) answers differently ----------------------
+    @property
+    def is_tree(self) -> bool:
+        return False
+
+    @property
+    def commit_slots(self) -> torch.Tensor:
+        """[T] where each row belongs once accepted: a chain commits rows where it writes them."""
+        return self.slot_mapping
+
+    def commit_mask_for(self, draft_mask: torch.Tensor, accepted_len: torch.Tensor) -> torch.Tensor:
+        """[T] bool commit mask of an acceptance (a chain's follows from the accepted lengths)."""
+        return self.commit_mask_from(accepted_len)
+
+    def restore_slots(self, acceptance: "Acceptance") -> torch.Tensor:
+        """[Dtot] draft slots that must get their old rows back after the window (-1: keep): a
+        chain's rejected drafts."""
+        return self.draft_slots.masked_fill(acceptance.draft_mask.to(self.slot_mapping.device), -1)
+
+    def path_moves(self, draft_mask: torch.Tensor):
+        """`(src, dst)` slots an accepted row must move between after a write-all window, or None:
+        a chain's accepted drafts already sit at their positions."""
+        return None
+
+    def acceptance_error(self, draft_mask: torch.Tensor, accepted_len: torch.Tensor) -> str | None:
+        """Why `draft_mask` does not follow the prefix rule for `accepted_len` (host), or None."""
+        draft_pos = self.token_draft_pos[self.draft_rows]
+        if not bool((draft_mask == (draft_pos <= accepted_len.long()[self.draft_req.long()])).all()):
+            return ("not the prefix d_1..d_a of each request's drafts that accepted_len says; a draft is "
+                    "accepted only if every earlier one was (the prefix rule)")
+        return None
+
     def accepted_len_from(self, draft_mask: torch.Tensor) -> torch.Tensor:
         """[R] int32 accepted lengths from a prefix-closed draft mask `[Dtot]` (no host sync)."""
         acc = torch.zeros(self.num_reqs, dtype=torch.int32, device=draft_mask.device)
@@ -164,7 +196,7 @@ class Acceptance:
         check_tensor("draft_mask", draft_mask, shape=(window.num_drafts,), dtypes=(torch.bool,),
                      what="[num_drafts] bool, one per draft token")
         accepted_len = window.accepted_len_from(draft_mask)
-        return cls(draft_mask, accepted_len, window.commit_mask_from(accepted_len))
+        return cls(draft_mask, accepted_len, window.commit_mask_for(draft_mask, accepted_len))
 
     @classmethod
     def from_accepted_len(cls, window: Window, accepted_len) -> "Acceptance":

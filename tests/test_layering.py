@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
-    {"config", "atomic", "lifeline"}, {"__init__"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"},
+    {"config", "atomic", "lifeline"}, {"__init__"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"tree"},
     {"policies", "state"}, {"speculative"}, {"model"}, {"engine"}, {"distributed"},
     # the front ends, each on the ones below it
     {"commandline"},   # what every command line shares: flag types, the one error path, lab_config

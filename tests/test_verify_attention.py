@@ -299,6 +299,19 @@ INTERP_SPECS = [
               max_query_len=4, max_context=70, seed=35), ring=dict(W=10)),
     dict(spec("sliding-ring-log-3-splits", launch=dict(num_splits=3), num_reqs=2, query_lens=4, max_context=300,
               seed=36), ring=dict(W=150, log=True)),
+    # tree windows (nwor_lab.tree): ancestor bits, positions = depths; write-all (the tree in the cache)
+    # and stage (the tree in the window source); 70 nodes = two ancestor words; forced splits; sliding
+    dict(spec("tree-cache-bf16-gqa4", max_context=70, seed=40),
+         tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4], [0], [0, 1, 0, 3, 3, 3]])),
+    dict(spec("tree-window-fp32-hnd", dtype="float32", layout="HND", window=True, max_context=70,
+              seed=41), tree=dict(parents=[[0, 0, 0, 1, 2, 3, 6], [0, 1, 2]])),
+    dict(spec("tree-window-70-nodes", window=True, head_size=16, num_kv_heads=1, num_q_heads=1,
+              context_lens=[40], launch=dict(num_splits=2), seed=42),
+         tree=dict(parents=[[max(0, i - 2) for i in range(70)]])),
+    dict(spec("tree-cache-in-full-tiles", context_lens=[50, 120], head_size=16, seed=44),    # 50 + 14 = 64 keys
+         tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4, 6, 6, 8, 9, 9, 3], [0, 0, 2, 2, 3, 5, 5, 5]])),
+    dict(spec("tree-cache-sliding-linear-fp8", cache_dtype="fp8_e4m3", context_lens=[50, 90], seed=43),
+         tree=dict(parents=[[0, 0, 1, 2], [0, 1, 1]]), ring=dict(W=20, linear=True)),
     dict(id="fp8-round-trip-e4m3", kind="fp8_round_trip", storage="float8_e4m3fn", scale=0.037),
     dict(id="fp8-round-trip-e5m2", kind="fp8_round_trip", storage="float8_e5m2", scale=0.011),
 ]

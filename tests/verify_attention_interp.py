@@ -11,7 +11,8 @@ tail loop, same launch otherwise (must be bit-identical);
 the midpoints between them and random values. A "ring": {"W", "slack", "log"} entry turns a
 vs_reference case into a sliding-window one: the kernel on the case moved into a ring of W + slack
 slots (with cow's log when "log") against the reference on the same linear case with the window;
-"ring": {"W", "linear": true} runs the window on the linear cache. results.json: {id: {...numbers...}}.
+"ring": {"W", "linear": true} runs the window on the linear cache. A "tree": {"parents"} entry makes
+the case a pass over tree windows (make_tree_attention_case). results.json: {id: {...numbers...}}.
 A separate process because the interpreter must be switched on before triton is imported, and
 stays on for the whole process (tests/test_verify_attention.py starts this one).
 """
@@ -37,7 +38,8 @@ def run(spec: dict) -> dict:
     from nwor_lab.ops import _verify_attention_triton as kernels
     from nwor_lab.ops.verify_attention import (make_verify_attention_case, verify_attention,
                                                verify_attention_reference)
-    from nwor_lab.ops.verify_attention_cases import RING_FIELDS, as_ring, window_written_to_cache, with_window
+    from nwor_lab.ops.verify_attention_cases import (RING_FIELDS, TREE_FIELDS, as_ring, make_tree_attention_case,
+                                                     window_written_to_cache, with_window)
 
     kind = spec["kind"]
     if kind == "fp8_round_trip":
@@ -56,7 +58,10 @@ def run(spec: dict) -> dict:
                           torch.tensor([scale])).flatten()
         return dict(mismatches=int((got != want).sum()), n=n)
 
-    case = make_verify_attention_case(**_case_kwargs(spec["case"]))
+    if "tree" in spec:          # tree windows: {"parents": [[...] per request]}, the case's kwargs otherwise
+        case = make_tree_attention_case(spec["tree"]["parents"], **_case_kwargs(spec["case"]))
+    else:
+        case = make_verify_attention_case(**_case_kwargs(spec["case"]))
     launch = spec.get("launch", {})
 
     def kernel(c):
@@ -65,7 +70,7 @@ def run(spec: dict) -> dict:
         a = c.kwargs()
         out = torch.empty(a["q"].shape, dtype=a["q"].dtype)
         scales = [s.reshape(-1) if s is not None else None for s in (a["k_scale"], a["v_scale"])]
-        ring = {name: a[name] for name in RING_FIELDS if name in a}
+        ring = {name: a[name] for name in RING_FIELDS + TREE_FIELDS if name in a}
         return kernels.launch(a["q"], a["key_cache"], a["value_cache"], a["block_tables"], a["cache_lens"],
                               a["query_start_loc"], a["positions"], a["win_key"], a["win_value"],
                               a["win_rows"], a["win_start"], *scales, a["scale"], out, **ring, **launch)

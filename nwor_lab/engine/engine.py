@@ -60,6 +60,10 @@ class SpecEngine:
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
         self.config = check_config("config", config)
+        if self.config.tree:
+            raise NotImplementedError(f"LabConfig.tree={self.config.tree!r}: draft trees run at the component level "
+                                      f"(nwor_lab.tree, `python -m nwor_lab.bench.tree`), not yet in the engine's "
+                                      f"step; use tree='' (chains) here")
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
         self.temperature = check_temperature("temperature", temperature)

@@ -56,6 +56,9 @@ class AttentionMetadata:
     ledger          a RingLedger checking every cache read (debug mode), or None
     states          the state policy (nwor_lab.state) with this pass's window open, for a hybrid
                     target's linear-attention layers (None: the target has none); set by the caller
+    tree_mask       [T, words] int64 | None: a pass over tree windows (nwor_lab.tree): request r's
+                    window rows (key index context_lens[r] + j) are visible to a query iff bit j of its
+                    row is set (its ancestors and itself); tree_lo [R] holds context_lens
     """
 
     positions: torch.Tensor
@@ -74,11 +77,14 @@ class AttentionMetadata:
     sliding: SlidingWindow | None = None
     ledger: object = None
     states: object = None
+    tree_mask: torch.Tensor | None = None
+    tree_lo: list | None = None
 
     @classmethod
     def build(cls, cache, writer: KVWriter | None, positions, query_lens, block_tables, context_lens, *,
               window_rows=None, write_offset: int = 0, slot_mapping=None, attention: str = "auto",
-              sliding: SlidingWindow | None = None, num_drafts=None, ledger=None) -> "AttentionMetadata":
+              sliding: SlidingWindow | None = None, num_drafts=None, ledger=None,
+              tree_mask: torch.Tensor | None = None) -> "AttentionMetadata":
         """positions [T]; query_lens, context_lens: ints per request; block_tables: block-id lists.
 
         context_lens[r]: positions of request r committed before the window (always read from
@@ -89,6 +95,10 @@ class AttentionMetadata:
         num_drafts[r]: drafts among request r's rows (its last ones), for a pass over a whole
         verify window: with a ring and a writer that declares `evicted_in_log`, the positions their
         writes evict are read from the log. ledger: checks every cache read (debug mode).
+        tree_mask [T, words] int64: a pass over tree windows (`TreeWindow.ancestors`; or a chunk of
+        one, the EAGLE tree drafter's): bit j of a query's row = the request's window row j (key
+        index context_lens[r] + j) is an ancestor or itself; positions are depths; for a whole window
+        the default slot_mapping writes row j at position context_lens[r] + j (write-all order).
         """
         dev = cache.device
         bs = cache.spec.block_size
@@ -110,6 +120,22 @@ class AttentionMetadata:
         tables = block_table_tensor(block_tables, dev)
         # on the host: a device repeat_interleave without output_size syncs to learn its length
         token_req = torch.repeat_interleave(torch.arange(num_reqs), qlens).to(dev)
+        tree_lo = None
+        if tree_mask is not None:
+            if ring is not None:
+                raise ValueError("tree_mask: a tree window on a ring cache is not supported (N nodes evict N "
+                                 "positions, and write-all rows are not in position order); use kv_ring='full'")
+            if tuple(tree_mask.shape[:1]) != (positions.numel(),):
+                raise ValueError(f"tree_mask: expected [num_tokens={positions.numel()}, words] (one row per "
+                                 f"query of this pass), got {tuple(tree_mask.shape)}")
+            if write_offset and slot_mapping is None:
+                raise ValueError("tree_mask: a pass over part of a tree window (write_offset > 0) needs its "
+                                 "slot_mapping (the rows' write-all slots)")
+            tree_lo = [int(c) for c in context_lens]
+            if slot_mapping is None:      # write-all: row j at position n + j (positions are depths)
+                rows = torch.arange(positions.numel()) - torch.repeat_interleave(torch.tensor(qsl[:-1]), qlens)
+                write_pos = torch.repeat_interleave(torch.tensor(tree_lo, dtype=torch.long), qlens) + rows
+                slot_mapping = build_slot_mapping(tables, token_req, write_pos.to(dev), bs, ring)
         if slot_mapping is None:
             slot_mapping = build_slot_mapping(tables, token_req, positions, bs, ring)
         slot_mapping = torch.as_tensor(slot_mapping, dtype=torch.long, device=dev)
@@ -136,7 +162,7 @@ class AttentionMetadata:
                 log_ranges.append((first_draft - ring, row, int(nd)))
                 row += int(nd)
         extra = dict(read_from=read_from, cache_ends=n_cache, log_ranges=log_ranges, sliding=sliding,
-                     ledger=ledger)
+                     ledger=ledger, tree_mask=None if tree_mask is None else tree_mask.to(dev), tree_lo=tree_lo)
         if triton:
             rows = torch.as_tensor([r for w in window_rows for r in w], dtype=torch.long, device=dev) \
                 if in_buffer else None
@@ -146,7 +172,8 @@ class AttentionMetadata:
                                 sliding.size if sliding is not None else 0, ring or 0,
                                 torch.tensor([a for a, _, _ in log_ranges], **i32) if log_ranges else None,
                                 torch.tensor([0, *accumulate(n for _, _, n in log_ranges)], **i32)
-                                if log_ranges else None, int(qlens.max()) if num_reqs else 0)
+                                if log_ranges else None, int(qlens.max()) if num_reqs else 0,
+                                None if tree_lo is None else torch.tensor(tree_lo, **i32))
             return cls(positions, slot_mapping, qsl, None, None, None, cache, writer, write_offset, kernel, **extra)
         # every cached position of every request in one slot-mapping call, then split per request
         counts = torch.tensor([e - a for a, e in zip(read_from, n_cache)], dtype=torch.long)
@@ -161,6 +188,9 @@ class AttentionMetadata:
             visible = key_pos[None, :] <= q
             if sliding is not None:
                 visible &= key_pos[None, :] > q - sliding.size
+            if tree_mask is not None:     # key_pos is the key index: the window's rows from tree_lo[r] on
+                from nwor_lab.ops.verify_attention import tree_visible
+                visible = tree_visible(visible, key_pos, tree_mask[qsl[r]:qsl[r + 1]].cpu(), tree_lo[r])
             masks.append(visible.to(dev))
         rows = None
         if in_buffer:
@@ -190,6 +220,7 @@ class KernelArgs:
     log_lo: torch.Tensor | None = None
     log_start: torch.Tensor | None = None
     max_query_len: int = 0      # host bound on any request's rows (0: unknown): the kernel's query tile
+    tree_lo: torch.Tensor | None = None   # [R] int32 with the metadata's tree_mask (tree windows)
 
 
 _triton_ok: bool | None = None
@@ -288,4 +319,5 @@ def _kernel_attend(layer: int, q: torch.Tensor, md: AttentionMetadata, scale: fl
                             win_start=a.win_start, k_scale=ks, v_scale=vs, scale=scale,
                             backend="triton" if q.is_cuda else "reference", sliding_window=a.sliding_window,
                             ring_slots=a.ring_slots, log_key=log_k, log_value=log_v, log_lo=a.log_lo,
-                            log_start=a.log_start, max_query_len=a.max_query_len, trusted=True)
+                            log_start=a.log_start, tree_mask=md.tree_mask, tree_lo=a.tree_lo,
+                            max_query_len=a.max_query_len, trusted=True)

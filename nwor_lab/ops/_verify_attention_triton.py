@@ -18,6 +18,12 @@ about W keys whatever its context. A ring cache (`ring_slots` S > 0) maps positi
 p mod S before the block table lookup. A log source (`cow` on a ring) serves a range of positions
 per request from the log rows instead of the ring: a pointer select, as log and cache share a dtype.
 
+A tree window (`tree_mask` [T, words] int64, `tree_lo` [R] int32; TREE): key index p >= tree_lo[r]
+is a row of the request's tree, visible to a query iff its ancestor bit is set (one gather of a
+[BLOCK_M, BLOCK_N] int64 tile of words and a shift per key tile; `_tree_visible`); below tree_lo the
+position rule holds. Positions are depths (siblings share one), so the keys a query reads are not
+bounded by its position: the key loop runs to the request's last key.
+
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32
 and `_merge_splits_kernel` combines them; with one split the program writes the output directly.
@@ -108,10 +114,23 @@ def _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr,
 
 
 @triton.jit
+def _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words):
+    """`visible [M, N]` with keys p >= t_lo replaced by bit (p - t_lo) of each query's ancestor words."""
+    j = p - t_lo
+    in_tree = j >= 0
+    jc = tl.maximum(j, 0)
+    word_ok = (jc // 64) < tree_words
+    words = tl.load(tree_mask + tok[:, None] * stride_tm + (jc // 64)[None, :],
+                    mask=row_ok[:, None] & (in_tree & word_ok)[None, :], other=0)
+    bit = (words >> (jc % 64).to(tl.int64)[None, :]) & 1
+    return tl.where(in_tree[None, :], bit != 0, visible)
+
+
+@triton.jit
 def _verify_attention_kernel(
         q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
         win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse,
-        log_k, log_v, log_lo, log_start,
+        log_k, log_v, log_lo, log_start, tree_mask, tree_lo, stride_tm, tree_words,
         qk_scale, keys_per_split, win_size, ring_slots,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -123,7 +142,7 @@ def _verify_attention_kernel(
         HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
         FP8_MAX: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
         ROW_LOOP: tl.constexpr, SLIDING: tl.constexpr, RING: tl.constexpr, HAS_LOG: tl.constexpr,
-        SPLIT_TAIL: tl.constexpr):
+        SPLIT_TAIL: tl.constexpr, TREE: tl.constexpr):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -158,6 +177,8 @@ def _verify_attention_kernel(
     if FP8:
         ks = tl.load(k_scale + kvh)
         vs = tl.load(v_scale + kvh)
+    if TREE:
+        t_lo = tl.load(tree_lo + req)
 
     d = tl.arange(0, D)
     bt_row = block_tables + req.to(tl.int64) * stride_bt
@@ -178,8 +199,12 @@ def _verify_attention_kernel(
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
         pos = tl.load(positions + tok, mask=row_ok, other=-1)
-        # keys past the last query's position are masked for every row: do not read them
-        end = tl.minimum(hi, tl.max(pos, 0) + 1)
+        # keys past the last query's position are masked for every row: do not read them (a tree's
+        # rows are not in position order: read them all)
+        if TREE:
+            end = hi
+        else:
+            end = tl.minimum(hi, tl.max(pos, 0) + 1)
         full_end = lo + tl.maximum(tl.minimum(end, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -209,6 +234,9 @@ def _verify_attention_kernel(
             visible = p[None, :] <= pos[:, None]
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
+            if TREE:
+                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                    (p < end)[None, :]
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # tail tiles: the cache's last partial tile and the window rows, masked per position. With a
         # window (not fp8) and SPLIT_TAIL, only the tile holding cache_len mixes the two sources;
@@ -266,6 +294,9 @@ def _verify_attention_kernel(
             visible = (p[None, :] <= pos[:, None]) & (p < end)[None, :]
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
+            if TREE:
+                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                    (p < end)[None, :]
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         if HAS_WINDOW and not FP8 and SPLIT_TAIL:
@@ -280,6 +311,9 @@ def _verify_attention_kernel(
                 visible = (p[None, :] <= pos[:, None]) & in_win[None, :]
                 if SLIDING:
                     visible = visible & (p[None, :] > pos[:, None] - win_size)
+                if TREE:
+                    visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                        in_win[None, :]
                 m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # no visible key: 0, not NaN
@@ -360,7 +394,8 @@ def plan_splits(num_reqs: int, num_kv_heads: int, max_cache_keys: int, device, b
 def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
            win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, *,
            sliding_window=0, ring_slots=0, log_key=None, log_value=None, log_lo=None, log_start=None,
-           max_query_len=0, num_splits=None, block_n=None, num_warps=None, num_stages=None, row_loop=None,
+           tree_mask=None, tree_lo=None, max_query_len=0, num_splits=None, block_n=None, num_warps=None,
+           num_stages=None, row_loop=None,
            block_m=None, split_tail=None):
     """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench.
 
@@ -399,6 +434,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
     has_window = win_key is not None
     has_log = log_key is not None
+    tree = tree_mask is not None
     split = num_splits > 1
     if split:
         part_o = torch.empty((num_splits, T, hq, d), dtype=torch.float32, device=q.device)
@@ -414,6 +450,8 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         k_scale if fp8 else q, v_scale if fp8 else q, out, part_o, part_lse,
         log_key if has_log else key_cache, log_value if has_log else value_cache,
         log_lo if has_log else dummy_idx, log_start if has_log else dummy_idx,
+        tree_mask if tree else cache_lens, tree_lo if tree else dummy_idx,
+        tree_mask.stride(0) if tree else 0, tree_mask.shape[1] if tree else 0,
         float(scale) * LOG2E, per_split, int(sliding_window), int(ring_slots),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -427,7 +465,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
         SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
         ROW_LOOP=row_loop, SLIDING=bool(sliding_window), RING=bool(ring_slots), HAS_LOG=has_log,
-        SPLIT_TAIL=bool(split_tail), num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
+        SPLIT_TAIL=bool(split_tail), TREE=tree, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     if split:
         _merge_splits_kernel[(T, hq)](
             part_o, part_lse, out, num_splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),

@@ -10,6 +10,11 @@
 
 Masking is done in data (a rejected row behaves like slot -1), so no host sync is needed to
 compact the accepted rows, and the op can be captured in a CUDA graph.
+
+Row t goes to `slot_mapping[t]`: the op takes (source row, destination slot) pairs, so a tree
+window's commit (nwor_lab.tree) is this op with the window's `commit_slots` (position n + depth):
+the accepted path lands compacted at n + 1 .. n + a in the same one launch. Only kept rows need
+distinct slots (rejected siblings share a depth, hence a destination).
 """
 from __future__ import annotations
 
@@ -73,4 +78,6 @@ def _check_commit_args(staged_key, staged_value, key_cache, value_cache, slot_ma
     check_cache_source("staged_key", staged_key, ref, k_scale, v_scale,
                        lambda sc: tuple(sc.shape) == (num_layers, h), f"[num_layers={num_layers}, num_kv_heads={h}]",
                        "PagedKVCache.k_scale / v_scale")
-    check_slots("slot_mapping", slot_mapping, nb * bs, validate, unique=True)
+    # only the rows that are written must not collide (a tree's rejected siblings share a destination)
+    check_slots("slot_mapping", slot_mapping.masked_fill(~commit_mask, -1), nb * bs, validate, unique=True)
+    check_slots("slot_mapping", slot_mapping, nb * bs, validate)

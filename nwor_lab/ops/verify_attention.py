@@ -16,6 +16,13 @@
     log_key, ...    [n, H, D]       optional log source (NWOR `cow` on a ring), the cache's dtype (raw
     log_lo          [R] int32         stored rows): request r's positions log_lo[r] + j, j < log_start[r+1]
     log_start       [R+1] int32       - log_start[r], come from log_key[log_start[r] + j], not the cache
+    tree_mask       [T, words] int64 optional (a tree window, nwor_lab.tree): key index p >= tree_lo[r]
+    tree_lo         [R] int32         (a row of the request's window: the cache's tail under write-all,
+                                      the window source under stage) is visible to query t iff bit
+                                      (p - tree_lo[r]) % 64 of tree_mask[t, (p - tree_lo[r]) // 64] is
+                                      set (its ancestors and itself); keys below tree_lo[r] follow the
+                                      position rule (positions[t] = n + depth). Not on a ring / log; with a
+                                      sliding window every query's depth positions[t] - tree_lo[r] < W
     max_query_len   int             a host bound on every request's query rows (0: unknown); sizes
                                       the kernel's query tile without a sync (a verify window: 1 + k)
     -> out          [T, Hq, D]      q's dtype; Hq // H query heads share a KV head (GQA)
@@ -65,6 +72,7 @@ from nwor_lab.ops.verify_attention_cases import VerifyAttentionCase, make_verify
 BACKENDS = ("triton", "reference")
 WINDOW_ARGS = ("win_key", "win_value", "win_rows", "win_start")
 LOG_ARGS = ("log_key", "log_value", "log_lo", "log_start")
+TREE_ARGS = ("tree_mask", "tree_lo")
 INSTALL_HINT = "install it with `pip install triton` (Linux), or use backend='reference'"
 
 __all__ = ["verify_attention", "verify_attention_reference", "make_verify_attention_case",
@@ -137,7 +145,8 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
 def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                       win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out,
                       validate: bool = True, sliding_window: int = 0, ring_slots: int = 0,
-                      log_key=None, log_value=None, log_lo=None, log_start=None) -> None:
+                      log_key=None, log_value=None, log_lo=None, log_start=None, tree_mask=None,
+                      tree_lo=None) -> None:
     """Raise, naming the argument and the fix, unless the call is well formed.
 
     validate: also check the index VALUES (offsets, lengths, block ids, window rows) on the host:
@@ -201,6 +210,19 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
                      what="[num_reqs]: the first position each request reads from the log")
         check_tensor("log_start", log_start, shape=(R + 1,), dtypes=(torch.int32,), device=dev,
                      what="[num_reqs + 1]: offsets of each request's rows in log_key")
+    tree = _all_or_none("tree", TREE_ARGS, (tree_mask, tree_lo))
+    if tree:
+        if ring_slots or log_key is not None:
+            raise ValueError("tree_mask: a tree window on a ring cache is not supported (its write-all rows are "
+                             "not in position order, and N nodes evict N positions); use a linear cache "
+                             "(LabConfig.kv_ring='full') or a chain")
+        check_tensor("tree_mask", tree_mask, ndim=2, dtypes=(torch.int64,), device=dev,
+                     what="[num_tokens, words] int64 ancestor bits (nwor_lab.tree.TreeWindow.ancestors)")
+        if tree_mask.shape[0] != T or tree_mask.stride(1) != 1:
+            raise ValueError(f"tree_mask: expected [num_tokens={T}, words] with words contiguous, got shape "
+                             f"{tuple(tree_mask.shape)}")
+        check_tensor("tree_lo", tree_lo, shape=(R,), dtypes=(torch.int32,), device=dev,
+                     what="[num_reqs]: the key index of each request's first window row")
     if is_fp8(key_cache.dtype):
         for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
             if sc is None:
@@ -218,6 +240,13 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
     if validate and not capturing():
         _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions,
                       win_key, win_rows, win_start, sliding_window, ring_slots, log_key, log_start)
+        if tree and sliding_window and T:
+            req = torch.repeat_interleave(torch.arange(R), query_start_loc.long().cpu().diff())
+            depth = positions.long().cpu() - tree_lo.long().cpu()[req]
+            if int(depth.max()) >= sliding_window:
+                raise ValueError(f"tree_mask: a node of depth {int(depth.max())} with sliding_window="
+                                 f"{sliding_window}: a tree deeper than the window would hide ancestors; "
+                                 f"keep depth < W")
 
 
 def _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions, win_key, win_rows,
@@ -278,7 +307,8 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
                                positions, *, win_key=None, win_value=None, win_rows=None, win_start=None,
                                k_scale=None, v_scale=None, scale, out=None, backend=None,
                                sliding_window: int = 0, ring_slots: int = 0, log_key=None, log_value=None,
-                               log_lo=None, log_start=None, trusted: bool = False) -> torch.Tensor:
+                               log_lo=None, log_start=None, tree_mask=None, tree_lo=None,
+                               trusted: bool = False) -> torch.Tensor:
     """The obviously right version (torch, any device): per request, gather its keys from the
     cache (dequantised as `PagedKVCache.gather` does; positions of the log range from the log)
     and its window rows (round-tripped through the cache dtype as `write_and_attend` does), then
@@ -287,7 +317,8 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
         check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                           win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out,
                           sliding_window=sliding_window, ring_slots=ring_slots, log_key=log_key,
-                          log_value=log_value, log_lo=log_lo, log_start=log_start)
+                          log_value=log_value, log_lo=log_lo, log_start=log_start, tree_mask=tree_mask,
+                          tree_lo=tree_lo)
     T, hq, d = q.shape
     bs, h = key_cache.shape[1], key_cache.shape[2]
     groups = hq // h
@@ -328,17 +359,32 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
         mask = key_pos[None, :] <= positions[s:e, None]
         if sliding_window:
             mask &= key_pos[None, :] > positions[s:e, None] - sliding_window
+        if tree_mask is not None:
+            mask = tree_visible(mask, key_pos, tree_mask[s:e], int(tree_lo[r]))
         o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), keys.transpose(0, 1),
                                            values.transpose(0, 1), attn_mask=mask, scale=scale)
         out[s:e] = o.transpose(0, 1)
     return out
 
 
+def tree_visible(mask: torch.Tensor, key_index: torch.Tensor, tree_mask: torch.Tensor, lo: int) -> torch.Tensor:
+    """`mask [q, n]` with the keys at index >= lo (a tree window's rows) replaced by the queries'
+    ancestor bits `tree_mask [q, words]`; rows past the bitmask are invisible."""
+    j = key_index - lo
+    in_tree = j >= 0
+    jc = j.clamp(min=0)
+    word = jc // 64
+    fits = word < tree_mask.shape[1]
+    bits = (tree_mask[:, word.clamp(max=tree_mask.shape[1] - 1)] >> (jc % 64)) & 1
+    return torch.where(in_tree[None, :], (bits != 0) & fits[None, :], mask)
+
+
 def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                      *, win_key=None, win_value=None, win_rows=None, win_start=None,
                      k_scale=None, v_scale=None, scale, out=None, backend=None,
                      sliding_window: int = 0, ring_slots: int = 0, log_key=None, log_value=None,
-                     log_lo=None, log_start=None, max_query_len: int = 0, trusted: bool = False) -> torch.Tensor:
+                     log_lo=None, log_start=None, tree_mask=None, tree_lo=None, max_query_len: int = 0,
+                     trusted: bool = False) -> torch.Tensor:
     """Attention of every request's query rows to its cached keys (and window rows), `[T, Hq, D]`.
 
     See the module docstring for shapes and semantics. out: written in place when given.
@@ -347,7 +393,7 @@ def verify_attention(q, key_cache, value_cache, block_tables, cache_lens, query_
     checks, which cost more host time than the launch.
     """
     extra = dict(sliding_window=sliding_window, ring_slots=ring_slots, log_key=log_key, log_value=log_value,
-                 log_lo=log_lo, log_start=log_start)
+                 log_lo=log_lo, log_start=log_start, tree_mask=tree_mask, tree_lo=tree_lo)
     if not trusted:
         check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
                           win_key, win_value, win_rows, win_start, k_scale, v_scale, scale, out, **extra)

@@ -45,6 +45,8 @@ class VerifyAttentionCase:
     log_value: torch.Tensor | None = None
     log_lo: torch.Tensor | None = None
     log_start: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    tree_lo: torch.Tensor | None = None
     meta: dict = field(default_factory=dict)
 
     def kwargs(self) -> dict:
@@ -53,6 +55,8 @@ class VerifyAttentionCase:
             "win_key", "win_value", "win_rows", "win_start", "k_scale", "v_scale", "scale")}
         if self.sliding_window:      # only when used: older callers pass kwargs() to the bare launch
             kw.update({name: getattr(self, name) for name in RING_FIELDS})
+        if self.tree_mask is not None:
+            kw.update({name: getattr(self, name) for name in TREE_FIELDS})
         return kw
 
     def kv_bytes(self) -> int:
@@ -65,6 +69,7 @@ class VerifyAttentionCase:
 
 
 RING_FIELDS = ("sliding_window", "ring_slots", "log_key", "log_value", "log_lo", "log_start")
+TREE_FIELDS = ("tree_mask", "tree_lo")
 
 
 def _ints(value, n: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
@@ -163,9 +168,10 @@ def case_to(case: VerifyAttentionCase, device) -> VerifyAttentionCase:
         base.copy_(t)
         return base
 
-    moved = {name: move(getattr(case, name)) for name in case.kwargs() if name not in ("scale", *RING_FIELDS)}
+    moved = {name: move(getattr(case, name)) for name in case.kwargs()
+             if name not in ("scale", *RING_FIELDS, *TREE_FIELDS)}
     ring = {name: move(getattr(case, name)) if torch.is_tensor(getattr(case, name)) else getattr(case, name)
-            for name in RING_FIELDS}
+            for name in RING_FIELDS + TREE_FIELDS}
     return VerifyAttentionCase(case.name, **moved, **ring, scale=case.scale, meta=dict(case.meta))
 
 
@@ -237,6 +243,42 @@ def with_window(case: VerifyAttentionCase, sliding_window: int) -> VerifyAttenti
     kw = {name: getattr(case, name) for name in case.kwargs() if name not in ("scale", *RING_FIELDS)}
     return VerifyAttentionCase(case.name + f"-W{sliding_window}", **kw, scale=case.scale,
                                sliding_window=sliding_window, meta=dict(case.meta))
+
+
+def make_tree_attention_case(parents, *, context_lens=None, window: bool = False, seed: int = 0,
+                             **kwargs) -> VerifyAttentionCase:
+    """A verify pass over tree windows (nwor_lab.tree): request r's queries are `[t_last, node_1 ..
+    node_N]` with `parents[r]` (node i+1 -> 0 .. i), at positions n + depth (n = context_lens[r]);
+    its window rows sit at key indices n .. n + N (tree_lo = n): in the cache (write-all) or in the
+    window source (`window`, stage). Other arguments as make_verify_attention_case."""
+    # the bits are made here, not with nwor_lab.tree (a layer above ops): a second implementation of
+    # the same rule, which the tests compare against the window's own (tests/test_tree_attention.py)
+    parents = [[int(q) for q in p] for p in parents]
+    for r, p in enumerate(parents):
+        if any(not 0 <= q <= i for i, q in enumerate(p)):
+            raise ValueError(f"parents[{r}]: node i+1's parent must be 0 (t_last) or an earlier node 1..i")
+    qlens = [1 + len(p) for p in parents]
+    case = make_verify_attention_case(num_reqs=len(parents), query_lens=qlens, context_lens=context_lens,
+                                      window=window, window_extra=0, seed=seed, **kwargs)
+    ctx = case.meta["context_lens"]
+    words = -(-max(qlens) // 64)
+    depth, bits = [], []
+    for p in parents:
+        d, rows = [0], [{0}]
+        for i, q in enumerate(p, start=1):
+            d.append(d[q] + 1)
+            rows.append(rows[q] | {i})
+        depth += d
+        for row in rows:
+            w = [sum(1 << (j - 64 * k) for j in row if 64 * k <= j < 64 * (k + 1)) for k in range(words)]
+            bits.append([x - (1 << 64) if x >= 1 << 63 else x for x in w])
+    case.positions = torch.tensor(depth, dtype=torch.long).to(case.positions.device) + \
+        torch.repeat_interleave(torch.tensor(ctx), torch.tensor(qlens)).to(case.positions.device)
+    case.tree_mask = torch.tensor(bits, dtype=torch.int64, device=case.q.device)
+    case.tree_lo = torch.tensor(ctx, dtype=torch.int32, device=case.q.device)
+    case.name += "-tree"
+    case.meta["parents"] = parents
+    return case
 
 
 def window_written_to_cache(case: VerifyAttentionCase) -> VerifyAttentionCase:

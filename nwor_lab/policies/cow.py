@@ -9,6 +9,10 @@ before the window.
 On a ring cache (sliding windows) a draft's slot held an older position that the window's earlier
 queries still need; the log holds exactly those rows, so attention reads them from `log_kv(layer)`
 (`evicted_in_log`), and the restore puts them back for the next window.
+
+On a tree window (nwor_lab.tree) the log covers the N node slots; commit gathers the accepted
+path, restores every slot the path does not move into, then writes the path to n + 1 .. n + a
+(three launches for all layers): every slot past the path holds what it held before the window.
 """
 from __future__ import annotations
 
@@ -33,10 +37,6 @@ class CowPolicy(OffPolicy):
     def launches_per_window(cls, num_layers: int) -> int:
         return num_layers + 2   # the writes, one log at begin, one restore at commit (all layers each)
 
-    def _stacked(self):
-        a, b = self.layers.start, self.layers.stop
-        return self.cache.key[a:b], self.cache.value[a:b]
-
     def _begin(self) -> None:
         self._draft_slots = self.window.draft_slots  # one gather per window, reused at commit
         self._log = log_slots(*self._stacked(), self._draft_slots, backend=self.config.backend,
@@ -54,6 +54,18 @@ class CowPolicy(OffPolicy):
         return self._log[0][i], self._log[1][i]
 
     def _commit(self, acceptance) -> None:
+        w = self.window
+        moves = w.path_moves(acceptance.draft_mask)
+        if moves is not None:
+            # a tree: the log covers all N node slots; restore those the path does not move into,
+            # then move the path (its rows gathered first: the restore may overwrite them)
+            moved = log_slots(*self._stacked(), moves[0], backend=self.config.backend, trusted=True)
+            restore_slots(*self._stacked(), w.restore_slots(acceptance), *self._log,
+                          backend=self.config.backend, trusted=True)
+            restore_slots(*self._stacked(), moves[1], *moved, backend=self.config.backend, trusted=True)
+            self._moved = int((moves[1] >= 0).sum()) if self.records else 0
+            self._log = None
+            return
         rejected = self._draft_slots.masked_fill(acceptance.draft_mask, -1)  # accepted: nothing to restore
         c = self.cache
         native = c.native_writes(self.layers.start, self.layers.stop)
@@ -74,6 +86,8 @@ class CowPolicy(OffPolicy):
         bpt, layers = self.cache.spec.bytes_per_token_layer, len(self.layers)
         real_drafts = (self.window.draft_slots >= 0)   # the window's (a CPU mirror after a replay)
         logged = int(real_drafts.sum()) * layers * bpt
-        restored = 0 if acceptance is None else int((real_drafts & ~acceptance.draft_mask).sum()) * layers * bpt
-        return {"bytes_written": self._valid_rows_written() * bpt, "bytes_logged": logged,
-                "bytes_restored": restored}
+        restored = 0 if acceptance is None else \
+            int((self.window.restore_slots(acceptance) >= 0).sum()) * layers * bpt
+        out = super()._bytes(acceptance, kept)
+        out.update(bytes_logged=logged, bytes_restored=restored)
+        return out

@@ -1,9 +1,14 @@
 """`off`: vLLM today. Every scheduled token's K/V goes straight into the paged cache; rejected
-drafts stay there as garbage until later tokens overwrite their slots."""
+drafts stay there as garbage until later tokens overwrite their slots.
+
+On a tree window (nwor_lab.tree) this is write-all + move (SGLang at page size > 1, TensorRT-LLM):
+every node is written at position n + row, and commit copies the accepted path to n + 1 .. n + a
+(`_move`: gather every accepted row first, then scatter, since one move's destination can be a
+later move's source). Rejected rows stay behind the path, in its last block and beyond."""
 from __future__ import annotations
 
 from nwor_lab.policies.policy import WritePolicy
-from nwor_lab.ops import use_cuda, write_kv
+from nwor_lab.ops import log_slots, restore_slots, use_cuda, write_kv
 from nwor_lab.ops.write_kv import slot_destination, write_rows
 
 
@@ -35,5 +40,30 @@ class OffPolicy(WritePolicy):
         # begin() checked the slots and write() the tensors: skip the op's own checks (host time)
         write_kv(key, value, k_cache, v_cache, slots, k_scale, v_scale, backend=self.config.backend, trusted=True)
 
+    def _stacked(self):
+        a, b = self.layers.start, self.layers.stop
+        return self.cache.key[a:b], self.cache.value[a:b]
+
+    def _commit(self, acceptance) -> None:
+        moves = self.window.path_moves(acceptance.draft_mask)
+        if moves is not None:
+            self._move(*moves)
+
+    def _move(self, src, dst) -> None:
+        """Copy cache rows `src` -> `dst` `[n]` slots (-1: none) of the window's layers, raw bytes:
+        two launches for all layers (gather into a log, restore from it)."""
+        if self.cache.native_writes(self.layers.start, self.layers.stop) is not None:
+            raise NotImplementedError("a tree window's compaction on a cache owned by vLLM: not built; use "
+                                      "the lab's own cache")
+        rows = log_slots(*self._stacked(), src, backend=self.config.backend, trusted=True)
+        restore_slots(*self._stacked(), dst, *rows, backend=self.config.backend, trusted=True)
+        self._moved = int((dst >= 0).sum()) if self.records else 0
+
     def _bytes(self, acceptance, kept) -> dict:
-        return {"bytes_written": self._valid_rows_written() * self.cache.spec.bytes_per_token_layer}
+        bpt = self.cache.spec.bytes_per_token_layer
+        moved = getattr(self, "_moved", 0) * len(self.layers) * bpt
+        self._moved = 0
+        out = {"bytes_written": self._valid_rows_written() * bpt}
+        if moved:
+            out["bytes_moved"] = moved
+        return out

@@ -294,7 +294,7 @@ class WritePolicy:
                      dtypes=INDEX_DTYPES, what="[num_reqs]")
         if acceptance.commit_mask is None:
             acceptance = Acceptance(acceptance.draft_mask, acceptance.accepted_len,
-                                    w.commit_mask_from(acceptance.accepted_len))
+                                    w.commit_mask_for(acceptance.draft_mask, acceptance.accepted_len))
         check_tensor("acceptance.commit_mask", acceptance.commit_mask, shape=(w.num_tokens,),
                      dtypes=(torch.bool,), device=dev, what="[num_tokens] bool")
         if self.config.validate and not capturing():
@@ -303,14 +303,13 @@ class WritePolicy:
             if bool(((acc < 0) | (acc > n_drafts)).any()):
                 raise ValueError(f"acceptance.accepted_len={acc.tolist()}: each must lie in 0..num_draft_tokens "
                                  f"{w.num_draft_tokens}")
-            draft_pos = w.token_draft_pos[w.draft_rows]
-            if not bool((acceptance.draft_mask == (draft_pos <= acc[w.draft_req.long()])).all()):
-                raise ValueError("acceptance.draft_mask: not the prefix d_1..d_a of each request's drafts "
-                                 "that accepted_len says; a draft is accepted only if every earlier one "
-                                 "was (the prefix rule)")
-            if not bool((acceptance.commit_mask == w.commit_mask_from(acc)).all()):
+            error = w.acceptance_error(acceptance.draft_mask, acc)
+            if error:
+                raise ValueError(f"acceptance.draft_mask: {error}")
+            if not bool((acceptance.commit_mask == w.commit_mask_for(acceptance.draft_mask, acc)).all()):
                 raise ValueError("acceptance.commit_mask: does not keep exactly the non-draft tokens and "
-                                 "the accepted drafts; build it with Window.commit_mask_from(accepted_len)")
+                                 "the accepted drafts; build it with Window.commit_mask_from(accepted_len) "
+                                 "(a tree: Acceptance.from_draft_mask)")
         return acceptance
 
     def _finish(self, acceptance: Acceptance | None, cancelled: bool) -> WindowRecord | None:

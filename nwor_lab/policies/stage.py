@@ -7,7 +7,9 @@ projections write there, and `write` finds its rows already in place: no per-lay
 launched at all. (K/V that arrive from elsewhere, e.g. a test's tensors, are copied in.)
 Attention reads the window from `window_kv(layer)` and the prefix from the cache; `commit` writes the accepted rows of every
 layer in ONE launch (`ops.commit`), masking rejected rows in data (no host sync). Rejected slots
-are never touched. The buffer grows when a window needs more rows, before anything is written;
+are never touched. On a tree window (nwor_lab.tree) the nodes wait in the buffer and the commit
+writes the accepted path's rows to `window.commit_slots` (positions n + 1 .. n + a): the compaction
+IS the commit, no extra launch. The buffer grows when a window needs more rows, before anything is written;
 under CUDA-graph capture it cannot grow, so `reserve(max_tokens)` first.
 """
 from __future__ import annotations
@@ -102,8 +104,10 @@ class StagePolicy(WritePolicy):
         return self.staged_key[layer, :t], self.staged_value[layer, :t]
 
     def _commit(self, acceptance) -> None:
+        # commit_slots: where each row belongs once accepted (a chain: where it would be written; a
+        # tree: position n + depth, so the path lands compacted at n + 1 .. n + a in this one launch)
         for a, b in _runs(sorted(self._rows)):
-            self._commit_layers(a, b, acceptance.commit_mask)
+            self._commit_layers(a, b, acceptance.commit_mask, self.window.commit_slots)
 
     def _cancel(self) -> None:
         # `off` would have written every row that arrived: flush those, layer by layer.
@@ -112,21 +116,21 @@ class StagePolicy(WritePolicy):
             written = torch.zeros(t, dtype=torch.bool)
             for a, b in ranges:
                 written[a:b] = True
-            self._commit_layers(layer, layer + 1, written.to(dev))
+            self._commit_layers(layer, layer + 1, written.to(dev), self.window.slot_mapping)
 
-    def _commit_layers(self, a: int, b: int, mask: torch.Tensor) -> None:
+    def _commit_layers(self, a: int, b: int, mask: torch.Tensor, slots: torch.Tensor) -> None:
         c = self.cache
         native = c.native_writes(a, b)
         if native is not None:
             # the cache owner's own row write (vLLM's C++ op, one per layer): a rejected row is slot -1
             t = self.window.num_tokens
-            slots = self.window.slot_mapping.long().masked_fill(~mask, -1)
+            slots = slots.long().masked_fill(~mask, -1)
             for i, write in enumerate(native):
                 write(self.staged_key[a + i, :t], self.staged_value[a + i, :t], slots)
             return
         ks, vs = (c.k_scale[a:b], c.v_scale[a:b]) if c.is_fp8 else (None, None)
         commit(self.staged_key[a:b], self.staged_value[a:b], c.key[a:b], c.value[a:b],
-               self.window.slot_mapping, mask, ks, vs, backend=self.config.backend, trusted=True)
+               slots, mask, ks, vs, backend=self.config.backend, trusted=True)
 
     def _bytes(self, acceptance, kept) -> dict:
         bpt, layers = self.cache.spec.bytes_per_token_layer, self._layers_written()
