@@ -54,7 +54,7 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
     each: correctness against target-only (and the first divergence), KV memory per request, mean
     acceptance length, tokens per request and decode step, tokens/s (median of `repeats` timed
     runs on a warm engine, the strategies timed round-robin)."""
-    from nwor_lab.bench.engine import timed
+    from nwor_lab.bench.timing import timed
     from nwor_lab.engine.generate import acceptance_stats, prepare
 
     device = torch.device(device)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nwor_lab import LabConfig
-from nwor_lab.bench.engine import run_prompts
+from nwor_lab.bench.timing import run_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
