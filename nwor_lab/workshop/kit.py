@@ -124,18 +124,20 @@ def export_page(nb, out: Path, name: str) -> str:
     return f"{name}.html"
 
 
-def export_slides(nb, out: Path, name: str) -> str:
+def export_slides(nb, out: Path, name: str, metrics: dict | None = None) -> str:
     from nwor_lab import exercises
     from nwor_lab.workshop import notes, offline, slides, vendor
     deck = slides.export(nb, plotly_js=vendor.PLOTLY_JS, reveal_prefix=vendor.REVEAL_DIR,
-                         chapter_notes=notes.for_chapter(name), exercises_here=exercises.by_chapter().get(name, []))
+                         chapter_notes=notes.for_chapter(name), exercises_here=exercises.by_chapter().get(name, []),
+                         metrics=metrics)
     atomic.write_text(out / f"{name}.slides.html", offline.check_page(deck, f"{name}.slides.html"))
     return f"{name}.slides.html"
 
 
-def export(nb, out: Path, name: str) -> tuple[str, str]:
-    """Write `<name>.html` and `<name>.slides.html` for an (executed) notebook."""
-    return export_page(nb, out, name), export_slides(nb, out, name)
+def export(nb, out: Path, name: str, metrics: dict | None = None) -> tuple[str, str]:
+    """Write `<name>.html` and `<name>.slides.html` for an (executed) notebook; `metrics` (what its run
+    recorded) fill the deck's Discuss notes."""
+    return export_page(nb, out, name), export_slides(nb, out, name, metrics)
 
 
 @contextlib.contextmanager
@@ -243,7 +245,7 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     built.exercises = exercise_entries(source_nb, name, ran)
     try:  # export what ran, error cell included, so the failure can be read in the page
         nb = ran if ran is not None else source_nb
-        built.html, built.slides = export(nb, out, name)
+        built.html, built.slides = export(nb, out, name, built.metrics)
     except Exception as err:
         _raise_if_disk(err, out)
         built.ok, built.status = False, "failed"
