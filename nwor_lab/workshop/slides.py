@@ -97,6 +97,8 @@ def split_sections(nb) -> None:
         for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
             part = copy.deepcopy(cell)
             part.source = cell.source[a:b].strip()
+            if n and "id" in part:
+                part["id"] = f"{cell['id']}-{n}"[:64]          # cell ids stay unique
             if n and st and st != "skip":
                 part.metadata["slideshow"] = {"slide_type": "slide"}
                 part.metadata["tags"] = ["slide-heading"]
