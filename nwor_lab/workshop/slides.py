@@ -110,7 +110,7 @@ def split_sections(nb) -> None:
 def generated(nb) -> None:
     """Slide types for a chapter that authors none (in place): title, sections, their first figure,
     exercises; everything else skipped."""
-    section_open = False
+    section_open = full = False
     for i, cell in enumerate(nb.cells):
         tags = cell.metadata.setdefault("tags", [])
         if cell.cell_type == "markdown" and (i == 0 or cell.source.lstrip().startswith("## ")):
@@ -119,11 +119,12 @@ def generated(nb) -> None:
             if not exercise and (i > 0 or len(cell.source.splitlines()) > 12):
                 tags.append("slide-heading")
             section_open = i > 0 and not exercise
+            full = bool(tables(cell.source))          # a table fills the slide: what follows gets its own
         elif cell.cell_type == "code" and section_open and any(figures.is_figure(o) for o in cell.outputs):
-            _set(cell, "-")
+            _set(cell, "subslide" if full else "-")
             section_open = False
         elif cell.cell_type == "code" and section_open and _short_text(cell):
-            _set(cell, "-")
+            _set(cell, "subslide" if full else "-")
             tags.append("slide-text")
             section_open = False
         else:
