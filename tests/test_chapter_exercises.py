@@ -1,4 +1,5 @@
-"""Every teaching chapter from the paged cache to EAGLE carries its exercises, and they run as a
+"""Every chapter carries its exercises (09's runs in vLLM's kernel: its exercise is checked in
+tests/test_exercises_l_to_p.py), and they run as a
 learner finds them: the untouched stubs report "not attempted yet" (never FAIL), the references
 pass (use_solutions=True, as CI and instructors run them). The exercise cells need nothing from the
 rest of their chapter, so they run here without a kernel."""
@@ -12,8 +13,8 @@ from nwor_lab import exercises
 from nwor_lab.workshop import chapters as ch
 
 ROOT = Path(__file__).resolve().parents[1]
-TEACHING = ("02_paged_cache", "03_verify_window", "04_scv", "05_stage", "06_cow", "07_sliding_window", "08_eagle",
-            "12_exercises")
+TEACHING = ("00_tour", "01_why", "02_paged_cache", "03_verify_window", "04_scv", "05_stage", "06_cow",
+            "07_sliding_window", "08_eagle", "10_sweep", "11_performance", "12_exercises")
 
 
 def exercise_cells(stem):

@@ -642,3 +642,30 @@ def test_references_agree_with_the_package():
         assert torch.equal(mask, ref_mask) and torch.equal(acc, ref_acc), case.note
         differ += int((acc != accepted_len_by_ids(**i)).any())
     assert differ, "the cases include rows where comparing ids would accept a rejected draft"
+
+
+# -- the counterexample pictures say what is wrong, and only that ------------------------------------
+def test_acceptance_mask_picture_outlines_only_the_drafts_that_differ():
+    r = exercises.check_acceptance_mask(acceptance_by_ids)
+    expected_mask = r.expected[0]
+    got_mask = torch.as_tensor(r.got[0]).bool()
+    differing = int((got_mask != expected_mask).sum())
+    assert differing and len(r.figure.layout.shapes) == differing, "one outline per draft whose fate differs"
+
+
+def restore_swapping_key_and_value(key_cache, value_cache, log_key, log_value, draft_slots, draft_mask):
+    """Restores the rejected slots, from the wrong half of the log: K from the value log and V from the key log."""
+    return solutions.cow_restore(key_cache, value_cache, log_value, log_key, draft_slots, draft_mask)
+
+
+@pytest.mark.parametrize("wrong", [restore_with_nhd_offsets, restore_swapping_key_and_value])
+def test_cow_restore_picture_never_calls_a_wrongly_restored_slot_rejected_k_v_left(wrong):
+    from nwor_lab.viz.states import SlotState
+    r = exercises.check_cow_restore(wrong)
+    assert r.status == "fail"
+    yours = r.figure.data[1]      # the second panel: your cache
+    hover = " ".join(str(t) for row in yours.customdata for t in row if t)
+    assert "restored with the wrong bits" in hover or "written over" in hover, hover[:300]
+    assert "NOT restored" not in hover
+    states = {int(v) for row in yours.z for v in row if v is not None}
+    assert int(SlotState.REJECTED) not in states, "no slot of a restore that wrote the wrong bits is 'rejected K/V left'"

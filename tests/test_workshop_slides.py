@@ -184,3 +184,28 @@ def test_agenda_fills_three_hours_from_measured_run_times():
     slower = agenda.plan([built(b.name, 600.0 if b.name == "08_eagle" else b.seconds, b.status) for b in kit_built])
     eagle = lambda ss: next(s for s in ss if s.stem == "08_eagle")  # noqa: E731
     assert eagle(slower).minutes > eagle(slots).minutes, "a longer measured run gets a longer slot"
+
+
+def test_every_discussion_question_has_an_answer_key_in_the_notes_and_the_deck():
+    for n in notes.NOTES.values():
+        assert len(n.answers) == len(n.questions) and all(len(a) > 40 for a in n.answers), n.stem
+        discuss = n.discuss_notes({})
+        assert "**Answer key:**" in discuss and all(a in discuss for a in n.answers), n.stem
+
+
+def test_the_day_starts_with_a_setup_slot_and_the_kit_says_what_to_install():
+    slots = agenda.plan([built("00_tour", 30.0)])
+    assert slots[0].kind == "setup" and slots[0].minutes == notes.SETUP_MIN and slots[0].start_min == 0
+    assert sum(s.minutes for s in slots) == 180
+    for needed in ("make setup", "make setup-vllm", "Binder", "09", "environment.yml"):
+        assert needed in notes.SETUP, needed
+
+
+def test_twelves_slot_fits_its_three_exercises():
+    kit_built = [built(s, 30.0) for s in ("00_tour", "01_why", "02_paged_cache", "03_verify_window", "04_scv",
+                                          "05_stage", "06_cow", "07_sliding_window", "08_eagle", "10_sweep",
+                                          "11_performance", "12_exercises")] + [built("09_vllm", 0.0, "skipped")]
+    twelve = next(s for s in agenda.plan(kit_built) if s.stem == "12_exercises")
+    from nwor_lab import exercises
+    assert len(exercises.by_chapter()["12_exercises"]) == 3
+    assert twelve.hands_on_min >= 3 * 6, f"{twelve.hands_on_min} min of hands-on for three exercises"

@@ -12,6 +12,11 @@ more in every teaching chapter.
   (i) window_attention_mask  which staged rows each query reads           05_stage
   (j) cow_restore_plan       what cow restores (masked in data), bytes    06_cow
   (k) acceptance_stats       mean acceptance length, rate by position     08_eagle
+  (l) rejected_slots         which slots hold rejected K/V under `off`    00_tour
+  (m) write_share            the share of off's rows stage writes         01_why
+  (n) napkin_speedup         EAGLE's speedup from measured components     11_performance
+  (o) vllm_key_offsets       a key's elements in vLLM's CPU cache         09_vllm
+  (p) sweep_medians          a sweep's rows into the report's figure      10_sweep
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -45,10 +50,16 @@ from nwor_lab.exercises.greedy_sampled_ids import check_greedy_sampled_ids
 from nwor_lab.exercises.window_attention_mask import check_window_attention_mask
 from nwor_lab.exercises.cow_restore_plan import check_cow_restore_plan
 from nwor_lab.exercises.acceptance_stats import check_acceptance_stats
+from nwor_lab.exercises.rejected_slots import check_rejected_slots
+from nwor_lab.exercises.write_share import check_write_share
+from nwor_lab.exercises.napkin_speedup import check_napkin_speedup
+from nwor_lab.exercises.vllm_key_offsets import check_vllm_key_offsets
+from nwor_lab.exercises.sweep_medians import check_sweep_medians
 
 NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
          "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
-         "cow_restore_plan", "acceptance_stats")
+         "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
+         "vllm_key_offsets", "sweep_medians")
 
 
 def exercise(name: str):
@@ -153,4 +164,5 @@ __all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES",
            "spec", "check", "hints", "hint", "predict", "Hints", "check_slot_mapping", "check_acceptance_mask",
            "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions", "check_storage_offsets",
            "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
-           "check_cow_restore_plan", "check_acceptance_stats"]
+           "check_cow_restore_plan", "check_acceptance_stats", "check_rejected_slots", "check_write_share",
+           "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians"]

@@ -91,8 +91,10 @@ def compare(expected, got, case) -> str | None:
             or first_difference(expected[1], got[1], "accepted_len", "request"))
 
 
-def _panel(case, mask, acc, title, wrong_drafts=(), wrong_reqs=()):
-    """Two rows per request: its draft ids (coloured by this answer's fate) and its sampled ids."""
+def _panel(case, mask, acc, title, wrong_drafts=(), wrong_reqs=(), expected_acc=None):
+    """Two rows per request: its draft ids (coloured by this answer's fate) and its sampled ids. Outlined:
+    the drafts whose fate differs from the expected mask, and, for a request whose accepted length differs,
+    the drafts the two lengths disagree about (between them) — never the drafts both answers agree on."""
     counts = case.context["counts"]
     ids = case.inputs["draft_token_ids"].tolist()
     sampled = case.inputs["sampled_token_ids"].tolist()
@@ -107,10 +109,13 @@ def _panel(case, mask, acc, title, wrong_drafts=(), wrong_reqs=()):
         row = sampled[r] if r < len(sampled) else []
         z.append([2 if j < len(row) and row[j] != -1 else 3 for j in range(len(row))] + [None] * (cols - len(row)))
         text.append([str(t) for t in row] + [""] * (cols - len(row)))
-        rows += [f"req {r} drafts · a={a}", f"req {r} sampled"]
+        label = f"req {r} drafts · a={a}"
         high += [(2 * r, j) for j in range(k) if start + j in wrong_drafts]
-        if r in wrong_reqs:
-            high += [(2 * r, j) for j in range(k)] if k else []
+        if r in wrong_reqs and expected_acc is not None:
+            lo, hi = sorted((int(acc[r]), int(expected_acc[r])))
+            high += [(2 * r, j) for j in range(max(lo, 0), min(hi, k))]
+            label += f" (expected {expected_acc[r]})"
+        rows += [label, f"req {r} sampled"]
         start += k
     if not counts:
         z, text, rows = [[None]], [["(no requests)"]], ["-"]
@@ -126,7 +131,8 @@ def draw(case, expected, got):
         if gm.shape == expected[0].shape and ga.shape == expected[1].shape:
             wrong_d = set((gm != expected[0]).nonzero().flatten().tolist())
             wrong_r = set((ga.long() != expected[1].long()).nonzero().flatten().tolist())
-            panels.append(_panel(case, gm.tolist(), ga.tolist(), "your acceptance_mask", wrong_d, wrong_r))
+            panels.append(_panel(case, gm.tolist(), ga.tolist(), "your acceptance_mask", wrong_d, wrong_r,
+                                 expected_acc=acc))
     except Exception:  # noqa: BLE001 - an unreadable output is reported in the text, drawn as missing
         pass
     c = case.inputs["sampled_token_ids"].shape[1]

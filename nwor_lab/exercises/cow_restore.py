@@ -168,8 +168,10 @@ def draw(case, expected, got):
                 mine[s], note = SlotState.RESTORED, " · restored, but this draft was ACCEPTED"
             elif i is not None and not mask[i] and bool(untouched[s]):
                 mine[s], note = SlotState.REJECTED, " · NOT restored: rejected K/V left"
-            else:
-                mine[s], note = SlotState.REJECTED, " · bits differ from expected"
+            elif i is not None and not mask[i]:       # written back, but not the bits the log holds for it
+                mine[s], note = SlotState.RESTORED, " · restored with the wrong bits (another slot's, layer's or half's)"
+            else:                                     # not a draft (or an accepted one) and changed: written over
+                mine[s], note = SlotState.WRITTEN, " · written over: its bits differ from expected"
             b, o = divmod(s, bs)
             note += f"<br>key bits yours {_bits(got[0][b, o], 4)}, expected {_bits(expected[0][b, o], 4)}"
             why[s] = why.get(s, f"slot {s}: not a draft, must stay untouched") + note

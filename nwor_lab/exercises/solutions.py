@@ -296,3 +296,110 @@ def acceptance_stats(drafted: torch.Tensor, accepted: torch.Tensor, emitted: tor
             accepted_at[j] += int(j < kept)
     rates = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
     return (produced / windows if windows else 1.0), torch.tensor(rates, dtype=torch.float64)
+
+
+def rejected_slots(slots: torch.Tensor, token_req: torch.Tensor, token_draft_pos: torch.Tensor,
+                   accepted_len: torch.Tensor) -> torch.Tensor:
+    """The slots that hold rejected K/V after an `off` window (00).
+
+    slots:           [T] int64, where each window token's K/V was written; -1 = padding (wrote nothing)
+    token_req:       [T] int64, the request of each token
+    token_draft_pos: [T] int64, 0 for t_last, prefill and plain-decode tokens; j for draft d_j
+    accepted_len:    [R] int64, accepted drafts per request (drafts d_1 .. d_a are kept)
+    returns          [N] int64: the slots of the rejected drafts (d_j with j > a of its request), in
+                     window order; a padding slot (-1) wrote nothing and is never listed
+    """
+    out = []
+    for s, r, j in zip(slots.tolist(), token_req.tolist(), token_draft_pos.tolist()):
+        if s >= 0 and j > int(accepted_len[r]):
+            out.append(s)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def write_share(scheduled: torch.Tensor, drafted: torch.Tensor, accepted: torch.Tensor) -> float:
+    """The share of `off`'s K/V rows that `stage` writes, from a run's trace (01).
+
+    One entry per (request, verify window) pair:
+    scheduled: [P] int64, rows the request scheduled in the window (1 + drafted for a speculative
+               request: t_last and its drafts; a prefill's prompt tokens; 1 for a plain decode)
+    drafted:   [P] int64, its drafts (0 for a prefill or a plain decode)
+    accepted:  [P] int64, how many of them were accepted (0 .. drafted)
+    returns    float: rows stage writes / rows off writes. `off` writes every scheduled row; `stage`
+               writes every row but the rejected drafts (t_last, accepted drafts, prefill and decode
+               rows). For one request at accepted length a that is (1 + a) / (1 + k). 1.0 when
+               nothing was scheduled.
+    """
+    off = stage = 0
+    for n, d, a in zip(scheduled.tolist(), drafted.tolist(), accepted.tolist()):
+        off += n
+        stage += n - (d - a)
+    return stage / off if off else 1.0
+
+
+def napkin_speedup(decode_ms: float, verify_ms: float, head_pass_ms: float, k: int,
+                   profile: torch.Tensor) -> tuple[float, float]:
+    """EAGLE's napkin speedup over target-only decoding, from measured components (11).
+
+    decode_ms:    one target-only decode step (emits one token per request)
+    verify_ms:    one verify step of 1 + k tokens per request
+    head_pass_ms: one pass of the EAGLE head (an EAGLE step makes k: one over the verify window,
+                  k - 1 in the draft chain)
+    k:            drafts per window, >= 1
+    profile:      [k] float64, profile[j - 1] = P(d_1 .. d_j all accepted) (non-increasing)
+    returns (L float, speedup float):
+      L = 1 + sum(profile): the expected tokens a window emits (its accepted drafts plus the target's
+          own token);
+      speedup = L * decode_ms / (verify_ms + k * head_pass_ms).
+    """
+    length = 1.0 + float(sum(float(p) for p in profile.tolist()))
+    return length, length * decode_ms / (verify_ms + k * head_pass_ms)
+
+
+def vllm_key_offsets(slots: torch.Tensor, head: int, block_size: int, num_kv_heads: int,
+                     head_size: int) -> torch.Tensor:
+    """Where a token's key lives in one layer of vLLM's CPU KV cache (09).
+
+    vLLM's CPU backend holds a layer as one contiguous tensor `[num_blocks, num_kv_heads, block_size,
+    2 * head_size]`. Each (block, head) run of `block_size * 2 * head_size` elements stores the block's
+    keys of that head TRANSPOSED, `[head_size, block_size]` (element d of the key at offset o sits at
+    d * block_size + o), then its values `[block_size, head_size]`.
+    slots:        [N] int64, slot = block * block_size + offset; -1 = padding
+    head:         the KV head, 0 .. num_kv_heads - 1
+    returns       [N, head_size] int64: the flat element index (into the layer tensor) of each element
+                  of the token's key for `head`, d = 0 .. head_size - 1; a row of -1 for padding
+    """
+    run = block_size * 2 * head_size
+    out = torch.full((slots.shape[0], head_size), -1, dtype=torch.int64)
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        block, offset = divmod(s, block_size)
+        base = (block * num_kv_heads + head) * run
+        for d in range(head_size):
+            out[i, d] = base + d * block_size + offset
+    return out
+
+
+def sweep_medians(rows: list, metric: str, policies: list, ks: list) -> torch.Tensor:
+    """A sweep's rows read into the figure the report draws: one median per write policy and k (10).
+
+    rows:     results.jsonl rows, dicts {"run_id", "params", "metrics", "status", ...}; a repeat of a
+              configuration is a row of its own (same params, another run_id)
+    metric:   the metric to read, e.g. "tok_s"
+    policies: the policies in figure order (params["nwor_mode"])
+    ks:       the k values in figure order (params["k"])
+    returns   [len(policies), len(ks)] float64: the median of `metric` over the rows with status "ok"
+              whose params match (the middle value; the mean of the two middle ones for an even count);
+              a failed row, or one without that metric (or with None), does not count; NaN where
+              no row counts
+    """
+    out = torch.full((len(policies), len(ks)), float("nan"), dtype=torch.float64)
+    for i, p in enumerate(policies):
+        for j, k in enumerate(ks):
+            values = sorted(float(r["metrics"][metric]) for r in rows
+                            if r.get("status") == "ok" and r["params"].get("nwor_mode") == p and r["params"].get("k") == k
+                            and r.get("metrics", {}).get(metric) is not None)
+            if values:
+                m = len(values) // 2
+                out[i, j] = values[m] if len(values) % 2 else (values[m - 1] + values[m]) / 2
+    return out

@@ -2,8 +2,8 @@
 
 Each section is one chapter: its **run time** as measured by this build (the room waits while it
 runs live; a chapter that did not run here uses its notes' estimate, and says so), plus the
-instructor's plan for **talk** and **hands-on** minutes (`nwor_lab.workshop.notes`). A break and a
-wrap-up are fixed. The talk and hands-on minutes are scaled together so the day is exactly
+instructor's plan for **talk** and **hands-on** minutes (`nwor_lab.workshop.notes`). A set-up slot
+(the environments checked; installing them is pre-work, `notes.SETUP`), a break and a wrap-up are fixed. The talk and hands-on minutes are scaled together so the day is exactly
 `total_min` long, then rounded to whole minutes (largest remainders first, so the sum stays exact).
 A chapter in the notes that is not in the build (its kernel missing, or `pending`) keeps its slot with
 its estimate; a built chapter without notes gets a default plan of five minutes.
@@ -20,7 +20,7 @@ TOTAL_MIN = 180
 
 @dataclass
 class Slot:
-    kind: str                  # "chapter", "break" or "wrap-up"
+    kind: str                  # "setup", "chapter", "break" or "wrap-up"
     title: str
     start_min: int = 0
     minutes: int = 0
@@ -59,17 +59,20 @@ def plan(built, total_min: int = TOTAL_MIN) -> list[Slot]:
         title = n.short if n else (b.title if b else stem)
         sections.append(Slot("chapter", title, stem=stem, run_s=run_s, run_measured=measured, talk_min=talk,
                              hands_on_min=hands, note=note))
-    fixed = notes_mod.BREAK_MIN + notes_mod.WRAP_UP_MIN + sum(s.run_s for s in sections) / 60
+    fixed = notes_mod.SETUP_MIN + notes_mod.BREAK_MIN + notes_mod.WRAP_UP_MIN + sum(s.run_s for s in sections) / 60
     planned = sum(s.talk_min + s.hands_on_min for s in sections)
     scale = max(0.0, (total_min - fixed) / planned) if planned else 0.0
     for s in sections:
         s.talk_min, s.hands_on_min = round(s.talk_min * scale, 1), round(s.hands_on_min * scale, 1)
     raw = [s.run_s / 60 + (s.talk_min + s.hands_on_min) for s in sections]
-    whole = _round_to(raw, max(len(sections), total_min - notes_mod.BREAK_MIN - notes_mod.WRAP_UP_MIN))
+    whole = _round_to(raw, max(len(sections), total_min - notes_mod.SETUP_MIN - notes_mod.BREAK_MIN
+                               - notes_mod.WRAP_UP_MIN))
     for s, m in zip(sections, whole):
         s.minutes = m
     after = next((i for i, s in enumerate(sections) if s.stem == notes_mod.BREAK_AFTER), len(sections) // 2 - 1)
-    slots = sections[:after + 1] + [Slot("break", "Break", minutes=notes_mod.BREAK_MIN)] + sections[after + 1:]
+    slots = ([Slot("setup", "Set-up: every laptop runs 00's first cells (the install is pre-work: see Before the day)",
+                   minutes=notes_mod.SETUP_MIN)] + sections[:after + 1]
+             + [Slot("break", "Break", minutes=notes_mod.BREAK_MIN)] + sections[after + 1:])
     slots.append(Slot("wrap-up", "Wrap-up: what NWOR buys, where it matters, questions", minutes=notes_mod.WRAP_UP_MIN))
     clock = 0
     for s in slots:

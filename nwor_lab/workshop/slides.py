@@ -6,11 +6,15 @@ Authoring is cell metadata, set in JupyterLab's property inspector ("Slide Type"
   own meaning. In a chapter that authors any cell, a cell without it stays out of the deck (opt-in:
   a chapter is a lab, its deck shows a few cells of it).
 - tags: `slide-code` shows the code of a code cell (hidden otherwise); `slide-text` shows its printed
-  text (figures and images are always shown); `slide-heading` keeps only a markdown cell's first
-  heading on the slide and moves the rest of the cell into the speaker notes.
+  text (figures and images are always shown); `slide-heading` keeps a markdown cell's first heading
+  and its tables on the slide and moves the rest of its prose into the speaker notes.
+
+A markdown cell holding a `## ` heading after other text is split there first (`split_sections`): each
+section starts a slide of its own when its cell is on the deck.
 
 A chapter that authors nothing (a new one) gets a generated deck: its title, each `## ` section's
-heading (its prose in the speaker notes) with the section's first figure, and its exercises.
+heading (its prose in the speaker notes, its tables on the slide) with the section's first figure (or,
+without one, its first short printed output), and its exercises.
 
 The kit adds the instructor's speaker notes (press S in a deck): on the title slide what to say and
 the misconception to watch for; on each exercise slide its "predict, then run" question with the
@@ -56,10 +60,57 @@ def split_heading(source: str) -> tuple[str, str]:
     return "", source
 
 
+def tables(markdown: str) -> list[str]:
+    """The markdown's pipe tables (header, rule and rows), each as one string."""
+    return ["\n".join(m.group(0).strip().splitlines())
+            for m in re.finditer(r"(?:^\|.*\|[ \t]*\n?)+", markdown, flags=re.M)
+            if re.search(r"^\|[\s:|-]+\|\s*$", m.group(0), flags=re.M)]
+
+
+def heading_slide(source: str) -> tuple[str, str]:
+    """What a `slide-heading` cell puts on its slide and in the speaker notes: the heading and any
+    table stay on the slide (a table read aloud is lost), the prose goes to the notes."""
+    heading, rest = split_heading(source)
+    kept = tables(rest)
+    for t in kept:
+        rest = rest.replace(t, "")
+    on_slide = "\n\n".join([heading or ""] + kept).strip()
+    return (on_slide or source), re.sub(r"\n{3,}", "\n\n", rest).strip()
+
+
+def split_sections(nb) -> None:
+    """Split every markdown cell at its `## ` headings (in place): a section that starts inside a cell
+    gets a cell of its own, a slide with its heading (`slide-heading`) when the cell it came from is on the
+    deck, so no section hides inside the slide or the notes of the one before it."""
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            cells.append(cell)
+            continue
+        text = re.sub(r"```.*?```", lambda m: "\0" * len(m.group(0)), cell.source, flags=re.S)  # not in code
+        starts = [m.start() for m in re.finditer(r"^## ", text, flags=re.M) if m.start() > 0]
+        if not starts:
+            cells.append(cell)
+            continue
+        bounds = [0] + starts + [len(cell.source)]
+        st = _type(cell)
+        for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            part = copy.deepcopy(cell)
+            part.source = cell.source[a:b].strip()
+            if n and "id" in part:
+                part["id"] = f"{cell['id']}-{n}"[:64]          # cell ids stay unique
+            if n and st and st != "skip":
+                part.metadata["slideshow"] = {"slide_type": "slide"}
+                part.metadata["tags"] = ["slide-heading"]
+            if part.source:
+                cells.append(part)
+    nb.cells = cells
+
+
 def generated(nb) -> None:
     """Slide types for a chapter that authors none (in place): title, sections, their first figure,
     exercises; everything else skipped."""
-    section_open = False
+    section_open = full = False
     for i, cell in enumerate(nb.cells):
         tags = cell.metadata.setdefault("tags", [])
         if cell.cell_type == "markdown" and (i == 0 or cell.source.lstrip().startswith("## ")):
@@ -68,11 +119,23 @@ def generated(nb) -> None:
             if not exercise and (i > 0 or len(cell.source.splitlines()) > 12):
                 tags.append("slide-heading")
             section_open = i > 0 and not exercise
+            full = bool(tables(cell.source))          # a table fills the slide: what follows gets its own
         elif cell.cell_type == "code" and section_open and any(figures.is_figure(o) for o in cell.outputs):
-            _set(cell, "-")
+            _set(cell, "subslide" if full else "-")
+            section_open = False
+        elif cell.cell_type == "code" and section_open and _short_text(cell):
+            _set(cell, "subslide" if full else "-")
+            tags.append("slide-text")
             section_open = False
         else:
             _set(cell, "skip")
+
+
+def _short_text(cell, most: int = 14) -> bool:
+    """A code cell whose printed output fits under a heading (a section without a figure shows it)."""
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    return bool(text.strip()) and len(text.splitlines()) <= most and all(
+        o.get("output_type") == "stream" for o in cell.get("outputs", []))
 
 
 def _lines(text: str) -> int:
@@ -117,11 +180,13 @@ def notes_cell(text: str):
     return _set(nbformat.v4.new_markdown_cell(text), "notes")
 
 
-def deck(nb, chapter_notes=None, exercises_here=()):
+def deck(nb, chapter_notes=None, exercises_here=(), metrics=None):
     """A copy of the executed chapter `nb`, ready for the reveal exporter: only slide cells, code
     hidden, figures rendered to fit, speaker notes added. `chapter_notes`: the chapter's
-    `notes.ChapterNotes` (or None); `exercises_here`: its `Exercise`s (for the exercise slides' notes)."""
+    `notes.ChapterNotes` (or None); `exercises_here`: its `Exercise`s (for the exercise slides' notes);
+    `metrics`: what the run recorded (`record_metrics`), which fills the Discuss slide's expected outputs."""
     nb = copy.deepcopy(nb)
+    split_sections(nb)
     if not any(_type(c) for c in nb.cells):
         generated(nb)
     out, used = [], 0
@@ -143,8 +208,7 @@ def deck(nb, chapter_notes=None, exercises_here=()):
         if cell.cell_type == "markdown":
             text, notes = cell.source, ""
             if "slide-heading" in tags:
-                heading, notes = split_heading(cell.source)
-                text = heading or cell.source
+                text, notes = heading_slide(cell.source)
             ex = _exercise_of(text, exercises_here)
             if ex is not None:        # the notebook's how-to paragraph becomes notes; the room gets the question
                 paragraphs = text.split("\n\n")
@@ -199,7 +263,7 @@ def deck(nb, chapter_notes=None, exercises_here=()):
     if out and chapter_notes is not None:
         out.insert(1, notes_cell(chapter_notes.title_slide_notes()))
         out.append(_set(nbformat.v4.new_markdown_cell(chapter_notes.discuss_markdown()), "slide"))
-        out.append(notes_cell(chapter_notes.discuss_notes()))
+        out.append(notes_cell(chapter_notes.discuss_notes(metrics)))
     nb.cells = out
     return nb
 
@@ -225,7 +289,7 @@ def _exercise_notes(ex) -> str:
             f"then the reference. `use_solutions = True` runs the reference.")
 
 
-def export(nb, *, plotly_js: str, reveal_prefix: str, chapter_notes=None, exercises_here=()) -> str:
+def export(nb, *, plotly_js: str, reveal_prefix: str, chapter_notes=None, exercises_here=(), metrics=None) -> str:
     """The deck of an executed chapter as one HTML file (scripts by relative path, none from a CDN)."""
     from nbconvert import SlidesExporter
 
@@ -233,6 +297,6 @@ def export(nb, *, plotly_js: str, reveal_prefix: str, chapter_notes=None, exerci
                               reveal_url_prefix=reveal_prefix, reveal_width=str(figures.SLIDE[0]),
                               reveal_height=str(figures.SLIDE[1]), reveal_theme="white",
                               exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(deck(nb, chapter_notes, exercises_here),
+    body, _ = exporter.from_notebook_node(deck(nb, chapter_notes, exercises_here, metrics),
                                           resources={"nwor": {"plotly_js": plotly_js}})
     return body

@@ -1,0 +1,106 @@
+"""Every chapter's deck carries the chapter: each `##` section has a slide, no slide is blank, every table
+of a section on the deck is on a slide (not only in the speaker notes), and the Discuss notes carry the
+run's expected outputs.
+
+Cheap by design: the decks are built from the chapters as committed (no kernel runs). A code cell
+authored onto the deck gets a stand-in output (a small figure, which every deck shows), as running it
+would give it a figure or printed text; a code cell left off the deck gets nothing. The real decks, of
+executed chapters, are built by `nwor-lab workshop build` (tests/test_workshop_kit.py builds one).
+"""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from nwor_lab import exercises
+from nwor_lab.workshop import chapters as ch
+from nwor_lab.workshop import figures, notes, slides
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _stand_in_figure():
+    spec = {"data": [{"type": "bar", "x": [1], "y": [1]}], "layout": {"width": 600, "height": 300}}
+    return nbformat.v4.new_output("display_data", data={figures.PLOTLY_MIME: spec, "text/plain": "<Figure>"})
+
+
+def as_if_run(nb):
+    for cell in nb.cells:
+        st = cell.metadata.get("slideshow", {}).get("slide_type")
+        if cell.cell_type == "code" and st not in (None, "skip", "notes"):
+            cell.outputs = [_stand_in_figure()]
+    return nb
+
+
+def slides_of(deck):
+    """[(slide cells, notes cells)] in order: a slide starts at a `slide` or `subslide` cell."""
+    out = []
+    for cell in deck.cells:
+        st = cell.metadata.get("slideshow", {}).get("slide_type")
+        if st in ("slide", "subslide") or not out:
+            out.append(([], []))
+        (out[-1][1] if st == "notes" else out[-1][0]).append(cell)
+    return out
+
+
+def visible(cell) -> bool:
+    if cell.cell_type == "markdown":
+        return bool(cell.source.strip())
+    return bool(cell.get("outputs"))
+
+
+def built(path, metrics=None):
+    nb = as_if_run(ch.read(path))
+    return nb, slides.deck(nb, notes.for_chapter(path.stem), exercises.by_chapter().get(path.stem, []), metrics)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_section_is_on_a_slide_no_slide_is_blank_tables_are_shown(path):
+    nb, deck = built(path)
+    shown = [s for s in slides_of(deck)]
+    blank = [i for i, (cells, _) in enumerate(shown) if not any(visible(c) for c in cells)]
+    assert not blank, f"{path.name}: slides {blank} show nothing"
+    on_slides = "\n".join(c.source for cells, _ in shown for c in cells if c.cell_type == "markdown")
+    sections = [t for level, t in ch.headings(nb) if level == 2]
+    missing = [t for t in sections if not re.search(r"^## " + re.escape(t) + r"\s*$", on_slides, flags=re.M)]
+    assert not missing, f"{path.name}: sections with no slide of their own: {missing}"
+    for cell in nb.cells:
+        st = cell.metadata.get("slideshow", {}).get("slide_type")
+        if cell.cell_type != "markdown" or st in (None, "skip", "notes"):
+            continue
+        for table in slides.tables(cell.source):
+            assert table in on_slides, f"{path.name}: a table is only in the speaker notes: {table[:80]}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_chapter_authors_its_slides(path):
+    nb = ch.read(path)
+    authored = [c for c in nb.cells if c.metadata.get("slideshow", {}).get("slide_type")]
+    assert authored, f"{path.name}: no slide metadata (View → Property Inspector → Slide Type)"
+
+
+def test_the_discuss_notes_carry_this_runs_expected_outputs():
+    path = ROOT / "notebooks" / "05_stage.ipynb"
+    run = {"window_tokens": 17, "drafts": 8, "accepted": 5, "written_bytes": 57344, "skipped_bytes": 12288,
+           "baseline_written_bytes": 69632, "launches_per_window": 1, "num_layers": 4, "attention_max_abs_diff": 0.0}
+    _, deck = built(path, run)
+    discuss = deck.cells[-1].source
+    assert "the random window: 17 tokens, 8 drafts, 5 accepted" in discuss and "57,344 B" in discuss
+    assert "not recorded in this run" not in discuss
+    _, without = built(path)
+    assert "not recorded in this run" in without.cells[-1].source
+
+
+def test_a_table_under_a_slide_heading_stays_on_the_slide_and_sections_inside_a_cell_split():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# T", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_markdown_cell("## 1 · Hooks\n\nProse for the notes.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                                      "More prose.\n\n## 2 · Next section\n\nIts prose.",
+                                      metadata={"slideshow": {"slide_type": "slide"}, "tags": ["slide-heading"]})])
+    deck = slides.deck(nb)
+    kinds = [(c.metadata["slideshow"]["slide_type"], c.source.splitlines()[0]) for c in deck.cells]
+    assert kinds == [("slide", "# T"), ("slide", "## 1 · Hooks"), ("notes", "Prose for the notes."),
+                     ("slide", "## 2 · Next section"), ("notes", "Its prose.")]
+    assert "| 1 | 2 |" in deck.cells[1].source and "| 1 | 2 |" not in deck.cells[2].source
