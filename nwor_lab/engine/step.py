@@ -376,11 +376,13 @@ def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Te
     g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
     token, q = e.drafter.propose(g)
     drafts, probs = [token], [q]
-    if k >= 2:
+    host = None
+    if k >= 2 and not chain.steps:     # eager: metadata from host lists (one sync on CUDA)
+        host = (base.tolist(), counts.tolist(), [t for t in chain.tables.tolist()])
+    if k >= 2 and (host is None or max(host[1], default=0) >= 2):
+        # (an eager step opens no window for a chain that drafts for nobody; a captured one runs
+        # it with every row padding, and the host traces none)
         layer = head.layer_index
-        host = None
-        if not chain.steps:     # eager: metadata from host lists (one sync on CUDA)
-            host = (base.tolist(), counts.tolist(), [t for t in chain.tables.tolist()])
         pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
         for s in range(1, k):
             md = chain.steps[s - 1] if chain.steps else chain.host_metadata(e, s, *host)
@@ -389,6 +391,9 @@ def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Te
             drafts.append(token)
             probs.append(q)
         pol.commit(chain.reject)
+    else:                               # every count below 2: the first draft only (the rest are -1)
+        drafts += drafts[:1] * (k - 1)
+        probs += probs[:1] * (k - 1)
     out = torch.stack(drafts, 1).long()
     out = torch.where(torch.arange(k, device=out.device)[None, :] < counts[:, None], out, -1)
     return out, (torch.stack(probs, 1) if probs[0] is not None else None)

@@ -1,6 +1,6 @@
 """Why the write discipline matters, measured on the lab's own runs (chapter 01_why).
 
-  drafts.RedrawRejected    a drafter that changes only the drafts a greedy target rejects
+  drafts.RedrawRejected    an engine observer that changes only the drafts a greedy target rejects
   runs.run_request         one request decoded alone; what its blocks hold afterwards (CacheRun)
   runs.same_blocks         per block: equal content digests in two runs? (differing_over_time: after each window)
   runs.rejected_bytes      rejected K/V a request's blocks carry at its end

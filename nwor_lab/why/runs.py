@@ -133,8 +133,8 @@ def run_request(prompt, mode: str, *, k: int, max_new_tokens: int, reference=Non
         if len(reference) < max_new_tokens + k + 1:
             raise ValueError(f"reference: {len(reference)} tokens; the drafts can reach token "
                              f"{max_new_tokens + k + 1}: generate max_new_tokens + k + 1 target-only tokens")
-        wrapper = engine.drafter = RedrawRejected(engine.drafter, {0: reference}, seed=redraw_seed,
-                                                  vocab=engine.target.config.vocab_size)
+        wrapper = RedrawRejected({0: reference}, seed=redraw_seed, vocab=engine.target.config.vocab_size)
+        engine.observers.append(wrapper)
     gen.run()
     result = gen.result()
     cache = engine.cache
