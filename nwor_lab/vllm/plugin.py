@@ -1,12 +1,16 @@
-"""What the `vllm.general_plugins` entry point does in each vLLM process (see the package doc)."""
+"""What the plugin's two entry points do in each vLLM process (see the package doc):
+`register` (`vllm.general_plugins`) and `platform_plugin` (`vllm.platform_plugins`), and the
+check that an engine configured for the plugin really runs its worker (`require_worker`)."""
 from __future__ import annotations
 
 import logging
 
 from nwor_lab.config import env_bool
-from nwor_lab.vllm import BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, SUPPORTED_VLLM
+from nwor_lab.vllm import (BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, LOGGER, PLATFORM_CLS, SUPPORTED_VLLM,
+                           WORKER_CLS)
 
-log = logging.getLogger("nwor_lab.vllm")
+log = logging.getLogger(LOGGER)
+VLLM_CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
 _registered = False
 
 
@@ -46,3 +50,37 @@ def register() -> None:
     if env_bool("NWOR_LAB_VLLM_EXPAND_FIX", True):
         from nwor_lab.vllm.expand_fix import install
         install()
+
+
+def platform_plugin() -> str | None:
+    """vLLM asks every platform plugin whether it applies (possibly twice); the plugin's platform
+    applies exactly where vLLM's own detection picks its plain CPU platform, on the vLLM version
+    the hooks were read from. Elsewhere (a GPU build, AMD Zen with zentorch, another version) it
+    stands down and `require_worker` refuses engines configured for the plugin."""
+    try:
+        check_version()
+        from vllm.platforms import cpu_platform_plugin
+        return PLATFORM_CLS if cpu_platform_plugin() == VLLM_CPU_PLATFORM else None
+    except Exception:          # never break vLLM's platform detection
+        return None
+
+
+def require_worker(vllm_config) -> None:
+    """In a worker process of an engine configured for the plugin: raise in one line unless the
+    engine's worker class is the plugin's (or a subclass). Without it no window would be opened,
+    no policy would run and no record would be written while the tokens stay vLLM's: the plugin
+    must never run silently inactive."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from nwor_lab.vllm.worker import NworCPUWorker
+
+    name = vllm_config.parallel_config.worker_cls
+    try:
+        ours = isinstance(name, str) and issubclass(resolve_obj_by_qualname(name), NworCPUWorker)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        ours = False
+    if not ours:
+        raise RuntimeError(f"nwor_lab.vllm: additional_config['nwor_lab'] is set but the engine's worker_cls is "
+                           f"{name!r}, so NWOR would not run; pass worker_cls={WORKER_CLS!r} (the plugin's platform "
+                           f"sets it by itself unless VLLM_TARGET_DEVICE=cpu, another platform plugin or another "
+                           f"worker_cls is in the way), or remove additional_config['nwor_lab']")
