@@ -89,11 +89,13 @@ class VllmLab:
                            **({"record": record} if record else {})) if plugin else {}
         parallel = {"distributed_executor_backend": "uni"}
         bind = {}
+        self.omp_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") if tp > 1 else None
         if tp > 1:
             from nwor_lab.vllm.ranks import omp_bind
             parallel = {"distributed_executor_backend": "mp", "tensor_parallel_size": tp}
             if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
                 bind = {"VLLM_CPU_OMP_THREADS_BIND": omp_bind(tp)}
+                self.omp_bind = bind["VLLM_CPU_OMP_THREADS_BIND"]
         t0 = time.perf_counter()
         with _environ(bind):         # the workers read it when they are spawned, here
             self.llm = LLM(model=str(dirs["target"]), tokenizer=str(dirs["target"]), dtype=dtype,
