@@ -96,6 +96,11 @@ class VllmLab:
             if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
                 bind = {"VLLM_CPU_OMP_THREADS_BIND": omp_bind(tp)}
                 self.omp_bind = bind["VLLM_CPU_OMP_THREADS_BIND"]
+        if bind:
+            # vLLM caches its environment variables once an engine has started in this process
+            # (envs.enable_envs_cache); its own reset, so the workers spawned below read the binding
+            from vllm import envs
+            envs.disable_envs_cache()
         t0 = time.perf_counter()
         with _environ(bind):         # the workers read it when they are spawned, here
             self.llm = LLM(model=str(dirs["target"]), tokenizer=str(dirs["target"]), dtype=dtype,
