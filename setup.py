@@ -45,5 +45,8 @@ setup(
         # vLLM loads every general plugin in each of its processes; nwor_lab.vllm.register is a no-op
         # for engines not configured with additional_config["nwor_lab"] (but for the expand fix)
         "vllm.general_plugins": ["nwor_lab = nwor_lab.vllm:register"],
+        # vLLM's CPU platform plus one step: an engine with additional_config["nwor_lab"] gets the
+        # plugin's worker class (nwor_lab/vllm/platform.py); active only where vLLM would pick CpuPlatform
+        "vllm.platform_plugins": ["nwor_lab = nwor_lab.vllm:platform_plugin"],
     },
 )

@@ -15,7 +15,7 @@ LAYERS = [
     {"policies", "state"}, {"speculative"}, {"model"}, {"engine"}, {"distributed"},
     # the front ends, each on the ones below it
     {"commandline"},   # what every command line shares: flag types, the one error path, lab_config
-    {"train"}, {"serve"}, {"selfcheck"}, {"why"}, {"viz"}, {"exercises"}, {"bench"},
+    {"train"}, {"serve"}, {"selfcheck"}, {"why"}, {"viz"}, {"bench"}, {"exercises"},
     {"sweep"},         # papermill sweeps: the notebooks' contract (parameters cell in, metrics out)
     {"workshop"},      # the kit, built from the chapters through the sweep's contract
     {"cli"},           # the `nwor-lab` command: dispatches to the front ends above; nothing imports it

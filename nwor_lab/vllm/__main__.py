@@ -1,8 +1,10 @@
 """`python -m nwor_lab.vllm generate ...` (what `nwor-lab generate --engine vllm` runs): the lab's
 generate flags, output and statistics, on real vLLM with the plugin.
 
-Flags that mean nothing to vLLM's CPU engine are refused in one line (--tp, --device other than
-cpu, --cuda-graph, an fp8 --cache-dtype, --num-blocks, --max-cache-memory, --truncate-prompt);
+Flags that mean nothing to vLLM's CPU engine are refused in one line (--device other than cpu,
+--cuda-graph, an fp8 --cache-dtype, --num-blocks, --max-cache-memory, --truncate-prompt,
+--tp-timeout); --tp N runs vLLM's own tensor parallelism (N worker processes, the `mp` executor,
+`VLLM_CPU_OMP_THREADS_BIND` split over this process's CPUs unless set: nwor_lab.vllm.ranks);
 --block-size must be a multiple of 32 (default 32 here); the cache is --kv-cache-memory (default
 64M). Text is printed when the run ends (vLLM's offline engine does not stream).
 """
@@ -33,13 +35,13 @@ def parser():
 
 def refuse_unsupported(args, argv: list[str]) -> None:
     given = {a.split("=")[0] for a in argv if a.startswith("--")}
-    bad = [(args.tp > 1, "--tp"), (args.device != "cpu", "--device"), (args.cuda_graph is not None, "--cuda-graph"),
+    bad = [("--tp-timeout" in given, "--tp-timeout"), (args.device != "cpu", "--device"), (args.cuda_graph is not None, "--cuda-graph"),
            (args.cache_dtype != "auto", "--cache-dtype"), (args.num_blocks is not None, "--num-blocks"),
            (args.max_cache_memory is not None, "--max-cache-memory"), (args.truncate_prompt, "--truncate-prompt")]
     for is_bad, flag in bad:
         if is_bad:
-            raise UsageError(f"{flag}: not with --engine vllm (vLLM's CPU engine, one process; its cache is "
-                             f"--kv-cache-memory)")
+            raise UsageError(f"{flag}: not with --engine vllm (vLLM's CPU engine; its cache is --kv-cache-memory, "
+                             f"its ranks --tp)")
     if "--block-size" not in given:
         args.block_size = 32
     elif args.block_size % 32:
@@ -65,9 +67,9 @@ def cli_generate(argv: list[str]) -> int:
         lab = VllmLab(method, max(args.k, 1), nwor_mode=cfg.nwor_mode, scv_mode=cfg.scv_mode, debug=cfg.debug,
                       check=args.check, record=args.record, dtype=args.dtype, block_size=args.block_size,
                       kv_cache_memory_bytes=args.kv_cache_memory, max_num_seqs=args.max_num_seqs, seed=args.seed,
-                      models_root=None, source=args.checkpoint,
+                      models_root=None, source=args.checkpoint, tp=args.tp,
                       extra={"max_num_batched_tokens": max(args.max_num_batched_tokens, 2048)})
-    except (SettingsError, ValueError) as err:
+    except (SettingsError, ValueError) as err:       # bad settings, or --tp beyond this process's CPUs
         raise UsageError(str(err)) from err
     try:
         res = lab.generate(args.prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
@@ -79,7 +81,7 @@ def cli_generate(argv: list[str]) -> int:
         lab.close()
     if args.json:
         print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(), "nwor": cfg.nwor_mode,
-                          "scv": cfg.scv_mode, "k": args.k, "interrupted": False, "engine": "vllm",
+                          "scv": cfg.scv_mode, "k": args.k, "tp": args.tp, "interrupted": False, "engine": "vllm",
                           "nwor_totals": res.totals, "vllm_metrics": res.vllm_metrics,
                           "engine_start_seconds": lab.start_seconds, "generate_seconds": res.seconds}))
     else:

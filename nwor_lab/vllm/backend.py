@@ -27,7 +27,11 @@ class NworCPUAttentionBackendImpl(CPUAttentionBackendImpl):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         from vllm.config import get_current_vllm_config
-        settings = NworSettings.from_vllm_config(get_current_vllm_config())   # bad values: refused here
+        vllm_config = get_current_vllm_config()
+        settings = NworSettings.from_vllm_config(vllm_config)   # bad values: refused here
+        if settings is not None:
+            from nwor_lab.vllm.guards import require_worker
+            require_worker(vllm_config)          # never silently inactive: the hooks live in the worker
         if settings is not None and self.attn_type == AttentionType.DECODER:
             unsupported = [what for what, bad in (("sliding_window", self.sliding_window != -1),
                                                   ("alibi_slopes", self.alibi_slopes is not None),

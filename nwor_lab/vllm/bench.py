@@ -48,7 +48,7 @@ def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict
     tokens = runs["vllm"].token_ids
     assert all(r.token_ids == tokens for r in runs.values()), f"{method}: a policy changed vLLM's tokens"
     checked = {}
-    lab.runtime.check = True             # untimed: every window's cache bytes compared with the invariants
+    lab.set_check(True)                  # untimed: every window's cache bytes compared with the invariants
     for mode in POLICIES:
         res = lab.generate(PROMPTS, max_new_tokens, nwor_mode=mode)
         checked[mode] = {"windows": len(res.trace), "checks_passed": res.totals["checks_passed"]}

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from nwor_lab.model.shipped import TINY_DIR
-from nwor_lab.vllm import EAGLE1_ARCH
+from nwor_lab.vllm.names import EAGLE1_ARCH
 
 FILES = {"target": ("config.json", "model.safetensors", "tokenizer.json"),
          "eagle": ("eagle_config.json", "eagle.safetensors"),

@@ -22,7 +22,9 @@ import logging
 
 import torch
 
-log = logging.getLogger("nwor_lab.vllm")
+from nwor_lab.vllm.names import LOGGER
+
+log = logging.getLogger(LOGGER)
 KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 ORIGINAL = None            # vLLM's own function, kept so the test and the chapter can show the bug
 _enabled = False

