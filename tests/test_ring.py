@@ -225,11 +225,12 @@ def test_generate_json_names_the_strategy_and_compares_with_target_only(capsys):
 
 
 def test_bench_ring_step_path_on_cpu():
-    """The 8B benchmark's code path on the shipped target, eager on CPU: a step per strategy on the
-    same logical context, correctness from the final hidden states (the GPU adds the graphs)."""
+    """The 8B benchmark's code path on the shipped pair, eager on CPU: the engine's step per strategy
+    on the same prompts of W tokens (the first decode step wraps the ring), correct = the step's
+    verdicts and head features equal the whole-context cache's (the GPU adds the graphs)."""
     from nwor_lab.bench.ring import main
     out = main(["--model", "shipped", "--path", "step", "--device", "cpu", "--windows", "16", "--batches", "2",
-                "--context", "40", "--reps", "1", "--no-graphs", "--attention", "torch"])
+                "--reps", "1", "--no-graphs", "--attention", "torch"])
     by = {r["strategy"]: r for r in out["results"]}
     assert set(by) == {f"{m}+{r}" for m, r in [("off", "ring"), *EXACT]}
     assert not by["off+ring"]["correct"] and by["off+ring"]["max_abs_diff_vs_full"] > 0

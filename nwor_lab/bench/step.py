@@ -82,7 +82,7 @@ class StepCase:
                            sliding_window=sliding_window, kv_ring=kv_ring)
         self.engine = e = SpecEngine(target, head, config, k=k, num_blocks=per * batch + 2, block_size=BLOCK,
                                      max_num_seqs=batch, max_num_batched_tokens=batch * (context + 1) + 1,
-                                     acceptance=ForcedAcceptance((rate,) * k))
+                                     acceptance=ForcedAcceptance((rate,) * k) if k else None)
         if mode == "none":
             e.policy = NullPolicy(e.cache, config, e.metrics, records=False)
         g = torch.Generator().manual_seed(seed)
