@@ -174,6 +174,7 @@ class StepRunner:
         e = self.engine
         pols = [e.policy] + ([e.drafter.policy] if inp.chain is not None else [])
         saved = [(p.records, p.deferred) for p in pols]
+        counted = [p.windows_done for p in pols]
         for p in pols:
             p.records, p.deferred = False, True     # records are the host's, after the readback
         try:
@@ -191,8 +192,8 @@ class StepRunner:
                                           device=e.device)
                 inp.outputs = out = holder["out"]
                 inp.graph.replay()
-            for p in pols:
-                p.windows_done -= 1     # the body's Python ran: `account` counts the window
+            for p, n in zip(pols, counted):
+                p.windows_done = n      # the body's Python ran: `account` counts its windows, once
             inp.features = out[1]
             return out
         finally:
