@@ -11,8 +11,9 @@ setup(
     description="No-Write-On-Reject KV-cache write policies, SCV and an EAGLE engine, for teaching and measuring",
     python_requires=">=3.10",
     # the shipped checkpoints are data folders, listed as packages so their files install
-    packages=find_packages(include=["nwor_lab", "nwor_lab.*"]) + ["nwor_lab.checkpoints.tiny"],
+    packages=find_packages(include=["nwor_lab", "nwor_lab.*"]) + ["nwor_lab.checkpoints.tiny", "nwor_lab.checkpoints.hybrid"],
     package_data={"nwor_lab.checkpoints.tiny": ["*.json", "*.safetensors", "*.md"],
+                  "nwor_lab.checkpoints.hybrid": ["*.json", "*.safetensors", "*.md"],
                   # the workshop kit's nbconvert templates and its vendored reveal.js (nwor_lab/workshop/vendor.py)
                   "nwor_lab.workshop": ["templates/*/*", "vendor/reveal.js/*", "vendor/reveal.js/dist/*",
                                         "vendor/reveal.js/dist/theme/*", "vendor/reveal.js/plugin/notes/*"]},

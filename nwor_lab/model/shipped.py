@@ -1,4 +1,5 @@
-"""The pair shipped with the lab (`nwor_lab/checkpoints/tiny`, see its TRAINING.md)."""
+"""The pairs shipped with the lab: the tiny Llama pair (`nwor_lab/checkpoints/tiny`) and the tiny hybrid
+(`nwor_lab/checkpoints/hybrid`, gated DeltaNet + attention); each folder's TRAINING.md says how."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import torch
 
 TINY_DIR = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny"
+HYBRID_DIR = TINY_DIR.parent / "hybrid"
 
 
 HEADS = {"eagle1": ("eagle_config.json", "eagle.safetensors"),
@@ -27,3 +29,9 @@ def load_tiny(device="cpu", dtype=torch.float32, directory=None, head: str = "ea
     cfg, weights = HEADS[head]
     draft = load_eagle(d / cfg, d / weights, target, device=device, dtype=dtype)
     return target, draft, load_tokenizer(d / "tokenizer.json")
+
+
+def load_hybrid(device="cpu", dtype=torch.float32, head: str = "eagle1"):
+    """-> (target HybridForCausalLM, draft head, tokenizers.Tokenizer): the shipped tiny hybrid (layers
+    0-2 gated DeltaNet, layer 3 attention; the tiny pair's tokenizer) and its EAGLE-1 or EAGLE-3 head."""
+    return load_tiny(device=device, dtype=dtype, directory=HYBRID_DIR, head=head)
