@@ -61,3 +61,25 @@ def test_every_strategy_that_keeps_accepted_rows_only_equals_target_only(pair, t
 def test_off_advances_the_state_through_rejected_drafts_and_diverges(pair, target_only):
     out, drafted, accepted = decode(pair, 3, "off")
     assert accepted < drafted and out != target_only
+
+
+@pytest.mark.parametrize("head", ["eagle1", "eagle3"])
+def test_the_shipped_hybrid_pair_decodes_target_only_tokens_and_off_does_not(head):
+    """The trained pair (nwor_lab/checkpoints/hybrid): its heads draft well enough that windows
+    both accept and reject, `stage` keeps target-only's tokens, `off` does not."""
+    from nwor_lab.model.shipped import load_hybrid
+    target, draft, tok = load_hybrid(head=head)
+    prompt = tok.encode("def main(args):\n    ").ids
+
+    def run(k, state_mode):
+        e = SpecEngine(target, draft if k else None, LabConfig(nwor_mode="stage", state_mode=state_mode), k=k,
+                       block_size=16, max_num_seqs=1)
+        r = e.add_request(prompt, 24)
+        e.run()
+        acc = [(sum(t.accepted), sum(t.drafted)) for t in e.trace if t.kind == "verify"]
+        return r.output, sum(a for a, _ in acc), sum(d for _, d in acc)
+
+    ref = run(0, "auto")[0]
+    out, accepted, drafted = run(4, "stage")
+    assert out == ref and 0 < accepted < drafted
+    assert run(4, "off")[0] != ref
