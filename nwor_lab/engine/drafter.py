@@ -31,8 +31,8 @@ class Drafter:
 
     def propose(self, g: torch.Tensor):
         """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy)."""
-        logits = self.head.compute_logits(g).float()
-        if self.temperature == 0:
+        logits = self.head.compute_logits(g)
+        if self.temperature == 0:           # argmax of the model's dtype: no float copy of [n, V]
             return logits.argmax(-1), None
-        q = torch.softmax(logits / self.temperature, -1)
+        q = torch.softmax(logits.float() / self.temperature, -1)
         return sample_from_probs(q, self.generator), q

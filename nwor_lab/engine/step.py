@@ -276,7 +276,8 @@ def run_step(engine, inp: StepInputs):
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
-    logits = e.target.compute_logits(hidden[inp.rows_logits]).float()
+    # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
+    logits = e.target.compute_logits(hidden[inp.rows_logits])
     sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
                                **_forced(e, inp))                                        # [B, k + 1]
     acceptance = e.scv.accept(w, sampled, max_spec_len=k)

@@ -151,16 +151,18 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
     real = (drafts >= 0) & (drafts < vocab)
     safe = torch.where(real, drafts, torch.zeros_like(drafts))
 
-    target_rows = target_logits[metadata.target_logits_indices.long()]   # [Dtot, V]
-    bonus_rows = target_logits[metadata.bonus_logits_indices.long()]     # [R, V]
-
-    # Greedy decision for every request; stochastic requests overwrite it below.
-    target_argmax = target_rows.argmax(dim=-1)
+    # Greedy decision for every request; stochastic requests overwrite it below. One argmax over
+    # the rows as they come (bf16 at the 8B shape: argmax of a bf16 row equals argmax of its float
+    # copy, ties included), then an index: no float copy and no gathered [Dtot + R, V] copy.
+    row_argmax = target_logits.argmax(dim=-1)                                  # [Dtot + R]
+    target_argmax = row_argmax[metadata.target_logits_indices.long()]
     accept = drafts == target_argmax                     # -1 never equals an argmax
     recovered = target_argmax
-    bonus = bonus_rows.argmax(dim=-1)
+    bonus = row_argmax[metadata.bonus_logits_indices.long()]
 
     if temp is not None:
+        target_rows = target_logits[metadata.target_logits_indices.long()]   # [Dtot, V]
+        bonus_rows = target_logits[metadata.bonus_logits_indices.long()]     # [R, V]
         greedy_req = temp == 0
         safe_t = torch.where(greedy_req, torch.ones_like(temp), temp)   # no 0-division for greedy rows
         # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels).
