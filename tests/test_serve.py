@@ -95,6 +95,14 @@ def test_adaptive_k_interpolates_batch_sizes_it_has_not_seen():
     assert ctl.step_time(8, 2) == pytest.approx((ctl.step_time(8, 0) + t8) / 2, rel=1e-6)
 
 
+def test_adaptive_k_does_not_time_a_shapes_first_step():
+    ctl = AdaptiveK(4, explore_every=0)
+    feed(ctl, 8, 4, 0.040, accepted=3, times=1)   # the capture
+    feed(ctl, 8, 4, 0.011, accepted=3)
+    assert ctl.step_time(8, 4) == pytest.approx(0.011)
+    assert ctl.tried[0] == 5 * 8                  # the acceptance counts every step
+
+
 def test_adaptive_k_refreshes_the_unused_anchor_and_checks_its_arguments():
     ctl = AdaptiveK(2, explore_every=3)
     feed(ctl, 1, 2, 0.01, accepted=2)
@@ -226,3 +234,31 @@ def test_the_crossover_is_found_and_explained_from_the_steps():
     r["results"] = [dict(x, config=x["config"].replace("eagle", "eagle k=4")) for x in r["results"]]
     e8 = {x["clients"]: x for x in explain(r, "eagle k=4")}[8]
     assert e8["napkin_step_ms"] == 38.0 and e8["component_verify_ms"] == 30.0
+
+
+def test_a_hook_that_keeps_k_lets_the_runner_prelaunch_and_tokens_stay_exact():
+    """With a draft_counts hook the runner still launches a step before the host read the one
+    before, when the hook keeps k for everyone; a count below k (asked once, then filled in by the
+    host) cuts the next window, and the tokens stay the eager engine's."""
+    from nwor_lab.engine.runner import StepRunner
+    from nwor_lab.model.toy import toy_pair
+    target, head = toy_pair(0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    outs, asked = {}, []
+    for graphed in (False, True):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=2)
+        if graphed:
+            e.runner = StepRunner(e, 2, 1024, capture=False, pad=True)
+            counts = iter([3, 3, 3, 1, 3, 3, 3, 3, 0] * 100)
+
+            def hook(eng, reqs):
+                asked.append(len(reqs))
+                return [next(counts)] * len(reqs)
+            e.draft_counts = hook
+        reqs = [e.add_request(p, 40) for p in prompts]
+        e.run()
+        outs[graphed] = [r.output for r in reqs]
+    assert outs[True] == outs[False]
+    seen = {d for w in e.trace if w.kind == "verify" for d in w.drafted}
+    assert e.runner.prelaunched > 0 and {0, 1, 3} <= seen
+    assert len(asked) <= e.runner.steps          # one decision per step at most

@@ -97,6 +97,9 @@ def parser() -> LabArgumentParser:
     p.add_argument("--concurrency", type=types.listed(types.integer(1, 4096), "client counts"), default=(),
                    help="closed loop: concurrent clients")
     p.add_argument("--requests", type=types.integer(1, 100_000), default=32, help="requests per load point")
+    p.add_argument("--requests-per-client", type=types.integer(1, 10_000), default=4,
+                   help="closed loop: at least this many requests per client (max with --requests), so the "
+                        "batch runs full for most of the point and drains only at its end")
     p.add_argument("--prompt-len", type=types.integer(1, 1 << 16), default=32)
     p.add_argument("--output-len", type=types.integer(1, 1 << 16), default=32)
     p.add_argument("--range-ratio", type=types.number_in(0.0, 0.99), default=0.25,
@@ -166,8 +169,17 @@ def warm_up(engine, name: str, k_auto, warmup, args) -> None:
               progress=None if args.quiet else Progress(len(warmup), f"{name} warm-up"))
 
 
+def point_specs(point: dict, specs, args) -> list:
+    """The requests of one load point: `--requests` in open loop; in closed loop at least
+    `--requests-per-client` per client (the same prefix of the fixed-seed workload for every config)."""
+    if point["mode"] == "open":
+        return specs[:args.requests]
+    return specs[:max(args.requests, args.requests_per_client * point["concurrency"])]
+
+
 def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> dict:
     """One config at one load point -> its row (also printed as one JSON line)."""
+    specs = point_specs(point, specs, args)
     first = len(engine.trace)
     arrivals = poisson_arrivals(len(specs), point["rate"], args.seed + 3) if point["mode"] == "open" else None
     label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
@@ -223,8 +235,9 @@ def main(argv=None) -> dict:
     args.warmup = n_warm
     t_start = time.perf_counter()
     target, heads, make_specs, acceptance = load_models(args, device, dtype)
-    every = make_specs(args.requests + n_warm)
-    specs, warmup = every[:args.requests], every[args.requests:]
+    n_point = max([args.requests] + [args.requests_per_client * c for c in args.concurrency])
+    every = make_specs(n_point + n_warm)
+    specs, warmup = every[:n_point], every[n_point:]
     components = []
     if args.components:
         if args.model == "shipped":
@@ -267,7 +280,8 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
            f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
-           "workload": {"requests": args.requests, "prompt_len": args.prompt_len, "output_len": args.output_len,
+           "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,
+                        "prompt_len": args.prompt_len, "output_len": args.output_len,
                         "range_ratio": args.range_ratio, "seed": args.seed, "warmup_requests": args.warmup,
                         "prompts": "held-out corpus text" if args.model == "shipped" else "random ids"},
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},

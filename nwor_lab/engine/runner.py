@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.buffers import bucket_size, token_bucket
-from nwor_lab.engine.step import StepInputs, run_step
+from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.window import Acceptance, Window
@@ -68,6 +68,7 @@ class StepRunner:
         self.mixed_steps = 0      # bucket steps of prefills and decodes together
         self.mixed = True         # False: steps mixing prefills and decodes stay eager (bench comparison)
         self.prelaunch = True     # False: never launch a step before the host read the one before
+        self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         k = engine.k if engine.drafting else 0
@@ -151,7 +152,8 @@ class StepRunner:
         else:
             static = self.capturable(requests)
             inp = self._inputs(requests, static)
-            inp.fill(e, requests)
+            limits, self.limits = self.limits, None
+            inp.fill(e, requests, limits=limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
         if self._can_prelaunch(inp, requests):
@@ -211,12 +213,29 @@ class StepRunner:
         sched = e.scheduler
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
-        return (self.prelaunch and not guard and e.draft_counts is None and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+        return (self.prelaunch and not guard and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
                 and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
                 and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
-                and all(r.remaining >= 2 * k + 2 for r in requests))
+                and all(r.remaining >= 2 * k + 2 for r in requests)
+                and self._hook_keeps_k(inp, requests))
+
+    def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
+        """With a `draft_counts` hook, the pre-launched step's chain drafts with the limits already in
+        its buffer (k each: this step drafted k for everyone). Asked now, the hook decides the next
+        window's counts; any count below k keeps the step for the host, which fills that decision
+        in (kept in `limits`: one decision per step)."""
+        e = self.engine
+        if e.draft_counts is None:
+            return True
+        if any(int(n) != inp.k for n in inp.inputs.host["draft_limit"][:len(requests)]):
+            return False            # this step's chain drafted fewer for someone: the host lays that out
+        got = draft_limits(e, requests)
+        if all(n == inp.k for n in got):
+            return True
+        self.limits = ([id(r) for r in requests], got)
+        return False
 
     def _prelaunch(self, inp: StepInputs, requests) -> None:
         """Launch the next step now. Its blocks are allocated for the most this step can accept (k):

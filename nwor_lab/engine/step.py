@@ -92,9 +92,10 @@ class StepInputs:
         self.warmed = False
 
     # -- host ----------------------------------------------------------------------------------
-    def fill(self, engine, requests) -> None:
+    def fill(self, engine, requests, limits: list[int] | None = None) -> None:
         """This step's requests into the buffers (padding stays padding), one copy per dtype;
-        blocks allocated for every row the step writes (the chain's too)."""
+        blocks allocated for every row the step writes (the chain's too). `limits`: the draft
+        counts for the next window when the runner already asked `draft_counts` (else asked here)."""
         k, size = self.k, self.size
         rows = self.host_rows(engine, requests)
         h = self.inputs.host
@@ -120,7 +121,7 @@ class StepInputs:
         h["drafts"][:] = rows["drafts"] + [-1] * (pad_reqs * k)
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
-        h["draft_limit"][:] = draft_limits(engine, requests) + [0] * pad_reqs
+        h["draft_limit"][:] = (draft_limits(engine, requests) if limits is None else list(limits)) + [0] * pad_reqs
         self.inputs.upload()
         if self.draft_probs is not None:
             self.draft_probs.zero_()

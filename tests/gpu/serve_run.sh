@@ -5,7 +5,8 @@
 #   configs      target-only, EAGLE-3 k 4, EAGLE-3 k auto (AdaptiveK, k_max 4), write policy stage
 #   open loop    Poisson arrivals at 2, 4, 8, 16, 32 and 64 requests/s
 #   closed loop  1, 8 and 32 clients
-#   workload     32 requests per load point, prompts 64 +- 25 % random ids, outputs 64 +- 25 %
+#   workload     32 requests per open-loop point, 4 per client in closed loop (at least 32), prompts
+#                64 +- 25 % random ids, outputs 64 +- 25 %
 #   components   decode step, verify step (1 + 4 tokens) and one head pass at batch 1 / 8 / 32
 # Writes $OUT/serve_8b_<card>.json (chapter 11 reads benchmarks/results/serve_8b_<card>.json: copy
 # it there) and serve_8b.log.
