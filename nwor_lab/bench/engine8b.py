@@ -147,14 +147,14 @@ def component_times(target, heads: dict, batch: int, ks, context: int, attention
     for t in [1] + [1 + k for k in ks]:
         md = md_for(t)
         ids = torch.randint(0, cfg.vocab_size, (batch * t,), device=device, generator=gen)
-        fn = lambda ids=ids, md=md: target.compute_logits(target(ids, md)).float().argmax(-1)  # noqa: E731
+        fn = lambda ids=ids, md=md: target.compute_logits(target(ids, md)).argmax(-1)  # noqa: E731
         out["decode_ms" if t == 1 else f"verify_k{t - 1}_ms"] = timed_graph(fn) if device.type == "cuda" else \
             _cpu_ms(fn)
     md = md_for(1)
     for name, head in heads.items():
         ids = torch.randint(0, cfg.vocab_size, (batch,), device=device, generator=gen)
         g = torch.randn(batch, cfg.hidden_size, device=device, generator=gen).to(cache.spec.dtype)
-        fn = lambda head=head, ids=ids, g=g: head.compute_logits(head(ids, g, md)).float().argmax(-1)  # noqa: E731
+        fn = lambda head=head, ids=ids, g=g: head.compute_logits(head(ids, g, md)).argmax(-1)  # noqa: E731
         out[f"{name}_pass_ms"] = timed_graph(fn) if device.type == "cuda" else _cpu_ms(fn)
     del cache
     return out
