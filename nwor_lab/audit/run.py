@@ -30,37 +30,72 @@ def audit(config: LabConfig | None, prompts, max_new_tokens: int, *, target, hea
     `acceptance`: a ForcedAcceptance (drafts accepted by a profile: the tokens are then not the
     target's, so `first_divergence` is expected). `state_atol`: the recurrent state's tolerance
     (default 0, bit for bit, on the torch backend; 1e-4 where fla's kernels run).
-    -> AuditReport: one StoreFinding per store (absent ones marked), `first_divergence`, `run`."""
-    from nwor_lab.engine.generate import generate, prepare
+    -> AuditReport: one StoreFinding per store (absent ones marked), `first_divergence`, `run`.
+    Every argument is checked (and the engine built) before anything runs: `prepare_audit`."""
+    return prepare_audit(config, prompts, max_new_tokens, target=target, head=head, k=k, model=model,
+                         tokenizer=tokenizer, block_size=block_size, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
+                         acceptance=acceptance, state_atol=state_atol).run(reference)
+
+
+class Audit:
+    """An audit set up (the engine built, the prompts queued, the checks attached), not yet run."""
+
+    def __init__(self, gen, config: LabConfig, prompts: list, max_new_tokens: int, k: int, model: str,
+                 findings: dict[str, StoreFinding], options: dict):
+        self.gen, self.config, self.prompts, self.max_new_tokens = gen, config, prompts, max_new_tokens
+        self.k, self.model, self.findings, self.options = k, model, findings, options
+
+    @property
+    def engine(self):
+        return self.gen.engine
+
+    def run(self, reference: list[list[int]] | None = None) -> AuditReport:
+        """Run the workload, then (unless `reference` is given) the same prompts target-only."""
+        from nwor_lab.engine.generate import generate
+        gen, engine, config = self.gen, self.gen.engine, self.config
+        gen.run()
+        result = gen.result()
+        if reference is None:
+            reference = generate(self.prompts, self.max_new_tokens, 0, config, target=engine.target, head=None,
+                                 device=engine.device, **self.options).token_ids
+        verify = [w for w in result.trace if w.kind == "verify"]
+        states = engine.states._inner if isinstance(engine.states, StateAudit) else engine.states
+        run = {"model": self.model or type(engine.target).__name__, "strategy": engine.strategy,
+               "nwor_mode": config.nwor_mode, "state_mode": states.name if states is not None else None,
+               "k": self.k, "prompts": len(result.token_ids), "max_new_tokens": self.max_new_tokens,
+               "sliding_window": config.sliding_window,
+               "ring_slots": engine.sliding.ring_slots if engine.sliding else None,
+               "windows": len(verify), "drafts": sum(sum(w.drafted) for w in verify),
+               "accepted": sum(sum(w.accepted) for w in verify),
+               "draft_chain_windows": sum(1 for w in result.trace if w.kind == "draft"),
+               "forced_acceptance": engine.acceptance is not None, "device": str(engine.device)}
+        divergence = first_divergence(result.token_ids, reference, result.trace, [r.req_id for r in gen.requests])
+        return AuditReport([self.findings[name] for name in STORES], divergence, run)
+
+
+def prepare_audit(config: LabConfig | None, prompts, max_new_tokens: int, *, target, head, k: int = 3,
+                  model: str = "", tokenizer=None, block_size: int = 16, max_num_seqs: int = 8,
+                  num_blocks: int | None = None, acceptance=None, state_atol: float | None = None) -> Audit:
+    """`audit`'s set-up, arguments as `audit`: every limit checked, the engine built with the checks
+    attached (a ValueError / TypeError here is bad input, before any work)."""
+    from nwor_lab.engine.generate import prepare
 
     config = check_config("config", config)
     if head is None:
         raise ValueError("head: the auditor needs an EAGLE head that drafts (rejected drafts are what it looks for)")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r}: the auditor needs drafts, give k >= 1")
     config = dataclasses.replace(config, cuda_graph=False)
-    gen = prepare(list(prompts), max_new_tokens, k, config, target=target, head=head, tokenizer=tokenizer,
-                  block_size=block_size, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
-                  device=next(target.parameters()).device, acceptance=acceptance)
+    prompts = list(prompts) if isinstance(prompts, (list, tuple)) else prompts
+    options = dict(tokenizer=tokenizer, block_size=block_size, max_num_seqs=max_num_seqs)
+    gen = prepare(prompts, max_new_tokens, k, config, target=target, head=head, num_blocks=num_blocks,
+                  device=next(target.parameters()).device, acceptance=acceptance, **options)
     engine = gen.engine
     findings = {name: StoreFinding(name, present) for name, present in _present(engine).items()}
     engine.observers.append(KVAudit(engine, findings))
     if engine.states is not None:
         engine.states = StateAudit(engine.states, engine, findings, atol=state_atol)
-    gen.run()
-    result = gen.result()
-    if reference is None:
-        reference = generate(list(prompts), max_new_tokens, 0, config, target=target, head=None, tokenizer=tokenizer,
-                             block_size=block_size, max_num_seqs=max_num_seqs,
-                             device=next(target.parameters()).device).token_ids
-    verify = [w for w in result.trace if w.kind == "verify"]
-    run = {"model": model or type(target).__name__, "strategy": engine.strategy, "nwor_mode": config.nwor_mode,
-           "state_mode": engine.states._inner.name if engine.states is not None else None,
-           "k": k, "prompts": len(result.token_ids), "max_new_tokens": max_new_tokens,
-           "sliding_window": config.sliding_window, "ring_slots": engine.sliding.ring_slots if engine.sliding else None,
-           "windows": len(verify), "drafts": sum(sum(w.drafted) for w in verify),
-           "accepted": sum(sum(w.accepted) for w in verify),
-           "draft_chain_windows": sum(1 for w in result.trace if w.kind == "draft"),
-           "forced_acceptance": acceptance is not None, "device": str(engine.device)}
-    return AuditReport([findings[name] for name in STORES], first_divergence(result.token_ids, reference, result.trace, [r.req_id for r in gen.requests]), run)
+    return Audit(gen, config, prompts, max_new_tokens, k, model, findings, options)
 
 
 def _present(engine) -> dict[str, bool]:

@@ -123,4 +123,4 @@ def _differs(now: torch.Tensor, want: torch.Tensor, atol: float) -> float | None
             return None
     elif torch.allclose(now.float(), want.float(), rtol=0.0, atol=atol):
         return None
-    return float((now.float() - want.float()).abs().max())
+    return float(f"{float((now.float() - want.float()).abs().max()):.6g}")
