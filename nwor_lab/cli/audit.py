@@ -18,7 +18,7 @@ from nwor_lab.config import KV_RINGS, NWOR_MODES, STATE_MODES
 
 MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
 FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
-         "k=": "--k=", "prompts[": "prompt[", "sliding_window": "--sliding-window", "kv_ring": "--kv-ring"}
+         "k=": "--k=", "prompts[": "prompt[", "sliding_window": "--sliding-window", "kv_ring='full'": "--kv-ring full"}
 
 
 def add_parsers(subparsers) -> None:
