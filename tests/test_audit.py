@@ -51,6 +51,9 @@ def test_off_names_the_paged_kv_and_its_block_digests_with_the_window(tiny):
     # the prefill step's draft chain already left the head's provisional K/V in the request's block
     assert (head.first_window, head.window_kind) == (0, "draft") and head.detail["layer"] == pair_layers(tiny)
     assert digests.first_window == 0 and digests.detail["digest"] != digests.detail["accepted_only_digest"]
+    # without a ring a block is wholly committed only once its own tokens overwrote every rejected row:
+    # the blocks a prefix cache would key never change, the partial ones do
+    assert digests.detail["full_block"] is False and digests.detail["first_full_block_window"] is None
     assert report.first_divergence is None          # attention masks rejected rows: the tokens are right
     for name in ("ring", "recurrent_state", "conv_state"):
         assert report.store(name).status == "absent"
@@ -75,7 +78,7 @@ def test_a_ring_of_w_slots_under_off_loses_needed_entries_and_full_blocks_change
     ring = off.store("ring")
     assert ring.status == "reached" and ring.detail["still_needed"] is True
     assert ring.detail["evicted_position"] == ring.detail["position"] - 8
-    assert off.store("kv_digests").windows_reached > 0
+    assert off.store("kv_digests").detail["first_full_block_window"] is not None   # a ring reuses full blocks
     stage = run(tiny, new=12, nwor_mode="stage", sliding_window=8, kv_ring="ring")
     assert stage.store("ring").status == "clean" and stage.store("ring").rows_checked > 0
     assert stage.reached == []

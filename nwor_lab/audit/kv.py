@@ -17,7 +17,8 @@ store. A window that restores them (`cow`) or never writes them (`stage`) leaves
   (`kv.block_digest`: every slot of the block, every layer) of each block a running request holds
   is compared with the digest of the same block with this step's rejected writes taken out (their
   slots' bytes from before the step): what a consumer that hashes, snapshots or ships whole blocks
-  keys on. `full_block` says whether the block was wholly committed (a prefix cache's unit).
+  keys on. `full_block` says whether the block was wholly committed (a prefix cache's unit);
+  `first_full_block_window` the first step in which a wholly committed block's digest changed.
 """
 from __future__ import annotations
 
@@ -178,11 +179,14 @@ class KVAudit:
                 for layer, off, k0, v0, _ in by_block[b]:
                     keys[layer][off], values[layer][off] = k0, v0
                 now, clean = block_digest(self.cache, b), block_digest(_Block(keys, values), 0)
-                if now != clean:
-                    kinds = {kind for *_, kind in by_block[b]}
-                    finding.reach(trace.step, "verify" if "verify" in kinds else "draft",
-                                  {"request": r.req_id, "block": i, "physical_block": b,
-                                   "full_block": (i + 1) * self.bs <= r.num_computed,
-                                   "digest": now, "accepted_only_digest": clean})
-                    return
+                if now == clean:
+                    continue
+                kinds = {kind for *_, kind in by_block[b]}
+                full = min((i + 1) * self.bs, self.ring_slots or (i + 1) * self.bs) <= r.num_computed
+                finding.reach(trace.step, "verify" if "verify" in kinds else "draft",
+                              {"request": r.req_id, "block": i, "physical_block": b, "full_block": full,
+                               "digest": now, "accepted_only_digest": clean, "first_full_block_window": None})
+                if full and finding.detail["first_full_block_window"] is None:
+                    # a wholly committed block (what a prefix cache keys) whose bytes changed
+                    finding.detail["first_full_block_window"] = trace.step
 
