@@ -117,6 +117,7 @@ def test_every_other_state_strategy_names_no_store(hybrid, state_mode):
     assert report.reached == [] and report.first_divergence is None
     assert report.store("recurrent_state").rows_checked > 0 and report.store("conv_state").status == "clean"
     assert report.run["accepted"] > 0          # partial acceptances were checked, not only a = 0
+    assert report.run["state_unexplained"] == 0
 
 
 def test_one_wrong_state_element_is_found(hybrid, monkeypatch):

@@ -68,7 +68,8 @@ class Audit:
                "windows": len(verify), "drafts": sum(sum(w.drafted) for w in verify),
                "accepted": sum(sum(w.accepted) for w in verify),
                "draft_chain_windows": sum(1 for w in result.trace if w.kind == "draft"),
-               "forced_acceptance": engine.acceptance is not None, "device": str(engine.device)}
+               "forced_acceptance": engine.acceptance is not None, "device": str(engine.device),
+               "state_unexplained": engine.states.unexplained if isinstance(engine.states, StateAudit) else None}
         divergence = first_divergence(result.token_ids, reference, result.trace, [r.req_id for r in gen.requests])
         return AuditReport([self.findings[name] for name in STORES], divergence, run)
 

@@ -31,6 +31,10 @@ class StateAudit:
         exact = inner.backend == "torch" or not fla_available(inner.store.device)
         self.atol = (0.0 if exact else 1e-4) if atol is None else float(atol)
         self._open = None
+        # request windows where the store differs from the accepted-only state although no draft was
+        # rejected (a prefill, or every draft accepted): not a rejected write, so no store is named;
+        # counted so that a strategy (or recompute) that goes wrong there is not hidden
+        self.unexplained = 0
 
     def __getattr__(self, name):             # store, window, layers, spec, ...: the strategy's own
         return getattr(self._inner, name)
@@ -98,15 +102,22 @@ class StateAudit:
                                              keep_from=kept - 1, backend=self._inner.backend)
                 want = states[-1].to(now_state.dtype)
                 diff = _differs(now_state[layer], want, self.atol)
-                if diff is not None and d - a:
-                    rec.reach(step, "verify", self._where(r, slot, layer, a, d, diff))
+                if diff is not None:
+                    self._found(rec, step, r, slot, layer, a, d, diff)
             for layer in sorted(o["conv"]):
                 x = o["conv"][layer]
                 history = torch.cat([conv0[layer].to(x.dtype), x[start:start + kept]], 0)
                 want = history[kept:kept + width - 1].to(now_conv.dtype)
                 diff = _differs(now_conv[layer], want, 0.0)
-                if diff is not None and d - a:
-                    conv.reach(step, "verify", self._where(r, slot, layer, a, d, diff))
+                if diff is not None:
+                    self._found(conv, step, r, slot, layer, a, d, diff)
+
+    def _found(self, finding: StoreFinding, step: int, r: int, slot: int, layer: int, a: int, d: int,
+               diff: float) -> None:
+        if d - a:
+            finding.reach(step, "verify", self._where(r, slot, layer, a, d, diff))
+        else:
+            self.unexplained += 1
 
     def _where(self, r: int, slot: int, layer: int, a: int, d: int, diff: float) -> dict:
         """Where: the request (its id: the running request holding the state slot), the slot, the
