@@ -29,7 +29,7 @@ def audit(config: LabConfig | None, prompts, max_new_tokens: int, *, target, hea
 
     `acceptance`: a ForcedAcceptance (drafts accepted by a profile: the tokens are then not the
     target's, so `first_divergence` is expected). `state_atol`: the recurrent state's tolerance
-    (default 0, bit for bit, on the torch backend; 1e-4 where fla's kernels run).
+    (default 0, bit for bit, on the CPU; 1e-4 on CUDA).
     -> AuditReport: one StoreFinding per store (absent ones marked), `first_divergence`, `run`.
     Every argument is checked (and the engine built) before anything runs: `prepare_audit`."""
     return prepare_audit(config, prompts, max_new_tokens, target=target, head=head, k=k, model=model,
