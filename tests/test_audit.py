@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from nwor_lab.audit import STORES, audit, load_pair, prompts_for, table_rows, toy_hybrid_pair
+from nwor_lab.audit import STORES, audit, load_pair, prompts_for, strategies_table, table_rows, toy_hybrid_pair
 from nwor_lab.config import LabConfig, _extra_nwor_modes
 from nwor_lab.engine.generate import generate
 
@@ -142,6 +142,10 @@ def test_table_rows_and_json_lines(hybrid):
     by = {r["store"]: r for r in rows}
     assert by["ring"]["status"] == "absent" and by["ring"]["first window"] == "—"
     assert by["recurrent_state"]["first window"] == "1 (verify)"
+    side = strategies_table({"off": report, "off again": report})
+    assert [r["strategy"] for r in side] == ["off", "off again"]
+    assert side[0]["ring"] == "absent" and side[0]["recurrent_state"] == "1 (verify)"
+    assert side[0]["first divergence"].startswith("request ")
 
 
 def test_cli_prints_one_json_line_per_store_then_a_summary(capsys):
@@ -170,3 +174,17 @@ def test_cli_refuses_bad_input_in_one_line(capsys, argv, says):
     assert main(["audit", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
+
+
+def test_forced_acceptance_exercises_partial_windows_and_the_checks_stay_local(hybrid):
+    """Drafts accepted by a profile (the toy's own drafts are mostly rejected): many windows accept
+    1 .. k-1 drafts, and each window's check runs from the store as it was before it, so the exact
+    strategies stay clean although the tokens are no longer the target's."""
+    from nwor_lab.speculative.synthetic import ForcedAcceptance
+    pair, prompts, ref = hybrid
+    forced = ForcedAcceptance((0.8, 0.6, 0.4))
+    for state_mode, reached in (("replay", []), ("off", ["recurrent_state", "conv_state"])):
+        report = audit(LabConfig(nwor_mode="stage", state_mode=state_mode), prompts, 10, target=pair.target,
+                       head=pair.head, k=3, block_size=4, acceptance=forced, reference=ref)
+        assert report.reached == reached and report.run["forced_acceptance"] is True
+        assert report.run["accepted"] > report.run["drafts"] // 4 and report.run["state_unexplained"] == 0

@@ -108,3 +108,19 @@ def divergence_text(report: AuditReport) -> str:
         return "every token equals target-only"
     return (f"first token that differs from target-only: request {d['request']}, token {d['token']} "
             f"(target-only {d['expected']}, got {d['got']}), emitted in window {d['window']}")
+
+
+def strategies_table(reports: dict) -> list[dict]:
+    """Several runs side by side, for a chapter: `reports` maps a label (e.g. the state strategy) to
+    its AuditReport -> one dict per run: `strategy`, then per store its first window ("1 (verify)"),
+    "clean", "absent" or "not exercised", then `first divergence` ("request 0, token 2 (window 2)" or
+    "none")."""
+    rows = []
+    for label, report in reports.items():
+        row = {"strategy": label}
+        for s in report.stores:
+            row[s.store] = f"{s.first_window} ({s.window_kind})" if s.status == "reached" else s.status
+        d = report.first_divergence
+        row["first divergence"] = "none" if d is None else f"request {d['request']}, token {d['token']} (window {d['window']})"
+        rows.append(row)
+    return rows
