@@ -77,6 +77,7 @@ def test_a_ring_of_w_slots_under_off_loses_needed_entries_and_full_blocks_change
     off = run(tiny, new=12, nwor_mode="off", sliding_window=8, kv_ring="ring")
     ring = off.store("ring")
     assert ring.status == "reached" and ring.detail["still_needed"] is True
+    assert ring.detail["first_needed_window"] == ring.first_window
     assert ring.detail["evicted_position"] == ring.detail["position"] - 8
     assert off.store("kv_digests").detail["first_full_block_window"] is not None   # a ring reuses full blocks
     stage = run(tiny, new=12, nwor_mode="stage", sliding_window=8, kv_ring="ring")

@@ -12,7 +12,8 @@ store. A window that restores them (`cow`) or never writes them (`stage`) leaves
 
 - `ring` (a ring of S slots configured): a rejected row at position p lands in the slot of p - S;
   when p - S >= 0 that slot held committed K/V, which the write evicted (`still_needed`: the
-  request's next query, at its committed length, still attends to p - S).
+  request's next query, at its committed length, still attends to p - S; `first_needed_window`: the
+  first step in which an evicted entry was still needed).
 - `kv_digests`: after each step (its verify window and its draft chain), the digest
   (`kv.block_digest`: every slot of the block, every layer) of each block a running request holds
   is compared with the digest of the same block with this step's rejected writes taken out (their
@@ -118,14 +119,20 @@ class KVAudit:
         finding = self.findings["ring"]
         finding.rows_checked += int(evicts.sum())
         hit = evicts & reached_rows
-        if bool(hit.any()):
-            i = int(torch.nonzero(hit)[0])
-            detail = self._where(e.window, rows, slots, positions, i, None)
-            evicted = int(positions[i]) - self.ring_slots
-            detail["evicted_position"] = evicted
+        if not bool(hit.any()):
+            return
+        needed = []                                   # per hit row: does the request's next query read p - S?
+        for i in torch.nonzero(hit).flatten().tolist():
             nxt = self._committed_after(e, rows, i)
-            detail["still_needed"] = None if nxt is None else bool(evicted > nxt - self.attend)
-            finding.reach(step, kind, detail)
+            needed.append((i, None if nxt is None else bool(int(positions[i]) - self.ring_slots > nxt - self.attend)))
+        i, still = needed[0]
+        detail = self._where(e.window, rows, slots, positions, i, None)
+        detail.update(evicted_position=int(positions[i]) - self.ring_slots, still_needed=still,
+                      first_needed_window=None)
+        finding.reach(step, kind, detail)
+        if any(n for _, n in needed) and finding.detail["first_needed_window"] is None:
+            # the first step whose rejected write evicted an entry a later query still reads
+            finding.detail["first_needed_window"] = step
 
     def _committed_after(self, e, rows, i) -> int | None:
         """The committed length of row i's request after the window (its next query's position)."""
