@@ -189,3 +189,21 @@ def test_forced_acceptance_exercises_partial_windows_and_the_checks_stay_local(h
                        head=pair.head, k=3, block_size=4, acceptance=forced, reference=ref)
         assert report.reached == reached and report.run["forced_acceptance"] is True
         assert report.run["accepted"] > report.run["drafts"] // 4 and report.run["state_unexplained"] == 0
+
+
+@pytest.mark.skipif(__import__("nwor_lab.audit.models", fromlist=["x"]).shipped_hybrid_dir() is None,
+                    reason="the shipped hybrid checkpoint (nwor_lab/checkpoints/hybrid) is not in this tree")
+def test_the_shipped_hybrid_off_names_the_states_and_stage_none():
+    check_shipped_hybrid(load_pair("hybrid"))
+
+
+def check_shipped_hybrid(pair):
+    assert pair.name == "hybrid"
+    prompts = prompts_for(pair, 2)
+    ref = generate(prompts, 12, 0, LabConfig(), target=pair.target, head=None).token_ids
+    off = audit(LabConfig(nwor_mode="stage", state_mode="off"), prompts, 12, target=pair.target, head=pair.head,
+                reference=ref)
+    assert off.reached == ["recurrent_state", "conv_state"] and off.store("recurrent_state").first_window == 1
+    stage = audit(LabConfig(nwor_mode="stage", state_mode="stage"), prompts, 12, target=pair.target, head=pair.head,
+                  reference=ref)
+    assert stage.reached == [] and stage.first_divergence is None and stage.run["accepted"] > 0

@@ -2,8 +2,9 @@
 
     tiny        the shipped Llama pair (nwor_lab/checkpoints/tiny) with its EAGLE-1 head: a tiny pair
                 that rejects often under greedy decoding
-    hybrid      the shipped hybrid pair (`nwor_lab.model.shipped.HYBRID_DIR`, loaded with
-                `nwor_lab.model.loader.load_model`) when the lab has one, else `toy-hybrid`
+    hybrid      the shipped hybrid pair (`nwor_lab.model.shipped.HYBRID_DIR`: gated DeltaNet layers
+                0-2 + attention layer 3, its EAGLE-1 head, the tiny pair's tokenizer) when the lab has
+                one, else `toy-hybrid`
     toy-hybrid  a random gated DeltaNet + attention target (`model.toy.toy_hybrid`) with a random
                 EAGLE-1 head (fixed seed): greedy drafts both accepted and rejected (tests/test_engine_hybrid.py)
 """
@@ -58,12 +59,11 @@ def toy_hybrid_pair(seed: int = 2, head_seed: int = 3) -> Pair:
 
 
 def shipped_hybrid_dir() -> Path | None:
-    """The shipped hybrid checkpoint's folder, when the lab ships one (and can load it)."""
-    from nwor_lab.model import loader, shipped
-    d = getattr(shipped, "HYBRID_DIR", None)
-    if d is None or not Path(d).is_dir() or not hasattr(loader, "load_model"):
-        return None
-    return Path(d)
+    """The shipped hybrid checkpoint's folder (`nwor_lab.model.shipped.HYBRID_DIR`,
+    nwor_lab/checkpoints/hybrid), when the lab ships one."""
+    from nwor_lab.model import shipped
+    d = Path(getattr(shipped, "HYBRID_DIR", shipped.TINY_DIR.parent / "hybrid"))
+    return d if (d / "config.json").is_file() else None
 
 
 def load_pair(model: str, device="cpu") -> Pair:
@@ -75,28 +75,20 @@ def load_pair(model: str, device="cpu") -> Pair:
         target, head, tok = load_tiny(device=device)
         return Pair("tiny", target, head, tok)
     if model == "hybrid" and shipped_hybrid_dir() is not None:
-        return _load_shipped_hybrid(shipped_hybrid_dir(), device)
+        return load_shipped_hybrid(shipped_hybrid_dir(), device)
     pair = toy_hybrid_pair()
     pair.target.to(device)
     pair.head.to(device)
     return pair
 
 
-def _load_shipped_hybrid(directory: Path, device) -> Pair:
-    """The shipped hybrid pair: `loader.load_model(directory)` gives the target (or a (target, head,
-    tokenizer) tuple); the EAGLE-1 head and tokenizer are read the way the tiny pair's are."""
-    from nwor_lab.model.loader import load_eagle, load_model, load_tokenizer
-    got = load_model(directory, device=device, dtype=torch.float32)
-    if isinstance(got, tuple):
-        target, head, tok = (list(got) + [None, None])[:3]
-    else:
-        target, head, tok = got, None, None
-    if head is None and (directory / "eagle_config.json").is_file():
-        head = load_eagle(directory / "eagle_config.json", directory / "eagle.safetensors", target, device=device)
-    if tok is None and (directory / "tokenizer.json").is_file():
-        tok = load_tokenizer(directory / "tokenizer.json")
-    if head is None:
-        raise ValueError(f"{directory}: no EAGLE head (eagle_config.json + eagle.safetensors) beside the hybrid target")
+def load_shipped_hybrid(directory: Path, device="cpu") -> Pair:
+    """The hybrid pair in `directory` (laid out like the tiny pair: config.json with the hybrid's
+    layer types, model.safetensors, the EAGLE-1 head, tokenizer.json), float32."""
+    from nwor_lab.model.shipped import load_tiny
+    target, head, tok = load_tiny(device=device, directory=directory)
+    if not hasattr(target, "state_spec"):
+        raise ValueError(f"{directory}: holds a model without recurrent state ({type(target).__name__}), not a hybrid")
     return Pair("hybrid", target, head, tok)
 
 
