@@ -150,7 +150,10 @@ def test_table_rows_and_json_lines(hybrid):
 
 
 def test_cli_prints_one_json_line_per_store_then_a_summary(capsys):
+    from nwor_lab.audit import MODELS
+    from nwor_lab.cli.audit import MODELS as CHOICES          # the command line's own, torch-free copy
     from nwor_lab.cli.main import main
+    assert CHOICES == MODELS
     assert main(["audit", "--json", "--model", "toy-hybrid", "--nwor-mode", "stage", "--state-mode", "off",
                  "--max-new-tokens", "6", "--prompts", "2", "--block-size", "4"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
