@@ -14,6 +14,7 @@ LAYERS = [
     {"config", "atomic", "lifeline"}, {"__init__"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"tree"},
     {"policies", "state"}, {"speculative"}, {"model"}, {"engine"}, {"distributed"},
     # the front ends, each on the ones below it
+    {"audit"},         # the store-by-store auditor: runs the engine, checks every store's bytes
     {"commandline"},   # what every command line shares: flag types, the one error path, lab_config
     {"train"}, {"serve"}, {"selfcheck"}, {"why"}, {"viz"}, {"bench"}, {"exercises"},
     {"sweep"},         # papermill sweeps: the notebooks' contract (parameters cell in, metrics out)

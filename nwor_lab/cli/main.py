@@ -1,4 +1,4 @@
-"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate (and the workshop commands).
+"""The `nwor-lab` command: doctor, selfcheck, build, bench, generate, audit (and the workshop commands).
 
 Every command goes through one error path (`nwor_lab.commandline.errors`): a bad argument, file or
 environment value prints one line `nwor-lab: error: ...` and exits 2; `--traceback` (anywhere) or
@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from nwor_lab.cli import doctor, generate
+from nwor_lab.cli import audit, doctor, generate
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
 from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError, _debug_env, run
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on an error, show the Python stack too (also NWOR_LAB_DEBUG=1); allowed anywhere")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=LabArgumentParser)
     for add in (doctor.add_parsers, _add_selfcheck, _add_build, _add_bench, generate.add_parsers,
-                sweep_parsers, workshop_parsers):
+                audit.add_parsers, sweep_parsers, workshop_parsers):
         add(sub)
     return p
 

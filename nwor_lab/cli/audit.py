@@ -1,0 +1,77 @@
+"""`nwor-lab audit --json`: which store a rejected draft's bytes reached, and in which window.
+
+Runs `--prompts N` prompts for `--max-new-tokens` under the strategy (`--nwor-mode` for the paged
+K/V, `--state-mode` for a hybrid target's recurrent and conv state, `--sliding-window` / `--kv-ring`
+for a ring) with the EAGLE head drafting `--k` tokens greedily, checks every store's bytes after every
+window, then decodes the same prompts target-only. `--json` prints one JSON line per store (`kv`,
+`kv_digests`, `ring`, `recurrent_state`, `conv_state`, `draft_kv`), then a summary line; without it,
+a table. Exit 0 whatever the audit finds (it reports, it does not judge); docs/audit.md.
+"""
+from __future__ import annotations
+
+import json
+
+from nwor_lab.commandline import args as types
+from nwor_lab.commandline.environment import check_device_arg, lab_config
+from nwor_lab.commandline.errors import UsageError, flag_names
+from nwor_lab.config import KV_RINGS, NWOR_MODES, STATE_MODES
+
+MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
+FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
+         "k=": "--k=", "prompts[": "prompt[", "sliding_window": "--sliding-window", "kv_ring='full'": "--kv-ring full"}
+
+
+def add_parsers(subparsers) -> None:
+    a = subparsers.add_parser("audit", help="which store a rejected draft's bytes reached, and when (JSON lines "
+                                            "with --json)", description=__doc__.split("\n\n")[1].replace("\n", " "))
+    a.add_argument("--model", choices=MODELS, default="tiny",
+                   help="tiny: the shipped Llama pair; hybrid: the shipped hybrid pair when the lab has one, else "
+                        "toy-hybrid; toy-hybrid: a random gated DeltaNet + attention pair (fixed seed)")
+    a.add_argument("--nwor-mode", choices=NWOR_MODES, default="off", help="the paged K/V write policy")
+    a.add_argument("--state-mode", choices=STATE_MODES, default="auto",
+                   help="a hybrid target's recurrent-state strategy (auto: named like --nwor-mode)")
+    a.add_argument("--k", type=types.int_at_least(1), default=3, help="drafts per window")
+    a.add_argument("--max-new-tokens", type=types.int_at_least(1), default=24)
+    a.add_argument("--prompts", type=types.int_at_least(1), default=2, metavar="N",
+                   help="how many prompts (the shipped pair's text prompts, or random token ids for the toy)")
+    a.add_argument("--sliding-window", type=types.int_at_least(0), default=0, metavar="W",
+                   help="attend the last W positions (0: the whole context); a ring makes the `ring` store")
+    a.add_argument("--kv-ring", choices=KV_RINGS, default="auto", help="with --sliding-window: how the cache is kept")
+    a.add_argument("--block-size", type=types.int_at_least(1), default=16, help="tokens per KV block")
+    a.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8, help="requests in one window")
+    a.add_argument("--device", type=types.device, default="cpu")
+    a.add_argument("--json", action="store_true", help="one JSON line per store, then a summary line")
+    a.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.kv_ring != "auto" and not args.sliding_window:
+        raise UsageError(f"--kv-ring {args.kv_ring}: a ring needs --sliding-window W > 0")
+    cfg = lab_config(nwor_mode=args.nwor_mode, state_mode=args.state_mode, sliding_window=args.sliding_window,
+                     kv_ring=args.kv_ring)
+    device = check_device_arg("--device", args.device)
+    from nwor_lab.audit import load_pair, prepare_audit, prompts_for, table_rows
+    from nwor_lab.audit.report import divergence_text
+    pair = load_pair(args.model, device=device)
+    if args.state_mode != "auto" and not hasattr(pair.target, "state_spec"):
+        raise UsageError(f"--state-mode {args.state_mode}: --model {args.model} has no recurrent state; "
+                         f"use --model hybrid (or leave --state-mode auto)")
+    prompts = prompts_for(pair, args.prompts)
+    try:
+        job = prepare_audit(cfg, prompts, args.max_new_tokens, target=pair.target, head=pair.head, k=args.k,
+                            model=pair.name, block_size=args.block_size, max_num_seqs=args.max_num_seqs)
+    except (ValueError, TypeError, MemoryError) as err:        # an engine limit: say it with the flags
+        raise UsageError(flag_names(str(err), FLAGS)) from err
+    report = job.run()
+    if args.json:
+        print("\n".join(report.json_lines()), flush=True)
+        return 0
+    rows = table_rows(report)
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print(f"{pair.name}, {report.run['strategy']}" + (f" + state {report.run['state_mode']}" if report.run["state_mode"]
+                                                        else "") + f", k={args.k}: {divergence_text(report)}")
+    print("  ".join(c.ljust(width[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
+    return 0
