@@ -34,7 +34,15 @@ from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
+from nwor_lab.tree import TreeWindow
 from nwor_lab.window import Acceptance, Window
+
+
+def chain_k(e) -> int:
+    """Draft slots per request in the chain's sampler layout: the engine's k when it drafts chains,
+    0 without drafting and with trees (a tree window has its own buffers, `TreeInputs`)."""
+    return e.k if e.drafting and e.tree is None else 0
 
 
 class StepInputs:
@@ -42,11 +50,18 @@ class StepInputs:
     (the engine's k; 0 without drafting). `static`: padded to a bucket for capture (device
     metadata, `max_query_len` a bound fixed per bucket) rather than the step's exact size."""
 
-    def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool):
+    def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool,
+                 tree: bool = False):
         e, dev = engine, engine.device
-        k = e.k if e.drafting else 0
+        k = chain_k(e)
         self.size, self.tokens, self.k, self.static = size, tokens, k, static
         self.max_query_len = max_query_len
+        # with trees: every step drafts a tree for the next window after its commit; `tree`: this
+        # step verifies one (a decode step; prefills verify their prompt rows with k = 0)
+        self.tree_draft = e.tree is not None and e.drafting
+        self.tree = TreeInputs(e, size) if tree else None
+        self.engine_nodes = e.tree_plan.nodes if self.tree_draft else 0
+        self.sampled_width = self.tree.plan.depth + 1 if tree else k + 1
         self.inputs = StaticInputs(
             dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),
             rows_logits=((size * (k + 1),), torch.long), draft_rows=((size * k,), torch.long),
@@ -79,7 +94,9 @@ class StepInputs:
             self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
                                         e.policy, 0, kernel)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
-        self.readback = Readback(dev, (size, 2 * k + 2 if chain else k + 2))
+        tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
+        self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
+                                       else self.sampled_width + 1 + tree_out))
         # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
         # again, at the positions this step's acceptance gives), so the runner can launch the next
         # step before it has read this one (`StepRunner._can_prelaunch`)
@@ -95,6 +112,9 @@ class StepInputs:
     def fill(self, engine, requests) -> None:
         """This step's requests into the buffers (padding stays padding), one copy per dtype;
         blocks allocated for every row the step writes (the chain's too)."""
+        if self.tree is not None:
+            self.tree.fill(engine, self, requests)
+            return
         k, size = self.k, self.size
         rows = self.host_rows(engine, requests)
         h = self.inputs.host
@@ -146,6 +166,8 @@ class StepInputs:
                 need = start + q
                 if self.chain is not None:
                     need = max(need, start + q - n + min(n, req.remaining - 2) + k - 1)
+                if self.tree_draft:           # the head's draft window of the next tree
+                    need = max(need, start + q + engine.tree_plan.lookahead)
                 req.block_table.ensure(need)
             row0 = len(ids)
             ids += toks
@@ -182,6 +204,82 @@ class StepInputs:
                                        h["tables"] + extra[1], h["ctx"] + extra[2], attention=e.config.attention,
                                        sliding=e.sliding, num_drafts=h["ndrafts"] + extra[3], ledger=e.ledger,
                                        slot_mapping=self.window.slot_mapping)
+
+
+class TreeInputs:
+    """Buffers of a tree verify window for `size` request slots, N = `engine.tree_plan.nodes` nodes
+    each: per request `[t_last, node_1 .. node_N]` (rows request-major, N + 1 a request), the nodes'
+    parents `[size, N]` (0 = t_last) and tokens `[size, N]` (-1: padding, a node cut by the token
+    budget), each t_last's position `ctx [size]`. The TreeWindow itself is built from them on the
+    device in the body (`TreeWindow.on_device`): depths, ancestor bits, slots. The ids, block
+    tables, tokens left and prompt keys are StepInputs' own buffers."""
+
+    def __init__(self, engine, size: int):
+        self.plan = engine.tree_plan
+        n = self.plan.nodes
+        self.size, self.nodes = size, n
+        self.inputs = StaticInputs(engine.device, parents=((size, n), torch.long), node_tokens=((size, n), torch.long),
+                                   ctx=((size,), torch.long))
+        d = self.inputs.dev
+        self.parents, self.node_tokens, self.ctx = d["parents"], d["node_tokens"], d["ctx"]
+
+    def fill(self, engine, inp: "StepInputs", requests) -> None:
+        """The requests' trees into the buffers (exact sizes: every request slot is a request);
+        blocks allocated for the window's write-all rows and the next tree's draft window."""
+        n, plan = self.nodes, self.plan
+        h, t = inp.inputs.host, self.inputs.host
+        ids, pos, slots, commit, ctx, qlens, ndrafts, parents, tokens = [], [], [], [], [], [], [], [], []
+        for r, req in enumerate(requests):
+            start = req.num_computed
+            req.block_table.ensure(start + plan.lookahead)
+            d = list(req.drafts)
+            p = list(req.draft_parents[:len(d)])
+            depth = [0]
+            for q in p:
+                depth.append(depth[q] + 1)
+            parents.append(p)
+            tokens.append(d)
+            t["parents"][r] = p + [0] * (n - len(d))
+            t["node_tokens"][r] = d + [-1] * (n - len(d))
+            ids += [req.tokens[-1]] + d + [0] * (n - len(d))
+            pos += [start + x for x in depth] + [start] * (n - len(d))
+            slots += req.block_table.slots(range(start, start + 1 + len(d)))
+            commit += req.block_table.slots([start + x for x in depth])
+            ctx.append(start)
+            qlens.append(1 + len(d))
+            ndrafts.append(len(d))
+        h["ids"][:] = ids
+        h["tables"].fill(0)
+        for r, req in enumerate(requests):
+            h["tables"][r, :len(req.block_table.blocks)] = req.block_table.blocks
+        h["remaining"][:] = [r.remaining for r in requests]
+        h["req_key"][:] = [r.acceptance_key for r in requests]
+        t["ctx"][:] = ctx
+        inp.inputs.upload()
+        self.inputs.upload()
+        inp.host = dict(requests=list(requests), ids=ids, slots=slots, commit_slots=commit, qlens=qlens, ctx=ctx,
+                        ndrafts=ndrafts, kinds=["tree"] * len(requests), positions=pos, parents=parents,
+                        node_tokens=tokens, tables=[list(r.block_table.blocks) for r in requests])
+
+    def window(self, engine, inp: "StepInputs") -> TreeWindow:
+        """The step's TreeWindow on the device (no host sync): write-all slots at n + row, commit
+        slots at n + depth, padding nodes at slot -1 both ways."""
+        bs = engine.cache.spec.block_size
+        tok = self.node_tokens.reshape(-1)
+        w = TreeWindow.on_device(self.parents, tok, inp.tables, self.ctx, bs, self.plan.depth, self.plan.children)
+        pad = torch.zeros(w.num_tokens, dtype=torch.bool, device=tok.device).index_put((w.draft_rows,), tok < 0)
+        w.slot_mapping = torch.where(pad, -1, w.slot_mapping)
+        w.commit_slots_ = torch.where(pad, -1, w.commit_slots_)
+        w.positions = self.ctx[w.token_req.long()] + w.token_depth.long()
+        return w
+
+    def host_metadata(self, engine, inp: "StepInputs", w: TreeWindow) -> AttentionMetadata:
+        """The tree verify pass's metadata from the host lists (eager): each request's window rows from
+        key index n on, visible along the ancestor bits; positions n + depth."""
+        e, h = engine, inp.host
+        return AttentionMetadata.build(e.cache, e.policy, w.positions, [self.nodes + 1] * self.size, h["tables"],
+                                       h["ctx"], attention=e.config.attention, ledger=e.ledger,
+                                       slot_mapping=w.slot_mapping, tree_mask=w.ancestors)
 
 
 class ChainInputs:
@@ -260,12 +358,17 @@ def run_step(engine, inp: StepInputs):
     """The step on `inp`'s buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted length,
     next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
     None; next draft probabilities [B, k, V] or None)."""
-    e, w, spec, k = engine, inp.window, inp.spec, inp.k
+    e, w, spec, k, tree = engine, inp.window, inp.spec, inp.k, inp.tree
     bs = e.cache.spec.block_size
     ring = e.sliding.ring_slots if e.sliding is not None else None
-    row_ok = inp.rows < inp.qsl[-1]                                    # rows past the requests': padding
-    w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1), bs, ring))
-    md = inp.md if inp.static else inp.host_metadata(e)
+    if tree is None:
+        row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
+        w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
+                                                bs, ring))
+        md = inp.md if inp.static else inp.host_metadata(e)
+    else:                       # a tree window: built on the device from the parents and tokens
+        w = tree.window(e, inp)
+        md = tree.host_metadata(e, inp, w)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
         h = inp.host
@@ -276,21 +379,30 @@ def run_step(engine, inp: StepInputs):
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
-    logits = e.target.compute_logits(hidden[inp.rows_logits]).float()
-    sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
-                               **_forced(e, inp))                                        # [B, k + 1]
-    acceptance = e.scv.accept(w, sampled, max_spec_len=k)
-    if e.config.debug:
-        check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
-    accepted = acceptance.accepted_len.long()
-    kept = inp.last_rows - inp.num_drafts + accepted                  # each request's last kept row
+    if tree is None:
+        logits = e.target.compute_logits(hidden[inp.rows_logits]).float()
+        sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
+                                   **_forced(e, inp))                                    # [B, k + 1]
+        acceptance = e.scv.accept(w, sampled, max_spec_len=k)
+        if e.config.debug:
+            check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
+        accepted = acceptance.accepted_len.long()
+        kept = inp.last_rows - inp.num_drafts + accepted              # each request's last kept row
+    else:
+        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden).float())
     features = None
     if e.drafting:
-        # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
-        token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
-        next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
-        next_ids[inp.last_rows] = token
-        next_ids[kept] = token
+        if tree is None:
+            # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
+            token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
+            next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
+            next_ids[inp.last_rows] = token
+            next_ids[kept] = token
+        else:
+            # a tree row at depth d reads the token after it on the accepted path: sampled[r, d] (the
+            # path's next node, the bonus after its last); rows off the path read whatever, and are
+            # rejected with the window (their head K/V never commits)
+            next_ids = sampled[w.token_req.long(), w.token_depth.long()].clamp(min=0)
         g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
         features = g[kept]
     e.policy.commit(acceptance)
@@ -304,9 +416,67 @@ def run_step(engine, inp: StepInputs):
         counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
         drafts, probs = draft_chain(e, inp.chain, base, counts, features)
         packed.append(drafts)
+    elif inp.tree_draft:
+        live = accepted + 1 < inp.remaining                           # still running after this step
+        base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)
+        packed += draft_tree(e, inp, base, live, features)
     if inp.feeds_itself:
         next_inputs(e, inp, sampled, accepted, packed[-1] if inp.chain is not None else None)
     return torch.cat(packed, 1), features, probs
+
+
+def _accept_tree(e, inp: StepInputs, w: TreeWindow, logits: torch.Tensor):
+    """A tree window's verdict from the target's logits at every row `[T, V]` (row t: the token
+    after row t): forced acceptance (a tree profile), greedy, or recursive rejection sampling at
+    T > 0 (the drafter proposes its top-k: one-hot draft distributions, `draft_probs=None`). The
+    engine's SCV for trees (`accept_tree_from_sampled`) then turns the sampled ids into the mask the
+    policy commits, unless `scv_mode` is off (the sampler's own path mask).
+    -> (sampled [B, D + 1] int64, Acceptance, accepted [B] int64, kept [B]: each path's last row)."""
+    if e.acceptance is not None:
+        from nwor_lab.speculative.tree_forced import accept_tree_forced
+        verdict = accept_tree_forced(w, logits, e.acceptance, inp.req_key, inp.tree.plan.depth)
+    elif e.temperature == 0:
+        verdict = accept_tree_greedy(w, logits)
+    else:
+        verdict = accept_tree_sampled(w, logits, None, e.temperature, e.generator)
+    if e.config.scv_mode != "off":
+        scv = accept_tree_from_sampled(w, verdict.sampled)
+        if e.config.debug and not torch.equal(scv.path_mask, verdict.path_mask):
+            raise RuntimeError("tree SCV: the path from the sampled ids differs from the sampler's (engine bug)")
+        verdict = scv
+    acceptance = verdict.acceptance(w)
+    if e.config.debug:
+        err = w.acceptance_error(acceptance.draft_mask, acceptance.accepted_len)
+        if err:
+            raise RuntimeError(f"tree acceptance: {err}")
+    accepted = verdict.accepted_len.long()
+    kept = verdict.path_rows(w).gather(1, accepted[:, None]).squeeze(1)
+    return verdict.sampled.long(), acceptance, accepted, kept
+
+
+def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor) -> list:
+    """The next window's tree for every request still running: EAGLE-2's dynamic tree (or a static
+    one) drafted by the head from its features at the request's last kept row, in one window of the
+    drafter's policy on the head's layer (committed rejecting every row: the head's K/V of frontier
+    nodes is provisional; `stage` keeps it in its buffer, `cow` restores it, `off` leaves it past the
+    committed positions, where the next windows overwrite it; `model.tree_draft`).
+    Eager: the head's metadata from host lists (one sync). -> [tokens [B, N], parents [B, N]] int64,
+    tokens -1 and parents 0 for a request that does not run on."""
+    from nwor_lab.model.tree_draft import draft_tree_with_head
+    plan = e.tree_plan
+    B, N = inp.size, plan.nodes
+    tokens = torch.full((B, N), -1, dtype=torch.long, device=base.device)
+    parents = torch.zeros((B, N), dtype=torch.long, device=base.device)
+    on = [j for j, x in enumerate(live.tolist()) if x]
+    if on:
+        ctx = base.tolist()
+        idx = torch.tensor(on, device=base.device)
+        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], [ctx[j] for j in on],
+                                       [inp.host["tables"][j] for j in on], attention=e.config.attention,
+                                       **plan.draft_kwargs())
+        tokens[idx] = tree.tokens.long()
+        parents[idx] = tree.parents.long()
+    return [tokens, parents]
 
 
 def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
