@@ -116,3 +116,21 @@ def test_plan_and_host_path():
     assert host_path([0, 0, 1, 2], [5, 6, 7, 8], [6, 8, 9], 2) == [2, 4]
     with pytest.raises(ValueError, match="sliding"):
         run(load_tiny(), "stage", cfg=dict(sliding_window=64))
+
+
+@pytest.mark.parametrize("mode", ["off", "cow", "stage"])
+def test_bucketed_tree_steps_decode_what_eager_steps_do(eagle1, mode):
+    """The captured path's body on CPU (`runner.pad`: padded buckets, device-built metadata, the
+    head's tree drafted by `DeviceHeadTreeStep`, run eagerly): the tokens, accepted lengths and
+    records of exact-size eager steps; three prompts pad a bucket of four."""
+    t, h, tok = eagle1
+    prompts = PROMPTS + ["import os\n"]
+    outs = {}
+    for pad in (False, True):
+        g = prepare(prompts, 12, k=4, config=LabConfig(nwor_mode=mode, tree=TREE, scv_mode="graph"), target=t,
+                    head=h, tokenizer=tok, acceptance=TreeForcedAcceptance.parse("tree:0.9,0.8,0.7;ranks=0.5,0.5"))
+        g.engine.runner.pad = pad
+        r = g.run().result()
+        assert (g.engine.runner.graphed_steps > 0) == pad
+        outs[pad] = (r.token_ids, [(w.accepted, w.record.to_dict() if w.record else None) for w in r.trace])
+    assert outs[False] == outs[True]

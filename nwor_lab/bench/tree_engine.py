@@ -11,9 +11,8 @@
     python -m nwor_lab.bench.tree_engine 8b --nodes 16,32,64 --batch-sizes 1,8,32 --out tree8b.json
         the Llama-3-8B shape with random weights (nwor_lab.bench.engine8b's), acceptance forced from
         the profiles measured first on the shipped pair with the same tree shape and the same chain
-        (measured in the same run, on the same device): tree vs chain, stage vs off. Tree steps run
-        eagerly (StepRunner.capturable), so the chain runs both captured and eager
-        (`cuda_graph` in each row): compare tree with chain-eager for the window's own cost.
+        (measured in the same run, on the same device): tree vs chain, stage vs off, each replayed
+        from CUDA graphs (`cuda_graph`, `graphed_steps` in each row; `--eager` adds eager rows).
 
 Timings are wall-clock seconds of whole runs (median of `--repeats` after a cold run); the JSON
 names the device. Numbers are this machine's: nothing here asserts a speed.
@@ -210,8 +209,8 @@ def main_8b(args, argv) -> dict:
             tprof, cprof = profiles[("tree", n)], profiles[("chain", n)]
             tree_acc = TreeForcedAcceptance.from_dict(tprof)
             chain_acc = ForcedAcceptance(tuple(cprof["profile"]))
-            configs = [("tree", spec, False)] + [("chain", "", g) for g in ((False, True) if dev.type == "cuda"
-                                                                             else (False,))]
+            modes = (True, False) if args.eager else (True,)
+            configs = [(kind, tree, g) for g in modes for kind, tree in (("tree", spec), ("chain", ""))]
             for kind, tree, graphs in configs:
                 for mode in args.policies:
                     engine = build_engine_8b(target, head, tree, n, mode, bs, args.prompt_len, args.new_tokens,
@@ -226,7 +225,7 @@ def main_8b(args, argv) -> dict:
                     steps = sum(1 for w in run["trace"] if w.kind == "verify" and "prefill" not in w.kinds)
                     steps //= max(1, len(run["times"]))
                     row = {"batch_size": bs, "kind": kind, "nodes": n, "tree": tree or None, "nwor": mode,
-                           "cuda_graph": bool(graphs and dev.type == "cuda" and not tree),
+                           "cuda_graph": bool(graphs and dev.type == "cuda"),
                            "mean_acceptance_length": round(mean, 3),
                            "expected_mean_acceptance_length": round(1 + sum((tprof if tree else cprof)["profile"]), 3),
                            "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2),
@@ -272,6 +271,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_ints, default=[1, 8, 32])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--attention", default="auto")
+    p.add_argument("--eager", action="store_true", help="8b: also every config with every step eager")
     p.add_argument("--out", default=None, help="also write the JSON here")
     return p
 

@@ -119,9 +119,12 @@ class SpecEngine:
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
-        self.forced_rates = None
+        self.forced_rates = self.forced_tree = None
         if self.acceptance is not None and self.tree is not None:
-            acceptance.for_k(self.tree_plan.depth)      # a tree profile has an entry per depth: checked now
+            # a tree profile has an entry per depth (checked now); its tables made once, on the device
+            from nwor_lab.speculative.tree_forced import forced_tables
+            plan = self.tree_plan
+            self.forced_tree = forced_tables(acceptance, plan.depth, max(plan.children, plan.nodes), self.device)
         elif self.acceptance is not None:
             self.forced_rates = acceptance.conditional(self.k, self.device)
         self.drafter = None
@@ -138,8 +141,8 @@ class SpecEngine:
                 and self.policy.evicted_in_log:
             self.graphed_off = ("a ring whose policy reads evicted rows from its log runs every step "
                                 "eagerly: captured steps read no log")
-        if capture and self.tree is not None:
-            self.graphed_off = ("tree windows run every step eagerly (StepRunner.capturable says why)")
+        if capture and self.tree is not None and self.tree.is_static:
+            self.graphed_off = ("a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)")
         self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
         self.trace: list[WindowTrace] = []
         self.step_index = 0

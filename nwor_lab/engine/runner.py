@@ -74,26 +74,31 @@ class StepRunner:
         self.mixed = True         # False: steps mixing prefills and decodes stay eager (bench comparison)
         self.prelaunch = True     # False: never launch a step before the host read the one before
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
+        self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         k = chain_k(engine)
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (bucket or eager) can bring.
         self.reserved = max(max_num_batched_tokens + 1, self.max_size * (k + 1) + 1)
+        if engine.tree is not None:     # a tree bucket: N + 1 rows a request slot, the head's draft window
+            self.reserved = max(self.reserved, self.max_size * (engine.tree_plan.nodes + 1) + 1)
         if capture:
             engine.policy.reserve(self.reserved)
-            if engine.drafting:
+            if engine.tree is not None:
+                engine.drafter.policy.reserve(self.max_size * max(1, engine.tree_plan.draft_rows))
+            elif engine.drafting:
                 engine.drafter.policy.reserve(self.max_size * max(1, k - 1))
 
     # -- which buffers ---------------------------------------------------------------------------
     def capturable(self, requests) -> bool:
-        """Whether this step may run from a bucket's graph (else it runs eagerly, the same body)."""
+        """Whether this step may run from a bucket's graph (else it runs eagerly, the same body).
+        Trees: EAGLE-2's dynamic trees are captured like chains (a bucket of request slots, N fixed,
+        the TreeWindow built on the device); static trees stay eager (see below)."""
         e = self.engine
-        if e.tree is not None:
-            # Declared reason: tree steps run eagerly. The tree verify window is built on the device
-            # (`TreeWindow.on_device`: capturable), but the head's tree drafting builds its attention
-            # metadata per level from host lists (`model.tree_draft.HeadTreeStep`), and a captured
-            # tree bucket (fixed N, static KernelArgs with tree_lo, static draft-window metadata per
-            # level) is not built yet.
+        if e.tree is not None and (e.tree.is_static or not self.tree_graphs):
+            # Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
+            # indexes with host lists built per level (copies from the host, which a capture cannot
+            # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
             return False
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
         if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log or e.states is not None \
@@ -113,11 +118,15 @@ class StepRunner:
         n = len(requests)
         tokens = sum(len(r.scheduled()[0]) for r in requests)
         prefill = any(r.is_prefill for r in requests)
-        if e.tree is not None and not static:
-            # a tree window (N + 1 rows a request, short trees padded) or a prefill (plain rows, k = 0)
+        if e.tree is not None:
+            # a tree window (N + 1 rows a request slot, short trees padded) or a prefill (plain rows,
+            # k = 0, the next tree drafted after it); padded to a bucket when static
+            rows = e.tree_plan.nodes + 1
             if prefill:
-                return n, tokens, 0, False, False
-            return n, n * (e.tree_plan.nodes + 1), e.tree_plan.nodes + 1, False, True
+                return (bucket_size(n), token_bucket(tokens), 0, False, False) if static else \
+                    (n, tokens, 0, False, False)
+            size = bucket_size(n) if static else n
+            return size, size * rows, rows, False, True
         if not static:
             short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
             return n, tokens + (1 if short else 0), 0 if prefill else k + 1, e.drafting, False

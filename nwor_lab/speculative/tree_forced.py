@@ -95,19 +95,30 @@ class TreeForcedAcceptance(ForcedAcceptance):
                 "expected_mean_acceptance_length": round(1.0 + sum(p), 4), "seed": self.seed}
 
 
-def accept_tree_forced(window, target_logits: torch.Tensor, acceptance: ForcedAcceptance, req_keys: torch.Tensor,
-                       depth: int) -> TreeVerdict:
+def forced_tables(acceptance: ForcedAcceptance, depth: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(conditional rates [depth] float64, cumulative rank weights [depth, width] float64) on `device`:
+    made once, before any step (a captured step copies nothing from the host). A chain's
+    ForcedAcceptance: rank 0 always."""
+    rates = acceptance.conditional(depth, device)
+    cdf = acceptance.rank_cdf(depth, width, device) if isinstance(acceptance, TreeForcedAcceptance) else \
+        torch.ones(depth, width, dtype=torch.float64, device=device)
+    return rates, cdf
+
+
+def accept_tree_forced(window, target_logits: torch.Tensor, tables: tuple, seed: int,
+                       req_keys: torch.Tensor) -> TreeVerdict:
     """The forced walk (module doc) over a TreeWindow whose `positions` are set -> TreeVerdict.
-    `acceptance`: a TreeForcedAcceptance, or a chain's ForcedAcceptance (rank 0 always);
-    req_keys [R] int64; depth: the window's depth bound D (the profile needs D entries)."""
+    tables: `forced_tables(...)` for the window's depth bound D and width >= its children table's;
+    seed: the profile's; req_keys [R] int64."""
     T, V = target_logits.shape
     dev = target_logits.device
     R = window.num_reqs
-    rates = acceptance.conditional(depth, dev)
+    rates, cdf = tables
+    depth = rates.shape[0]
     children = window.children                                     # [T, K]
     K = children.shape[1]
-    cdf = acceptance.rank_cdf(depth, K, dev) if isinstance(acceptance, TreeForcedAcceptance) else \
-        torch.ones(depth, K, dtype=torch.float64, device=dev)
+    cdf = cdf[:, :K].clone()
+    cdf[:, -1] = 1.0
     tokens = _row_tokens(window, V)
     req = window.token_req.long()
     start = torch.zeros(R, dtype=torch.long, device=dev).scatter_reduce(
@@ -119,8 +130,8 @@ def accept_tree_forced(window, target_logits: torch.Tensor, acceptance: ForcedAc
     on_path[cur] = True
     active = torch.ones(R, dtype=torch.bool, device=dev)
     for d in range(1, depth + 1):
-        u = hashed_uniforms(keys, n + d, acceptance.seed)
-        v = hashed_uniforms(keys, n + d, acceptance.seed + RANK_SALT)
+        u = hashed_uniforms(keys, n + d, seed)
+        v = hashed_uniforms(keys, n + d, seed + RANK_SALT)
         kids = children[cur]                                          # [R, K]
         avail = ((kids >= 0) & (tokens[kids.clamp(min=0)] >= 0)).sum(1)
         rank = (v[:, None] >= cdf[d - 1][None, :]).sum(1)
