@@ -134,3 +134,17 @@ def test_bucketed_tree_steps_decode_what_eager_steps_do(eagle1, mode):
         assert (g.engine.runner.graphed_steps > 0) == pad
         outs[pad] = (r.token_ids, [(w.accepted, w.record.to_dict() if w.record else None) for w in r.trace])
     assert outs[False] == outs[True]
+
+
+def test_tree_is_a_sweep_parameter():
+    """`nwor-lab sweep notebooks/10_sweep.ipynb --grid 'tree=chain,"topk=4,depth=5,nodes=32"'`: quoted
+    values keep their commas; every value is a LabConfig.tree spelling."""
+    from pathlib import Path
+
+    from nwor_lab.sweep.grid import parse_grid
+    from nwor_lab.sweep.plan import plan_runs
+    grid = parse_grid(['tree=chain,"topk=4,depth=5,nodes=32"'])
+    assert grid == {"tree": ["chain", "topk=4,depth=5,nodes=32"]}
+    runs = plan_runs(Path(__file__).resolve().parents[1] / "notebooks" / "10_sweep.ipynb", grid)
+    assert len(runs) == 2
+    assert [LabConfig(tree=v).tree for v in grid["tree"]] == ["", "topk=4,depth=5,nodes=32"]
