@@ -67,20 +67,20 @@ def test_a_chain_is_the_tree_of_topk_1(eagle1):
 
 
 def test_sampled_trees_agree_across_policies(eagle1):
-    outs = [run(eagle1, m, n=12, temperature=0.8, seed=3).token_ids for m in ("off", "cow", "stage")]
+    outs = [run(eagle1, m, n=8, temperature=0.8, seed=3).token_ids for m in ("off", "cow", "stage")]
     assert outs[0] == outs[1] == outs[2]
-    assert outs[0] != run(eagle1, "off", n=12, temperature=0.8, seed=4).token_ids
+    assert outs[0] != run(eagle1, "off", n=8, temperature=0.8, seed=4).token_ids
 
 
 def test_forced_tree_profile(eagle1):
     """A tree profile drives acceptance: rank weights reach the second child, rates 0 accept nothing."""
     acc = TreeForcedAcceptance.parse("tree:0.9,0.8,0.7;ranks=0.5,0.5")
-    runs = [run(eagle1, m, n=16, acceptance=acc) for m in ("off", "stage")]
+    runs = [run(eagle1, m, n=12, acceptance=acc) for m in ("off", "stage")]
     assert runs[0].token_ids == runs[1].token_ids
     ranks = [r for w in runs[0].trace if w.path_ranks for p in w.path_ranks for r in p]
     assert 0 in ranks and 1 in ranks
     assert runs[0].mean_acceptance_length > 2.0
-    none = run(eagle1, "stage", n=8, acceptance=TreeForcedAcceptance.parse("tree:0,0,0"))
+    none = run(eagle1, "stage", n=4, acceptance=TreeForcedAcceptance.parse("tree:0,0,0"))
     assert none.mean_acceptance_length == 1.0
     with pytest.raises(ValueError, match="positions"):
         run(eagle1, "stage", n=8, acceptance=TreeForcedAcceptance.parse("tree:0.9,0.5"))
@@ -119,11 +119,11 @@ def test_plan_and_host_path():
 
 
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
-def test_bucketed_tree_steps_decode_what_eager_steps_do(eagle1, mode):
+def test_bucketed_tree_steps_decode_what_eager_steps_do(pair, mode):
     """The captured path's body on CPU (`runner.pad`: padded buckets, device-built metadata, the
     head's tree drafted by `DeviceHeadTreeStep`, run eagerly): the tokens, accepted lengths and
     records of exact-size eager steps; three prompts pad a bucket of four."""
-    t, h, tok = eagle1
+    t, h, tok = pair
     prompts = PROMPTS + ["import os\n"]
     outs = {}
     for pad in (False, True):

@@ -177,7 +177,7 @@ class DeviceHeadTreeStep:
                             tree_lo=self.base.to(torch.int32))
         md = AttentionMetadata(positions, self.window.slot_mapping[offset:offset + R * F], [0] * (R + 1), None, None,
                                None, self.e.cache, pol, offset, kernel,
-                               tree_mask=self.bits[:, j].reshape(R * F, self.words)[:, :words_for(so_far)])
+                               tree_mask=self.bits[:, j].reshape(R * F, self.words)[:, :words_for(so_far)].contiguous())
         out = head(tokens.reshape(-1), features.reshape(R * F, -1), md)
         self.g[:, j] = out.view(R, F, -1)
         self.done += 1
