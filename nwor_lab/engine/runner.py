@@ -3,8 +3,8 @@
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
-               target's steps (its state window is opened from the host lists), the first step of
-               a shape)
+               target's steps (its state window is opened from the host lists), a static draft
+               tree's steps (paths; EAGLE-2 trees are captured), the first step of a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
     capture    its second step: the body captured on the same buffers, then replayed once

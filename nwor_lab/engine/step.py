@@ -5,6 +5,11 @@
     -> policy.commit -> the EAGLE draft chain d_1..d_k for the next window (its own policy window
     on the head's layer, every row rejected)
 
+With `LabConfig.tree` the same body verifies a tree window (t_last + N nodes a request, positions
+n + depth, the tree mask in the attention metadata), accepts a root path, commits it through the
+policy (`commit_slots`: n + 1 .. n + a) and drafts the next tree (EAGLE-2 / static) instead of the
+chain; a prefill verifies its prompt with k = 0, then drafts a tree (`engine.tree_inputs`).
+
 `run_step(engine, inputs)` is that body. The runner (nwor_lab.engine.runner) runs it eagerly on
 buffers of exactly the step's size, or captures it once per bucket of padded sizes and replays it;
 nothing else in the engine computes a step. The objects it calls are the engine's own (`scv`,
@@ -282,7 +287,12 @@ def _sliding_args(e) -> tuple[int, int]:
 def run_step(engine, inp: StepInputs):
     """The step on `inp`'s buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted length,
     next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
-    None; next draft probabilities [B, k, V] or None)."""
+    None; next draft probabilities [B, k, V] or None).
+
+    With trees (`LabConfig.tree`): a decode step's window is a TreeWindow (`inp.tree`), accepted by
+    `_accept_tree`, and every step ends with `draft_tree` instead of the chain: packed is then
+    [B, W + 1 + 2N] (W = D + 1 sampled ids on a tree window, 1 on a prefill; then the accepted
+    length, the next tree's N node tokens (-1: none) and N parents)."""
     e, w, spec, k, tree = engine, inp.window, inp.spec, inp.k, inp.tree
     bs = e.cache.spec.block_size
     ring = e.sliding.ring_slots if e.sliding is not None else None
