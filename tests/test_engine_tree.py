@@ -148,3 +148,15 @@ def test_tree_is_a_sweep_parameter():
     runs = plan_runs(Path(__file__).resolve().parents[1] / "notebooks" / "10_sweep.ipynb", grid)
     assert len(runs) == 2
     assert [LabConfig(tree=v).tree for v in grid["tree"]] == ["", "topk=4,depth=5,nodes=32"]
+
+
+def test_profile_from_trace():
+    """Per-depth reach rates and sibling ranks, windows whose output was cut left out."""
+    from nwor_lab.bench.tree_engine import profile_from_trace
+    from nwor_lab.engine.trace import WindowTrace
+    w = WindowTrace(0, "verify", [0, 1, 2], ["tree"] * 3, [6, 6, 6], [2, 0, 3], [[1, 2, 3], [4], [5, 6]],
+                    path_ranks=[[0, 1], [], [0, 0, 0]])
+    p = profile_from_trace([w], 3)
+    assert p["windows"] == 2 and p["profile"] == [0.5, 0.5, 0.0]
+    assert p["ranks"] == [[1.0], [0.0, 1.0], [1.0]]
+    TreeForcedAcceptance.from_dict(p)          # a valid tree profile

@@ -96,7 +96,7 @@ def measure_profile(tree: str = "", k: int = 4, *, head: str = "eagle1", device=
     """The profile of a tree (`tree`) or of the chain k (`tree` = "") on the shipped pair, greedy."""
     from nwor_lab.engine import generate
     t, h, tok = pair or _pair(device, head)
-    cfg = LabConfig(nwor_mode="stage", tree=tree)
+    cfg = LabConfig(nwor_mode="stage", tree=tree, cuda_graph=False)     # acceptance only: eager is enough
     res = generate(list(prompts), new_tokens, k=k, config=cfg, target=t, head=h, tokenizer=tok, device=device)
     depth = tree_plan(cfg.tree_shape).depth if tree else k
     out = profile_from_trace(res.trace, depth)
@@ -213,9 +213,22 @@ def main_8b(args, argv) -> dict:
             configs = [(kind, tree, g) for g in modes for kind, tree in (("tree", spec), ("chain", ""))]
             for kind, tree, graphs in configs:
                 for mode in args.policies:
-                    engine = build_engine_8b(target, head, tree, n, mode, bs, args.prompt_len, args.new_tokens,
-                                             tree_acc if tree else chain_acc, args.attention, graphs)
-                    run = measure(engine, prompts, args.new_tokens, args.repeats, dev, 0)
+                    try:
+                        engine = build_engine_8b(target, head, tree, n, mode, bs, args.prompt_len, args.new_tokens,
+                                                 tree_acc if tree else chain_acc, args.attention, graphs)
+                        run = measure(engine, prompts, args.new_tokens, args.repeats, dev, 0)
+                    except Exception as err:          # one failing config must not lose the others' rows
+                        row = {"batch_size": bs, "kind": kind, "nodes": n, "tree": tree or None, "nwor": mode,
+                               "cuda_graph": bool(graphs and dev.type == "cuda"),
+                               "error": f"{type(err).__name__}: {err}"[:2000]}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        engine = run = None
+                        gc.collect()
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
+                        write(False)
+                        continue
                     depth = tree_plan(engine.tree).depth if tree else n
                     mean, _ = acceptance_stats(run["trace"], depth)
                     reqs = run["requests"]
