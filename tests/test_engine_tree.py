@@ -160,3 +160,16 @@ def test_profile_from_trace():
     assert p["windows"] == 2 and p["profile"] == [0.5, 0.5, 0.0]
     assert p["ranks"] == [[1.0], [0.0, 1.0], [1.0]]
     TreeForcedAcceptance.from_dict(p)          # a valid tree profile
+
+
+def test_cli_generate_tree(capsys):
+    import json
+
+    from nwor_lab.cli.generate import cli_generate
+    assert cli_generate(["x = 1\n", "--k", "4", "--nwor", "stage", "--tree", "topk=2,depth=2,nodes=3",
+                         "--max-new-tokens", "6", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tree"] == "topk=2,depth=2,nodes=3" and len(res["token_ids"][0]) == 6
+    from nwor_lab.commandline.errors import UsageError
+    with pytest.raises((SystemExit, UsageError)):
+        cli_generate(["x", "--tree", "topk=2,depth=2,nodes=99"])
