@@ -98,6 +98,8 @@ def cli_generate(argv=None) -> int:
     stream = (sys.stdout.isatty() and not args.json) if args.stream is None else args.stream
     ring = {name: v for name, v in (("sliding_window", args.sliding_window), ("kv_ring", args.kv_ring))
             if v is not None}
+    if args.tree is not None:
+        ring["tree"] = args.tree
     cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv, **ring)
     if args.cuda_graph is not None:
         cfg = cfg.replace(cuda_graph=args.cuda_graph)
@@ -146,7 +148,8 @@ def cli_generate(argv=None) -> int:
         check = {"equals_target_only": div is None, "first_divergence": div}
     if args.json:
         print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(), **(check or {}),
-                          "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "interrupted": interrupted}))
+                          "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "tree": cfg.tree,
+                          "interrupted": interrupted}))
     else:
         if streamer:
             streamer.flush(final=True)

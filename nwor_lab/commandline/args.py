@@ -144,6 +144,17 @@ def device(text: str) -> str:
     return text.strip()
 
 
+def tree(text: str) -> str:
+    """An argparse type: a draft tree (`LabConfig.tree`): "topk=4,depth=5,nodes=32", "paths=0|1|0.0",
+    or "chain" / "" for chains; returned in its canonical spelling ("" for chains)."""
+    from nwor_lab.config import parse_tree
+    try:
+        shape = parse_tree("--tree", text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return "" if shape is None else shape.spelling
+
+
 def prompt(text: str) -> str:
     """An argparse type: prompt text, valid UTF-8 (a byte that is not arrives as a lone surrogate)."""
     try:

@@ -47,6 +47,11 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         "(W + k), full (no ring), guard (W slots, no draft that could evict a needed "
                         "position), auto (ring when the write policy keeps it exact, else slack; default)")
     p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
+    p.add_argument("--tree", type=types.tree, default=None, metavar="SPEC",
+                   help='draft a tree per window instead of a chain: "topk=4,depth=5,nodes=32" (EAGLE-2: top-k '
+                        'children of the frontier for depth levels, the best nodes kept) or "paths=0|1|0.0" (a static '
+                        'tree of child ranks); "chain" for chains (default; NWOR_LAB_TREE). With a tree, --k > 0 only '
+                        'switches drafting on: each window verifies the tree\'s nodes')
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=types.seed, default=0)
@@ -88,5 +93,6 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
 
 def stats_line(res, args, cfg) -> str:
     by_pos = " ".join(f"d{j + 1}={a:.2f}" for j, a in enumerate(res.acceptance_by_position)) if args.k else "-"
-    return (f"nwor={cfg.nwor_mode} scv={cfg.scv_mode} k={args.k}: {res.target_forwards} target forwards, "
+    tree = f" tree={cfg.tree}" if cfg.tree and args.k else ""
+    return (f"nwor={cfg.nwor_mode} scv={cfg.scv_mode} k={args.k}{tree}: {res.target_forwards} target forwards, "
             f"mean acceptance length {res.mean_acceptance_length:.2f}, acceptance by position {by_pos}")

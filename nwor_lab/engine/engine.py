@@ -31,9 +31,10 @@ from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.request import Request, check_prompt, fit_context
-from nwor_lab.engine.runner import StepRunner, can_capture
+from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.engine.tree_plan import tree_plan
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.engine.ring import sliding_window_for, strategy_name
@@ -60,12 +61,22 @@ class SpecEngine:
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
         self.config = check_config("config", config)
-        if self.config.tree:
-            raise NotImplementedError(f"LabConfig.tree={self.config.tree!r}: draft trees run at the component level "
-                                      f"(nwor_lab.tree, `python -m nwor_lab.bench.tree`), not yet in the engine's "
-                                      f"step; use tree='' (chains) here")
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
+        # draft trees (LabConfig.tree): only with a head and k > 0 (k = 0 decodes target-only, as with
+        # chains); a tree window holds N nodes, so self.k is N (the drafts a window verifies)
+        shape = self.config.tree_shape
+        self.tree = shape if shape is not None and self.k > 0 else None
+        self.tree_plan = tree_plan(self.tree) if self.tree is not None else None
+        if self.tree is not None:
+            if self.config.sliding_window:
+                raise ValueError(f"LabConfig.tree={self.config.tree!r} with sliding_window="
+                                 f"{self.config.sliding_window}: tree windows on sliding windows and rings are not "
+                                 f"built in the engine; use sliding_window=0 or tree='' (chains)")
+            if hasattr(target, "state_spec"):
+                raise ValueError(f"LabConfig.tree={self.config.tree!r}: a hybrid target's recurrent state has no "
+                                 f"tree window; use tree='' (chains) with a hybrid target")
+            self.k = self.tree_plan.nodes
         self.temperature = check_temperature("temperature", temperature)
         seed = check_int("seed", seed)
         if max_cache_memory is not None:
@@ -86,7 +97,8 @@ class SpecEngine:
         policy_cls = policy_class(self.config)
         self.sliding = sliding_window_for(self.config, self.k, policy_cls)   # None: whole-context attention
         self.strategy = strategy_name(self.config, policy_cls)
-        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, self.k,
+        self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+                                   self.tree_plan.lookahead if self.tree is not None else self.k,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
         self.observers: list = []          # shared with both policies: see the module docstring
         # debug on a sliding window: which position each slot holds, every cache read checked
@@ -107,7 +119,14 @@ class SpecEngine:
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
-        self.forced_rates = acceptance.conditional(self.k, self.device) if self.acceptance is not None else None
+        self.forced_rates = self.forced_tree = None
+        if self.acceptance is not None and self.tree is not None:
+            # a tree profile has an entry per depth (checked now); its tables made once, on the device
+            from nwor_lab.speculative.tree_forced import forced_tables
+            plan = self.tree_plan
+            self.forced_tree = forced_tables(acceptance, plan.depth, max(plan.children, plan.nodes), self.device)
+        elif self.acceptance is not None:
+            self.forced_rates = acceptance.conditional(self.k, self.device)
         self.drafter = None
         if head is not None:
             draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
@@ -122,6 +141,8 @@ class SpecEngine:
                 and self.policy.evicted_in_log:
             self.graphed_off = ("a ring whose policy reads evicted rows from its log runs every step "
                                 "eagerly: captured steps read no log")
+        if capture and self.tree is not None and self.tree.is_static:
+            self.graphed_off = ("a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)")
         self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
         self.trace: list[WindowTrace] = []
         self.step_index = 0
@@ -168,6 +189,10 @@ class SpecEngine:
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False
+        if self.tree is not None and any(r.is_prefill for r in requests) and not all(r.is_prefill for r in requests):
+            # a tree window holds t_last + N nodes a request, a prefill its prompt: a step with both runs
+            # the prefills, and the decodes (their trees kept) go next step, first in line
+            requests = [r for r in requests if r.is_prefill]
         if self.states is not None:
             for r in requests:
                 if r.state_slot is None:           # a new request: a cleared state slot
@@ -197,22 +222,31 @@ class SpecEngine:
         """Emit each request's accepted drafts + next token, advance `num_computed` by what was
         committed, finish what is done, hand out the next drafts; trace both windows."""
         h = result.inputs.host
+        tree = result.inputs.tree is not None
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
         live = [a + 1 < r.remaining for r, a in zip(requests, result.accepted)]
         record = self.runner.records(result, requests)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [], record)
+        if tree:
+            host_window, acceptance = host_tree_window(h, result)
+            entry.path_ranks = path_ranks(h, result)
         for i, r in enumerate(requests):
             a = result.accepted[i]
             r.num_computed = h["ctx"][i] + (h["qlens"][i] - h["ndrafts"][i]) + a
-            entry.emitted.append(self._emit(r, r.drafts[:a] + [result.next_tokens[i]]))
+            # a tree's path tokens are the sampled ids (its nodes are no prefix of r.drafts)
+            out = result.sampled[i][:a + 1] if tree else r.drafts[:a] + [result.next_tokens[i]]
+            entry.emitted.append(self._emit(r, out))
             # drafts accepted past max_new_tokens (or an end token) were cut from the output: the
             # request's state stops at what it emitted (num_computed == len(tokens) - 1)
             r.num_computed = min(r.num_computed, len(r.tokens) - 1)
-            r.drafts, r.draft_probs = [], None
-        host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
+            r.drafts, r.draft_probs, r.draft_parents = [], None, None
+        if not tree:
+            host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
         self._end_window(entry, host_window)
-        if result.drafts is not None:
+        if result.parents is not None:
+            self._hand_out_tree(requests, result, live)
+        elif result.drafts is not None:
             self._hand_out(requests, result, live)
         for r in requests:
             if r.remaining <= 0:
@@ -247,6 +281,33 @@ class SpecEngine:
                             [len(s) for _, s in chained], [0] * n, [[] for _ in chained], record)
         self._end_window(entry, window)
 
+    def _hand_out_tree(self, requests: list[Request], result, live: list[bool]) -> None:
+        """Give every request still running the tree the body drafted for it (tokens, parents);
+        record the head's draft window (steps * frontier rows a request, write-all order from
+        num_computed on, every row rejected)."""
+        plan, drafted = self.tree_plan, []
+        for j, r in enumerate(requests):
+            if not live[j]:
+                continue
+            base = r.num_computed
+            if plan.draft_rows:
+                drafted.append((r, r.block_table.slots(range(base, base + plan.draft_rows))))
+            if r.remaining <= 0:
+                continue
+            tokens = result.drafts[j]
+            n = tokens.index(-1) if -1 in tokens else plan.nodes
+            r.drafts, r.draft_parents, r.draft_probs = tokens[:n], result.parents[j][:n], None
+            r.block_table.ensure(base + 1, lookahead=plan.lookahead)
+        if not drafted:
+            return
+        window = chain_window([slots for _, slots in drafted], self.cache.device)
+        layer = self.head.layer_index
+        record = self.drafter.policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
+        n = len(drafted)
+        entry = WindowTrace(self.step_index, "draft", [r.req_id for r, _ in drafted], ["draft"] * n,
+                            [len(s) for _, s in drafted], [0] * n, [[] for _ in drafted], record)
+        self._end_window(entry, window)
+
     def _emit(self, r: Request, tokens: list[int]) -> list[int]:
         """Append `tokens` to the output, cut at max_new_tokens and after an end-of-sequence token."""
         tokens = tokens[:r.remaining]
@@ -262,6 +323,19 @@ class SpecEngine:
             end = getattr(o, "on_window_end", None)
             if end is not None:
                 end(self, entry, window)
+
+
+def path_ranks(h: dict, result) -> list[list[int]]:
+    """Per request of a tree step, the sibling rank (0: the parent's first child) of each accepted node."""
+    from nwor_lab.engine.tree_plan import host_path
+    out = []
+    for p, t, s, a in zip(h["parents"], h["node_tokens"], result.sampled, result.accepted):
+        ranks = []
+        for node in host_path(p, t, s, a):
+            parent = p[node - 1]
+            ranks.append(sum(1 for i in range(node - 1) if p[i] == parent))
+        out.append(ranks)
+    return out
 
 
 def policy_class(config: LabConfig):

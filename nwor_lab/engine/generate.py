@@ -12,6 +12,7 @@ import torch
 
 from nwor_lab._checks import check_device
 from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
+from nwor_lab.engine.tree_plan import tree_plan
 from nwor_lab.engine.engine import SpecEngine, policy_class
 from nwor_lab.engine.ring import sliding_window_for
 from nwor_lab.engine.request import Request, check_prompt, fit_context
@@ -177,8 +178,11 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
             p = tokenizer.encode(p).ids
         ids.append(fit_context(f"prompts[{i}]", check_prompt(f"prompts[{i}]", p, vocab), max_new_tokens,
                                limit, truncate_prompts))
+    shape = config.tree_shape if k > 0 else None
     if num_blocks is None:
-        per = -(-(max(len(p) for p in ids) + max_new_tokens + k) // block_size)
+        # a tree writes past t_last what its plan's lookahead says (the window's N nodes, the head's draft window)
+        ahead = tree_plan(shape).lookahead if shape is not None else k
+        per = -(-(max(len(p) for p in ids) + max_new_tokens + ahead) // block_size)
         sliding = sliding_window_for(config or LabConfig(), k if head is not None else 0,
                                      policy_class(config or LabConfig()))
         if sliding is not None and sliding.ring_slots is not None:   # a ring: ceil(S / BS) blocks at most
@@ -192,7 +196,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
                         acceptance=acceptance)
     engine.observers.extend(observers)
     reqs = [engine.add_request(p, max_new_tokens, name=f"prompts[{i}]") for i, p in enumerate(ids)]
-    return Generation(engine, reqs, tokenizer, k)
+    # with trees, acceptance by position is by depth (the accepted path's nodes)
+    return Generation(engine, reqs, tokenizer, engine.tree_plan.depth if engine.tree is not None else k)
 
 
 def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,

@@ -76,6 +76,7 @@ class Request:
     num_computed: int = 0
     drafts: list[int] = field(default_factory=list)       # proposed for the next verify window
     draft_probs: torch.Tensor | None = None              # [len(drafts), V] when sampling, else None
+    draft_parents: list[int] | None = None                # with trees: node i+1's parent (0 = t_last)
     finished: bool = False
     worst_case_blocks: int = 0                            # reserved at admission (no preemption)
     acceptance_key: int = 0                               # forced acceptance: a hash of the prompt
@@ -97,6 +98,8 @@ class Request:
     def keep_drafts(self, n: int) -> None:
         """Verify only the first `n` drafts (a prefix of a draft chain is still a valid proposal)."""
         self.drafts = self.drafts[:n]
+        if self.draft_parents is not None:      # a tree's nodes are listed parents first: a prefix is a tree
+            self.draft_parents = self.draft_parents[:n]
         if self.draft_probs is not None:
             self.draft_probs = self.draft_probs[:n]
 

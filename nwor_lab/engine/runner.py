@@ -3,8 +3,8 @@
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
-               target's steps (its state window is opened from the host lists), the first step of
-               a shape)
+               target's steps (its state window is opened from the host lists), a static draft
+               tree's steps (paths; EAGLE-2 trees are captured), the first step of a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
     capture    its second step: the body captured on the same buffers, then replayed once
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.buffers import bucket_size, token_bucket
-from nwor_lab.engine.step import StepInputs, draft_limits, run_step
+from nwor_lab.engine.step import StepInputs, chain_k, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.window import Acceptance, Window
@@ -36,12 +36,17 @@ class StepResult:
     last kept rows `[n, h]` (device) or None."""
 
     def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs):
-        k = inp.k
+        k, w = inp.k, inp.sampled_width          # w: k + 1 (a chain), D + 1 (a tree window)
         self.inputs = inp
-        self.sampled = [row[:k + 1] for row in rows]
-        self.accepted = [row[k + 1] for row in rows]
+        self.sampled = [row[:w] for row in rows]
+        self.accepted = [row[w] for row in rows]
         self.next_tokens = [row[a] for row, a in zip(rows, self.accepted)]
         self.drafts = [row[k + 2:] for row in rows] if inp.chain is not None else None
+        self.parents = None           # with trees: the next tree's node parents per request
+        if inp.tree_draft:
+            n = inp.engine_nodes
+            self.drafts = [row[w + 1:w + 1 + n] for row in rows]
+            self.parents = [row[w + 1 + n:w + 1 + 2 * n] for row in rows]
         self.features = features[:len(rows)] if features is not None else None
         self.probs = probs
 
@@ -70,20 +75,32 @@ class StepRunner:
         self.prelaunch = True     # False: never launch a step before the host read the one before
         self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
+        self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
-        k = engine.k if engine.drafting else 0
+        k = chain_k(engine)
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (bucket or eager) can bring.
         self.reserved = max(max_num_batched_tokens + 1, self.max_size * (k + 1) + 1)
+        if engine.tree is not None:     # a tree bucket: N + 1 rows a request slot, the head's draft window
+            self.reserved = max(self.reserved, self.max_size * (engine.tree_plan.nodes + 1) + 1)
         if capture:
             engine.policy.reserve(self.reserved)
-            if engine.drafting:
+            if engine.tree is not None:
+                engine.drafter.policy.reserve(self.max_size * max(1, engine.tree_plan.draft_rows))
+            elif engine.drafting:
                 engine.drafter.policy.reserve(self.max_size * max(1, k - 1))
 
     # -- which buffers ---------------------------------------------------------------------------
     def capturable(self, requests) -> bool:
-        """Whether this step may run from a bucket's graph (else it runs eagerly, the same body)."""
+        """Whether this step may run from a bucket's graph (else it runs eagerly, the same body).
+        Trees: EAGLE-2's dynamic trees are captured like chains (a bucket of request slots, N fixed,
+        the TreeWindow built on the device); static trees stay eager (see below)."""
         e = self.engine
+        if e.tree is not None and (e.tree.is_static or not self.tree_graphs):
+            # Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
+            # indexes with host lists built per level (copies from the host, which a capture cannot
+            # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
+            return False
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
         if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log or e.states is not None \
                 or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
@@ -98,27 +115,36 @@ class StepRunner:
         the bucket's when `static`, else the step's exact sizes (one padding row when a request has
         fewer drafts than k: it stands in for the missing ones)."""
         e = self.engine
-        k = e.k if e.drafting else 0
+        k = chain_k(e)
         n = len(requests)
         tokens = sum(len(r.scheduled()[0]) for r in requests)
         prefill = any(r.is_prefill for r in requests)
+        if e.tree is not None:
+            # a tree window (N + 1 rows a request slot, short trees padded) or a prefill (plain rows,
+            # k = 0, the next tree drafted after it); padded to a bucket when static
+            rows = e.tree_plan.nodes + 1
+            if prefill:
+                return (bucket_size(n), token_bucket(tokens), 0, False, False) if static else \
+                    (n, tokens, 0, False, False)
+            size = bucket_size(n) if static else n
+            return size, size * rows, rows, False, True
         if not static:
             short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
-            return n, tokens + (1 if short else 0), 0 if prefill else k + 1, e.drafting
+            return n, tokens + (1 if short else 0), 0 if prefill else k + 1, e.drafting, False
         if prefill:
-            return bucket_size(n), token_bucket(tokens), 0, e.drafting
+            return bucket_size(n), token_bucket(tokens), 0, e.drafting, False
         size = bucket_size(n)
-        return size, size * (k + 1) + 1, k + 1, e.drafting
+        return size, size * (k + 1) + 1, k + 1, e.drafting, False
 
     def _inputs(self, requests, static: bool) -> StepInputs:
         key = self._key(requests, static)
         table = self.buckets if static else self.exact
         inp = table.get(key)
         if inp is None:
-            size, tokens, qmax, chain = key
+            size, tokens, qmax, chain, tree = key
             if not static and len(self.exact) > 16:
                 self.exact.clear()
-            inp = table[key] = StepInputs(self.engine, size, tokens, qmax, chain=chain, static=static)
+            inp = table[key] = StepInputs(self.engine, size, tokens, qmax, chain=chain, static=static, tree=tree)
         return inp
 
     # -- one step --------------------------------------------------------------------------------
@@ -174,7 +200,7 @@ class StepRunner:
         """Run (eagerly, warm up, capture, or replay) the body on `inp` -> (packed outputs, head
         features, next draft probabilities); policies count every window once (see `account`)."""
         e = self.engine
-        pols = [e.policy] + ([e.drafter.policy] if inp.chain is not None else [])
+        pols = [e.policy] + ([e.drafter.policy] if inp.chain is not None or inp.tree_draft else [])
         saved = [(p.records, p.deferred) for p in pols]
         counted = [p.windows_done for p in pols]
         for p in pols:
@@ -258,11 +284,38 @@ class StepRunner:
         -> (verify record, [(request, drafts, chain slots)] of the requests the chain drafted for)."""
         e, inp = self.engine, result.inputs
         h = inp.host
+        if inp.tree is not None:
+            return self._tree_record(result, requests)
         host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
         written = range(e.target.num_layers + (1 if e.drafting else 0))
         record = e.policy.account(host_window, Acceptance.from_accepted_len(host_window, result.accepted), written,
                                   opened=range(e.cache.num_layers))
         return record
+
+
+    def _tree_record(self, result: StepResult, requests):
+        """A tree verify window's record from host copies: its TreeWindow (write-all slots at n + row,
+        commit slots at n + depth) and the accepted path (`host_path`)."""
+        e, h = self.engine, result.inputs.host
+        window, acceptance = host_tree_window(h, result)
+        written = range(e.target.num_layers + (1 if e.drafting else 0))
+        return e.policy.account(window, acceptance, written, opened=range(e.cache.num_layers))
+
+
+def host_tree_window(h: dict, result: StepResult):
+    """(TreeWindow, Acceptance) on the CPU of a tree step's real requests (`StepInputs.host`)."""
+    from nwor_lab.engine.tree_plan import host_path
+    from nwor_lab.tree import TreeWindow
+    window = TreeWindow.from_parents(h["parents"], torch.tensor(h["slots"], dtype=torch.long),
+                                     torch.tensor(h["commit_slots"], dtype=torch.long),
+                                     torch.tensor([t for ts in h["node_tokens"] for t in ts], dtype=torch.long))
+    mask = []
+    for p, t, s, a in zip(h["parents"], h["node_tokens"], result.sampled, result.accepted):
+        path = set(host_path(p, t, s, a))
+        mask += [i + 1 in path for i in range(len(p))]
+    draft_mask = torch.tensor(mask, dtype=torch.bool)
+    acc = torch.tensor(result.accepted, dtype=torch.int32)
+    return window, Acceptance(draft_mask, acc, window.commit_mask_for(draft_mask, acc))
 
 
 def can_capture(engine) -> bool:

@@ -5,6 +5,11 @@
     -> policy.commit -> the EAGLE draft chain d_1..d_k for the next window (its own policy window
     on the head's layer, every row rejected)
 
+With `LabConfig.tree` the same body verifies a tree window (t_last + N nodes a request, positions
+n + depth, the tree mask in the attention metadata), accepts a root path, commits it through the
+policy (`commit_slots`: n + 1 .. n + a) and drafts the next tree (EAGLE-2 / static) instead of the
+chain; a prefill verifies its prompt with k = 0, then drafts a tree (`engine.tree_inputs`).
+
 `run_step(engine, inputs)` is that body. The runner (nwor_lab.engine.runner) runs it eagerly on
 buffers of exactly the step's size, or captures it once per bucket of padded sizes and replays it;
 nothing else in the engine computes a step. The objects it calls are the engine's own (`scv`,
@@ -31,10 +36,19 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
+from nwor_lab.engine.tree_inputs import DeviceHeadTreeStep, TreeInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
+from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
+from nwor_lab.tree import TreeWindow
 from nwor_lab.window import Acceptance, Window
+
+
+def chain_k(e) -> int:
+    """Draft slots per request in the chain's sampler layout: the engine's k when it drafts chains,
+    0 without drafting and with trees (a tree window has its own buffers, `TreeInputs`)."""
+    return e.k if e.drafting and e.tree is None else 0
 
 
 class StepInputs:
@@ -42,11 +56,18 @@ class StepInputs:
     (the engine's k; 0 without drafting). `static`: padded to a bucket for capture (device
     metadata, `max_query_len` a bound fixed per bucket) rather than the step's exact size."""
 
-    def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool):
+    def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool,
+                 tree: bool = False):
         e, dev = engine, engine.device
-        k = e.k if e.drafting else 0
+        k = chain_k(e)
         self.size, self.tokens, self.k, self.static = size, tokens, k, static
         self.max_query_len = max_query_len
+        # with trees: every step drafts a tree for the next window after its commit; `tree`: this
+        # step verifies one (a decode step; prefills verify their prompt rows with k = 0)
+        self.tree_draft = e.tree is not None and e.drafting
+        self.tree = TreeInputs(e, size, static) if tree else None
+        self.engine_nodes = e.tree_plan.nodes if self.tree_draft else 0
+        self.sampled_width = self.tree.plan.depth + 1 if tree else k + 1
         self.inputs = StaticInputs(
             dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),
             rows_logits=((size * (k + 1),), torch.long), draft_rows=((size * k,), torch.long),
@@ -79,7 +100,9 @@ class StepInputs:
             self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
                                         e.policy, 0, kernel)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
-        self.readback = Readback(dev, (size, 2 * k + 2 if chain else k + 2))
+        tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
+        self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
+                                       else self.sampled_width + 1 + tree_out))
         # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
         # again, at the positions this step's acceptance gives), so the runner can launch the next
         # step before it has read this one (`StepRunner._can_prelaunch`)
@@ -96,6 +119,9 @@ class StepInputs:
         """This step's requests into the buffers (padding stays padding), one copy per dtype;
         blocks allocated for every row the step writes (the chain's too). `limits`: the draft
         counts for the next window when the runner already asked `draft_counts` (else asked here)."""
+        if self.tree is not None:
+            self.tree.fill(engine, self, requests)
+            return
         k, size = self.k, self.size
         rows = self.host_rows(engine, requests)
         h = self.inputs.host
@@ -147,6 +173,8 @@ class StepInputs:
                 need = start + q
                 if self.chain is not None:
                     need = max(need, start + q - n + min(n, req.remaining - 2) + k - 1)
+                if self.tree_draft:           # the head's draft window of the next tree
+                    need = max(need, start + q + engine.tree_plan.lookahead)
                 req.block_table.ensure(need)
             row0 = len(ids)
             ids += toks
@@ -260,13 +288,23 @@ def _sliding_args(e) -> tuple[int, int]:
 def run_step(engine, inp: StepInputs):
     """The step on `inp`'s buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted length,
     next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
-    None; next draft probabilities [B, k, V] or None)."""
-    e, w, spec, k = engine, inp.window, inp.spec, inp.k
+    None; next draft probabilities [B, k, V] or None).
+
+    With trees (`LabConfig.tree`): a decode step's window is a TreeWindow (`inp.tree`), accepted by
+    `_accept_tree`, and every step ends with `draft_tree` instead of the chain: packed is then
+    [B, W + 1 + 2N] (W = D + 1 sampled ids on a tree window, 1 on a prefill; then the accepted
+    length, the next tree's N node tokens (-1: none) and N parents)."""
+    e, w, spec, k, tree = engine, inp.window, inp.spec, inp.k, inp.tree
     bs = e.cache.spec.block_size
     ring = e.sliding.ring_slots if e.sliding is not None else None
-    row_ok = inp.rows < inp.qsl[-1]                                    # rows past the requests': padding
-    w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1), bs, ring))
-    md = inp.md if inp.static else inp.host_metadata(e)
+    if tree is None:
+        row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
+        w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
+                                                bs, ring))
+        md = inp.md if inp.static else inp.host_metadata(e)
+    else:                       # a tree window: built on the device from the parents and tokens
+        w = tree.window(e, inp)
+        md = tree.static_metadata(e, inp, w) if inp.static else tree.host_metadata(e, inp, w)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
         h = inp.host
@@ -277,22 +315,31 @@ def run_step(engine, inp: StepInputs):
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
-    # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
-    logits = e.target.compute_logits(hidden[inp.rows_logits])
-    sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
-                               **_forced(e, inp))                                        # [B, k + 1]
-    acceptance = e.scv.accept(w, sampled, max_spec_len=k)
-    if e.config.debug:
-        check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
-    accepted = acceptance.accepted_len.long()
-    kept = inp.last_rows - inp.num_drafts + accepted                  # each request's last kept row
+    if tree is None:
+        # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
+        logits = e.target.compute_logits(hidden[inp.rows_logits])
+        sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
+                                   **_forced(e, inp))                                    # [B, k + 1]
+        acceptance = e.scv.accept(w, sampled, max_spec_len=k)
+        if e.config.debug:
+            check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
+        accepted = acceptance.accepted_len.long()
+        kept = inp.last_rows - inp.num_drafts + accepted              # each request's last kept row
+    else:
+        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden).float())
     features = None
     if e.drafting:
-        # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
-        token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
-        next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
-        next_ids[inp.last_rows] = token
-        next_ids[kept] = token
+        if tree is None:
+            # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
+            token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
+            next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
+            next_ids[inp.last_rows] = token
+            next_ids[kept] = token
+        else:
+            # a tree row at depth d reads the token after it on the accepted path: sampled[r, d] (the
+            # path's next node, the bonus after its last); rows off the path read whatever, and are
+            # rejected with the window (their head K/V never commits)
+            next_ids = sampled[w.token_req.long(), w.token_depth.long()].clamp(min=0)
         g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
         features = g[kept]
     e.policy.commit(acceptance)
@@ -306,9 +353,91 @@ def run_step(engine, inp: StepInputs):
         counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
         drafts, probs = draft_chain(e, inp.chain, base, counts, features)
         packed.append(drafts)
+    elif inp.tree_draft:
+        live = accepted + 1 < inp.remaining                           # still running after this step
+        base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)
+        packed += draft_tree(e, inp, base, live, features)
     if inp.feeds_itself:
         next_inputs(e, inp, sampled, accepted, packed[-1] if inp.chain is not None else None)
     return torch.cat(packed, 1), features, probs
+
+
+def _accept_tree(e, inp: StepInputs, w: TreeWindow, logits: torch.Tensor):
+    """A tree window's verdict from the target's logits at every row `[T, V]` (row t: the token
+    after row t): forced acceptance (a tree profile), greedy, or recursive rejection sampling at
+    T > 0 (the drafter proposes its top-k: one-hot draft distributions, `draft_probs=None`). The
+    engine's SCV for trees (`accept_tree_from_sampled`) then turns the sampled ids into the mask the
+    policy commits, unless `scv_mode` is off (the sampler's own path mask).
+    -> (sampled [B, D + 1] int64, Acceptance, accepted [B] int64, kept [B]: each path's last row)."""
+    if e.acceptance is not None:
+        from nwor_lab.speculative.tree_forced import accept_tree_forced
+        verdict = accept_tree_forced(w, logits, e.forced_tree, e.acceptance.seed, inp.req_key)
+    elif e.temperature == 0:
+        verdict = accept_tree_greedy(w, logits)
+    else:
+        verdict = accept_tree_sampled(w, logits, None, e.temperature, e.generator)
+    if e.config.scv_mode != "off":
+        scv = accept_tree_from_sampled(w, verdict.sampled)
+        if e.config.debug and not torch.equal(scv.path_mask, verdict.path_mask):
+            raise RuntimeError("tree SCV: the path from the sampled ids differs from the sampler's (engine bug)")
+        verdict = scv
+    acceptance = verdict.acceptance(w)
+    if e.config.debug:
+        err = w.acceptance_error(acceptance.draft_mask, acceptance.accepted_len)
+        if err:
+            raise RuntimeError(f"tree acceptance: {err}")
+    accepted = verdict.accepted_len.long()
+    kept = verdict.path_rows(w).gather(1, accepted[:, None]).squeeze(1)
+    return verdict.sampled.long(), acceptance, accepted, kept
+
+
+def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor) -> list:
+    """The next window's tree for every request still running: EAGLE-2's dynamic tree (or a static
+    one) drafted by the head from its features at the request's last kept row, in one window of the
+    drafter's policy on the head's layer (committed rejecting every row: the head's K/V of frontier
+    nodes is provisional; `stage` keeps it in its buffer, `cow` restores it, `off` leaves it past the
+    committed positions, where the next windows overwrite it; `model.tree_draft`).
+    Eager: the head's metadata from host lists (one sync). -> [tokens [B, N], parents [B, N]] int64,
+    tokens -1 and parents 0 for a request that does not run on."""
+    from nwor_lab.model.tree_draft import draft_tree_with_head
+    plan = e.tree_plan
+    B, N = inp.size, plan.nodes
+    if inp.static:
+        return _draft_tree_on_device(e, inp, base, live, features)
+    tokens = torch.full((B, N), -1, dtype=torch.long, device=base.device)
+    parents = torch.zeros((B, N), dtype=torch.long, device=base.device)
+    on = [j for j, x in enumerate(live.tolist()) if x]
+    if on:
+        ctx = base.tolist()
+        idx = torch.tensor(on, device=base.device)
+        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], [ctx[j] for j in on],
+                                       [inp.host["tables"][j] for j in on], attention=e.config.attention,
+                                       **plan.draft_kwargs())
+        tokens[idx] = tree.tokens.long()
+        parents[idx] = tree.parents.long()
+    return [tokens, parents]
+
+
+def _draft_tree_on_device(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor):
+    """`draft_tree` with no host sync (a captured bucket): EAGLE-2's dynamic tree for every request
+    slot at once, the head's passes on metadata built from device tensors (`DeviceHeadTreeStep`);
+    slots that do not run on draft nothing (slot -1) and hand out no tree."""
+    from nwor_lab.speculative.tree_draft import dynamic_tree
+    plan, head = e.tree_plan, e.head
+    g_root = torch.where(live[:, None], features, torch.zeros_like(features))
+    root = torch.log_softmax(head.compute_logits(g_root).float(), -1)
+    shape = plan.shape
+    if plan.steps == 0:
+        tree = dynamic_tree(None, root, shape.topk, shape.depth, shape.nodes)
+    else:
+        step = DeviceHeadTreeStep(e, inp.tables, base, live, g_root)
+        layer = head.layer_index
+        e.drafter.policy.begin(step.window, layers=range(layer, layer + 1), kind="draft")
+        tree = dynamic_tree(step, root, shape.topk, shape.depth, shape.nodes)
+        e.drafter.policy.commit(step.reject)
+    tokens = torch.where(live[:, None], tree.tokens.long(), -1)
+    parents = torch.where(live[:, None], tree.parents.long(), 0)
+    return [tokens, parents]
 
 
 def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:

@@ -25,8 +25,11 @@ class WindowTrace:
     accepted: list[int] = field(default_factory=list)
     emitted: list[list[int]] = field(default_factory=list)
     record: WindowRecord | None = None
+    path_ranks: list | None = None      # a tree window: per request, the sibling rank of each accepted node
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("step", "kind", "req_ids", "kinds", "drafted", "accepted", "emitted")}
         d["record"] = None if self.record is None else self.record.to_dict()
+        if self.path_ranks is not None:
+            d["path_ranks"] = self.path_ranks
         return d

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Draft trees through the engine on the GPU, in commands of at most ~9.5 minutes each (deadline.sh
+# cuts every stage; what finished is under $OUT, JSON written as rows finish):
+#   A   tests/gpu/test_gpu_tree_engine.py (greedy tree == target-only, off/cow/stage, EAGLE-1/3;
+#       graphs asked for == eager; Triton == torch attention; bf16; T > 0); then the 8B shape, tree vs
+#       chain at N = 16/32/64, stage vs off, batch 1 and 8 (forced acceptance from profiles measured
+#       first on the shipped pair with the same tree / chain, in the same run)
+#   B   the same 8B comparison at batch 32
+#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/tree_engine_run.sh A    (then B)
+set -uo pipefail
+PART=${1:-A}
+START=$(date +%s)
+export DEADLINE=$((START + ${BUDGET:-570}))
+OUT=${OUT:-/tmp/nwor_out}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
+source "$(dirname "$0")/deadline.sh"
+stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
+stage setup
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} | tee "$OUT/tree_device_$PART.txt"
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
+python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/tree_pip_$PART.log" 2>&1 || echo "pip -e failed"
+export PYTHONPATH=$PWD
+timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
+  > "$OUT/tree_build_$PART.log" 2>&1; echo "extension build exit $?"
+BENCH="python3 -m nwor_lab.bench.tree_engine 8b --model 8b --device cuda --nodes 16,32,64 --policies off,stage --new-tokens 32 --repeats 1"
+if [ "$PART" = A ]; then
+  stage "tree engine GPU tests"
+  timeout $(lim 200) python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_gpu_tree_engine.py \
+    > "$OUT/tree_pytest_A.log" 2>&1
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tree_pytest_A.log" | tail -15
+  stage "tree vs chain, 8B, batch 1 and 8"
+  timeout $(lim 540) $BENCH --batch-sizes 1,8 --out "$OUT/tree_engine8b_b1_b8_$TAG.json" \
+    > "$OUT/tree_engine8b_A.log" 2>&1; echo "bench exit $?"; tail -2 "$OUT/tree_engine8b_A.log" | cut -c1-400
+fi
+if [ "$PART" = B ]; then
+  stage "tree vs chain, 8B, batch 32"
+  timeout $(lim 560) $BENCH --batch-sizes 32 --out "$OUT/tree_engine8b_b32_$TAG.json" \
+    > "$OUT/tree_engine8b_B.log" 2>&1; echo "bench exit $?"; tail -2 "$OUT/tree_engine8b_B.log" | cut -c1-400
+fi
+stage done
