@@ -4,8 +4,8 @@
 # JIT builds into one folder would race). The project is installed once, before the jobs start.
 #   usage (repo root):  OUT=/path bash tests/gpu/parallel.sh "state_run.sh" "tree_run.sh" \
 #                           "tree_engine_run.sh A" "serve_run.sh; tree_engine_run.sh B"
-# A job is a ';'-separated list of tests/gpu scripts (with arguments) run one after the other on
-# its card; each script's own deadline (BUDGET, seconds) applies, JOB_BUDGET (default 540) bounds the job.
+# A job is a ';'-separated list of tests/gpu scripts (with arguments, and VAR=value before the
+# name, e.g. "BUDGET=200 serve_run.sh") run one after the other on its card; each script's own deadline (BUDGET, seconds) applies, JOB_BUDGET (default 540) bounds the job.
 set -uo pipefail
 OUT=${OUT:-/tmp/nwor_out}
 mkdir -p "$OUT"
@@ -21,9 +21,10 @@ for job in "$@"; do
     IFS=';' read -ra steps <<< "$job"
     for s in "${steps[@]}"; do
       read -ra argv <<< "$s"
-      echo "=== card $n: ${argv[*]}"
-      timeout "${JOB_BUDGET:-540}" bash "tests/gpu/${argv[0]}" "${argv[@]:1}"
-      echo "=== card $n: ${argv[0]} exit $?"
+      envs=(); while [[ "${argv[0]}" == *=* ]]; do envs+=("${argv[0]}"); argv=("${argv[@]:1}"); done
+      echo "=== card $n: ${envs[*]} ${argv[*]} (t = $SECONDS s)"
+      env "${envs[@]}" timeout "${JOB_BUDGET:-540}" bash "tests/gpu/${argv[0]}" "${argv[@]:1}"
+      echo "=== card $n: ${argv[0]} exit $? (t = $SECONDS s)"
     done ) > "$OUT/$n/job.log" 2>&1 &
   n=$((n + 1))
   sleep 5
