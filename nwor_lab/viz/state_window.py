@@ -82,11 +82,12 @@ def recurrent_window_figure(k: int, accepted: int, *, title: str | None = None) 
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="the state to commit", hoverinfo="skip",
                              marker=dict(symbol="square-open", size=13, color=HIGHLIGHT, line=dict(width=3))))
     fig.update_layout(**base_layout(title or f"One verify window through a recurrent layer: k = {k}, {accepted} accepted",
-                                    "S_{j+1} = exp(g) · S_j · (I − β k kᵀ) + β k vᵀ for each token (gated delta "
-                                    "rule, per head): every row updates the state, drafts included"),
-                      height=380 + LEGEND_PX, width=min(1100, 220 + 115 * (k + 2)))
+                                    "S<sub>j+1</sub> = (I − β k kᵀ) · exp(g) S<sub>j</sub> + β k vᵀ for each row j "
+                                    "(the gated delta rule, per head): every row updates the state, drafts included"),
+                      height=300 + LEGEND_PX, width=min(1100, 240 + 115 * (k + 2)))
+    fig.update_layout(margin_t=fig.layout.margin.t + 10, margin_b=40 + LEGEND_PX)
     fig.update_xaxes(visible=False, range=[-1, xs[-1] + 1])
-    fig.update_yaxes(visible=False, range=[-0.25, 1.75])
+    fig.update_yaxes(visible=False, range=[-0.12, 1.62])
     return fig
 
 
@@ -130,7 +131,7 @@ def commit_action(cls, k: int) -> str:
     if cls.keeps_window_inputs:
         return "recompute from S₀"
     if cls.keeps_window_states:
-        return "copy S_{a+1} in"
+        return "copy S<sub>a+1</sub> in"
     return "?"
 
 
@@ -154,8 +155,8 @@ def strategy_keeps_figure(policies: dict, k: int, accepted: int, *, title: str |
         hr = [f"{name}: {lab} — {KEEPS[v][0]}" for lab, v in zip(labels, zr)]
         right = cls.commits_accepted_only
         zr.append(3 if right else 4)
-        tr.append(f"{state_name(accepted + 1) if right else state_name(k + 1)} · {commit_action(cls, k)}")
-        hr.append(f"{name}: the store holds {tr[-1]}")
+        tr.append(state_name(accepted + 1) if right else f"{state_name(k + 1)} ✗")
+        hr.append(f"{name}: the store holds {tr[-1]} — commit: {commit_action(cls, k)}")
         z.append(zr)
         text.append(tr)
         hover.append(hr)
@@ -163,6 +164,9 @@ def strategy_keeps_figure(policies: dict, k: int, accepted: int, *, title: str |
         z=z, x=list(range(len(labels))), y=names, text=text, texttemplate="%{text}", textfont=CELL_FONT,
         customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, showscale=False,
         zmin=-0.5, zmax=len(KEEPS) - 0.5, colorscale=discrete_colorscale([c for _, c in KEEPS])))
+    for r, name in enumerate(names):
+        fig.add_annotation(x=len(labels) - 0.4, y=r, text=commit_action(policies[name], k), showarrow=False,
+                           xanchor="left", font=dict(size=12))
     fig.add_shape(type="rect", x0=2 * (accepted + 1) - 0.5, x1=2 * (accepted + 1) + 0.5, y0=-0.5,
                   y1=len(names) - 0.5, line=dict(color=HIGHLIGHT, width=3))
     for name, c in KEEPS[1:]:
@@ -173,11 +177,12 @@ def strategy_keeps_figure(policies: dict, k: int, accepted: int, *, title: str |
                                                            line=dict(width=3))))
     fig.update_layout(**base_layout(title or f"What each strategy keeps while a window is open (k = {k}, "
                                               f"{accepted} accepted), and what its commit leaves in the store",
-                                    "S_j: the state after j window rows (one row per request in the store unless "
-                                    "noted); x(·): a row's layer inputs (conv input, q, k, v, g, β)"),
-                      height=150 + LEGEND_PX + 44 * len(names) + 60, width=1100, showlegend=True)
-    fig.update_xaxes(tickvals=list(range(len(labels))), ticktext=labels, side="top", showgrid=False, zeroline=False,
-                     range=[-0.5, len(labels) - 0.5])
+                                    "S<sub>j</sub>: the state after j window rows; x(·): a row's layer inputs (conv "
+                                    "input, q, k, v, g, β); cells say where each is held"),
+                      height=150 + LEGEND_PX + 46 * len(names), width=1100, showlegend=True)
+    fig.update_xaxes(tickvals=list(range(len(labels))), ticktext=labels, showgrid=False, zeroline=False,
+                     range=[-0.5, len(labels) + 2.6], title_text="the window: states S<sub>j</sub> and each row's "
+                     "inputs x(·), in order; then the store after the commit and what the commit does")
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False, title_text="strategy")
     return fig
 
@@ -193,7 +198,7 @@ def conv_ring_figure(conv_width: int, k: int, accepted: int, *, title: str | Non
     W = conv_width
     n = W - 1 + k + 1
     rel = list(range(-(W - 1), k + 1))                 # position relative to t_last
-    labels = [f"x(n{p})" for p in rel[:W - 1]] + [f"x({token_name(j)})" for j in range(k + 1)]
+    labels = [f"x(n−{-p})" for p in rel[:W - 1]] + [f"x({token_name(j)})" for j in range(k + 1)]
     fate = [0 if p < 0 else 1 if p <= accepted else 2 for p in rel]
     fate_colours = [STATE_COLOURS[SlotState.OLD], TOKEN_COLOURS["kept"], TOKEN_COLOURS["rejected"]]
 
@@ -218,8 +223,8 @@ def conv_ring_figure(conv_width: int, k: int, accepted: int, *, title: str | Non
                                     "n: t_last's position. Each row shows the inputs the conv state holds and the "
                                     "ring entry each sits in (position mod (W − 1)); a new token overwrites the "
                                     "oldest entry"),
-                      height=300 + LEGEND_PX, width=min(1100, 330 + 78 * n))
+                      height=240 + LEGEND_PX, width=min(1100, 330 + 78 * n))
     fig.update_layout(plot_bgcolor="#f7f7f7")
-    fig.update_xaxes(side="top", showgrid=False, zeroline=False, title_text="the conv's inputs, oldest first")
+    fig.update_xaxes(showgrid=False, zeroline=False, title_text="the conv's inputs, oldest first")
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     return fig
