@@ -50,7 +50,7 @@ def recurrent_window_figure(k: int, accepted: int, *, title: str | None = None) 
         kept = j <= accepted
         fig.add_annotation(x=xs[j + 1] - 0.45, y=1, ax=xs[j] + 0.45, ay=1, xref="x", yref="y", axref="x", ayref="y",
                            showarrow=True, arrowhead=2, arrowwidth=2, arrowcolor="#555555", text="")
-        fig.add_annotation(x=xs[j] + 1, y=0.93, ax=xs[j] + 1, ay=0.32, xref="x", yref="y", axref="x", ayref="y",
+        fig.add_annotation(x=xs[j] + 1, y=0.75, ax=xs[j] + 1, ay=0.37, xref="x", yref="y", axref="x", ayref="y",
                            showarrow=True, arrowhead=2, arrowwidth=1.5,
                            arrowcolor=TOKEN_COLOURS["kept"] if kept else TOKEN_COLOURS["rejected"], text="")
     fig.add_trace(go.Scatter(
@@ -66,12 +66,12 @@ def recurrent_window_figure(k: int, accepted: int, *, title: str | None = None) 
         marker=dict(symbol="square", size=58, color=colour,
                     line=dict(color=[HIGHLIGHT if j == accepted + 1 else "#777777" for j in range(k + 2)],
                               width=[5 if j == accepted + 1 else 1 for j in range(k + 2)]))))
-    fig.add_annotation(x=xs[accepted + 1], y=1.42, text=f"<b>commit {state_name(accepted + 1)}</b><br>"
+    fig.add_annotation(x=xs[accepted + 1], y=1.6, text=f"<b>commit {state_name(accepted + 1)}</b><br>"
                        f"(a = {accepted}: the state after {token_name(accepted)})", showarrow=False,
                        font=dict(color=HIGHLIGHT, size=13))
-    fig.add_annotation(x=xs[0], y=1.42, text="committed<br>before the window", showarrow=False, font=dict(size=12))
+    fig.add_annotation(x=xs[0], y=1.6, text="committed<br>before the window", showarrow=False, font=dict(size=12))
     if accepted < k:
-        fig.add_annotation(x=(xs[accepted + 2] + xs[-1]) / 2, y=1.42 if accepted + 2 < k + 1 else 1.62,
+        fig.add_annotation(x=(xs[accepted + 2] + xs[-1]) / 2, y=1.6,
                            text="absorbed a rejected draft:<br>no bookkeeping takes it out", showarrow=False,
                            font=dict(color=ABSORBED, size=12))
     for name, c in (("committed state S₀", COMMITTED), ("state over accepted tokens only", CANDIDATE),
@@ -84,10 +84,10 @@ def recurrent_window_figure(k: int, accepted: int, *, title: str | None = None) 
     fig.update_layout(**base_layout(title or f"One verify window through a recurrent layer: k = {k}, {accepted} accepted",
                                     "S<sub>j+1</sub> = (I − β k kᵀ) · exp(g) S<sub>j</sub> + β k vᵀ for each row j "
                                     "(the gated delta rule, per head): every row updates the state, drafts included"),
-                      height=300 + LEGEND_PX, width=min(1100, 240 + 115 * (k + 2)))
+                      height=390 + LEGEND_PX, width=min(1100, 240 + 115 * (k + 2)))
     fig.update_layout(margin_t=fig.layout.margin.t + 10, margin_b=40 + LEGEND_PX)
     fig.update_xaxes(visible=False, range=[-1, xs[-1] + 1])
-    fig.update_yaxes(visible=False, range=[-0.12, 1.62])
+    fig.update_yaxes(visible=False, range=[-0.2, 1.85])
     return fig
 
 
@@ -223,7 +223,7 @@ def conv_ring_figure(conv_width: int, k: int, accepted: int, *, title: str | Non
                                     "n: t_last's position. Each row shows the inputs the conv state holds and the "
                                     "ring entry each sits in (position mod (W − 1)); a new token overwrites the "
                                     "oldest entry"),
-                      height=240 + LEGEND_PX, width=min(1100, 330 + 78 * n))
+                      height=320 + LEGEND_PX, width=min(1100, 330 + 78 * n))
     fig.update_layout(plot_bgcolor="#f7f7f7")
     fig.update_xaxes(showgrid=False, zeroline=False, title_text="the conv's inputs, oldest first")
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
