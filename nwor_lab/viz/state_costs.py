@@ -33,7 +33,8 @@ def divergence_figure(reference: list[int], runs: list[tuple[str, list[int]]], s
             if not same and first is None:
                 first = j
             zr.append(0 if same else 1)
-            tr.append(show(toks[j]))
+            label = show(toks[j])
+            tr.append(label if len(label) <= 5 else label[:4] + "…")      # a cell holds ~5 characters
             hr.append(f"{label}, token {j}: {show(toks[j])!r}" + ("" if same else
                       f" — target-only has {show(reference[j])!r}" if j < len(reference) else ""))
         if first is not None:
