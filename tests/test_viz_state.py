@@ -2,8 +2,6 @@
 declarations, the conv ring keeps the inputs ending with the last kept token, the walk through one
 window finds the state each store ends with, and the hybrid pair is the shipped one when this build
 has it, else the toy."""
-import types
-
 import plotly.graph_objects as go
 import pytest
 import torch
@@ -90,18 +88,18 @@ def test_the_pair_is_the_toy_until_a_hybrid_is_shipped(monkeypatch):
         state_demo.hybrid_pair("llama")
 
 
-@pytest.mark.parametrize("returns", ["triple", "target"])
-def test_a_shipped_hybrid_is_loaded_with_load_model(monkeypatch, tmp_path, returns):
-    from nwor_lab.model import loader, shipped
+def test_a_shipped_hybrid_is_loaded_like_the_tiny_pair(monkeypatch, tmp_path):
+    from nwor_lab.model import shipped
     toy = state_demo.toy_hybrid_pair(2)
     calls = []
 
-    def load_model(directory, device="cpu"):
+    def load_tiny(device="cpu", directory=None, **kw):
         calls.append(directory)
-        return (toy.target, toy.head, "tok") if returns == "triple" else toy.target
+        return toy.target, toy.head, "tok"
+    (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr(shipped, "HYBRID_DIR", tmp_path, raising=False)
-    monkeypatch.setattr(loader, "load_model", load_model, raising=False)
-    monkeypatch.setattr(loader, "load_eagle", lambda *a, **kw: toy.head)
+    monkeypatch.setattr(shipped, "load_tiny", load_tiny)
     pair = state_demo.hybrid_pair("auto")
-    assert calls == [tmp_path] and pair.target is toy.target and pair.head is toy.head
-    assert "shipped" in pair.source and pair.tokenizer == ("tok" if returns == "triple" else None)
+    assert calls == [tmp_path] and pair.target is toy.target and pair.head is toy.head and pair.tokenizer == "tok"
+    assert "shipped" in pair.source
+    assert "toy" in state_demo.hybrid_pair("toy").source

@@ -3,7 +3,7 @@ window through every strategy at the layer level (no plotting here; `state_windo
 `state_costs.py` draw).
 
 `hybrid_pair(model)` takes the shipped hybrid checkpoint (`nwor_lab.model.shipped.HYBRID_DIR`, loaded
-with `nwor_lab.model.loader.load_model`) when it exists, else a toy hybrid with random weights and a
+like the tiny pair) when it exists, else a toy hybrid with random weights and a
 fixed seed (`nwor_lab.model.toy.toy_hybrid` plus an EAGLE-1 head whose fc passes the token's
 embedding through, as tests/test_engine_hybrid.py builds it): the chapter runs on either.
 """
@@ -45,23 +45,22 @@ class HybridPair:
 
 
 def shipped_hybrid_dir() -> Path | None:
-    """The shipped hybrid checkpoint's directory, or None while the lab ships none."""
+    """The shipped hybrid checkpoint's directory (`nwor_lab.model.shipped.HYBRID_DIR`), or None while
+    this build ships none."""
     from nwor_lab.model import shipped
     d = getattr(shipped, "HYBRID_DIR", None)
-    return Path(d) if d is not None and Path(d).is_dir() else None
+    return Path(d) if d is not None and (Path(d) / "config.json").is_file() else None
 
 
 def _load_shipped(directory: Path, device) -> HybridPair:
-    """The shipped pair through `loader.load_model` (target, head and tokenizer, or the target alone:
-    then the head and tokenizer are read from the directory's EAGLE-1 files)."""
-    from nwor_lab.model import loader
-    loaded = loader.load_model(directory, device=device)
-    target, head, tok = (tuple(loaded) + (None, None))[:3] if isinstance(loaded, (tuple, list)) else (loaded, None, None)
-    if head is None:
-        head = loader.load_eagle(directory / "eagle_config.json", directory / "eagle.safetensors", target, device=device)
-    if tok is None and (directory / "tokenizer.json").exists():
-        tok = loader.load_tokenizer(directory / "tokenizer.json")
-    return HybridPair(target.eval(), head.eval(), tok, f"the shipped hybrid pair ({directory.name})")
+    """The shipped hybrid pair (laid out like the tiny pair: its config.json says `nwor_hybrid`, the
+    EAGLE-1 head, tokenizer.json) through the shipped pairs' loader."""
+    from nwor_lab.model.shipped import load_tiny
+    target, head, tok = load_tiny(device=device, directory=directory)
+    if not hasattr(target, "state_spec"):
+        raise ValueError(f"{directory}: holds a model without recurrent state ({type(target).__name__}), not a hybrid")
+    return HybridPair(target.eval(), head.eval(), tok, f"the shipped hybrid pair ({directory.name}: gated DeltaNet "
+                                                       f"+ attention, EAGLE-1 head)")
 
 
 @torch.no_grad()
