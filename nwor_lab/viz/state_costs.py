@@ -46,15 +46,17 @@ def divergence_figure(reference: list[int], runs: list[tuple[str, list[int]]], s
                                showscale=False, zmin=-0.5, zmax=1.5, colorscale=discrete_colorscale([SAME, DIFFERS])))
     for r, j in outlines:
         fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=HIGHLIGHT, width=3))
-        fig.add_annotation(x=j, y=r, yshift=-19, text=f"first difference: token {j}", showarrow=False,
-                           xanchor="left", font=dict(color=HIGHLIGHT, size=12), bgcolor="rgba(255,255,255,0.85)")
+        fig.add_annotation(x=j, y=-0.5, ax=0, ay=-20, text=f"{rows[r][0]}: first difference at token {j}",
+                           showarrow=True, arrowcolor=HIGHLIGHT, arrowhead=2, yanchor="bottom", xanchor="left",
+                           font=dict(color=HIGHLIGHT, size=12))
     for name, c in (("same token as target-only", SAME), ("differs from target-only", DIFFERS)):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
                                  marker=dict(symbol="square", size=13, color=c, line=dict(color="#999999", width=1))))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="first differing token", hoverinfo="skip",
                              marker=dict(symbol="square-open", size=13, color=HIGHLIGHT, line=dict(width=3))))
-    fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 40 * len(rows),
+    fig.update_layout(**base_layout(title, subtitle), height=200 + LEGEND_PX + 40 * len(rows),
                       width=min(1100, 180 + 34 * n))
+    fig.update_layout(margin_t=fig.layout.margin.t + 50)     # room for the first-difference note above the grid
     fig.update_xaxes(title_text="generated token (index)", showgrid=False, zeroline=False, dtick=4)
     fig.update_yaxes(autorange="reversed", showgrid=False, zeroline=False)
     return fig
