@@ -403,3 +403,28 @@ def sweep_medians(rows: list, metric: str, policies: list, ks: list) -> torch.Te
                 m = len(values) // 2
                 out[i, j] = values[m] if len(values) % 2 else (values[m - 1] + values[m]) / 2
     return out
+
+
+def state_commit(window_states: torch.Tensor, conv_history: torch.Tensor, num_drafts: torch.Tensor,
+                 accepted_len: torch.Tensor, conv_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrent state a verify window commits, and the conv inputs it keeps (13).
+
+    One gated DeltaNet layer; request r's window is t_last, d_1 .. d_n (n = num_drafts[r] <= k):
+    window_states: [R, k+1, S] float32; window_states[r, j] is the state after t_last (j = 0) or after
+                   draft d_j (j = 1 .. n), flattened to S numbers; rows past n are padding (NaN)
+    conv_history:  [R, W-1 + k+1, C] float32: the conv state before the window (its W-1 inputs,
+                   oldest first), then the conv inputs of t_last, d_1 .. d_k (padding: NaN)
+    num_drafts:    [R] int64
+    accepted_len:  [R] int64, a in 0 .. num_drafts[r]: t_last, d_1 .. d_a are kept
+    conv_width:    W >= 2, the short conv's kernel width (its state holds W - 1 inputs)
+    returns (state [R, S] float32, conv_state [R, W-1, C] float32): for each request the state after
+            its last kept token (d_a; t_last when a = 0), and the W - 1 conv inputs that end with
+            that token's, oldest first: what the store must hold for the next window. The state
+            after d_n (what `off` keeps) holds every rejected draft's update.
+    """
+    rows = torch.arange(len(accepted_len))
+    a = accepted_len.long()
+    state = window_states[rows, a]                                      # the state after d_a
+    # history index W-1 is t_last's input, W-1+a is d_a's: keep the W-1 entries ending there
+    keep = a[:, None] + 1 + torch.arange(conv_width - 1)
+    return state, conv_history[rows[:, None], keep]

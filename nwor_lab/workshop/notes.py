@@ -319,6 +319,37 @@ NOTES = {n.stem: n for n in [
         answers=("When the bytes a launch moves take longer at copy bandwidth than the launch itself: thousands of tokens per window on this GPU (the kernel sweep's bandwidth figure).",
                  'Its launches saved are a few microseconds against milliseconds of weights read per step; at larger batches attention reads the window from the staging buffer through its window variant, which costs more than the launches saved.',)),
     ChapterNotes(
+        "13_state", "State that cannot be rolled back: hybrid models", talk_min=10, hands_on_min=8,
+        run_estimate_s=45,
+        say=("A recurrent layer (gated DeltaNet, Mamba2) keeps one state matrix per head that every token updates: "
+             "a verify window advances it through t_last and every draft.",
+             "A rejected draft's update is inside the state: no rows to mask, no length to rewind. Write-all "
+             "(`off`) changes the output at the first window that rejects a draft.",
+             "Engines keep the state four ways: one row per position (vLLM's snapshots), checkpoint and "
+             "re-advance (llama.cpp's cow), keep the inputs and recompute (ReplaySSM's replay), transient "
+             "states and one copy (SGLang's intermediate states: `stage`).",
+             "The conv's ring of W − 1 inputs needs the same discipline: keep the inputs ending with the last "
+             "kept token."),
+        misconception="\"Rolling back a rejected draft is bookkeeping\": for K/V rows it is, for a recurrent "
+                      "state there is nothing to rewind — the update is mixed into every entry.",
+        questions=("Why can a paged K/V cache ignore rejected rows while a recurrent state cannot?",
+                   "At batch 32 on Qwen3-Next's shape, which strategy would you pick, and what does it trade?",
+                   "Which entries must the conv state hold after a commit of a drafts, and why can some date from "
+                   "before the window?"),
+        expect=("`off` leaves target-only's tokens at generated token {off_first_divergence_token}; every other "
+                "strategy gives target-only's tokens (stage: {stage_accepted} of {stage_drafted} drafts accepted, "
+                "k = {k})",
+                "Qwen3-Next per request: snapshots {snapshots_state_bytes_steady:,} B for the request's life, "
+                "stage {stage_state_bytes_steady:,} B"),
+        answers=("Attention masks a request's K/V past its length and the next token overwrites the rejected rows, so "
+                 "the kept rows never saw them; a recurrent state is one matrix every token wrote into, so the "
+                 "states after a rejected draft differ everywhere.",
+                 "Snapshots hold k + 1 rows per request for life (several GiB at batch 32); replay holds one row plus "
+                 "the inputs but recomputes at every commit; stage holds one row and its window states only while a "
+                 "window is open, paying one copy at commit — the choice when memory is tight and windows are short.",
+                 "The W − 1 inputs that end with the last kept token (d_a, or t_last): when a + 1 < W − 1 the older "
+                 "ones come from the conv state before the window, so a strategy must keep that state too.",)),
+    ChapterNotes(
         "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=32, run_estimate_s=10,
         say=("Three checkers — slot mapping, stage commit rows, CoW restore — each with a question to predict "
              "first and two hints; give each six to eight minutes, and let fast finishers take an earlier chapter's.",
