@@ -48,3 +48,14 @@ def test_cli_bench_tree_is_registered_and_checks_its_flags(capsys):
     assert "tree" in BENCHMARKS
     assert main(["bench", "tree", "--nodes", "99", "--topk", "2", "--depth", "2"]) == 2
     assert "--nodes 99" in capsys.readouterr().err
+
+
+def test_tree_vs_chain_rows_emit_target_only_tokens():
+    from nwor_lab.bench.tree_chain import tree_vs_chain
+    res = tree_vs_chain(sizes=(3,), topk=2, new_tokens=4, prompts=("def f(x):", "import os\n"))
+    chain, tree = res["rows"]
+    assert (chain["drafter"], chain["topk"], tree["drafter"], tree["topk"]) == ("chain", 1, "tree", 2)
+    assert chain["verify_rows_per_step"] == tree["verify_rows_per_step"] == 4
+    assert chain["equals_target_only"] and tree["equals_target_only"]
+    assert 1.0 <= chain["mean_acceptance_length"] <= 4.0 and 1.0 <= tree["mean_acceptance_length"] <= 4.0
+    assert res["winner"][3] in ("tree", "chain", "tie")
