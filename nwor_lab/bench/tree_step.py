@@ -126,11 +126,13 @@ class TreeStep:
         self.remapped = None
 
     # -- the step --------------------------------------------------------------------------------
+    @torch.no_grad()
     def verify(self):
         self.policy.begin(self.window, layers=range(self.layers), kind="verify")
         hidden = self.target(self.ids, self.md)
         return accept_tree_greedy(self.window, self.target.compute_logits(hidden))
 
+    @torch.no_grad()
     def commit(self, verdict) -> Acceptance:
         acc = self.forced if self.forced is not None else verdict.acceptance(self.window)
         self.policy.commit(acc)

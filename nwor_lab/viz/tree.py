@@ -6,6 +6,7 @@ positions n .. n + N after each strategy's commit.
                                          rejected colour (the palette of every lab figure, theme.py)
   tree_costs_figure(rows)                `bench tree` rows of one shape: rows written per emitted
                                          token, bytes moved, stranded bytes, the commit's share of the step
+  tree_vs_chain_figure(result)           acceptance length and head rows of a tree and a chain per verify size
   commit_strips(frames)                  one row per strategy: what each position n .. n + N of the
                                          request holds after the commit (from `tree_frames`' last frame)
 """
@@ -21,7 +22,7 @@ from nwor_lab.viz.cache import add_state_legend, heatmap_style
 from nwor_lab.viz.states import STATE_MEANING, SlotState
 from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout
 
-__all__ = ["tree_layout", "tree_figure", "tree_costs_figure", "commit_strips", "STRATEGY_COLOURS"]
+__all__ = ["tree_layout", "tree_figure", "tree_costs_figure", "commit_strips", "tree_vs_chain_figure", "STRATEGY_COLOURS"]
 
 # one colour per commit strategy, borrowed from the state each one leaves behind or works in
 STRATEGY_COLOURS = {"write-all+move": STATE_COLOURS[SlotState.REJECTED], "write-all+remap": STATE_COLOURS[SlotState.OLD],
@@ -138,4 +139,26 @@ def commit_strips(final: Mapping[str, object], *, title: str = "Positions n .. n
     fig.update_layout(**base_layout(title, subtitle), height=170 + 44 * len(names))
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(title_text="position (one slot each; a block holds block_size of them)", type="category")
+    return fig
+
+
+def tree_vs_chain_figure(result: Mapping, *, title: str = "Tree or chain at the same verify size",
+                         subtitle: str | None = None) -> go.Figure:
+    """`bench.tree_chain.tree_vs_chain` rows: mean acceptance length (tokens per verify step) of the chain
+    and the tree at each verify size, and the head rows each drafts per step."""
+    rows = list(result["rows"])
+    sizes = sorted({r["nodes"] for r in rows})
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["tokens emitted per verify step (acceptance length)",
+                                                        "head rows drafted per step"], horizontal_spacing=0.1)
+    colours = {"chain": STATE_COLOURS[SlotState.COMMITTED], "tree": STATE_COLOURS[SlotState.STAGED]}
+    for drafter in ("chain", "tree"):
+        by = {r["nodes"]: r for r in rows if r["drafter"] == drafter}
+        x = [f"N = {n}" for n in sizes if n in by]
+        for col, key, fmt in ((1, "mean_acceptance_length", "{:.2f}"), (2, "draft_rows_per_step", "{:d}")):
+            vals = [by[n][key] for n in sizes if n in by]
+            fig.add_trace(go.Bar(x=x, y=vals, name=drafter, marker_color=colours[drafter], showlegend=col == 1,
+                                 text=[fmt.format(v) for v in vals], textposition="outside", cliponaxis=False),
+                          row=1, col=col)
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420)
+    fig.update_annotations(font_size=12)
     return fig
