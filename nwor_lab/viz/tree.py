@@ -86,7 +86,7 @@ def tree_figure(parents: Sequence[int], labels: Sequence[str] | None = None, pat
                                  textfont=CELL_FONT, marker=dict(size=16, color=colour, line=dict(color="#333333", width=1))))
     leaves = max(1, int(-min(y)) + 1)
     fig.update_layout(**base_layout(title, subtitle), height=min(900, 150 + 24 * leaves + 60))
-    fig.update_xaxes(title_text="depth (the node's position is n + depth)", dtick=1, range=[-0.4, max(x) + 1.2],
+    fig.update_xaxes(title_text="depth (the node's position is n + depth)", dtick=1, range=[-0.4, max(x) + 0.9],
                      showgrid=True, gridcolor="#eeeeee", zeroline=False)
     fig.update_yaxes(visible=False)
     return fig
@@ -107,7 +107,8 @@ def tree_costs_figure(rows: Sequence[Mapping], *, title: str = "Where each strat
                              marker_color=[STRATEGY_COLOURS.get(n, "#888888") for n in names], showlegend=False,
                              cliponaxis=False), row=1, col=col)
         fig.update_yaxes(range=[0, 1.25 * max(vals + [1e-9])], row=1, col=col)
-    fig.update_layout(**base_layout(title, subtitle), height=420)
+    fig.update_layout(**base_layout(title, subtitle), height=440)
+    fig.layout.margin.t += 26          # room for the panel titles under the subtitle
     fig.update_annotations(font_size=12)
     fig.update_xaxes(tickangle=-30)
     return fig
@@ -159,6 +160,7 @@ def tree_vs_chain_figure(result: Mapping, *, title: str = "Tree or chain at the 
             fig.add_trace(go.Bar(x=x, y=vals, name=drafter, marker_color=colours[drafter], showlegend=col == 1,
                                  text=[fmt.format(v) for v in vals], textposition="outside", cliponaxis=False),
                           row=1, col=col)
-    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=420)
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=440)
+    fig.layout.margin.t += 26          # room for the panel titles under the subtitle
     fig.update_annotations(font_size=12)
     return fig

@@ -5,11 +5,11 @@
 #      a graphed tree step; the engine's tree tests where present)
 #   2  `nwor-lab bench tree --model 8b`: write-all + move, write-all + remap (block size 1), cow, stage
 #      at N = 16/32/64, block size 16, batch 1/8/32, context 1024, 3 forced accepted nodes (eager steps,
-#      CUDA events) -> $OUT/bench_tree_8b_<card>.json; its summary says whether stage is no slower
+#      CUDA events) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
 #      than write-all + move everywhere
 #   3  the same step replayed from one CUDA graph per strategy (batch 1/32; separate process: a failed
-#      capture cannot touch stage 2's numbers) -> $OUT/bench_tree_8b_graphs_<card>.json
-#   4  `bench tree` on the shipped pair on this GPU (real EAGLE-2 trees, greedy) -> bench_tree_shipped_<card>.json
+#      capture cannot touch stage 2's numbers) -> $OUT/tree_8b_graphs_<card>.json
+#   4  `bench tree` on the shipped pair on this GPU (real EAGLE-2 trees, greedy) -> tree_shipped_<card>.json
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/tree_run.sh
 set -uo pipefail
 START=$(date +%s)
@@ -37,20 +37,20 @@ echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_tree
 
 stage "bench tree 8b (eager)"
 timeout $(lim 240) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
-  --block-size 16 --context 1024 --accepted 3 --out "$OUT/bench_tree_8b_$TAG.json" \
+  --block-size 16 --context 1024 --accepted 3 --out "$OUT/tree_8b_$TAG.json" \
   > /dev/null 2> "$OUT/bench_tree_8b.log"
 echo "bench tree 8b exit $?"; tail -2 "$OUT/bench_tree_8b.log" | cut -c1-400
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" \
-  "$OUT/bench_tree_8b_$TAG.json" 2>/dev/null || echo "no 8b summary"
+  "$OUT/tree_8b_$TAG.json" 2>/dev/null || echo "no 8b summary"
 
 stage "bench tree 8b (CUDA graphs)"
 timeout $(lim 150) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,64 --batches 1,32 --graphs \
-  --strategies move,cow,stage --reps 5 --out "$OUT/bench_tree_8b_graphs_$TAG.json" \
+  --strategies move,cow,stage --reps 5 --out "$OUT/tree_8b_graphs_$TAG.json" \
   > /dev/null 2> "$OUT/bench_tree_8b_graphs.log"
 echo "bench tree graphs exit $?"; tail -2 "$OUT/bench_tree_8b_graphs.log" | cut -c1-400
 
 stage "bench tree shipped (this GPU)"
 timeout $(lim 90) python3 -m nwor_lab.cli bench tree --model shipped --device cuda \
-  --out "$OUT/bench_tree_shipped_$TAG.json" > /dev/null 2> "$OUT/bench_tree_shipped.log"
+  --out "$OUT/tree_shipped_$TAG.json" > /dev/null 2> "$OUT/bench_tree_shipped.log"
 echo "bench tree shipped exit $?"; tail -2 "$OUT/bench_tree_shipped.log" | cut -c1-400
 stage done
