@@ -48,7 +48,7 @@ def cases(seed: int, n: int):
         _case([0, 0, 1], [3, 4, 5], [9, 9, 9, 9], note="edge: no node matches (nothing accepted)"),
         _case([0, 1, 2], [3, 4, 5], [3, 4, 5, 6], note="edge: a chain, every node accepted"),
         _case([0, 0, 1, 2], [3, 4, 5, 6], [4, 9, 6, 9, 9], note="edge: the path runs through the second child"),
-        _case([0, 0, 2], [3, 4, 5], [3, 5, 9, 9], note="edge: a grandchild matches under a rejected parent"),
+        _case([0, 0, 2], [3, 4, 5], [3, 9, 5, 9], note="edge: a grandchild matches under a rejected parent"),
         _case([0, 1, 0, 2], [3, 4, 7, 5], [3, 4, 5, 9, 9], note="edge: the path's first nodes are already in place"),
         _case([0], [3], [3, 1], note="edge: a single node, accepted"),
     ]
