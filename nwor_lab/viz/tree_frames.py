@@ -207,7 +207,7 @@ class _Recording:
                                          if isinstance(getattr(w, f.name), torch.Tensor)})
         self.frames.append(TreeFrame(
             index=len(self.frames), window_index=0, phase=phase, kind="verify",
-            mode=STRATEGY_TITLES[self.strategy], caption=self._caption(phase, layer), block_size=bs, window=host,
+            mode=STRATEGY_TITLES[self.strategy], caption=self._caption(phase, layer, states[0], marks), block_size=bs, window=host,
             window_layers=range(self.demo.num_layers), states=states, labels=labels, marks=marks, layer=layer,
             rows=range(0, T) if phase == "write" else None, acceptance=self.acceptance, staging=staging, log=log,
             region_slots=tuple(self.region)))
@@ -222,7 +222,7 @@ class _Recording:
                     SlotState.OLD: "freed: the table no longer points here"}.get(state, "")
         return f"position n + {i} holds {who}: {what}"
 
-    def _caption(self, phase: str, layer) -> str:
+    def _caption(self, phase: str, layer, grid0, marks) -> str:
         N, name = len(self.region) - 1, STRATEGY_TITLES[self.strategy]
         a = 0 if self.path is None else sum(self.path)
         if phase == "begin":
@@ -240,10 +240,15 @@ class _Recording:
                     f"their K/V belong at positions n + 1 .. n + {a}")
         moved = self.w.path_moves(self.acceptance.draft_mask)
         moves = int((moved[1] >= 0).sum())
-        return {"move": f"{name}: commit: {moves} path rows copied to n + 1 .. n + {a} (gather + scatter, two "
-                        f"launches); {N - a} rejected rows stay behind the path, in its block and beyond",
-                "cow": f"{name}: commit: the log restores every slot past the path, then {moves} path rows are "
-                       f"moved in: three launches, nothing rejected left",
+        rows = f"{moves} path row{'s' if moves != 1 else ''}"
+        left = [marks.get(s, "") for s in self.region if int(grid0.reshape(-1)[s]) == SlotState.REJECTED]
+        stale = sum(m.endswith("✓") for m in left)
+        behind = f"{len(left) - stale} rejected node{'s' if len(left) - stale != 1 else ''}" + \
+            (f" and {stale} stale cop{'ies of moved path nodes' if stale != 1 else 'y of a moved path node'}" if stale else "")
+        return {"move": f"{name}: commit: {rows} copied to n + 1 .. n + {a} (gather + scatter, two launches); "
+                        f"{behind} stay in the cache behind the path, in its block and beyond",
+                "cow": f"{name}: commit: the log restores every slot past the path, then {rows} moved in: "
+                       f"three launches, nothing rejected left",
                 "stage": f"{name}: commit: t_last and the {a} path nodes written straight from the buffer to "
                          f"n .. n + {a} (one launch: the compaction is the commit); {N - a} rejected nodes never "
                          f"reached the cache",
