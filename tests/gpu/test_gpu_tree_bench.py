@@ -1,6 +1,7 @@
 """`bench tree` on the GPU, small: the 8B code path at toy size (8b-mini, bf16, Triton tree attention, the CUDA
 commit / log / restore ops) gives every strategy's rows with the exact compaction and target-only K/V; the
-shipped pair's real trees on CUDA equal target-only; the tree step captures into one CUDA graph.
+shipped pair's real trees on CUDA equal target-only. (The graphed step is timed by tests/gpu/tree_run.sh in
+a process of its own: a capture that fails must not leave this process's stream capturing.)
 
 Run: PYTHONPATH=$PWD python -m pytest -q -m gpu tests/gpu/test_gpu_tree_bench.py
 """
@@ -17,7 +18,7 @@ def test_shape_rows_on_cuda_equal_target_only(ext):
     assert {r["strategy"] for r in rows} == {"write-all+move", "write-all+remap", "cow", "stage"}
     assert all(r["exact_compaction"] and r["equals_target_only"] for r in rows), rows
     stage = next(r for r in rows if r["strategy"] == "stage")
-    assert stage["rows_written_per_token"] == 1.0 and stage["dtype"] == "bfloat16" and "H" in stage["device"]
+    assert stage["rows_written_per_token"] == 1.0 and stage["dtype"] == "bfloat16" and stage["device"] != "cpu"
 
 
 def test_shipped_rows_on_cuda_equal_target_only(ext):
@@ -26,9 +27,3 @@ def test_shipped_rows_on_cuda_equal_target_only(ext):
                         device="cuda")
     assert all(r["equals_target_only"] for r in rows), rows
 
-
-def test_the_tree_step_captures_into_a_cuda_graph(ext):
-    from nwor_lab.bench.tree import shape_rows
-    rows = shape_rows("8b-mini", nodes=(16,), batches=(2,), topk=4, depth=5, block_size=16, context=40, accepted=3,
-                      reps=1, device="cuda", attention="auto", strategies=("move", "stage"), graphs=True)
-    assert all(r.get("graph_step_ms") for r in rows), [(r["strategy"], r.get("graph_error")) for r in rows]
