@@ -1,6 +1,6 @@
 """`bench tree`: its rows on the shipped pair (real EAGLE-2 trees, greedy) and on the 8B path at toy
 size (forced paths), every strategy checked against target-only; the CLI's registration and errors."""
-import pytest
+import torch
 
 from nwor_lab.bench.tree import shape_rows, shipped_rows, stage_vs_move
 from nwor_lab.bench.tree_step import first_child_path
@@ -32,8 +32,12 @@ def test_shipped_rows_every_strategy_equals_target_only():
 
 
 def test_shape_rows_forced_path_on_the_8b_path_small():
+    from nwor_lab.model.llama import LlamaForCausalLM
+    from nwor_lab.model.shapes import config_for
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config_for("8b-mini", num_hidden_layers=2))    # the 8b path's shape, small
     rows = shape_rows("8b-mini", nodes=(8,), batches=(2,), topk=2, depth=4, block_size=4, context=10, accepted=2,
-                      reps=1, device="cpu", attention="torch")
+                      reps=1, device="cpu", attention="torch", target=target)
     assert len(rows) == 4 and all(r["equals_target_only"] for r in rows), rows
     assert all(r["accepted_lens"] == [2, 2] for r in rows)
     move = next(r for r in rows if r["strategy"] == "write-all+move")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nwor_lab import exercises
-from nwor_lab.viz import show_frames
+from nwor_lab.viz import frame_figure
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.tree import commit_strips, tree_costs_figure, tree_figure, tree_layout, tree_vs_chain_figure
 from nwor_lab.viz.tree_frames import STRATEGY_TITLES, tree_demo, tree_frames
@@ -49,7 +49,7 @@ def test_the_figures_build():
                       for d in ("chain", "tree")]}
     for fig in (tree_figure(DEMO.parents, None, None), tree_figure(DEMO.parents, None, [True] + [False] * 8),
                 commit_strips(final), tree_costs_figure(rows), tree_vs_chain_figure(chain),
-                *show_frames(tree_frames("cow", DEMO))):
+                frame_figure(tree_frames("cow", DEMO)[-1])):
         assert isinstance(fig, go.Figure)
         fig.to_json()
     x, y = tree_layout([0, 0, 1])

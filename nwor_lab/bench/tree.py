@@ -163,11 +163,15 @@ def synthetic_trees(num_reqs: int, topk: int, depth: int, nodes: int, seed: int,
 def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: int = 4, depth: int = 6,
                block_size: int = 16, context: int = 1024, accepted: int = 3, reps: int = 10,
                device: str = "cuda", attention: str = "auto", strategies=STRATEGIES, graphs: bool = False,
-               seed: int = 0, progress=None) -> list[dict]:
-    """`bench tree` on a random-weight shape (`8b`, or `8b-mini` to run the same path small on CPU)."""
+               seed: int = 0, progress=None, target=None) -> list[dict]:
+    """`bench tree` on a random-weight shape (`8b`, or `8b-mini` to run the same path small on CPU).
+    target: a model of that shape already built (its device and dtype are used)."""
     from nwor_lab.model.shapes import random_target
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    target = random_target(model, device, dtype).eval()
+    if target is None:
+        target = random_target(model, device, dtype)
+    target = target.eval()
+    dtype = next(target.parameters()).dtype
     tol = 3e-2 if dtype != torch.float32 else 1e-4
     rows = []
     for batch in batches:
@@ -177,22 +181,35 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             t_last = torch.randint(0, target.config.vocab_size, (batch,), generator=gen).tolist()
             tb = TreeBatch(parents, tokens, t_last, [context] * batch)
             forced = [first_child_path(p, accepted) for p in parents]
-            steps, checks, bases = {}, {}, {}
+            steps, checks, bases, failed = {}, {}, {}, {}
             for s in strategies:
                 bs = 1 if s == "remap" else block_size
                 per = -(-(context + n_nodes + 2) // bs)
-                if bs not in bases:                 # a random prefix, one layer at a time
-                    bases[bs] = new_cache(target, per * batch, bs)
-                    g = torch.Generator(bases[bs].device).manual_seed(seed)
-                    for layer in range(bases[bs].spec.num_layers):
-                        bases[bs].key[layer].normal_(generator=g)
-                        bases[bs].value[layer].normal_(generator=g)
-                steps[s] = TreeStep(target, bases[bs], contiguous_tables(batch, per), tb, s, attention, forced)
-                checks[s] = steps[s].check(tol=tol)
-                steps[s].base = None             # the timed steps run on their own copies
+                try:
+                    if bs not in bases:                 # a random prefix, one layer at a time
+                        bases[bs] = new_cache(target, per * batch, bs)
+                        g = torch.Generator(bases[bs].device).manual_seed(seed)
+                        for layer in range(bases[bs].spec.num_layers):
+                            bases[bs].key[layer].normal_(generator=g)
+                            bases[bs].value[layer].normal_(generator=g)
+                    steps[s] = TreeStep(target, bases[bs], contiguous_tables(batch, per), tb, s, attention, forced)
+                    checks[s] = steps[s].check(tol=tol)
+                    steps[s].base = None             # the timed steps run on their own copies
+                except Exception as e:  # noqa: BLE001 -- one strategy's failure is its row, the others still run
+                    steps.pop(s, None)
+                    failed[s] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             del bases
-            times = time_steps(steps, reps=reps)
+            times = time_steps(steps, reps=reps) if steps else {}
             for s in strategies:
+                if s in failed:
+                    row = {"strategy": ROW_NAMES[s], "model": model, "nodes": n_nodes, "batch": batch,
+                           "block_size": 1 if s == "remap" else block_size, "error": failed[s],
+                           "equals_target_only": None,
+                           "device": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"}
+                    rows.append(row)
+                    if progress:
+                        progress(row)
+                    continue
                 row = _row(steps[s], checks[s], times[s], True, model, topk, depth)
                 row["context"] = context
                 if graphs and torch.device(device).type == "cuda":
@@ -283,6 +300,9 @@ def main(argv=None) -> int:
         print(text)
     else:
         for r in rows:
+            if "error" in r:
+                print(f"{r['strategy']:>16} N={r['nodes']:>3} batch={r['batch']:>3} FAILED: {r['error']}")
+                continue
             print(f"{r['strategy']:>16} N={r['nodes']:>3} batch={r['batch']:>3} bs={r['block_size']:>2} "
                   f"a={r['accepted_len']:.2f} rows/token={r['rows_written_per_token']:.2f} moved={r['bytes_moved']} "
                   f"stranded={r['stranded_bytes']} step={r['step_ms']:.2f} ms commit={r['commit_share']:.1%} "
@@ -294,7 +314,8 @@ def stage_vs_move(rows: list[dict]) -> dict:
     """Per (nodes, batch): stage's step time over write-all + move's, and whether stage is no slower."""
     by = {}
     for r in rows:
-        by.setdefault((r["nodes"], r["batch"]), {})[r["strategy"]] = r["step_ms"]
+        if r.get("step_ms") is not None:
+            by.setdefault((r["nodes"], r["batch"]), {})[r["strategy"]] = r["step_ms"]
     ratios = {f"N{n}_b{b}": round(t["stage"] / t["write-all+move"], 4) for (n, b), t in sorted(by.items())
               if "stage" in t and "write-all+move" in t}
     return {"stage_over_move_step": ratios, "stage_no_slower_everywhere": all(v <= 1.0 for v in ratios.values())
