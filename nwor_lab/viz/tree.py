@@ -85,7 +85,10 @@ def tree_figure(parents: Sequence[int], labels: Sequence[str] | None = None, pat
                                  text=text, textposition="middle right", hovertext=tips, hoverinfo="text",
                                  textfont=CELL_FONT, marker=dict(size=16, color=colour, line=dict(color="#333333", width=1))))
     leaves = max(1, int(-min(y)) + 1)
-    fig.update_layout(**base_layout(title, subtitle), height=min(900, 150 + 24 * leaves + 60))
+    fig.update_layout(**base_layout(title, subtitle))
+    m = fig.layout.margin
+    fig.update_layout(height=m.t + m.b + max(200, min(700, 26 * leaves)))     # ~26 px a leaf, room for small trees
+    fig.update_yaxes(range=[min(y) - 0.7, 0.7])
     fig.update_xaxes(title_text="depth (the node's position is n + depth)", dtick=1, range=[-0.4, max(x) + 0.9],
                      showgrid=True, gridcolor="#eeeeee", zeroline=False)
     fig.update_yaxes(visible=False)
