@@ -8,9 +8,9 @@ copied to n + 1 .. n + a), write-all + remap (block size 1: the table re-pointed
 SGLang at page size 1), `cow` (log the N slots, restore, move), `stage` (nodes in the staging buffer,
 the path committed to n + 1 .. n + a in one launch).
 
-shipped  the tiny trained pair (float32, CPU by default). Each prompt of `--prompts` is prefilled;
+shipped  the tiny trained pair (float32, CPU by default). Each of `PROMPTS` (below) is prefilled;
          the EAGLE-1 head drafts an EAGLE-2 dynamic tree (`draft_tree_with_head`: topk, depth, nodes);
-         the target verifies all prompts' trees in one window with tree attention; greedy tree
+         the target verifies all prompts' trees in one window (batch = 8) with tree attention; greedy tree
          acceptance picks each path. `equals_target_only`: the emitted tokens (path + bonus) equal
          target-only greedy decoding, the cache holds exactly the verify pass's path rows at
          n .. n + a, and those equal a plain target-only pass of the same tokens (within 1e-5).
