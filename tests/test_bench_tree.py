@@ -55,11 +55,12 @@ def test_cli_bench_tree_is_registered_and_checks_its_flags(capsys):
 
 
 def test_tree_vs_chain_rows_emit_target_only_tokens():
-    from nwor_lab.bench.tree_chain import tree_vs_chain
+    from nwor_lab.bench.tree_chain import tree_shapes, tree_vs_chain
+    assert tree_shapes(4) == [(4, 4), (2, 3)] and tree_shapes(3) == [(4, 3)] and tree_shapes(8, depth=4) == [(4, 4), (2, 4)]
     res = tree_vs_chain(sizes=(3,), topk=2, new_tokens=4, prompts=("def f(x):", "import os\n"))
     chain, tree = res["rows"]
-    assert (chain["drafter"], chain["topk"], tree["drafter"], tree["topk"]) == ("chain", 1, "tree", 2)
+    assert (chain["drafter"], chain["topk"], tree["drafter"], tree["shape"]) == ("chain", 1, "tree", "tree topk=2,depth=3")
     assert chain["verify_rows_per_step"] == tree["verify_rows_per_step"] == 4
     assert chain["equals_target_only"] and tree["equals_target_only"]
     assert 1.0 <= chain["mean_acceptance_length"] <= 4.0 and 1.0 <= tree["mean_acceptance_length"] <= 4.0
-    assert res["winner"][3] in ("tree", "chain", "tie")
+    assert res["winner"][3] in ("chain", "tree topk=2,depth=3", "tie: chain = tree topk=2,depth=3")

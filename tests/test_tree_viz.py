@@ -45,8 +45,8 @@ def test_the_figures_build():
     final = {STRATEGY_TITLES[s]: tree_frames(s, DEMO)[-1] for s in ("move", "stage")}
     rows = [{"strategy": n, "rows_written_per_token": 1.0 + i, "bytes_moved": 1024 * i, "stranded_bytes": 0,
              "commit_share": 0.01} for i, n in enumerate(("write-all+move", "stage"))]
-    chain = {"rows": [{"drafter": d, "nodes": 4, "mean_acceptance_length": 2.5, "draft_rows_per_step": 3}
-                      for d in ("chain", "tree")]}
+    chain = {"rows": [{"drafter": d, "nodes": 4, "depth": depth, "mean_acceptance_length": 2.5, "draft_rows_per_step": 3}
+                      for d, depth in (("chain", 4), ("tree", 4), ("tree", 3))]}
     for fig in (tree_figure(DEMO.parents, None, None), tree_figure(DEMO.parents, None, [True] + [False] * 8),
                 commit_strips(final), tree_costs_figure(rows), tree_vs_chain_figure(chain),
                 frame_figure(tree_frames("cow", DEMO)[-1])):

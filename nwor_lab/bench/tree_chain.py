@@ -5,8 +5,9 @@
 For each verify size N (nodes the target verifies besides t_last) both drafters run through the same
 loop, greedy, over the shipped prompts (`bench.tree.PROMPTS`), without the engine:
     chain  topk = 1, depth = N: the head's N best-next guesses one after another (what the engine runs)
-    tree   EAGLE-2: topk children per expanded node, `depth` levels (default N), the N best of the
-           pool by cumulative draft log-probability
+    tree   EAGLE-2: topk children per expanded node, `depth` levels, the N best of the pool by
+           cumulative draft log-probability; twice per N: the deep tree (topk 4, depth N, as deep as the
+           chain) and EAGLE-2's usual depth-capped shape (`CAPPED[N]`, e.g. topk 2, depth 3 at N = 4)
 One step: prefill the sequence so far (target and head layers), draft with the head
 (`draft_tree_with_head`, its provisional K/V staged), verify the N nodes with the target (tree
 attention, `stage`), greedy tree acceptance, emit the path + the bonus. Every emitted token is
@@ -57,11 +58,26 @@ def decode(target, head, prompts: list[list[int]], new_tokens: int, topk: int, d
     return {"accepted": accepted, "equals_target_only": bool(ok)}
 
 
+# Depth-capped EAGLE-2 shapes per verify size N: (topk, depth), the trees `bench tree_engine` runs
+# through the engine. Beside them each size runs the deep tree (topk 4, depth N: as deep as the chain).
+CAPPED = {4: (2, 3), 8: (2, 4), 16: (4, 5), 32: (4, 6), 64: (8, 6)}
+
+
+def tree_shapes(n: int, topk: int = 4, depth: int | None = None) -> list[tuple[int, int]]:
+    """The trees compared with the chain at verify size n: (topk, depth) each, deep first, no duplicates."""
+    shapes = [(topk, min(depth or n, n))]
+    if n in CAPPED and CAPPED[n] not in shapes:
+        shapes.append(CAPPED[n])
+    return shapes
+
+
 def tree_vs_chain(sizes=(4, 8, 16), topk: int = 4, depth: int | None = None, new_tokens: int = 32,
-                  prompts=PROMPTS, pair=None) -> dict:
-    """The comparison of the module doc. depth None: the tree gets the chain's depth (N levels), so it
-    can grow the chain itself when the head is confident. pair: (target, head, tokenizer) loaded.
-    -> {"rows": [one per drafter x size], "winner": {N: "tree" | "chain" | "tie"}, ...}."""
+                  prompts=PROMPTS, pair=None, capped: bool = True) -> dict:
+    """The comparison of the module doc, per verify size N: the chain (topk 1, depth N), the deep tree
+    (topk, depth N, or `depth`: as deep as the chain, so it can grow the chain itself when the head is
+    confident) and, with `capped`, EAGLE-2's depth-capped shape (`CAPPED[N]`). pair: (target, head,
+    tokenizer) loaded. -> {"rows": [one per drafter x size], "winner": {N: the drafter with the longest
+    acceptance ("chain" or "tree topk=K,depth=D"; "tie" when they are equal)}, ...}."""
     if pair is None:
         from nwor_lab.model.shipped import load_tiny
         pair = load_tiny()
@@ -71,21 +87,24 @@ def tree_vs_chain(sizes=(4, 8, 16), topk: int = 4, depth: int | None = None, new
     greedy = [target_only_greedy(target, p, new_tokens + max(sizes) + 1) for p in ids]
     rows, winner = [], {}
     for n in sizes:
-        d = depth or n
-        shapes = {"chain": (1, n), "tree": (topk, min(d, n))}
-        by = {}
-        for name, (k, dd) in shapes.items():
+        shapes = [("chain", 1, n)] + [(f"tree topk={k},depth={d}", k, d)
+                                      for k, d in tree_shapes(n, topk, depth)[:None if capped else 1]]
+        best, best_len = [], -1.0
+        for name, k, dd in shapes:
             res = decode(target, head, ids, new_tokens, k, dd, n, greedy)
             a = res["accepted"]
-            by[name] = row = {"drafter": name, "nodes": n, "topk": k, "depth": dd, "prompts": len(ids),
-                              "new_tokens": new_tokens, "steps": len(a),
-                              "mean_accepted": round(sum(a) / len(a), 3),
-                              "mean_acceptance_length": round(sum(a) / len(a) + 1, 3),
-                              "draft_rows_per_step": (dd - 1) * k, "verify_rows_per_step": n + 1,
-                              "equals_target_only": res["equals_target_only"]}
+            row = {"drafter": "chain" if k == 1 else "tree", "shape": name, "nodes": n, "topk": k, "depth": dd,
+                   "prompts": len(ids), "new_tokens": new_tokens, "steps": len(a),
+                   "mean_accepted": round(sum(a) / len(a), 3),
+                   "mean_acceptance_length": round(sum(a) / len(a) + 1, 3),
+                   "draft_rows_per_step": (dd - 1) * k, "verify_rows_per_step": n + 1,
+                   "equals_target_only": res["equals_target_only"]}
             rows.append(row)
-        t, c = by["tree"]["mean_acceptance_length"], by["chain"]["mean_acceptance_length"]
-        winner[n] = "tree" if t > c else "chain" if c > t else "tie"
+            if row["mean_acceptance_length"] > best_len:
+                best, best_len = [name], row["mean_acceptance_length"]
+            elif row["mean_acceptance_length"] == best_len:
+                best.append(name)
+        winner[n] = best[0] if len(best) == 1 else "tie: " + " = ".join(best)
     return {"rows": rows, "winner": winner, "pair": "shipped (tiny Llama + EAGLE-1 head)", "greedy": True}
 
 
@@ -97,9 +116,10 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=types.integer(1, 16), default=4)
     p.add_argument("--depth", type=types.integer(1, 64), default=None)
     p.add_argument("--new-tokens", type=types.integer(1, 512), default=32)
+    p.add_argument("--no-capped", action="store_true", help="leave out EAGLE-2's depth-capped trees")
     p.add_argument("--out", type=types.output_file, help="also write the JSON here")
     args = p.parse_args(argv)
-    result = tree_vs_chain(args.sizes, args.topk, args.depth, args.new_tokens)
+    result = tree_vs_chain(args.sizes, args.topk, args.depth, args.new_tokens, capped=not args.no_capped)
     result.update(command="python -m nwor_lab.bench.tree_chain " + " ".join(sys.argv[1:] if argv is None else argv),
                   device="cpu", torch=torch.__version__, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     text = json.dumps(result, indent=1)

@@ -149,20 +149,28 @@ def commit_strips(final: Mapping[str, object], *, title: str = "Positions n .. n
 def tree_vs_chain_figure(result: Mapping, *, title: str = "Tree or chain at the same verify size",
                          subtitle: str | None = None) -> go.Figure:
     """`bench.tree_chain.tree_vs_chain` rows: mean acceptance length (tokens per verify step) of the chain
-    and the tree at each verify size, and the head rows each drafts per step."""
+    and of each tree shape at each verify size, and the head rows each drafts per step."""
     rows = list(result["rows"])
     sizes = sorted({r["nodes"] for r in rows})
+    kinds = ["chain", "deep tree (depth N)", "EAGLE-2 capped tree"]
+    colours = dict(zip(kinds, (STATE_COLOURS[SlotState.COMMITTED], STATE_COLOURS[SlotState.STAGED],
+                               STATE_COLOURS[SlotState.LOGGED])))
+
+    def kind(r):
+        return "chain" if r["drafter"] == "chain" else kinds[1] if r["depth"] == r["nodes"] else kinds[2]
     fig = make_subplots(rows=1, cols=2, subplot_titles=["tokens emitted per verify step (acceptance length)",
                                                         "head rows drafted per step"], horizontal_spacing=0.1)
-    colours = {"chain": STATE_COLOURS[SlotState.COMMITTED], "tree": STATE_COLOURS[SlotState.STAGED]}
-    for drafter in ("chain", "tree"):
-        by = {r["nodes"]: r for r in rows if r["drafter"] == drafter}
+    for name in kinds:
+        by = {r["nodes"]: r for r in rows if kind(r) == name}
+        if not by:
+            continue
         x = [f"N = {n}" for n in sizes if n in by]
+        shapes = [by[n].get("shape", name) for n in sizes if n in by]
         for col, key, fmt in ((1, "mean_acceptance_length", "{:.2f}"), (2, "draft_rows_per_step", "{:d}")):
             vals = [by[n][key] for n in sizes if n in by]
-            fig.add_trace(go.Bar(x=x, y=vals, name=drafter, marker_color=colours[drafter], showlegend=col == 1,
-                                 text=[fmt.format(v) for v in vals], textposition="outside", cliponaxis=False),
-                          row=1, col=col)
+            fig.add_trace(go.Bar(x=x, y=vals, name=name, marker_color=colours[name], showlegend=col == 1,
+                                 text=[fmt.format(v) for v in vals], textposition="outside", cliponaxis=False,
+                                 hovertext=shapes, hoverinfo="text+y"), row=1, col=col)
     fig.update_layout(**base_layout(title, subtitle), barmode="group", height=440)
     fig.layout.margin.t += 26          # room for the panel titles under the subtitle
     fig.update_annotations(font_size=12)
