@@ -1,5 +1,5 @@
 """Tree windows drawn: the frames a tree window leaves under each commit strategy (read from the cache's
-bits), the tree and cost figures, the stepper on tree frames, and exercise (r)'s checker catching the
+bits), the tree and cost figures, the stepper on tree frames, and exercise (s)'s checker catching the
 usual mistakes."""
 import plotly.graph_objects as go
 import pytest

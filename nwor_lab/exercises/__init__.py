@@ -17,7 +17,7 @@ more in every teaching chapter.
   (n) napkin_speedup         EAGLE's speedup from measured components     11_performance
   (o) vllm_key_offsets       a key's elements in vLLM's CPU cache         09_vllm
   (p) sweep_medians          a sweep's rows into the report's figure      10_sweep
-  (r) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
+  (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
