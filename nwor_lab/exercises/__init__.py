@@ -18,6 +18,7 @@ more in every teaching chapter.
   (o) vllm_key_offsets       a key's elements in vLLM's CPU cache         09_vllm
   (p) sweep_medians          a sweep's rows into the report's figure      10_sweep
   (r) state_commit           the recurrent state to commit, conv kept     13_state
+  (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -57,11 +58,13 @@ from nwor_lab.exercises.napkin_speedup import check_napkin_speedup
 from nwor_lab.exercises.vllm_key_offsets import check_vllm_key_offsets
 from nwor_lab.exercises.sweep_medians import check_sweep_medians
 from nwor_lab.exercises.state_commit import check_state_commit
+from nwor_lab.exercises.tree_commit_plan import check_tree_commit_plan
 
 NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
          "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
          "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
-         "vllm_key_offsets", "sweep_medians", "state_commit")
+         "vllm_key_offsets", "sweep_medians", "state_commit",
+         "tree_commit_plan")
 
 
 def exercise(name: str):
@@ -167,4 +170,5 @@ __all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES",
            "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions", "check_storage_offsets",
            "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
            "check_cow_restore_plan", "check_acceptance_stats", "check_rejected_slots", "check_write_share",
-           "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians", "check_state_commit"]
+           "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians", "check_state_commit",
+           "check_tree_commit_plan"]

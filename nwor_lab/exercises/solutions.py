@@ -428,3 +428,31 @@ def state_commit(window_states: torch.Tensor, conv_history: torch.Tensor, num_dr
     # history index W-1 is t_last's input, W-1+a is d_a's: keep the W-1 entries ending there
     keep = a[:, None] + 1 + torch.arange(conv_width - 1)
     return state, conv_history[rows[:, None], keep]
+
+
+def tree_commit_plan(parents: torch.Tensor, draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
+                     slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A tree window's accepted path under greedy acceptance, and what its commit copies where.
+
+    parents:       [N] int64, node i+1's parent: 0 = t_last, j = node j (parents come first, j <= i)
+    draft_tokens:  [N] int64, node i+1's draft token (siblings carry distinct tokens)
+    target_argmax: [N + 1] int64, the target's greedy token after window row t (row 0 = t_last,
+                   row j = node j): a node matches when its token equals target_argmax[its parent]
+    slots:         [N + 1] int64, the slot of position n + j (j = 0 .. N): a write-all window put
+                   row j there
+    returns (path [a] int64: the accepted nodes by depth — from t_last, step to the child that matches,
+             until no child does; src [a] int64 = slots[path]: where write-all wrote each path node;
+             dst [a] int64 = slots[1 .. a]: position n + depth, where it belongs). Write-all + move
+             copies src -> dst (a node already in place moves nothing); stage writes staging row
+             path[i] to dst[i] directly.
+    """
+    par, tok, arg = parents.tolist(), draft_tokens.tolist(), target_argmax.tolist()
+    path, at = [], 0
+    while True:
+        nxt = [i + 1 for i, p in enumerate(par) if p == at and tok[i] == arg[at]]
+        if not nxt:
+            break
+        at = nxt[0]
+        path.append(at)
+    path = torch.tensor(path, dtype=torch.int64)
+    return path, slots.long()[path], slots.long()[1:1 + len(path)]

@@ -164,13 +164,18 @@ def settle(final: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
 
 def token_labels(window) -> list[tuple[str, str]]:
     """Per window row `(short, long)` names: ("1:d2", "req 1 · d2"), ("1:t", "req 1 · t_last"),
-    ("0:p3", "req 0 · token 3") for prefill / plain-decode tokens."""
+    ("0:p3", "req 0 · token 3") for prefill / plain-decode tokens; ("0:n5", "req 0 · node 5 (depth 2)")
+    for the nodes of a tree window."""
     req = window.token_req.tolist()
     pos = window.token_draft_pos.tolist()
+    tree = getattr(window, "is_tree", False)
+    depth = window.token_depth.tolist() if tree else None
     out, seen = [], {}
-    for r, j in zip(req, pos):
+    for t, (r, j) in enumerate(zip(req, pos)):
         i = seen[r] = seen.get(r, -1) + 1
-        if j > 0:
+        if tree and j > 0:      # a tree window's row j is node j (its depth decides its position)
+            out.append((f"{r}:n{j}", f"req {r} · node {j} (depth {depth[t]})"))
+        elif j > 0:
             out.append((f"{r}:d{j}", f"req {r} · d{j}"))
         elif window.num_draft_tokens[r] > 0:
             out.append((f"{r}:t", f"req {r} · t_last"))

@@ -365,6 +365,33 @@ NOTES = {n.stem: n for n in [
                 "not attempted: the kit runs the chapters as a learner opens them)",),
         answers=("Usually padding (slot −1), the accepted length's own draft (> vs >=), or a dtype; a review checklist of edge cases (empty, all padding, all accepted, none accepted) catches them.",
                  'All three are small index maps: each is easy in CUDA, and each should be tested the same way — against the plain reference on generated cases, edge cases first, and under compute-sanitizer.',)),
+    ChapterNotes(
+        "14_trees", "Trees: the commit is a compaction", talk_min=10, hands_on_min=8, run_estimate_s=60,
+        say=("EAGLE-2 drafts a tree: the target verifies N nodes at once and keeps one root path, whose nodes are "
+             "scattered through the window.",
+             "The path's K/V belong at the next a positions: write-all engines copy them there after verify "
+             "(move, cow) or use block size 1 and re-point the table (remap).",
+             "`stage` keeps the nodes in its buffer; its one commit writes the path in place: one row per layer per "
+             "emitted token, nothing moved, nothing stranded.",
+             "Whether a tree beats a chain is the pair's property: measure acceptance at the same verify size."),
+        misconception="\"Rejected nodes cost nothing once the table moves past them\": under write-all + move they "
+                      "stay in the path's last block, where a prefix cache's digest and anything that ships the "
+                      "block read them.",
+        questions=("Why does write-all + move leave a stale copy of every moved node behind the path?",
+                   "When does SGLang's page-size-1 remap beat a move, and what does block size 1 cost elsewhere?",
+                   "The tree accepted more per verify step than the chain: what must you still measure before "
+                   "switching to trees?"),
+        expect=("{accepted_len} of {nodes} nodes accepted in section 1's tree (topk {topk}, depth {depth})",
+                "rows written per emitted token: stage {stage_rows_written_per_token}, write-all + move "
+                "{move_rows_written_per_token}, cow {cow_rows_written_per_token}; move left "
+                "{move_stranded_bytes:,} B stranded"),
+        answers=("The move copies each path node from its write-all slot n + j to n + depth and never clears the source: "
+                 "unless a later path node lands on it, the old slot keeps a copy nobody will read.",
+                 "Remap avoids the copy (SGLang #14817 measured it faster than page 16 at the same acceptance), but one "
+                 "position per block means a block table as long as the context, per-token allocation and no "
+                 "block-level prefix sharing.",
+                 "Tokens per second end to end: the tree drafts topk times the head rows per level, and its verify "
+                 "window is N + 1 rows per request, which costs more once the batch is compute-bound.",)),
 ]}
 
 BREAK_MIN = 10

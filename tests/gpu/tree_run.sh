@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Tree windows on the GPU, in one command of at most ~9.5 minutes (deadline.sh cuts every stage; what
+# finished is under $OUT; the bench comes first: it is what the time is for):
+#   1  `nwor-lab bench tree --model 8b`: write-all + move, write-all + remap (block size 1), cow, stage
+#      at N = 16/32/64, block size 16, batch 1/8/32, context 1024, 3 forced accepted nodes (eager steps,
+#      CUDA events) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
+#      than write-all + move everywhere (each row is also printed to bench_tree_8b.log as it is made)
+#   2  the tree GPU tests (tests/gpu/test_gpu_tree*.py: tree attention vs the reference, the commit ops,
+#      a graphed tree step, bench tree's 8B path at toy size; the engine's tree tests where present)
+#   3  the same step replayed from one CUDA graph per strategy (batch 1/32; separate process: a failed
+#      capture cannot touch the eager numbers) -> $OUT/tree_8b_graphs_<card>.json
+#   4  `bench tree` on the shipped pair on this GPU (real EAGLE-2 trees, greedy) -> tree_shipped_<card>.json
+#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/tree_run.sh
+set -uo pipefail
+START=$(date +%s)
+export DEADLINE=$((START + ${BUDGET:-570}))
+OUT=${OUT:-/tmp/nwor_out}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
+source "$(dirname "$0")/deadline.sh"
+stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
+stage setup
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} | tee "$OUT/device_tree.txt"
+NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
+python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_tree.log" 2>&1 || echo "pip -e failed"
+export PYTHONPATH=$PWD
+timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
+  > "$OUT/build_tree.log" 2>&1; echo "extension build exit $?"
+
+stage "bench tree 8b (eager)"
+timeout $(lim 240) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
+  --block-size 16 --context 1024 --accepted 3 --out "$OUT/tree_8b_$TAG.json" \
+  > /dev/null 2> "$OUT/bench_tree_8b.log"
+echo "bench tree 8b exit $?"; tail -2 "$OUT/bench_tree_8b.log" | cut -c1-400
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" \
+  "$OUT/tree_8b_$TAG.json" 2>/dev/null || echo "no 8b summary"
+
+stage "tree GPU tests"
+timeout $(lim 150) python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_tree*.py \
+  > "$OUT/pytest_tree.log" 2>&1
+echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_tree.log" | tail -15
+
+stage "bench tree 8b (CUDA graphs)"
+timeout $(lim 150) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,64 --batches 1,32 --graphs \
+  --strategies move,cow,stage --reps 5 --out "$OUT/tree_8b_graphs_$TAG.json" \
+  > /dev/null 2> "$OUT/bench_tree_8b_graphs.log"
+echo "bench tree graphs exit $?"; tail -2 "$OUT/bench_tree_8b_graphs.log" | cut -c1-400
+
+stage "bench tree shipped (this GPU)"
+timeout $(lim 90) python3 -m nwor_lab.cli bench tree --model shipped --device cuda \
+  --out "$OUT/tree_shipped_$TAG.json" > /dev/null 2> "$OUT/bench_tree_shipped.log"
+echo "bench tree shipped exit $?"; tail -2 "$OUT/bench_tree_shipped.log" | cut -c1-400
+stage done
