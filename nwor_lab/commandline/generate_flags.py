@@ -21,7 +21,7 @@ import argparse
 
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import PROG, LabArgumentParser
-from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES
+from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES, STATE_MODES
 
 SEPARATOR = "-" * 60
 
@@ -47,6 +47,10 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         "(W + k), full (no ring), guard (W slots, no draft that could evict a needed "
                         "position), auto (ring when the write policy keeps it exact, else slack; default)")
     p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
+    p.add_argument("--state-mode", choices=STATE_MODES, default=None,
+                   help="a hybrid checkpoint's recurrent and conv state under drafts: off / snapshots / cow / "
+                        "replay / stage, or auto (the strategy named like --nwor; default, NWOR_LAB_STATE_MODE); "
+                        "attention-only models keep no such state")
     p.add_argument("--max-new-tokens", type=types.int_at_least(1), default=64)
     p.add_argument("--temperature", type=types.temperature, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=types.seed, default=0)
