@@ -301,7 +301,7 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
                    seconds=round(run["seconds"], 4), repeat_seconds=[round(t, 4) for t in run["times"]],
                    verify_windows_per_run=windows, mean_acceptance_length=round(mean, 3),
                    graphed_steps=eng.runner.graphed_steps, replayed_steps=eng.runner.replays,
-                   cuda_graph_off=eng.graphed_off or getattr(eng.states, "capture_off", None))
+                   cuda_graph_off=eng.graphed_off or eng.states.capture_off or None)
         if device.type == "cuda":
             row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         del eng, run

@@ -3,7 +3,8 @@
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
-               target's steps (its state window is opened from the host lists), the first step of
+               target's steps with prefills (their state rows run the chunked form, from host
+               counts) or under a state strategy that declares `capture_off`, the first step of
                a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
@@ -84,10 +85,12 @@ class StepRunner:
         """Whether this step may run from a bucket's graph (else it runs eagerly, the same body)."""
         e = self.engine
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log or e.states is not None \
+        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log \
                 or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
             return False
         prefill = [r.is_prefill for r in requests]
+        if e.states is not None and (any(prefill) or e.states.capture_off or not e.states.fits_device_layout(e.k + 1)):
+            return False            # a hybrid target: decode buckets only (prefills run the chunked form)
         if any(prefill) and not all(prefill) and not self.mixed:
             return False
         return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
