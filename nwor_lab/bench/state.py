@@ -48,6 +48,7 @@ import torch
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
+from nwor_lab.config import SCV_MODES
 
 STRATEGIES = ("off", "snapshots", "cow", "replay", "stage")
 MODELS = ("auto", "shipped", "toy", "8b-hybrid", "8b-hybrid-mini")
@@ -159,13 +160,13 @@ def make_prompts(source, n: int, length: int, seed: int = 7) -> list[list[int]]:
 
 # -- one engine ------------------------------------------------------------------------------------
 def build_engine(target, head, strategy: str, k: int, batch: int, prompt_len: int, new_tokens: int, *,
-                 temperature: float, seed: int, acceptance, graphs: bool, attention: str):
+                 temperature: float, seed: int, acceptance, graphs: bool, attention: str, scv: str = "graph"):
     from nwor_lab.config import LabConfig
     from nwor_lab.engine import SpecEngine
     from nwor_lab.engine.buffers import token_bucket
     per = -(-(prompt_len + new_tokens + k + 1) // BLOCK)
     tokens = token_bucket(batch * max(prompt_len, k + 1) + prompt_len)
-    cfg = LabConfig(nwor_mode="stage", state_mode=strategy, attention=attention, cuda_graph=graphs)
+    cfg = LabConfig(nwor_mode="stage", state_mode=strategy, scv_mode=scv, attention=attention, cuda_graph=graphs)
     return SpecEngine(target, head if k else None, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=BLOCK,
                       max_num_seqs=batch, max_num_batched_tokens=tokens, temperature=temperature, seed=seed,
                       acceptance=acceptance if k else None)
@@ -259,7 +260,7 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
     from nwor_lab.engine.generate import acceptance_stats
     k = args.k
     prompts = make_prompts(source, batch, args.prompt_len)
-    common = dict(graphs=not args.no_cuda_graph, attention=args.attention)
+    common = dict(graphs=not args.no_cuda_graph, attention=args.attention, scv=args.scv)
     ref = None
     if not forced:                 # the reference: target-only greedy decoding
         eng = build_engine(target, head, "stage", 0, batch, args.prompt_len, args.new_tokens, temperature=0.0,
@@ -360,6 +361,8 @@ def parser() -> LabArgumentParser:
                    help="forced acceptance: the largest logit shortfall still read as the greedy choice, in logit "
                         "standard deviations (default 0.05 in bf16, 1e-3 in float32)")
     p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
+    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
+                   help="SCV mode (off: the host loop, so every step runs eagerly)")
     p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
     p.add_argument("--json", action="store_true", help="print the JSON (always printed; kept for the documented command)")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
@@ -408,7 +411,7 @@ def write(args, argv, device, dtype, model, forced, acceptance, t_start, rows, f
     out = {"command": "nwor-lab bench state " + " ".join(argv), "device": dev, "torch": torch.__version__,
            "model": model, "dtype": str(dtype).replace("torch.", ""), "k": args.k, "batches": list(args.batch),
            "recurrence": "fla-core" if fla else "torch reference",
-           "cuda_graph": not args.no_cuda_graph and device.type == "cuda",
+           "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "scv": args.scv,
            "acceptance": ({"source": args.acceptance, **acceptance.describe(args.k)} if forced else "the target's"),
            "prompts": f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens each, batch prompts together",
            "complete": complete, "seconds_total": round(time.perf_counter() - t_start, 1), "results": rows}
