@@ -292,7 +292,9 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
             bad = [(pos[req_ids[i]][j], i) for i, g in enumerate(gaps) for j, x in enumerate(g) if x > args.tolerance]
             div = min(bad) if bad else (None, None)
             row.update(correct_greedy=not bad, max_logit_gap=round(max((x for g in gaps for x in g), default=0.0), 4),
-                       tolerance=args.tolerance, target_tokens_checked=sum(len(g) for g in gaps))
+                       tolerance=args.tolerance, target_tokens_checked=sum(len(g) for g in gaps),
+                       target_tokens_over_tolerance=len(bad),
+                       target_tokens_not_argmax=sum(1 for g in gaps for x in g if x > 0))
         else:
             div = first_divergence(out, ref)
             row["correct_greedy"] = div[0] is None
@@ -359,7 +361,8 @@ def parser() -> LabArgumentParser:
     p.add_argument("--acceptance", default="shipped", help="forced acceptance profile (random-weight models)")
     p.add_argument("--tolerance", type=types.number_in(0.0, 100.0), default=None,
                    help="forced acceptance: the largest logit shortfall still read as the greedy choice, in logit "
-                        "standard deviations (default 0.05 in bf16, 1e-3 in float32)")
+                        "standard deviations (default 0.25 in bf16: above its rounding between a window and a "
+                        "dense pass; 1e-3 in float32)")
     p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
     p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
                    help="SCV mode (off: the host loop, so every step runs eagerly)")
@@ -383,7 +386,7 @@ def main(argv=None) -> dict:
     args.prompt_len = args.prompt_len or (64 if big else 6)
     args.new_tokens = args.new_tokens or (64 if big else 12)
     if args.tolerance is None:
-        args.tolerance = 1e-3 if dtype == torch.float32 else 5e-2
+        args.tolerance = 1e-3 if dtype == torch.float32 else 0.25
     t_start = time.perf_counter()
     model, target, head, source, forced = load_model(args.model, device, dtype)
     try:

@@ -65,7 +65,8 @@ for r in d["results"]:
     print(r["batch"], r["strategy"], "correct" if r["correct"] else f"WRONG at {r['first_divergence']}",
           f"{r['tokens_per_s']} tok/s", f"{r['step_ms']} ms/step", f"L={r['mean_acceptance_length']}",
           f"steady {r['state_bytes_steady'] / 2**20:.0f} MiB", f"window {r['state_bytes_window'] / 2**20:.0f} MiB",
-          f"gap {r.get('max_logit_gap')}", f"replays {r['replayed_steps']}")
+          f"gap {r.get('max_logit_gap')} (not argmax {r.get('target_tokens_not_argmax')} of "
+          f"{r.get('target_tokens_checked')})", f"replays {r['replayed_steps']}")
 print(json.dumps(check))
 json.dump(check, open(sys.argv[2], "w"), indent=1)
 EOF
