@@ -341,6 +341,12 @@ def finish_rows(rows, greedy: dict, sampled: dict, forced: bool, temperature: fl
         r["correct"] = bool(ok)
 
 
+def acceptance_text(text: str) -> str:
+    """An argparse type: what `ForcedAcceptance.parse` reads (checked against k later)."""
+    from nwor_lab.bench.engine8b import acceptance_text as check
+    return check(text)
+
+
 def parser() -> LabArgumentParser:
     p = LabArgumentParser(prog="nwor-lab bench state", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=types.one_of(MODELS), default="auto",
@@ -358,7 +364,9 @@ def parser() -> LabArgumentParser:
     p.add_argument("--temperature", type=types.temperature, default=0.8,
                    help="the seeded T > 0 run (tokens identical across strategies); 0 skips it")
     p.add_argument("--seed", type=types.seed, default=0)
-    p.add_argument("--acceptance", default="shipped", help="forced acceptance profile (random-weight models)")
+    p.add_argument("--acceptance", type=acceptance_text, default="shipped",
+                   help="forced acceptance (random-weight models): 'shipped' (the shipped pair's profile), a rate "
+                        "in [0, 1] or per-position rates")
     p.add_argument("--tolerance", type=types.number_in(0.0, 100.0), default=None,
                    help="forced acceptance: the largest logit shortfall still read as the greedy choice, in logit "
                         "standard deviations (default 0.25 in bf16: above its rounding between a window and a "
