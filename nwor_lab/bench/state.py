@@ -100,14 +100,18 @@ def random_hybrid(shape: str, device, dtype, seed: int = 0):
     return target, head.attach(target)
 
 
-def toy_pair():
+def toy_pair(wide: bool = False):
     """The toy hybrid of tests/test_engine_hybrid.py (3 gated DeltaNet : 1 attention, hidden 32,
     vocabulary 32) with an EAGLE-1 head whose fc passes the target's features through: some drafts
-    accepted, some rejected."""
+    accepted, some rejected. `wide`: hidden 64 and heads of 16 (attention and linear), the smallest
+    the GPU kernels (Triton's tl.dot) take."""
     from nwor_lab.model.config import LlamaConfig
     from nwor_lab.model.eagle import EagleHead
     from nwor_lab.model.toy import toy_hybrid
-    target = toy_hybrid(2)
+    if wide:
+        target = _wide_toy_hybrid(2)
+    else:
+        target = toy_hybrid(2)
     cfg = target.config
     fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
     head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
@@ -120,6 +124,25 @@ def toy_pair():
         h = cfg.hidden_size
         head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
     return target, head.attach(target).eval()
+
+
+@torch.no_grad()
+def _wide_toy_hybrid(seed: int):
+    """As nwor_lab.model.toy.toy_hybrid (its init), hidden 64, every head dimension 16."""
+    from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
+    cfg = HybridConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+    gen = torch.Generator().manual_seed(seed)
+    model = HybridForCausalLM(cfg)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if "conv1d" in name else 0.2))
+    model.model.embed_tokens.weight.copy_(torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen))
+    for layer in model.model.layers:
+        if layer.layer_type == "linear_attention":
+            layer.linear_attn.init_decay(gen)
+    return model.eval()
 
 
 def shipped_dir():
