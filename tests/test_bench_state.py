@@ -92,3 +92,19 @@ def test_the_sweep_checks_state_mode_values():
     with pytest.raises(SweepInputError, match="--set state_mode"):
         check_parameters({}, {"state_mode": "fast"}, declared, "nb.ipynb")
     assert declared_orders()["state_mode"][1:] == bench.STRATEGIES
+
+
+def test_generate_runs_a_hybrid_checkpoint_under_the_state_mode(tmp_path, capsys, monkeypatch):
+    import shutil
+    from nwor_lab.model.loader import save_eagle, save_llama
+    from nwor_lab.model.shipped import TINY_DIR
+    monkeypatch.setitem(bench.HYBRID_SHAPES, "vocab", dict(bench.HYBRID_SHAPES["8b-hybrid-mini"], vocab_size=4096))
+    target, head = bench.random_hybrid("vocab", "cpu", torch.float32)        # the shipped tokenizer's vocabulary
+    save_llama(target, tmp_path)
+    save_eagle(head, tmp_path / "eagle_config.json", tmp_path / "eagle.safetensors")
+    shutil.copy(TINY_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    monkeypatch.delenv("NWOR_LAB_STATE_MODE", raising=False)
+    assert cli_main(["generate", "def f():", "--checkpoint", str(tmp_path), "--state-mode", "replay", "--k", "3",
+                     "--max-new-tokens", "5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["state_mode"] == "replay" and len(got["token_ids"][0]) == 5
