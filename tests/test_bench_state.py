@@ -13,7 +13,7 @@ from nwor_lab.cli.main import main as cli_main
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     out = tmp_path_factory.mktemp("state") / "state.json"
-    res = bench.main(["--model", "toy", "--batch", "2", "--prompt-len", "4", "--new-tokens", "8", "--repeats", "1",
+    res = bench.main(["--model", "toy", "--batch", "2", "--prompt-len", "4", "--new-tokens", "6", "--repeats", "1",
                       "--out", str(out)])
     return res, json.loads(out.read_text())
 
@@ -50,7 +50,7 @@ def test_off_diverges_and_every_other_strategy_equals_target_only(toy):
 def test_forced_acceptance_rescoring_catches_off(monkeypatch):
     """Random weights, forced acceptance: the target's own tokens re-scored by a dense pass."""
     res = bench.main(["--model", "8b-hybrid-mini", "--batch", "2", "--k", "3", "--strategies", "off,stage",
-                      "--prompt-len", "4", "--new-tokens", "10", "--repeats", "1", "--temperature", "0"])
+                      "--prompt-len", "4", "--new-tokens", "8", "--repeats", "1", "--temperature", "0"])
     off, stage = res["results"]
     assert stage["correct"] and stage["max_logit_gap"] <= stage["tolerance"] and stage["target_tokens_checked"] > 0
     assert not off["correct"] and off["max_logit_gap"] > off["tolerance"] and off["first_divergence"] is not None

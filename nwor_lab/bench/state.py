@@ -30,12 +30,14 @@ attention layers under `stage` in every row, so only the state discipline differ
                        `state_bytes_window_measured`: steady + the peak bytes the strategy actually held
                        for an open window (its `bytes_kept_peak` counter) per request of that window
   tokens_per_s, step_ms   median of `--repeats` timed runs (protocol of `bench engine`: a cold run, a
-                       capture run, the timed runs); step_ms = run seconds / verify windows
+                       capture run where graphs are captured, the timed runs); step_ms = run seconds /
+                       verify windows (the prefill's included)
   mean_acceptance_length, batch, k, device (the card's name on CUDA), torch
 Timings are reported, never asserted.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -80,7 +82,10 @@ def random_hybrid(shape: str, device, dtype, seed: int = 0):
     from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
     from nwor_lab.model.shapes import _materialize
     cfg = HybridConfig(**HYBRID_SHAPES[shape])
-    with torch.device("meta"):
+    # CUDA: built on the meta device, allocated once in its dtype (no float32 copy of 17 GB); CPU (the
+    # mini shape): built in place (the meta device's first use imports torch's decompositions: seconds)
+    build = (lambda: torch.device("meta")) if torch.device(device).type == "cuda" else contextlib.nullcontext
+    with build():
         target = HybridForCausalLM(cfg)
     gen = torch.Generator(device).manual_seed(seed)
     target = _materialize(target, device, dtype, gen)
@@ -94,7 +99,7 @@ def random_hybrid(shape: str, device, dtype, seed: int = 0):
                 layer.linear_attn.norm.weight.fill_(1.0)
     fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
     head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
-    with torch.device("meta"):
+    with build():
         head = EagleHead(head_cfg, fc_bias=True)
     head = _materialize(head, device, dtype, torch.Generator(device).manual_seed(seed + 1))
     return target, head.attach(target)
@@ -276,10 +281,25 @@ def device_name(device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def time_runs(engine, prompts, new_tokens: int, repeats: int, device) -> dict:
+    """`bench engine`'s protocol after its cold run: one untimed run that captures each bucket's CUDA
+    graph (when the engine captures), then `repeats` timed runs -> times, their median, the last
+    run's requests and the timed runs' trace."""
+    import numpy as np
+
+    from nwor_lab.bench.timing import run_prompts, timed
+    if engine.runner.capture:
+        run_prompts(engine, prompts, new_tokens)
+    first, times, reqs = len(engine.trace), [], []
+    for _ in range(repeats):
+        reqs, t = timed(lambda: run_prompts(engine, prompts, new_tokens), device)
+        times.append(t)
+    return dict(times=times, seconds=float(np.median(times)), requests=reqs, trace=engine.trace[first:])
+
+
 # -- the bench -------------------------------------------------------------------------------------
 def bench_batch(target, head, model: str, source, forced: bool, batch: int, args, device, acceptance) -> list[dict]:
     """Target-only, then every strategy at `batch` -> one row per strategy."""
-    from nwor_lab.bench.timing import time_engine
     from nwor_lab.engine.generate import acceptance_stats
     k = args.k
     prompts = make_prompts(source, batch, args.prompt_len)
@@ -297,10 +317,8 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
             torch.cuda.reset_peak_memory_stats(device)
         eng = build_engine(target, head, name, k, batch, args.prompt_len, args.new_tokens, temperature=0.0, seed=0,
                            acceptance=acceptance, **common)
-        t0 = time.perf_counter()
         out, req_ids, trace = run_once(eng, prompts, args.new_tokens)     # the cold run: correctness
-        cold = time.perf_counter() - t0
-        run = time_engine(eng, prompts, args.new_tokens, args.repeats, device, cold=cold)
+        run = time_runs(eng, prompts, args.new_tokens, args.repeats, device)
         ntok = sum(len(r.output) for r in run["requests"])
         windows = sum(1 for t in run["trace"] if t.kind == "verify") // args.repeats
         mean, _ = acceptance_stats(run["trace"], max(k, 1))
