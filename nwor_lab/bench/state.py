@@ -275,6 +275,13 @@ def state_bytes(engine, k: int, batch: int) -> dict:
             "state_bytes_window_measured": measured, "rows_per_slot": store.rows_per_slot}
 
 
+def free(device) -> None:
+    """Drop what a deleted engine held (reference cycles: its runner's graphs and their pools)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -310,10 +317,10 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
                            seed=0, acceptance=None, **common)
         ref = run_once(eng, prompts, args.new_tokens)[0]
         del eng
+        free(device)
     rows, greedy, sampled = [], {}, {}
     for name in args.strategies:
         if device.type == "cuda":
-            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         eng = build_engine(target, head, name, k, batch, args.prompt_len, args.new_tokens, temperature=0.0, seed=0,
                            acceptance=acceptance, **common)
@@ -349,12 +356,13 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
         if device.type == "cuda":
             row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         del eng, run
+        free(device)                     # the captured graphs' pools too, before the next engine
         if args.temperature > 0:         # the same seed under every strategy: the same tokens
             eng = build_engine(target, head, name, k, batch, args.prompt_len, args.new_tokens,
                                temperature=args.temperature, seed=args.seed, acceptance=acceptance, **common)
             sampled[name] = run_once(eng, prompts, args.new_tokens)[0]
             del eng
-        gc.collect()
+            free(device)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     finish_rows(rows, greedy, sampled, forced, args.temperature)
