@@ -397,7 +397,10 @@ def acceptance_text(text: str) -> str:
 
 
 def parser() -> LabArgumentParser:
-    p = LabArgumentParser(prog="nwor-lab bench state", description=__doc__.splitlines()[0])
+    p = LabArgumentParser(prog="nwor-lab bench state",
+                          description="Every state strategy (off, snapshots, cow, replay, stage) on the same hybrid "
+                                      "model and prompts, through the engine: correctness, state bytes, tokens/s, "
+                                      "acceptance (JSON; the module docstring defines each field).")
     p.add_argument("--model", type=types.one_of(MODELS), default="auto",
                    help="auto: the shipped hybrid pair when shipped, else toy; 8b-hybrid (CUDA) / 8b-hybrid-mini: "
                         "random weights, forced acceptance")
