@@ -61,35 +61,3 @@ def test_every_strategy_that_keeps_accepted_rows_only_equals_target_only(pair, t
 def test_off_advances_the_state_through_rejected_drafts_and_diverges(pair, target_only):
     out, drafted, accepted = decode(pair, 3, "off")
     assert accepted < drafted and out != target_only
-
-
-def decode_padded(pair, k: int, state_mode: str, max_num_seqs: int):
-    """As `decode`, steps that could be captured on their bucket's padded buffers (the captured body,
-    run without a graph on CPU): the state rows and slots as device data, padding requests on the
-    store's scratch slot."""
-    from nwor_lab.engine.runner import StepRunner
-    target, head = pair
-    engine = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode), k=k, block_size=4,
-                        max_num_seqs=max_num_seqs)
-    engine.runner = StepRunner(engine, max_num_seqs, 1024, capture=False, pad=True)
-    reqs = [engine.add_request(p, 14) for p in PROMPTS]
-    engine.run()
-    return [r.output for r in reqs], engine.runner
-
-
-@pytest.mark.parametrize("state_mode", ["off", "snapshots", "cow", "replay", "stage"])
-def test_the_static_bucket_step_decodes_what_the_eager_step_does(pair, target_only, state_mode):
-    # max_num_seqs 4: one bucket of 4 with a padding request, then buckets of 2 and 1 as requests end
-    static, runner = decode_padded(pair, 3, state_mode, 4)
-    if state_mode == "off":        # wrong, but wrong alike: the same rows advance the same states
-        target, head = pair
-        engine = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode="off"), k=3, block_size=4,
-                            max_num_seqs=4)
-        reqs = [engine.add_request(p, 14) for p in PROMPTS]
-        engine.run()
-        assert static == [r.output for r in reqs] != target_only
-    else:
-        assert static == target_only
-    assert runner.graphed_steps > 0 and runner.prelaunched > 0       # decode buckets, fed on the device
-    assert runner.prefill_steps == 0                                  # prefills stay eager (host counts)
-    assert 4 in {inp.size for inp in runner.buckets.values()}

@@ -86,12 +86,6 @@ def ring_line(res, check: dict | None) -> str:
     return line
 
 
-def state_fields(engine) -> dict:
-    """A hybrid target's state strategy (the policy's registered name) for --json; {} for a target
-    without recurrent state."""
-    return {} if engine.states is None else {"state_mode": engine.states.name}
-
-
 def cli_generate(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.engine == "vllm":          # nothing in the lab imports nwor_lab.vllm: run it where vLLM is
@@ -102,11 +96,13 @@ def cli_generate(argv=None) -> int:
     if args.stream and args.json:
         raise UsageError("--stream and --json: choose one (JSON is printed once, at the end)")
     stream = (sys.stdout.isatty() and not args.json) if args.stream is None else args.stream
-    given = {name: v for name, v in (("sliding_window", args.sliding_window), ("kv_ring", args.kv_ring),
-                                     ("state_mode", args.state_mode)) if v is not None}
-    cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv, **given)
+    ring = {name: v for name, v in (("sliding_window", args.sliding_window), ("kv_ring", args.kv_ring))
+            if v is not None}
+    cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv, **ring)
     if args.cuda_graph is not None:
         cfg = cfg.replace(cuda_graph=args.cuda_graph)
+    if args.state_mode is not None:     # (--json names the strategy of a hybrid target: `state_mode`)
+        cfg = cfg.replace(state_mode=args.state_mode)
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such folder; give one laid out like "
                          f"nwor_lab/checkpoints/tiny (config.json, model.safetensors, eagle*.safetensors, "
@@ -152,8 +148,7 @@ def cli_generate(argv=None) -> int:
         check = {"equals_target_only": div is None, "first_divergence": div}
     if args.json:
         print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(), **(check or {}),
-                          "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "interrupted": interrupted,
-                          **state_fields(gen.engine)}))
+                          "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "interrupted": interrupted}))
     else:
         if streamer:
             streamer.flush(final=True)

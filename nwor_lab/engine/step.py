@@ -119,11 +119,11 @@ class StepInputs:
         h["rows_logits"][:] = rows["rows_logits"] + [pad_row] * (pad_reqs * (k + 1))
         h["draft_rows"][:] = rows["draft_rows"] + [pad_row] * (pad_reqs * k)
         h["drafts"][:] = rows["drafts"] + [-1] * (pad_reqs * k)
+        if engine.states is not None:       # padding requests advance the store's scratch slot (no rows)
+            h["state_slots"][:] = [r.state_slot for r in requests] + [engine.states.store.scratch_slot] * pad_reqs
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
         h["draft_limit"][:] = draft_limits(engine, requests) + [0] * pad_reqs
-        if engine.states is not None:       # padding requests advance the store's scratch slot (no rows)
-            h["state_slots"][:] = [r.state_slot for r in requests] + [engine.states.store.scratch_slot] * pad_reqs
         self.inputs.upload()
         if self.draft_probs is not None:
             self.draft_probs.zero_()
