@@ -3,8 +3,7 @@
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
-               target's steps with prefills (their state rows run the chunked form, from host
-               counts) or under a state strategy that declares `capture_off`, the first step of
+               target's steps (its state window is opened from the host lists), the first step of
                a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
@@ -13,6 +12,11 @@
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
                the step computed for it on the device (nothing can change it: no request can
                finish, nobody is admitted, no end token is watched)
+
+A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
+(the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
+store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
+so does every step under a state strategy that declares `capture_off`.
 
 Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
 drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
