@@ -13,7 +13,8 @@
                the step computed for it on the device (nothing can change it: no request can
                finish, nobody is admitted, no end token is watched)
 
-A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
+A hybrid target (recurrent state, nwor_lab.state; of its steps the eager list means those with
+prefills): its decode buckets are captured like any other
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
 store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
 so does every step under a state strategy that declares `capture_off`.
