@@ -2,14 +2,19 @@
 # The GPU side of the hybrid target's state strategies, in one command of at most ~9.5 minutes
 # (deadline.sh cuts every stage; what finished is under $OUT):
 #   1. install the project (editable, no deps) and, from wheels/ when present, fla-core + einops
-#   2. the GPU tests of the state and the hybrid: fla against the references, the strategies with fla,
-#      the hybrid through the engine (every strategy == target-only, captured == eager)
-#   3. `bench state` on the 8B-class hybrid (random bf16 weights, forced acceptance), k 4, batch 32 first
-#      (the done-when row), then 1, 8, 64; JSON written after every batch
-#   4. the done-when check at batch 32: stage no slower than snapshots, and at most 1/(k+1) of
-#      snapshots' steady state bytes (printed and written to $OUT/state_check.json)
-#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/state_run.sh
+#   2. (A) `bench state` on the 8B-class hybrid (random bf16 weights, forced acceptance), k 4, batch 32
+#      first (the done-when row), then 1, 8, 64; JSON written after every batch; then the done-when
+#      check at batch 32: stage no slower than snapshots, and at most 1/(k+1) of snapshots' steady
+#      state bytes (printed and written to $OUT/state_check.json)
+#   3. (B) the GPU tests of the state and the hybrid: fla against the references, the strategies with
+#      fla, the hybrid through the engine (every strategy == target-only, captured == eager)
+#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/state_run.sh        (bench, check, then tests)
+#          or in two commands:        OUT=/path bash tests/gpu/state_run.sh A      (bench + check)
+#                                     OUT=/path bash tests/gpu/state_run.sh B      (the GPU tests)
+# The bench runs first: its batch-32 rows are the done-when measurement (Triton compiles fla's kernels
+# on first use, which can take minutes of the budget).
 set -uo pipefail
+PART=${1:-all}
 START=$(date +%s)
 export DEADLINE=$((START + ${BUDGET:-570}))
 OUT=${OUT:-/tmp/nwor_out}
@@ -20,27 +25,24 @@ stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
 stage setup
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} | tee "$OUT/device_state.txt"
+} | tee "$OUT/device_state_$PART.txt"
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_state.log" 2>&1 || echo "pip -e failed"
+python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_state_$PART.log" 2>&1 || echo "pip -e failed"
 if [ -d wheels ]; then
-  python3 -m pip install -q --no-index --find-links wheels fla-core einops >> "$OUT/pip_state.log" 2>&1 \
+  python3 -m pip install -q --no-index --find-links wheels fla-core einops >> "$OUT/pip_state_$PART.log" 2>&1 \
     || echo "fla-core / einops from wheels/ failed (the torch reference runs instead)"
 fi
 export PYTHONPATH=$PWD
 python3 -c "from nwor_lab.ops.gated_delta import fla_available; print('fla-core usable:', fla_available('cuda'))" \
-  | tee -a "$OUT/device_state.txt"
+  | tee -a "$OUT/device_state_$PART.txt"
 timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
-  > "$OUT/build_state.log" 2>&1; echo "extension build exit $?"
+  > "$OUT/build_state_$PART.log" 2>&1; echo "extension build exit $?"
 
-stage "GPU tests: gated delta (fla), the hybrid through the engine"
-timeout $(lim 240) python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_gpu_gated_delta.py \
-  tests/gpu/test_gpu_state_engine.py > "$OUT/pytest_state.log" 2>&1
-echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$OUT/pytest_state.log" | tail -15
-
+if [ "$PART" = all ] || [ "$PART" = A ]; then
 stage "bench state: 8B-class hybrid, k 4, batch 32 1 8 64"
-timeout $(lim 600) python3 -m nwor_lab.cli bench state --model 8b-hybrid --device cuda --k 4 --batch 32 1 8 64 \
+BENCH_S=${BENCH_S:-$([ "$PART" = all ] && echo 330 || echo 600)}     # all: leave the tests ~4 minutes
+timeout $(lim $BENCH_S) python3 -m nwor_lab.cli bench state --model 8b-hybrid --device cuda --k 4 --batch 32 1 8 64 \
   --repeats 2 --json --out "$OUT/state8b_$TAG.json" > "$OUT/state8b.stdout" 2> "$OUT/state8b.log"
 echo "bench exit $?"; tail -3 "$OUT/state8b.log" | cut -c1-400
 
@@ -70,4 +72,13 @@ for r in d["results"]:
 print(json.dumps(check))
 json.dump(check, open(sys.argv[2], "w"), indent=1)
 EOF
+fi
+
+if [ "$PART" = all ] || [ "$PART" = B ]; then
+  stage "GPU tests: gated delta (fla), the hybrid through the engine"
+  timeout $(lim $([ "$PART" = B ] && echo 540 || echo 240)) python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_gpu_gated_delta.py \
+    tests/gpu/test_gpu_state_engine.py > "$OUT/pytest_state.log" 2>&1
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$OUT/pytest_state.log" | tail -15
+fi
+
 stage done
