@@ -108,3 +108,11 @@ def test_generate_runs_a_hybrid_checkpoint_under_the_state_mode(tmp_path, capsys
                      "--max-new-tokens", "5", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["state_mode"] == "replay" and len(got["token_ids"][0]) == 5
+
+
+def test_vllm_generate_refuses_a_state_mode(capsys):
+    """The vLLM front end shares generate's flags; its engine keeps no lab state store: refused, not ignored."""
+    from nwor_lab.commandline.errors import run
+    from nwor_lab.vllm.__main__ import cli_generate
+    assert run(cli_generate, ["hi", "--state-mode", "stage"]) == 2
+    assert "--state-mode: not with --engine vllm" in capsys.readouterr().err
