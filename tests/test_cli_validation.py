@@ -22,7 +22,7 @@ from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, run
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "tree")
+BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "tree", "state")
 
 # Flags whose value is free text by nature, and where their command checks it before any work.
 FREE_TEXT = {
@@ -35,6 +35,7 @@ FREE_TEXT = {
     "run_dir": "report: holds results.jsonl",
     "rest": "generate's placeholder in the top-level help (its own parser checks)",
     "what": "bench: choices",
+    "acceptance": "bench state / bench engine --model 8b: acceptance_text (ForcedAcceptance.parse)",
 }
 
 

@@ -259,3 +259,17 @@ def test_device_layout_equals_the_host_groups(mode):
             assert all(torch.equal(a, b) for a, b in zip(scratch_before, policy.store.committed(3)))
     for other in stores[1:]:
         assert all(torch.equal(a, b) for a, b in zip(stores[0], other)), mode
+
+
+def test_only_the_store_s_scratch_slot_may_repeat_in_a_window():
+    """A padded step puts every padding request on the scratch slot; a request's slot twice is a bug."""
+    config = LabConfig(state_mode="stage")
+    store = make_state_store(config, SPEC, 4, K, scratch_slot=3)
+    policy = make_state_policy(config, store)
+    window = Window.from_counts([2, 1, 1], [1, 0, 0], torch.arange(4))
+    policy.begin(window, torch.tensor([0, 3, 3]))
+    policy.cancel()
+    with pytest.raises(ValueError, match="scratch slot, 3"):
+        policy.begin(window, torch.tensor([0, 0, 3]))
+    with pytest.raises(ValueError, match="scratch_slot=4"):
+        make_state_store(config, SPEC, 4, K, scratch_slot=4)

@@ -103,6 +103,8 @@ def cli_generate(argv=None) -> int:
     cfg = lab_config(nwor_mode=args.nwor, scv_mode=args.scv, **ring)
     if args.cuda_graph is not None:
         cfg = cfg.replace(cuda_graph=args.cuda_graph)
+    if args.state_mode is not None:     # (--json names the strategy of a hybrid target: `state_mode`)
+        cfg = cfg.replace(state_mode=args.state_mode)
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such folder; give one laid out like "
                          f"nwor_lab/checkpoints/tiny (config.json, model.safetensors, eagle*.safetensors, "

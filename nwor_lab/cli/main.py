@@ -17,7 +17,8 @@ from nwor_lab.commandline.environment import check_backend_arg, check_device_arg
 from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError, _debug_env, run
 from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES
 
-BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring", "serve", "tree")   # nwor_lab/bench/<name>.py, each with its own parser
+BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring", "serve", "tree",
+              "state")   # nwor_lab/bench/<name>.py, each with its own parser
 
 
 # -- selfcheck -------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def _build(args) -> int:
 
 # -- bench -----------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies`, `engine`, `step`, `attention`, `tp`, `ring`, `serve` or `tree` (each has its own --help)")
+    be = sub.add_parser("bench", help="benchmarks: `kernels`, `policies`, `engine`, `step`, `attention`, `tp`, `ring`, `serve`, `tree` or `state` (each has its own --help)")
     be.add_argument("what", choices=BENCHMARKS)
 
 

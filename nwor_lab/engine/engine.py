@@ -113,7 +113,8 @@ class SpecEngine:
         self.states, self.free_state_slots = None, []
         if hasattr(target, "state_spec"):
             from nwor_lab.state import make_state_policy, make_state_store
-            store = make_state_store(self.config, target.state_spec(), max_num_seqs + 1, self.k, self.device)
+            store = make_state_store(self.config, target.state_spec(), max_num_seqs + 1, self.k, self.device,
+                                     scratch_slot=max_num_seqs)
             self.states = make_state_policy(self.config, store)
             self.free_state_slots = list(range(max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(seed)

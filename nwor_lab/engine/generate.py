@@ -51,7 +51,8 @@ class GenerationResult:
 def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
     """The engine's strategy (write policy + sliding-window cache) and what one request holds:
     `kv_slots_per_request` (positions kept per layer), the bytes kept for its life and the bytes
-    the policy holds while a window is open, for the longest request."""
+    the policy holds while a window is open, for the longest request; `state_mode`: a hybrid
+    target's state strategy (None without recurrent state)."""
     from nwor_lab.engine.engine import policy_class
     from nwor_lab.engine.ring import kv_memory, resolve_kv_ring
     cls = policy_class(engine.config)
@@ -61,7 +62,8 @@ def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
     return {"strategy": engine.strategy, "sliding_window": sw.size if sw else 0,
             "kv_ring": resolve_kv_ring(engine.config, cls) if sw else None,
             "ring_slots": sw.ring_slots if sw else None, "kv_slots_per_request": mem.slots,
-            "kv_memory_per_request": mem.as_dict(), "cuda_graph_off": engine.graphed_off}
+            "kv_memory_per_request": mem.as_dict(), "cuda_graph_off": engine.graphed_off,
+            "state_mode": engine.states.name if engine.states is not None else None}
 
 
 def acceptance_stats(trace: list[WindowTrace], k: int) -> tuple[float, list[float]]:

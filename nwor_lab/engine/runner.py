@@ -13,6 +13,12 @@
                the step computed for it on the device (nothing can change it: no request can
                finish, nobody is admitted, no end token is watched)
 
+A hybrid target (recurrent state, nwor_lab.state; of its steps the eager list means those with
+prefills): its decode buckets are captured like any other
+(the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
+store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
+so does every step under a state strategy that declares `capture_off`.
+
 Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
 drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
 `token_bucket`. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
@@ -102,10 +108,12 @@ class StepRunner:
             # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
             return False
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log or e.states is not None \
+        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log \
                 or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
             return False
         prefill = [r.is_prefill for r in requests]
+        if e.states is not None and (any(prefill) or e.states.capture_off or not e.states.fits_device_layout(e.k + 1)):
+            return False            # a hybrid target: decode buckets only (prefills run the chunked form)
         if any(prefill) and not all(prefill) and not self.mixed:
             return False
         return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved

@@ -74,12 +74,13 @@ class StepInputs:
             last_rows=((size,), torch.long), num_drafts=((size,), torch.long), remaining=((size,), torch.long),
             start=((size,), torch.long), draft_limit=((size,), torch.long), token_req=((tokens,), torch.int32), draft_pos=((tokens,), torch.int32),
             drafts=((size * k,), torch.int32), qsl=((size + 1,), torch.int32), cache_lens=((size,), torch.int32),
-            tables=((size, max_blocks(e)), torch.int32))
+            tables=((size, max_blocks(e)), torch.int32), state_slots=((size,), torch.long))
         i = self.inputs.dev
         self.ids, self.positions, self.req_key, self.start = i["ids"], i["positions"], i["req_key"], i["start"]
         self.rows_logits, self.last_rows, self.num_drafts = i["rows_logits"], i["last_rows"], i["num_drafts"]
         self.remaining, self.qsl, self.tables, self.cache_lens = i["remaining"], i["qsl"], i["tables"], i["cache_lens"]
         self.draft_limit = i["draft_limit"]         # drafts each request may propose for the next window
+        self.state_slots = i["state_slots"]         # a hybrid target's state slot per request (padding: scratch)
         # every request slot has k drafts in the sampler's layout: target rows then the bonus row
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
@@ -145,6 +146,8 @@ class StepInputs:
         h["rows_logits"][:] = rows["rows_logits"] + [pad_row] * (pad_reqs * (k + 1))
         h["draft_rows"][:] = rows["draft_rows"] + [pad_row] * (pad_reqs * k)
         h["drafts"][:] = rows["drafts"] + [-1] * (pad_reqs * k)
+        if engine.states is not None:       # padding requests advance the store's scratch slot (no rows)
+            h["state_slots"][:] = [r.state_slot for r in requests] + [engine.states.store.scratch_slot] * pad_reqs
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
         h["draft_limit"][:] = (draft_limits(engine, requests) if limits is None else list(limits)) + [0] * pad_reqs
@@ -307,11 +310,15 @@ def run_step(engine, inp: StepInputs):
         md = tree.static_metadata(e, inp, w) if inp.static else tree.host_metadata(e, inp, w)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
-        h = inp.host
-        qsl = [0]
-        for q in h["qlens"]:
-            qsl.append(qsl[-1] + q)
-        e.states.begin(w, [r.state_slot for r in h["requests"]], query_start_loc=qsl, num_drafts=h["ndrafts"])
+        if inp.static:              # a decode bucket: rows and slots as device data (capturable)
+            e.states.begin(w, inp.state_slots, query_start_loc=inp.qsl, num_drafts=inp.num_drafts,
+                           max_query_len=inp.max_query_len)
+        else:                       # exact sizes (prefills too): the true host counts
+            h = inp.host
+            qsl = [0]
+            for q in h["qlens"]:
+                qsl.append(qsl[-1] + q)
+            e.states.begin(w, [r.state_slot for r in h["requests"]], query_start_loc=qsl, num_drafts=h["ndrafts"])
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)

@@ -34,9 +34,12 @@ def state_policy_class(config: LabConfig) -> type[StatePolicy]:
     return STATE_POLICIES[name]
 
 
-def make_state_store(config: LabConfig, spec: RecurrentSpec, num_slots: int, k: int, device="cpu"):
-    """A store with the rows per slot the selected strategy needs for windows of up to k drafts."""
-    return RecurrentStateStore(spec, num_slots, state_policy_class(config).rows_per_slot(k), device)
+def make_state_store(config: LabConfig, spec: RecurrentSpec, num_slots: int, k: int, device="cpu",
+                     scratch_slot: int | None = None):
+    """A store with the rows per slot the selected strategy needs for windows of up to k drafts
+    (`scratch_slot`: see RecurrentStateStore)."""
+    return RecurrentStateStore(spec, num_slots, state_policy_class(config).rows_per_slot(k), device,
+                               scratch_slot=scratch_slot)
 
 
 def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePolicy:

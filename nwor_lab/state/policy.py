@@ -17,6 +17,7 @@ compares names):
     keeps_window_inputs    the window's layer inputs are kept until commit (to recompute from them)
     checkpoints            the committed state is copied before the window (to restore on reject)
     commits_accepted_only  after commit the store holds the state of exactly the committed tokens
+    capture_off            why its steps cannot be captured in a CUDA graph ("" when they can)
 and `rows_per_slot(k)`, `steady_bytes_per_request(k, spec)`, `transient_bytes_per_request(k, spec)`.
 
 Rows per request (vLLM order, as `Window`): a request schedules `s` rows, its drafts are the last
@@ -150,6 +151,9 @@ class StatePolicy:
     keeps_window_inputs: ClassVar[bool] = False
     checkpoints: ClassVar[bool] = False
     commits_accepted_only: ClassVar[bool] = True
+    # why a step with this strategy cannot be captured in a CUDA graph ("": it can; the engine's
+    # runner then replays decode buckets, the rows given as device data, see `begin`)
+    capture_off: ClassVar[str] = ""
 
     def __init__(self, store: RecurrentStateStore, backend: str = "auto", validate: bool = True):
         if not isinstance(store, RecurrentStateStore):
@@ -184,6 +188,12 @@ class StatePolicy:
         """Bytes held per speculative request (t_last + k drafts) only while a window is open."""
         return 0
 
+    @staticmethod
+    def fits_device_layout(max_query_len: int) -> bool:
+        """Whether windows of up to `max_query_len` rows per request can run in the device layout
+        (`begin(..., query_start_loc=<tensor>)`: the token-by-token form, no host counts)."""
+        return 1 <= max_query_len <= RECURRENT_MAX_ROWS
+
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, window: Window, slots, layers: range | None = None, *, query_start_loc=None,
               num_drafts=None, max_query_len: int | None = None) -> None:
@@ -208,8 +218,10 @@ class StatePolicy:
                              f"request's state slot, [R]")
         if host is None and self.validate and not capturing():
             host = slots.tolist()
-        if host is not None and (len(set(host)) != len(host) or any(not 0 <= s < self.store.num_slots for s in host)):
-            raise ValueError(f"slots={host}: each must be a distinct slot in 0..{self.store.num_slots - 1}")
+        owned = None if host is None else [s for s in host if s != self.store.scratch_slot]
+        if host is not None and (len(set(owned)) != len(owned) or any(not 0 <= s < self.store.num_slots for s in host)):
+            raise ValueError(f"slots={host}: each must be a distinct slot in 0..{self.store.num_slots - 1} "
+                             f"(only the store's scratch slot, {self.store.scratch_slot}, may repeat)")
         k = window.max_spec_len
         if self.rows_per_slot(k) > self.store.rows_per_slot:
             raise ValueError(f"window: {k} drafts need {self.rows_per_slot(k)} rows per slot under '{self.name}', "

@@ -9,7 +9,9 @@ DeltaNet layer `l` the slot holds
 
 `row` is one of `rows_per_slot` rows; `current[slot]` says which holds the committed state. Every
 strategy but `snapshots` keeps one row per slot; `snapshots` keeps k+1 (one per window position)
-and commits by moving `current` (vLLM's "block-table column num_accepted - 1").
+and commits by moving `current` (vLLM's "block-table column num_accepted - 1"). A store may keep
+one `scratch_slot` for the padding requests of a captured step (a bucket padded to more requests
+than run): they have no rows, so their state passes unchanged, and no request reads it.
 """
 from __future__ import annotations
 
@@ -75,14 +77,20 @@ class RecurrentStateStore:
     """`recurrent [L, S, P, H, K, V]` float32, `conv [L, S, P, W-1, C]`, `current [S]` int64: S slots
     of P rows each (P = `rows_per_slot`). A fresh or `clear`ed slot holds zeros (an empty prefix)."""
 
-    def __init__(self, spec: RecurrentSpec, num_slots: int, rows_per_slot: int = 1, device="cpu"):
+    def __init__(self, spec: RecurrentSpec, num_slots: int, rows_per_slot: int = 1, device="cpu",
+                 scratch_slot: int | None = None):
         if not isinstance(spec, RecurrentSpec):
             raise TypeError(f"spec: expected a nwor_lab.state.RecurrentSpec, got {type(spec).__name__}")
         for name, v in (("num_slots", num_slots), ("rows_per_slot", rows_per_slot)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r}: expected an integer >= 1")
+        if scratch_slot is not None and not (isinstance(scratch_slot, int) and 0 <= scratch_slot < num_slots):
+            raise ValueError(f"scratch_slot={scratch_slot!r}: a slot in 0..{num_slots - 1}, or None")
         self.spec = spec
         self.num_slots, self.rows_per_slot = num_slots, rows_per_slot
+        # a slot no request owns: a padded (captured) step's padding requests all use it, so it may
+        # appear several times in one window; what it holds is never read for a request
+        self.scratch_slot = scratch_slot
         s = spec
         lead = (s.num_layers, num_slots, rows_per_slot)
         self.recurrent = torch.zeros(*lead, s.num_heads, s.head_k_dim, s.head_v_dim, device=device)
