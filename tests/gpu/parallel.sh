@@ -31,3 +31,9 @@ for job in "$@"; do
 done
 wait
 for i in $(seq 0 $((n - 1))); do echo "##### card $i"; tail -c 2500 "$OUT/$i/job.log"; done
+# What comes back from a lent machine is a few files: everything is packed into one archive
+# (KEEP_FILES=1 leaves the files as they are).
+if [ -z "${KEEP_FILES:-}" ]; then
+  tar czf /tmp/parallel_out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/parallel_out.tgz "$OUT/all.tgz"
+  ls -la "$OUT"
+fi
