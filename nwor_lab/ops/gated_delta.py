@@ -173,9 +173,11 @@ def gated_delta_fla(q, k, v, g, beta, state=None, scale=None, keep_from: int | N
     args = dict(scale=K ** -0.5 if scale is None else scale, output_final_state=True)
     q4, k4, v4, g4, b4 = (x[None] for x in (q, k, v, g.float(), beta))
     run = fused_recurrent_gated_delta_rule if T <= RECURRENT_MAX_ROWS else chunk_gated_delta_rule
-    o, final = run(q4, k4, v4, g4, b4, initial_state=h0, **args)
-    kept = [fused_recurrent_gated_delta_rule(q4[:, :t + 1], k4[:, :t + 1], v4[:, :t + 1], g4[:, :t + 1],
-                                             b4[:, :t + 1], initial_state=h0, **args)[1][0]
+    # g and beta by name: fla 0.6's fused_recurrent_gated_delta_rule takes (q, k, v, g, gk, gv, beta, ...),
+    # so a fifth positional argument is its per-key decay gk, not beta (chunk_gated_delta_rule's is beta)
+    o, final = run(q4, k4, v4, g=g4, beta=b4, initial_state=h0, **args)
+    kept = [fused_recurrent_gated_delta_rule(q4[:, :t + 1], k4[:, :t + 1], v4[:, :t + 1], g=g4[:, :t + 1],
+                                             beta=b4[:, :t + 1], initial_state=h0, **args)[1][0]
             for t in range(keep_from, T - 1)]
     return o[0].float(), torch.stack(kept + [final[0].float()])
 
