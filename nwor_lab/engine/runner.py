@@ -3,7 +3,7 @@
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
                step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
-               target's steps (its state window is opened from the host lists), a static draft
+               target's steps with prefills (its chunked form reads host counts), a static draft
                tree's steps (paths; EAGLE-2 trees are captured), the first step of a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
@@ -13,8 +13,7 @@
                the step computed for it on the device (nothing can change it: no request can
                finish, nobody is admitted, no end token is watched)
 
-A hybrid target (recurrent state, nwor_lab.state; of its steps the eager list means those with
-prefills): its decode buckets are captured like any other
+A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
 store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
 so does every step under a state strategy that declares `capture_off`.
