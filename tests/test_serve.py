@@ -262,3 +262,16 @@ def test_a_hook_that_keeps_k_lets_the_runner_prelaunch_and_tokens_stay_exact():
     seen = {d for w in e.trace if w.kind == "verify" for d in w.drafted}
     assert e.runner.prelaunched > 0 and {0, 1, 3} <= seen
     assert len(asked) <= e.runner.steps          # one decision per step at most
+
+
+def test_adaptive_k_reads_measured_counts_as_measured_and_shrugs_off_stalls():
+    """The H200 serve run's batch-1 cells (ms): k_max pre-launched is the cheapest step, a cut count
+    pays the host; one count also saw stalls. The controller must keep k_max (the old linear-in-k
+    model with a moving mean chose 1 or 2 drafts there and lost to target-only on TPOT)."""
+    ctl = AdaptiveK(4, explore_every=0)
+    for k, ms in ((0, 8.1), (1, 8.5), (2, 8.5), (3, 9.3), (4, 7.0)):
+        feed(ctl, 1, k, ms / 1e3, accepted=min(k, 3), times=9)
+    for _ in range(3):
+        feed(ctl, 1, 2, 0.5, accepted=2, times=1)             # stalls of 500 ms
+    assert ctl.step_time(1, 2) == pytest.approx(0.0085)
+    assert ctl.choose(1) == 4

@@ -14,8 +14,9 @@ tokens per second and each request's (its TPOT). k = 0 (decode; the head still r
 that its cache and features stay current for later drafts) is kept unless another count is
 predicted at least `margin` better.
 
-T(n, k) is a locally weighted least-squares fit of `a + b k + c n + d n k` to the measured
-(n, k) cells (each an exponential moving average of its steps' times), weighted by how many
+T(n, k) is read from the measured (n, k) cells (each the median of its last `window` steps' times;
+a shape's first step, its capture, untimed) where k was measured near n, else a locally weighted
+least-squares fit of `a + b k + c n + d n k` to every cell, weighted by how many
 steps a cell holds and by closeness in log2(n): a batch size never measured borrows from its
 neighbours, and the fit follows the hardware's own curve (flat in n where a step is
 weight-bound, linear where it is compute-bound). The model is only as good as its anchors, so
@@ -38,6 +39,7 @@ per step from what this engine measured on this hardware and this traffic, and c
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
@@ -46,8 +48,8 @@ class AdaptiveK:
     """Per step draft count for an engine built with k = k_max (module docstring)."""
 
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
-                 margin: float = 0.05, ema: float = 0.2, bandwidth: float = 1.0, min_weight: float = 2.0,
-                 explore_every: int = 50):
+                 margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
+                 explore_every: int = 50, window: int = 32):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -56,12 +58,14 @@ class AdaptiveK:
             raise ValueError(f"candidates={list(cands)}: every draft count must be in 0..{k_max}")
         self.candidates = cands
         self.prior_rate, self.prior_weight = prior_rate, prior_weight
-        self.margin, self.ema, self.bandwidth = margin, ema, bandwidth
+        self.margin, self.bandwidth = margin, bandwidth
         self.min_weight, self.explore_every = min_weight, explore_every
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
         self.cells: dict[tuple[int, int], list[float]] = {}   # (n, k) -> [mean seconds, steps]
         self.first_seen: set[tuple[int, int]] = set()         # (n, k) whose first step went by untimed
+        self.window = window
+        self.recent: dict[tuple[int, int], deque] = {}        # (n, k) -> its last `window` step times
         self.decisions = 0
         self.history: list[tuple[int, int, str]] = []          # (n, k chosen, why) per decision
 
@@ -91,10 +95,11 @@ class AdaptiveK:
             return
         cell = self.cells.get((n, k))
         if cell is None:
-            self.cells[(n, k)] = [seconds, 1]
-        else:
-            cell[0] += self.ema * (seconds - cell[0])
-            cell[1] += 1
+            cell = self.cells[(n, k)] = [seconds, 0]
+        recent = self.recent.setdefault((n, k), deque(maxlen=self.window))
+        recent.append(seconds)
+        cell[0] = float(np.median(recent))       # a stall (GC, a neighbour) moves a median, not a mean
+        cell[1] += 1
 
     def rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
@@ -120,11 +125,26 @@ class AdaptiveK:
         return float(w[ks == k].sum())
 
     def step_time(self, n: int, k: int) -> float | None:
-        """T(n, k) in seconds from the locally weighted fit, or None before any measurement."""
+        """T(n, k) in seconds, or None before any measurement. A count measured near n (weight >=
+        `min_weight`) is read from its own cells (a weighted mean of their medians): the cost need
+        not be linear in k (a pre-launched k_max step hides the host, a cut one does not); a count
+        between two measured ones, on the line between them; any other from the locally weighted
+        fit over every cell."""
         if not self.cells:
             return None
         ns, ks, w = self._weights(n)
         means = np.array([v[0] for v in self.cells.values()])
+
+        def measured(c):
+            own = ks == c
+            return float((w[own] * means[own]).sum() / w[own].sum()) if w[own].sum() >= self.min_weight else None
+
+        if (t := measured(k)) is not None:
+            return max(t, 1e-9)
+        lo = next((c for c in range(k - 1, -1, -1) if measured(c) is not None), None)
+        hi = next((c for c in range(k + 1, self.k_max + 1) if measured(c) is not None), None)
+        if lo is not None and hi is not None:                 # between two measured counts: a line
+            return max(measured(lo) + (measured(hi) - measured(lo)) * (k - lo) / (hi - lo), 1e-9)
         x = np.stack([np.ones_like(ns), ks, ns - n, (ns - n) * ks], 1)      # centred at n: the value is coef 0 + 1
         sw = np.sqrt(w)[:, None]
         ridge = 1e-3 * np.diag([0.0, 0.0, 1.0, 1.0]) * max(float(w.sum()), 1.0)
