@@ -20,9 +20,14 @@ def run3(pair3, k=4, mode="off", scv="off", observers=(), **kw):
                     target=target, head=head, max_num_seqs=3, block_size=4, observers=observers, **kw)
 
 
+@pytest.fixture(scope="module")
+def target_only(pair3):
+    return run3(pair3, k=0).token_ids
+
+
 @pytest.mark.parametrize("mode", NWOR_MODES)
-def test_eagle3_greedy_equals_target_only_and_cache_audit(pair3, mode):
-    ref = run3(pair3, k=0).token_ids
+def test_eagle3_greedy_equals_target_only_and_cache_audit(pair3, target_only, mode):
+    ref = target_only
     audit = CacheAudit()
     res = run3(pair3, mode=mode, scv="graph", observers=[audit])
     assert res.token_ids == ref

@@ -2,7 +2,7 @@
 
 - the ring arithmetic: slots through the one builder, -1 padding kept, what a window evicts, the guard;
 - greedy speculative output == target-only greedy with the same W for every exact strategy
-  (off+slack, off+full, off+guard, cow+ring, stage+ring), k 1..8, staggered arrivals (prefills
+  (off+slack, off+full, off+guard, cow+ring, stage+ring), k 1 and 8 (4 on fp8), staggered arrivals (prefills
   joining running speculative requests), many wraps of a ring of 16, fp8 caches; debug mode on,
   so every cache read of every layer is checked against the ring ledger;
 - off+ring (W slots, write-all) really diverges, and the test locates it: the first diverging
@@ -135,7 +135,8 @@ def test_a_prompt_longer_than_the_ring_is_refused(pair):
 
 
 # -- exact strategies -------------------------------------------------------------------------
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
+# k = 1 and k = W / 2 (the smallest and largest window against the ring); k = 4 runs in the fp8 test below
+@pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("mode,ring", EXACT, ids=[f"{m}+{r}" for m, r in EXACT])
 def test_exact_strategies_equal_target_only(pair, reference, mode, ring, k):
     engine, reqs = staggered(pair, k, LabConfig(nwor_mode=mode, kv_ring=ring, sliding_window=W, debug=True))

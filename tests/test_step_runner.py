@@ -40,11 +40,10 @@ def pair():
 @pytest.mark.parametrize("mode", NWOR_MODES)
 @pytest.mark.parametrize("k", [0, 3])
 def test_padded_static_step_decodes_what_the_eager_engine_does(pair, mode, k):
-    eager, _ = decode(pair, mode, False, k)
+    eager, eager_engine = decode(pair, mode, False, k)
     static, engine = decode(pair, mode, True, k)
     assert static == eager
     # the records the policies make after a replay are the ones their commits make eagerly
-    eager_engine = decode(pair, mode, False, k)[1]
     recs = lambda e: [(t.kind, t.record.to_dict()) for t in e.trace]   # noqa: E731
     assert recs(engine) == recs(eager_engine)
     r = engine.runner

@@ -4,7 +4,8 @@ metrics contract, results log, figures) on their own.
 The probe records `x_squared = x*x`, `step_ms = 10*x (+1 when mode == "b")`, `mode_upper`,
 `sizes_sum` (of its list parameter `sizes`) and `interactive`, sleeps `sleep_s` and raises
 `ValueError` when `mode == fail_on`. A papermill run costs ~2-4 s
-here (kernel start), so only the first test sweeps 8 combinations; the rest stay small.
+here (kernel start), so only the first test sweeps 4 combinations (two parameters, two workers);
+the rest stay small.
 """
 from __future__ import annotations
 
@@ -69,21 +70,21 @@ def kernel_sees_this_checkout():
 
 
 @pytest.fixture(scope="module")
-def sweep8(tmp_path_factory):
-    """8 combinations (x in 1..4, mode in a, b) with 2 workers; shared by the read-only tests."""
-    out = tmp_path_factory.mktemp("sweep8") / "probe"
-    rc = main([*SWEEP, "--grid", "x=1,2,3,4", "--grid", "mode=a,b", "--out", str(out), "--workers", "2"])
+def sweep4(tmp_path_factory):
+    """4 combinations (x in 1, 2, mode in a, b) with 2 workers; shared by the read-only tests."""
+    out = tmp_path_factory.mktemp("sweep4") / "probe"
+    rc = main([*SWEEP, "--grid", "x=1,2", "--grid", "mode=a,b", "--out", str(out), "--workers", "2"])
     return rc, out
 
 
 # ---------------------------------------------------------------- sweeps (papermill)
 
 @pytest.mark.slow
-def test_sweep_of_8_combinations_records_one_correct_row_per_run(sweep8):
-    rc, out = sweep8
+def test_sweep_of_4_combinations_records_one_correct_row_per_run(sweep4):
+    rc, out = sweep4
     assert rc == 0
     rows = lines_of(out / "results.jsonl")
-    assert sorted(r["run_id"] for r in rows) == sorted(f"mode={m},x={x}" for x in range(1, 5) for m in "ab")
+    assert sorted(r["run_id"] for r in rows) == sorted(f"mode={m},x={x}" for x in range(1, 3) for m in "ab")
     for row in rows:
         x, mode = row["params"]["x"], row["params"]["mode"]
         assert row["params"] == {"x": x, "mode": mode}
@@ -96,8 +97,8 @@ def test_sweep_of_8_combinations_records_one_correct_row_per_run(sweep8):
 
 
 @pytest.mark.slow
-def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep8, tmp_path):
-    _, out = sweep8
+def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep4, tmp_path):
+    _, out = sweep4
     rows = lines_of(out / "results.jsonl")
 
     def interval(row):
@@ -108,7 +109,7 @@ def test_two_workers_run_concurrently_and_give_the_rows_of_one_worker(sweep8, tm
     spans = sorted(interval(r) for r in rows)
     assert any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:])), "no two runs overlapped"
     serial = tmp_path / "serial"
-    assert main([*SWEEP, "--grid", "x=3", "--grid", "mode=b", "--out", str(serial), "--workers", "1"]) == 0
+    assert main([*SWEEP, "--grid", "x=2", "--grid", "mode=b", "--out", str(serial), "--workers", "1"]) == 0
     [row] = lines_of(serial / "results.jsonl")
     twin = latest_rows(out)[row["run_id"]]
     assert {k: row[k] for k in ("params", "metrics", "status", "error")} == \
@@ -178,10 +179,10 @@ def test_timeout_kills_the_run_and_its_kernel(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_is_one_self_contained_page_with_a_row_per_run(sweep8, capsys):
+def test_report_is_one_self_contained_page_with_a_row_per_run(sweep4, capsys):
     from plotly.offline import get_plotlyjs
 
-    _, out = sweep8
+    _, out = sweep4
     assert main(["report", str(out)]) == 0
     page = out / "report.html"
     assert capsys.readouterr().out.strip() == f"wrote {page}"
@@ -191,7 +192,7 @@ def test_report_is_one_self_contained_page_with_a_row_per_run(sweep8, capsys):
     page_proper = text.replace(library, "")
     assert "<script src=" not in page_proper and "http" not in page_proper.split("<body>")[0]  # nothing fetched
     run_ids = [r["run_id"] for r in read_rows(out)]
-    assert text.count("data-run-id=") == len(run_ids) == 8
+    assert text.count("data-run-id=") == len(run_ids) == 4
     for rid in run_ids:
         assert f'data-run-id="{rid}"' in text
     assert "step (ms)" in text and "x squared" in text  # one figure per numeric metric, unit in the title
