@@ -319,7 +319,7 @@ NOTES = {n.stem: n for n in [
         answers=("When the bytes a launch moves take longer at copy bandwidth than the launch itself: thousands of tokens per window on this GPU (the kernel sweep's bandwidth figure).",
                  'Its launches saved are a few microseconds against milliseconds of weights read per step; at larger batches attention reads the window from the staging buffer through its window variant, which costs more than the launches saved.',)),
     ChapterNotes(
-        "13_state", "State that cannot be rolled back: hybrid models", talk_min=10, hands_on_min=8,
+        "13_state", "State that cannot be rolled back: hybrid models", talk_min=8, hands_on_min=8,
         run_estimate_s=45,
         say=("A recurrent layer (gated DeltaNet, Mamba2) keeps one state matrix per head that every token updates: "
              "a verify window advances it through t_last and every draft.",
@@ -366,7 +366,7 @@ NOTES = {n.stem: n for n in [
         answers=("Usually padding (slot −1), the accepted length's own draft (> vs >=), or a dtype; a review checklist of edge cases (empty, all padding, all accepted, none accepted) catches them.",
                  'All three are small index maps: each is easy in CUDA, and each should be tested the same way — against the plain reference on generated cases, edge cases first, and under compute-sanitizer.',)),
     ChapterNotes(
-        "14_trees", "Trees: the commit is a compaction", talk_min=10, hands_on_min=8, run_estimate_s=60,
+        "14_trees", "Trees: the commit is a compaction", talk_min=8, hands_on_min=8, run_estimate_s=60,
         say=("EAGLE-2 drafts a tree: the target verifies N nodes at once and keeps one root path, whose nodes are "
              "scattered through the window.",
              "The path's K/V belong at the next a positions: write-all engines copy them there after verify "
