@@ -3,16 +3,12 @@ body: its attention layers keep the paged K/V under the write policy, its linear
 their recurrent and conv states under the state strategy (`LabConfig.state_mode`). Greedy
 speculative decoding with an EAGLE head equals target-only decoding under every strategy that keeps
 only accepted rows in the state; `off` (the live state advanced through every draft) diverges."""
-import dataclasses
 
 import pytest
-import torch
 
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
-from nwor_lab.model.config import LlamaConfig
-from nwor_lab.model.eagle import EagleHead
-from nwor_lab.model.toy import toy_hybrid
+from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
 
@@ -20,19 +16,7 @@ PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
 @pytest.fixture(scope="module")
 def pair():
     target = toy_hybrid(2)
-    cfg = target.config
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
-    gen = torch.Generator().manual_seed(3)
-    head = EagleHead(head_cfg, fc_bias=True)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 if p.dim() == 2 else
-                    torch.ones_like(p) if "norm" in name else torch.zeros_like(p))
-        h = cfg.hidden_size
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-    head.attach(target)
-    return target, head.eval()
+    return target, toy_hybrid_head(target, 3)
 
 
 def decode(pair, k: int, state_mode: str, nwor_mode: str = "stage"):

@@ -38,24 +38,10 @@ def toy_hybrid_pair(seed: int = 2, head_seed: int = 3) -> Pair:
     """A random hybrid target (3 gated DeltaNet layers, 1 attention layer, vocabulary 32) and a random
     EAGLE-1 head whose `fc` passes the target's feature through: greedy drafts that the target both
     accepts and rejects."""
-    from nwor_lab.model.config import LlamaConfig
-    from nwor_lab.model.eagle import EagleHead
-    from nwor_lab.model.toy import toy_hybrid
+    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
 
     target = toy_hybrid(seed, vocab_size=TOY_VOCAB)
-    cfg = target.config
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
-    gen = torch.Generator().manual_seed(head_seed)
-    head = EagleHead(head_cfg, fc_bias=True)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 if p.dim() == 2 else
-                    torch.ones_like(p) if "norm" in name else torch.zeros_like(p))
-        h = cfg.hidden_size
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-    head.attach(target)
-    return Pair("toy-hybrid", target, head.eval())
+    return Pair("toy-hybrid", target, toy_hybrid_head(target, head_seed))
 
 
 def shipped_hybrid_dir() -> Path | None:

@@ -110,25 +110,9 @@ def toy_pair(wide: bool = False):
     vocabulary 32) with an EAGLE-1 head whose fc passes the target's features through: some drafts
     accepted, some rejected. `wide`: hidden 64 and heads of 16 (attention and linear), the smallest
     the GPU kernels (Triton's tl.dot) take."""
-    from nwor_lab.model.config import LlamaConfig
-    from nwor_lab.model.eagle import EagleHead
-    from nwor_lab.model.toy import toy_hybrid
-    if wide:
-        target = _wide_toy_hybrid(2)
-    else:
-        target = toy_hybrid(2)
-    cfg = target.config
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
-    gen = torch.Generator().manual_seed(3)
-    head = EagleHead(head_cfg, fc_bias=True)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 if p.dim() == 2 else
-                    torch.ones_like(p) if "norm" in name else torch.zeros_like(p))
-        h = cfg.hidden_size
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-    return target, head.attach(target).eval()
+    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
+    target = _wide_toy_hybrid(2) if wide else toy_hybrid(2)
+    return target, toy_hybrid_head(target, 3)
 
 
 @torch.no_grad()

@@ -87,3 +87,21 @@ def toy_hybrid(seed: int = 0, vocab_size: int = 32, hidden_size: int = 32, num_h
         if layer.layer_type == "linear_attention":
             layer.linear_attn.init_decay(gen)
     return model.to(dtype).eval()
+
+
+def toy_hybrid_head(target, seed: int = 3) -> EagleHead:
+    """An EAGLE-1 head for a toy hybrid target, attached, eval mode: fc passes the next token's
+    embedding through (identity on that half of its input), the rest ~ N(0, 0.2): it drafts well
+    enough that windows both accept and reject."""
+    import dataclasses
+    cfg = target.config
+    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
+    head = EagleHead(LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1}), fc_bias=True)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 if p.dim() == 2 else
+                    torch.ones_like(p) if "norm" in name else torch.zeros_like(p))
+        h = cfg.hidden_size
+        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
+    return head.attach(target).eval()

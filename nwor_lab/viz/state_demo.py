@@ -9,7 +9,6 @@ embedding through, as tests/test_engine_hybrid.py builds it): the chapter runs o
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,20 +67,9 @@ def toy_hybrid_pair(seed: int = 2, device="cpu") -> HybridPair:
     """A random hybrid target (3 gated DeltaNet layers, 1 attention layer) and an EAGLE-1 head whose
     fc passes the next token's embedding through: it drafts well enough that windows both accept
     and reject."""
-    from nwor_lab.model.config import LlamaConfig
-    from nwor_lab.model.eagle import EagleHead
-    from nwor_lab.model.toy import toy_hybrid
+    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
     target = toy_hybrid(seed)
-    cfg = target.config
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head = EagleHead(LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1}), fc_bias=True)
-    gen = torch.Generator().manual_seed(seed + 1)
-    for name, p in head.named_parameters():
-        p.copy_(torch.randn(p.shape, generator=gen) * 0.2 if p.dim() == 2 else
-                torch.ones_like(p) if "norm" in name else torch.zeros_like(p))
-    h = cfg.hidden_size
-    head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-    head.attach(target)
+    head = toy_hybrid_head(target, seed + 1)
     return HybridPair(target.to(device).eval(), head.to(device).eval(), None,
                       f"a toy hybrid (random weights, seed {seed}; no hybrid checkpoint is shipped in this build)")
 
