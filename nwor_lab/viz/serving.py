@@ -51,8 +51,10 @@ def serve_curves(result: Mapping, mode: str = "closed", title: str | None = None
         fig.add_trace(go.Scatter(x=x, y=[r["output_throughput"] for r in series], name=name, mode="lines+markers",
                                  line=dict(color=colour), legendgroup=name, showlegend=False,
                                  hovertemplate=f"{name}<br>%{{x}}: %{{y:.0f}} tokens/s<extra></extra>"), row=1, col=2)
-    extra = (f"{result['model']} · {result['workload']['requests']} requests per point · dotted: TPOT p90, "
-             f"dash-dot: p99")
+    wl = result["workload"]
+    per = (f"at least {wl['requests']} requests per point, {wl['requests_per_client']} per client"
+           if mode == "closed" and wl.get("requests_per_client") else f"{wl['requests']} requests per point")
+    extra = f"{result['model']} · {per} · dotted: TPOT p90, dash-dot: p99"
     _layout(fig, title or f"Serving under load ({mode} loop)", result_subtitle(result, extra), height=460,
             legend_y=-0.28, bottom=130, subplot_titles=True)
     fig.update_xaxes(title_text=xlabel, type="log")
