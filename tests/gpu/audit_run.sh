@@ -8,18 +8,10 @@
 # run, each summary tagged with the card) and audit.log.
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/audit_run.sh
 set -uo pipefail
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-240}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
-
+source "$(dirname "$0")/common.sh"
+gpu_begin 240
 stage setup
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200|a100|l40s|b200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
+gpu_device device_audit.txt
 FILE="$OUT/audit_$TAG.jsonl"
 : > "$FILE"
 audit() {   # one run: its JSON lines appended, the summary tagged with the card

@@ -9,23 +9,12 @@
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/issue25_run.sh A    (then B)
 set -uo pipefail
 PART=${1:-A}
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-570}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
+source "$(dirname "$0")/common.sh"
+gpu_begin 570
 stage setup
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} | tee "$OUT/device_$PART.txt"
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_$PART.log" 2>&1 || echo "pip -e failed"
-export PYTHONPATH=$PWD
-timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
-  > "$OUT/build_$PART.log" 2>&1; echo "extension build exit $?"
+gpu_device "device_$PART.txt"
+gpu_install "pip_$PART.log"
+gpu_build "build_$PART.log"
 ENGINE_ARGS="--model 8b --device cuda --batch-sizes 1,8,32 --ks 4 --heads eagle1,eagle3 --policies off,stage --no-hf --repeats 2"
 if [ "$PART" = A ]; then
   stage "the engine's GPU tests"

@@ -12,22 +12,11 @@
 # it there) and serve_8b.log.
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/serve_run.sh
 set -uo pipefail
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-480}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
-
+source "$(dirname "$0")/common.sh"
+gpu_begin 480
 stage setup
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-  git rev-parse HEAD 2>/dev/null || true; } | tee "$OUT/device_serve.txt"
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200|a100|l40s|b200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_serve.log" 2>&1 || echo "pip -e failed: PYTHONPATH used"
+gpu_device device_serve.txt
+gpu_install pip_serve.log
 
 stage "bench serve --model 8b"
 timeout $(lim 460) python3 -m nwor_lab.bench.serve --model 8b --device cuda \

@@ -15,29 +15,18 @@
 # on first use, which can take minutes of the budget).
 set -uo pipefail
 PART=${1:-all}
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-570}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
+source "$(dirname "$0")/common.sh"
+gpu_begin 570
 stage setup
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} | tee "$OUT/device_state_$PART.txt"
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_state_$PART.log" 2>&1 || echo "pip -e failed"
+gpu_device "device_state_$PART.txt"
+gpu_install "pip_state_$PART.log"
 if [ -d wheels ]; then
   python3 -m pip install -q --no-index --find-links wheels fla-core einops >> "$OUT/pip_state_$PART.log" 2>&1 \
     || echo "fla-core / einops from wheels/ failed (the torch reference runs instead)"
 fi
-export PYTHONPATH=$PWD
 python3 -c "from nwor_lab.ops.gated_delta import fla_available; print('fla-core usable:', fla_available('cuda'))" \
   | tee -a "$OUT/device_state_$PART.txt"
-timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
-  > "$OUT/build_state_$PART.log" 2>&1; echo "extension build exit $?"
+gpu_build "build_state_$PART.log"
 
 if [ "$PART" = all ] || [ "$PART" = A ]; then
 stage "bench state: 8B-class hybrid, k 4, batch 32 1 8 64"

@@ -7,21 +7,11 @@
 # copy it there) and state_window.log.
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/state_window_run.sh
 set -uo pipefail
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-420}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
-
+source "$(dirname "$0")/common.sh"
+gpu_begin 420
 stage setup
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git rev-parse HEAD 2>/dev/null || true; } | tee "$OUT/device_state_window.txt"
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200|a100|l40s|b200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_state_window.log" 2>&1 || echo "pip -e failed: PYTHONPATH used"
+gpu_device device_state_window.txt
+gpu_install pip_state_window.log
 if [ -n "${FLA_WHEEL:-}" ]; then python3 -m pip install -q --no-deps "$FLA_WHEEL" >> "$OUT/pip_state_window.log" 2>&1 || echo "fla-core install failed"; fi
 python3 -c "import fla.ops.gated_delta_rule; print('fla-core imports: backend fla')" 2>/dev/null || echo "no fla-core: backend torch"
 

@@ -12,23 +12,12 @@
 #   4  `bench tree` on the shipped pair on this GPU (real EAGLE-2 trees, greedy) -> tree_shipped_<card>.json
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/tree_run.sh
 set -uo pipefail
-START=$(date +%s)
-export DEADLINE=$((START + ${BUDGET:-570}))
-OUT=${OUT:-/tmp/nwor_out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 NWOR_LAB_CACHE_DIR=${NWOR_LAB_CACHE_DIR:-/tmp/nwor_ext}
-source "$(dirname "$0")/deadline.sh"
-stage() { echo "=== $1 (t = $(( $(date +%s) - START )) s)"; }
+source "$(dirname "$0")/common.sh"
+gpu_begin 570
 stage setup
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} | tee "$OUT/device_tree.txt"
-NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-TAG=$(echo "$NAME" | grep -oiE 'h100|h200' | head -1 | tr 'A-Z' 'a-z'); TAG=${TAG:-gpu}
-python3 -m pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip_tree.log" 2>&1 || echo "pip -e failed"
-export PYTHONPATH=$PWD
-timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
-  > "$OUT/build_tree.log" 2>&1; echo "extension build exit $?"
+gpu_device device_tree.txt
+gpu_install pip_tree.log
+gpu_build build_tree.log
 
 stage "bench tree 8b (eager)"
 timeout $(lim 240) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
