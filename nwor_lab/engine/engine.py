@@ -272,15 +272,7 @@ class SpecEngine:
             r.drafts = drafts[:n]
             r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
             r.block_table.ensure(base + 1, lookahead=k)   # the next window's slots
-        if not chained:
-            return
-        window = chain_window([slots for _, slots in chained], self.cache.device)
-        layer = self.head.layer_index
-        record = self.drafter.policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
-        n = len(chained)
-        entry = WindowTrace(self.step_index, "draft", [r.req_id for r, _ in chained], ["draft"] * n,
-                            [len(s) for _, s in chained], [0] * n, [[] for _ in chained], record)
-        self._end_window(entry, window)
+        self._record_draft_window(chained)
 
     def _hand_out_tree(self, requests: list[Request], result, live: list[bool]) -> None:
         """Give every request still running the tree the body drafted for it (tokens, parents);
@@ -299,6 +291,11 @@ class SpecEngine:
             n = tokens.index(-1) if -1 in tokens else plan.nodes
             r.drafts, r.draft_parents, r.draft_probs = tokens[:n], result.parents[j][:n], None
             r.block_table.ensure(base + 1, lookahead=plan.lookahead)
+        self._record_draft_window(drafted)
+
+    def _record_draft_window(self, drafted: list) -> None:
+        """The head's draft window of this step, [(request, its slots)], traced with every row
+        rejected (the drafter policy's record; nothing when the head drafted for nobody)."""
         if not drafted:
             return
         window = chain_window([slots for _, slots in drafted], self.cache.device)

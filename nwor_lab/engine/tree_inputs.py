@@ -14,7 +14,8 @@ import torch
 from nwor_lab.engine.buffers import StaticInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.tree import BITS, TreeWindow, words_for
+from nwor_lab.model.tree_draft import grow_frontier
+from nwor_lab.tree import TreeWindow, words_for
 from nwor_lab.window import Acceptance, Window
 
 
@@ -153,14 +154,7 @@ class DeviceHeadTreeStep:
         dev = tokens.device
         head, pol = self.e.head, self.e.drafter.policy
         j = self.done * F + torch.arange(F, device=dev)
-        par = parent_rows.clamp(min=0)
-        inherited = self.bits.gather(1, par[..., None].expand(R, F, self.words))
-        inherited = torch.where((parent_rows >= 0)[..., None], inherited, 0)
-        own = torch.zeros(F, self.words, dtype=torch.long, device=dev)
-        own[torch.arange(F, device=dev), j // BITS] = torch.ones_like(j) << (j % BITS)
-        self.bits[:, j] = inherited | own[None]
-        features = torch.where((parent_rows >= 0)[..., None], self.g.gather(
-            1, par[..., None].expand(R, F, self.g.shape[-1])), self.g_root[:, None, :])
+        features = grow_frontier(self.bits, self.g, self.g_root, parent_rows, j)
         offset = self.done * R * F
         so_far = (self.done + 1) * F
         positions = (self.base[:, None] + (level - 1)).expand(R, F).reshape(-1)

@@ -73,15 +73,7 @@ class HeadTreeStep:
             raise ValueError(f"step {self.done + 1}: {F} frontier nodes, built for {self.F} x {self.steps} steps")
         dev = self.cache.device
         j = self.done * F + torch.arange(F, device=dev)                     # this step's rows
-        # ancestors' bits: the parent's row's bits, plus the node's own bit
-        par = parent_rows.clamp(min=0)
-        inherited = self.bits.gather(1, par[..., None].expand(R, F, self.words))
-        inherited = torch.where((parent_rows >= 0)[..., None], inherited, 0)
-        own = torch.zeros(F, self.words, dtype=torch.long, device=dev)
-        own[torch.arange(F, device=dev), j // BITS] = torch.ones_like(j) << (j % BITS)
-        self.bits[:, j] = inherited | own[None]
-        features = torch.where((parent_rows >= 0)[..., None], self.g.gather(
-            1, par[..., None].expand(R, F, self.g.shape[-1])), self.g_root[:, None, :])
+        features = grow_frontier(self.bits, self.g, self.g_root, parent_rows, j)
         offset = self.done * R * F
         positions = [c + level - 1 for c in self.ctx for _ in range(F)]
         so_far = (self.done + 1) * F
@@ -95,6 +87,25 @@ class HeadTreeStep:
         self.g[:, j] = out.view(R, F, -1)
         self.done += 1
         return torch.log_softmax(self.head.compute_logits(out).float(), -1).view(R, F, -1)
+
+
+def grow_frontier(bits: torch.Tensor, g: torch.Tensor, g_root: torch.Tensor, parent_rows: torch.Tensor,
+                  rows: torch.Tensor) -> torch.Tensor:
+    """One level of a draft tree in the head's window, in place and on the device: each frontier
+    node's ancestor bits (its parent row's, plus its own bit) into `bits` [R, rows so far, words] at
+    `rows` [F], and -> the features it drafts from [R, F, h]: its parent row's head output in `g`
+    [R, rows so far, h], or `g_root` [R, h] for a child of t_last (`parent_rows` [R, F] -1)."""
+    R, F = parent_rows.shape
+    words = bits.shape[-1]
+    dev = parent_rows.device
+    par = parent_rows.clamp(min=0)
+    inherited = bits.gather(1, par[..., None].expand(R, F, words))
+    inherited = torch.where((parent_rows >= 0)[..., None], inherited, 0)
+    own = torch.zeros(F, words, dtype=torch.long, device=dev)
+    own[torch.arange(F, device=dev), rows // BITS] = torch.ones_like(rows) << (rows % BITS)
+    bits[:, rows] = inherited | own[None]
+    return torch.where((parent_rows >= 0)[..., None], g.gather(1, par[..., None].expand(R, F, g.shape[-1])),
+                       g_root[:, None, :])
 
 
 @torch.no_grad()
