@@ -65,14 +65,20 @@ def _prep(q, k, v, g, beta, state, scale):
     return q * scale, k, v, g, beta, s
 
 
+def _keep_from(T: int, keep_from: int | None) -> int:
+    """The first row whose state a run keeps (None: T - 1, the final state only), checked."""
+    keep_from = T - 1 if keep_from is None else keep_from
+    if not 0 <= keep_from <= max(T - 1, 0):
+        raise ValueError(f"keep_from={keep_from}: must be a row of the run, 0..{T - 1}")
+    return keep_from
+
+
 def gated_delta_recurrent_reference(q, k, v, g, beta, state=None, scale=None, keep_from: int | None = None):
     """q, k `[T, H, K]`; v `[T, H, V]`; g (log decay), beta `[T, H]`; state `[H, K, V]` (None: zeros).
     -> (o `[T, H, V]` float32, states `[T - keep_from, H, K, V]` float32: the state after each row
     from `keep_from` on; keep_from None: T - 1, the final state only)."""
     T = q.shape[0]
-    keep_from = T - 1 if keep_from is None else keep_from
-    if not 0 <= keep_from <= max(T - 1, 0):
-        raise ValueError(f"keep_from={keep_from}: must be a row of the run, 0..{T - 1}")
+    keep_from = _keep_from(T, keep_from)
     q, k, v, g, beta, s = _prep(q, k, v, g, beta, state, scale)
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     kept = []
@@ -97,9 +103,7 @@ def gated_delta_chunk_reference(q, k, v, g, beta, state=None, scale=None, keep_f
     solve), then `o = exp(G) Q S0 + tril(Q K^T * decay) u` and `S_t = exp(G_t) S0 + sum_{s<=t}
     exp(G_t - G_s) k_s u_s^T`: every kept row's state is a masked sum, never a token loop."""
     T = q.shape[0]
-    keep_from = T - 1 if keep_from is None else keep_from
-    if not 0 <= keep_from <= max(T - 1, 0):
-        raise ValueError(f"keep_from={keep_from}: must be a row of the run, 0..{T - 1}")
+    keep_from = _keep_from(T, keep_from)
     q, k, v, g, beta, s = _prep(q, k, v, g, beta, state, scale)
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     kept = []
@@ -168,7 +172,7 @@ def gated_delta_fla(q, k, v, g, beta, state=None, scale=None, keep_from: int | N
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     _check(q, k, v, g, beta, state)
     T, H, K = q.shape
-    keep_from = T - 1 if keep_from is None else keep_from
+    keep_from = _keep_from(T, keep_from)
     h0 = (torch.zeros(H, K, v.shape[2], device=q.device) if state is None else state.float())[None]
     args = dict(scale=K ** -0.5 if scale is None else scale, output_final_state=True)
     q4, k4, v4, g4, b4 = (x[None] for x in (q, k, v, g.float(), beta))
