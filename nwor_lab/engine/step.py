@@ -333,7 +333,8 @@ def run_step(engine, inp: StepInputs):
         accepted = acceptance.accepted_len.long()
         kept = inp.last_rows - inp.num_drafts + accepted              # each request's last kept row
     else:
-        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden).float())
+        # every row's logits in the model's dtype: greedy and forced take argmaxes, T > 0 upcasts itself
+        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden))
     features = None
     if e.drafting:
         if tree is None:
