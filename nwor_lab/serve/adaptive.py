@@ -134,17 +134,17 @@ class AdaptiveK:
             return None
         ns, ks, w = self._weights(n)
         means = np.array([v[0] for v in self.cells.values()])
-
-        def measured(c):
+        measured = {}                                         # count -> its own cells' weighted mean
+        for c in set(ks.astype(int).tolist()):
             own = ks == c
-            return float((w[own] * means[own]).sum() / w[own].sum()) if w[own].sum() >= self.min_weight else None
-
-        if (t := measured(k)) is not None:
-            return max(t, 1e-9)
-        lo = next((c for c in range(k - 1, -1, -1) if measured(c) is not None), None)
-        hi = next((c for c in range(k + 1, self.k_max + 1) if measured(c) is not None), None)
+            if w[own].sum() >= self.min_weight:
+                measured[c] = float((w[own] * means[own]).sum() / w[own].sum())
+        if k in measured:
+            return max(measured[k], 1e-9)
+        lo = max((c for c in measured if c < k), default=None)
+        hi = min((c for c in measured if c > k), default=None)
         if lo is not None and hi is not None:                 # between two measured counts: a line
-            return max(measured(lo) + (measured(hi) - measured(lo)) * (k - lo) / (hi - lo), 1e-9)
+            return max(measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo), 1e-9)
         x = np.stack([np.ones_like(ns), ks, ns - n, (ns - n) * ks], 1)      # centred at n: the value is coef 0 + 1
         sw = np.sqrt(w)[:, None]
         ridge = 1e-3 * np.diag([0.0, 0.0, 1.0, 1.0]) * max(float(w.sum()), 1.0)
