@@ -38,7 +38,6 @@ Timings are reported, never asserted.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import json
 import platform
@@ -77,10 +76,8 @@ def random_hybrid(shape: str, device, dtype, seed: int = 0):
     """-> (HybridForCausalLM of `shape`, an EAGLE-1-shaped head) with random weights on `device`: the
     8B-shaped Llama's init (N(0, 0.02), nwor_lab.model.shapes), the conv at N(0, 0.5) and Qwen3-Next's
     decay spread (`init_decay`), so the recurrent state carries information from token to token."""
-    from nwor_lab.model.config import LlamaConfig
-    from nwor_lab.model.eagle import EagleHead
     from nwor_lab.model.hybrid import HybridConfig, HybridForCausalLM
-    from nwor_lab.model.shapes import _materialize
+    from nwor_lab.model.shapes import _materialize, random_head
     cfg = HybridConfig(**HYBRID_SHAPES[shape])
     # CUDA: built on the meta device, allocated once in its dtype (no float32 copy of 17 GB); CPU (the
     # mini shape): built in place (the meta device's first use imports torch's decompositions: seconds)
@@ -97,12 +94,7 @@ def random_hybrid(shape: str, device, dtype, seed: int = 0):
                 w.normal_(0.0, 0.5, generator=gen)
                 layer.linear_attn.init_decay(cpu)
                 layer.linear_attn.norm.weight.fill_(1.0)
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head_cfg = LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1})
-    with build():
-        head = EagleHead(head_cfg, fc_bias=True)
-    head = _materialize(head, device, dtype, torch.Generator(device).manual_seed(seed + 1))
-    return target, head.attach(target)
+    return target, random_head(target, "eagle1", seed=seed + 1)
 
 
 def toy_pair(wide: bool = False):

@@ -47,8 +47,9 @@ def config_for(shape: str, num_hidden_layers: int | None = None) -> LlamaConfig:
 
 
 def head_config(target_cfg: LlamaConfig) -> LlamaConfig:
-    """An EAGLE head's config: the target's shape with one decoder layer."""
-    fields = {f: getattr(target_cfg, f) for f in target_cfg.__dataclass_fields__ if f != "extra"}
+    """An EAGLE head's config: the target's shape with one decoder layer (a Llama layer also for a
+    hybrid target: its config's own fields beyond LlamaConfig's are left out)."""
+    fields = {f: getattr(target_cfg, f) for f in LlamaConfig.__dataclass_fields__ if f != "extra"}
     return LlamaConfig(**{**fields, "num_hidden_layers": 1})
 
 

@@ -93,10 +93,9 @@ def toy_hybrid_head(target, seed: int = 3) -> EagleHead:
     """An EAGLE-1 head for a toy hybrid target, attached, eval mode: fc passes the next token's
     embedding through (identity on that half of its input), the rest ~ N(0, 0.2): it drafts well
     enough that windows both accept and reject."""
-    import dataclasses
+    from nwor_lab.model.shapes import head_config
     cfg = target.config
-    fields = {f.name for f in dataclasses.fields(LlamaConfig)} - {"extra"}
-    head = EagleHead(LlamaConfig(**{**{f: getattr(cfg, f) for f in fields}, "num_hidden_layers": 1}), fc_bias=True)
+    head = EagleHead(head_config(cfg), fc_bias=True)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
