@@ -16,6 +16,7 @@ Torch-free; Linux reads /proc, other systems find nothing to reap.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -130,3 +131,23 @@ def kernel_manager_class():
             return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     return KernelDiesWithParent
+
+
+@contextlib.contextmanager
+def environment(**values):
+    """`values` in os.environ for the block (None: the name unset), the old values back after it:
+    what the children started inside the block inherit."""
+    old = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

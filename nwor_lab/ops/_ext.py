@@ -31,6 +31,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from nwor_lab.lifeline import environment
+
 NAME = "nwor_lab_ext"
 CSRC = Path(os.environ.get("NWOR_LAB_CSRC") or Path(__file__).resolve().parents[2] / "csrc")
 SOURCES = ("ops.cpp", "write_rows.cu", "slot_log.cu", "scv.cu")
@@ -141,20 +143,6 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-@contextmanager
-def _env(**values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update({k: v for k, v in values.items() if v is not None})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _build(directory: Path, archs: str, verbose: bool) -> float:
     """Compile, link and load into this process. Returns seconds spent."""
     missing = [s for s in SOURCES if not (CSRC / s).exists()]
@@ -168,7 +156,7 @@ def _build(directory: Path, archs: str, verbose: bool) -> float:
     t0 = time.perf_counter()
     with _file_lock(directory.with_name(directory.name + ".lock")):
         (directory / "lock").unlink(missing_ok=True)  # torch's baton, left by a killed build
-        with _env(TORCH_CUDA_ARCH_LIST=archs, MAX_JOBS=os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)):
+        with environment(TORCH_CUDA_ARCH_LIST=archs, MAX_JOBS=os.environ.get("MAX_JOBS") or str(os.cpu_count() or 2)):
             try:
                 cpp.load(name=NAME, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=EXTRA_CFLAGS,
                          extra_cuda_cflags=EXTRA_CUDA_CFLAGS, extra_include_paths=[str(CSRC)],

@@ -25,10 +25,11 @@ machines), `enforce_eager` (no torch.compile on CPU here).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
+
+from nwor_lab.lifeline import environment
 
 METHODS = ("eagle", "eagle3", "ngram", "none")
 
@@ -102,7 +103,7 @@ class VllmLab:
             from vllm import envs
             envs.disable_envs_cache()
         t0 = time.perf_counter()
-        with _environ(bind):         # the workers read it when they are spawned, here
+        with environment(**bind):         # the workers read it when they are spawned, here
             self.llm = LLM(model=str(dirs["target"]), tokenizer=str(dirs["target"]), dtype=dtype,
                            block_size=block_size, kv_cache_memory_bytes=kv_cache_memory_bytes, speculative_config=spec,
                            max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed, enforce_eager=True,
@@ -198,21 +199,6 @@ class VllmLab:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-
-
-@contextlib.contextmanager
-def _environ(values: dict):
-    """`values` in os.environ for the block, the old values back after it."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _delta(after, before):
