@@ -24,7 +24,10 @@ plus moves, stage 1), `bytes_moved` (inside the cache, all layers), `stranded_by
 left in the block that holds the path's end, all layers), `step_ms` (eager verify + commit, host work
 included, median; CUDA events on a GPU), `commit_ms` and `commit_share`, `tokens_per_s` (emitted
 tokens / step time: the verify step alone; drafting is the same in every strategy and left out).
-`--graphs` (CUDA) adds `graph_step_ms`: the step captured in one CUDA graph and replayed (or why not).
+`--graphs` (CUDA) adds `graph_step_ms`: the step captured in one CUDA graph and replayed (or why not);
+the summary then also compares stage with write-all + move on the replayed steps (no host time).
+`--profile` (CUDA) adds `kernels`: the step's top CUDA kernels by time (torch.profiler), to say where
+one strategy's step differs from another's.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.bench.tree_step import (ROW_NAMES, TreeBatch, TreeStep, contiguous_tables, first_child_path,
-                                      graph_step_ms, new_cache, time_steps)
+                                      graph_step_ms, kernel_profile, new_cache, time_steps)
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.policies.tree import STRATEGIES, tree_commit_costs
@@ -163,7 +166,7 @@ def synthetic_trees(num_reqs: int, topk: int, depth: int, nodes: int, seed: int,
 def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: int = 4, depth: int = 6,
                block_size: int = 16, context: int = 1024, accepted: int = 3, reps: int = 10,
                device: str = "cuda", attention: str = "auto", strategies=STRATEGIES, graphs: bool = False,
-               seed: int = 0, progress=None, target=None) -> list[dict]:
+               seed: int = 0, profile: bool = False, progress=None, target=None) -> list[dict]:
     """`bench tree` on a random-weight shape (`8b`, or `8b-mini` to run the same path small on CPU).
     target: a model of that shape already built (its device and dtype are used)."""
     from nwor_lab.model.shapes import random_target
@@ -216,6 +219,8 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                     row["graph_step_ms"], why = graph_step_ms(steps[s])
                     if why:
                         row["graph_error"] = why
+                if profile and torch.device(device).type == "cuda":
+                    row["kernels"] = kernel_profile(steps[s])
                 rows.append(row)
                 if progress:
                     progress(row)
@@ -270,6 +275,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=types.integer(1, 1000), default=None, help="timed steps per strategy (median)")
     p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--graphs", action="store_true", help="CUDA: also time the step replayed from one CUDA graph")
+    p.add_argument("--profile", action="store_true", help="CUDA: also list each step's top kernels by time")
     args = p.parse_args(argv)
     device = args.device or ("cpu" if args.model in ("shipped", "8b-mini") else "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -288,7 +294,8 @@ def main(argv=None) -> int:
     else:
         rows = shape_rows(args.model, args.nodes or (16, 32, 64), args.batches, args.topk, args.depth,
                           args.block_size, args.context, args.accepted, args.reps or 10, device, args.attention,
-                          args.strategies, args.graphs, progress=progress)
+                          args.strategies, args.graphs, profile=args.profile,
+                          progress=progress)
     result = {"bench": "tree", "model": args.model, "device": rows[0]["device"] if rows else device,
               "torch": torch.__version__, "command": "nwor-lab bench tree " + " ".join(argv or sys.argv[1:]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
@@ -311,15 +318,22 @@ def main(argv=None) -> int:
 
 
 def stage_vs_move(rows: list[dict]) -> dict:
-    """Per (nodes, batch): stage's step time over write-all + move's, and whether stage is no slower."""
-    by = {}
-    for r in rows:
-        if r.get("step_ms") is not None:
-            by.setdefault((r["nodes"], r["batch"]), {})[r["strategy"]] = r["step_ms"]
-    ratios = {f"N{n}_b{b}": round(t["stage"] / t["write-all+move"], 4) for (n, b), t in sorted(by.items())
-              if "stage" in t and "write-all+move" in t}
-    return {"stage_over_move_step": ratios, "stage_no_slower_everywhere": all(v <= 1.0 for v in ratios.values())
-            if ratios else None}
+    """Per (nodes, batch): stage's step time over write-all + move's, and whether stage is no slower;
+    from the eager steps (`step_ms`) and, where both were captured, the replayed ones (`graph_step_ms`)."""
+    out = {}
+    for key, name, verdict in (("step_ms", "stage_over_move_step", "stage_no_slower_everywhere"),
+                               ("graph_step_ms", "stage_over_move_graph_step", "stage_no_slower_everywhere_graphed")):
+        by = {}
+        for r in rows:
+            if r.get(key) is not None:
+                by.setdefault((r["nodes"], r["batch"]), {})[r["strategy"]] = r[key]
+        ratios = {f"N{n}_b{b}": round(t["stage"] / t["write-all+move"], 4) for (n, b), t in sorted(by.items())
+                  if "stage" in t and "write-all+move" in t}
+        if ratios or key == "step_ms":
+            out[name] = ratios
+            out[verdict] = all(v <= 1.0 for v in ratios.values()) if ratios else None
+    return out
+
 
 
 if __name__ == "__main__":

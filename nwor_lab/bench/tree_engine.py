@@ -25,6 +25,7 @@ import json
 import platform
 import sys
 import time
+import traceback
 
 import torch
 
@@ -220,7 +221,8 @@ def main_8b(args, argv) -> dict:
                     except Exception as err:          # one failing config must not lose the others' rows
                         row = {"batch_size": bs, "kind": kind, "nodes": n, "tree": tree or None, "nwor": mode,
                                "cuda_graph": bool(graphs and dev.type == "cuda"),
-                               "error": f"{type(err).__name__}: {err}"[:2000]}
+                               "error": f"{type(err).__name__}: {err}"[:2000],
+                               "where": traceback.format_exc()[-3000:]}     # the stack: a GPU-only failure is read here
                         rows.append(row)
                         print(json.dumps(row), flush=True)
                         engine = run = None

@@ -250,6 +250,27 @@ def graph_step_ms(step: TreeStep, reps: int = 10):
     return ms, None
 
 
+def kernel_profile(step: TreeStep, reps: int = 3, top: int = 8) -> list[dict]:
+    """Where a step's GPU time goes: its CUDA kernels under torch.profiler over `reps` eager steps,
+    the `top` by time -> [{kernel, us_per_step, calls_per_step}] (names cut to 90 characters)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    step.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            step.step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in kernels)
+    out = [{"kernel": e.key[:90], "us_per_step": round(e.device_time_total / reps, 1),
+            "calls_per_step": round(e.count / reps, 2)} for e in kernels[:top]]
+    out.append({"kernel": "(all kernels)", "us_per_step": round(total / reps, 1),
+                "calls_per_step": round(sum(e.count for e in kernels) / reps, 2)})
+    return out
+
+
 def _median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]

@@ -8,6 +8,8 @@
 #   workload     32 requests per open-loop point, 4 per client in closed loop (at least 32), prompts
 #                64 +- 25 % random ids, outputs 64 +- 25 %
 #   components   decode step, verify step (1 + 4 tokens) and one head pass at batch 1 / 8 / 32
+# Then the closed loop again with 256-token outputs (prompts 64): the same engine with less of each
+# request spent in prefill (serving outputs are longer than 64 tokens) -> serve_8b_long_<card>.json.
 # Writes $OUT/serve_8b_<card>.json (chapter 11 reads benchmarks/results/serve_8b_<card>.json: copy
 # it there) and serve_8b.log.
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/serve_run.sh
@@ -19,13 +21,13 @@ gpu_device device_serve.txt
 gpu_install pip_serve.log
 
 stage "bench serve --model 8b"
-timeout $(lim 460) python3 -m nwor_lab.bench.serve --model 8b --device cuda \
+timeout $(lim 250) python3 -m nwor_lab.bench.serve --model 8b --device cuda \
   --configs target,eagle3:4,eagle3:auto --k-max 4 --policies stage \
   --rates 2,4,8,16,32,64 --concurrency 1,8,32 --requests 32 --prompt-len 64 --output-len 64 \
   --goodput tpot:50 --components 1,8,32 --quiet \
   --out "$OUT/serve_8b_$TAG.json" > "$OUT/serve_8b.log" 2>&1
 echo "bench serve exit $?"
-python3 - "$OUT/serve_8b_$TAG.json" <<'PY' || tail -5 "$OUT/serve_8b.log" | cut -c1-400
+report() { python3 - "$1" <<'PY' || tail -5 "$2" | cut -c1-400
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(d["device"], "complete" if d["complete"] else "INCOMPLETE", d["seconds_total"], "s")
@@ -37,4 +39,14 @@ for r in d["results"]:
 for c in d["crossover"]:
     print("crossover", c)
 PY
+}
+report "$OUT/serve_8b_$TAG.json" "$OUT/serve_8b.log"
+stage "bench serve --model 8b, closed loop, 256-token outputs"
+timeout $(lim 200) python3 -m nwor_lab.bench.serve --model 8b --device cuda \
+  --configs target,eagle3:4,eagle3:auto --k-max 4 --policies stage \
+  --concurrency 1,8,32 --prompt-len 64 --output-len 256 \
+  --goodput tpot:50 --components 1,8,32 --quiet \
+  --out "$OUT/serve_8b_long_$TAG.json" > "$OUT/serve_8b_long.log" 2>&1
+echo "bench serve (long) exit $?"
+report "$OUT/serve_8b_long_$TAG.json" "$OUT/serve_8b_long.log"
 stage done
