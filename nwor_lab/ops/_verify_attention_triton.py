@@ -127,6 +127,35 @@ def _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_word
 
 
 @triton.jit
+def _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks, vs, ring_slots,
+                stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt, stride_lkh, stride_lvt, stride_lvh, d,
+                dtype: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, RING: tl.constexpr,
+                HAS_LOG: tl.constexpr, FP8: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile wholly inside the paged cache: positions p `[N]` and their K/V `[N, D]` through the
+    block table (ring index, log rows and fp8 scales as the kernel's flags say; no bounds mask)."""
+    p = start + tl.arange(0, BLOCK_N)
+    if RING:
+        ri = p % ring_slots
+    else:
+        ri = p
+    blk = tl.load(bt_row + ri // BS).to(tl.int64)
+    off = (ri % BS).to(tl.int64)
+    k_at = k_head + (blk * stride_kb + off * stride_ks)
+    v_at = v_head + (blk * stride_vb + off * stride_vs)
+    if HAS_LOG:    # a pointer select: log rows have the cache's dtype
+        in_log = (p >= lg_lo) & (p < lg_hi)
+        lrow = (lg_row0 + p - lg_lo).to(tl.int64)
+        k_at = tl.where(in_log, log_k + (lrow * stride_lkt + kvh * stride_lkh), k_at)
+        v_at = tl.where(in_log, log_v + (lrow * stride_lvt + kvh * stride_lvh), v_at)
+    k = tl.load(k_at[:, None] + d[None, :])
+    v = tl.load(v_at[:, None] + d[None, :])
+    if FP8:    # as cache.gather: float * scale, rounded to the model dtype
+        k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+        v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+    return p, k, v
+
+
+@triton.jit
 def _verify_attention_kernel(
         q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
         win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse,
@@ -170,6 +199,10 @@ def _verify_attention_kernel(
         lg_lo = tl.load(log_lo + req)
         lg_row0 = tl.load(log_start + req)
         lg_hi = lg_lo + (tl.load(log_start + req + 1) - lg_row0)
+    else:              # unused (the tile helper takes them either way)
+        lg_lo = 0
+        lg_row0 = 0
+        lg_hi = 0
     # this split's keys; the last split runs to the end, so the window and any cache the split
     # plan did not foresee are always covered
     lo = base + split * keys_per_split
@@ -177,6 +210,9 @@ def _verify_attention_kernel(
     if FP8:
         ks = tl.load(k_scale + kvh)
         vs = tl.load(v_scale + kvh)
+    else:
+        ks = 1.0
+        vs = 1.0
     if TREE:
         t_lo = tl.load(tree_lo + req)
 
@@ -210,34 +246,34 @@ def _verify_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # tiles wholly inside the paged cache
-        for start in range(lo, full_end, BLOCK_N):
-            p = start + tl.arange(0, BLOCK_N)
-            if RING:
-                ri = p % ring_slots
-            else:
-                ri = p
-            blk = tl.load(bt_row + ri // BS).to(tl.int64)
-            off = (ri % BS).to(tl.int64)
-            k_at = k_head + (blk * stride_kb + off * stride_ks)
-            v_at = v_head + (blk * stride_vb + off * stride_vs)
-            if HAS_LOG:    # a pointer select: log rows have the cache's dtype
-                in_log = (p >= lg_lo) & (p < lg_hi)
-                lrow = (lg_row0 + p - lg_lo).to(tl.int64)
-                k_at = tl.where(in_log, log_k + (lrow * stride_lkt + kvh * stride_lkh), k_at)
-                v_at = tl.where(in_log, log_v + (lrow * stride_lvt + kvh * stride_lvh), v_at)
-            k = tl.load(k_at[:, None] + d[None, :])
-            v = tl.load(v_at[:, None] + d[None, :])
-            if FP8:    # as cache.gather: float * scale, rounded to the model dtype
-                k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
-                v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+        # tiles wholly inside the paged cache. A tree's rows start at key tree_lo: tiles wholly below
+        # it need no ancestor test (the loop without it: the test's [M, N] int64 work per tile cost
+        # more than the tile's MMAs), the tiles from there to full_end (write-all: the tree's rows
+        # are in the cache) take it
+        if TREE:
+            plain_end = tl.minimum(full_end, lo + tl.maximum(t_lo - lo, 0) // BLOCK_N * BLOCK_N)
+        else:
+            plain_end = full_end
+        for start in range(lo, plain_end, BLOCK_N):
+            p, k, v = _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks, vs,
+                                  ring_slots, stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt, stride_lkh,
+                                  stride_lvt, stride_lvh, d, dtype, BS, BLOCK_N, RING, HAS_LOG, FP8, UPCAST)
             visible = p[None, :] <= pos[:, None]
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
-            if TREE:
+            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+        if TREE:
+            for start in range(plain_end, full_end, BLOCK_N):
+                p, k, v = _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks,
+                                      vs, ring_slots, stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt,
+                                      stride_lkh, stride_lvt, stride_lvh, d, dtype, BS, BLOCK_N, RING, HAS_LOG, FP8,
+                                      UPCAST)
+                visible = p[None, :] <= pos[:, None]
+                if SLIDING:
+                    visible = visible & (p[None, :] > pos[:, None] - win_size)
                 visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
                     (p < end)[None, :]
-            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # tail tiles: the cache's last partial tile and the window rows, masked per position. With a
         # window (not fp8) and SPLIT_TAIL, only the tile holding cache_len mixes the two sources;
         # the tiles past it read the window rows alone (no block-table load, no source select).

@@ -180,7 +180,7 @@ def accept_tree_sampled(window: TreeWindow, target_logits: torch.Tensor, draft_p
     cur = torch.zeros(R, dtype=torch.long, device=dev).scatter_reduce(
         0, window.token_req.long(), torch.arange(T, device=dev), "amin", include_self=False)   # each t_last
     on_path = torch.zeros(T, dtype=torch.bool, device=dev)
-    on_path[cur] = True
+    on_path.index_fill_(0, cur, True)     # not on_path[cur] = True: that copies a host scalar (no capture)
     active = torch.ones(R, dtype=torch.bool, device=dev)
     p = p_all[cur]
     for _ in range(window.max_depth):

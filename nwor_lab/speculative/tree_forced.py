@@ -127,7 +127,7 @@ def accept_tree_forced(window, target_logits: torch.Tensor, tables: tuple, seed:
     keys = req_keys[:R].long()
     cur = start.clone()
     on_path = torch.zeros(T, dtype=torch.bool, device=dev)
-    on_path[cur] = True
+    on_path.index_fill_(0, cur, True)     # not on_path[cur] = True: that copies a host scalar (no capture)
     active = torch.ones(R, dtype=torch.bool, device=dev)
     for d in range(1, depth + 1):
         u = hashed_uniforms(keys, n + d, seed)

@@ -29,9 +29,10 @@ python3 -c "from nwor_lab.ops.gated_delta import fla_available; print('fla-core 
 gpu_build "build_state_$PART.log"
 
 if [ "$PART" = all ] || [ "$PART" = A ]; then
-stage "bench state: 8B-class hybrid, k 4, batch 32 1 8 64"
+BATCHES=${BATCHES:-32 1 8 64}         # e.g. BATCHES="32 64" bash tests/gpu/state_run.sh A
+stage "bench state: 8B-class hybrid, k 4, batch $BATCHES"
 BENCH_S=${BENCH_S:-$([ "$PART" = all ] && echo 330 || echo 600)}     # all: leave the tests ~4 minutes
-timeout $(lim $BENCH_S) python3 -m nwor_lab.cli bench state --model 8b-hybrid --device cuda --k 4 --batch 32 1 8 64 \
+timeout $(lim $BENCH_S) python3 -m nwor_lab.cli bench state --model 8b-hybrid --device cuda --k 4 --batch $BATCHES \
   --repeats 2 --json --out "$OUT/state8b_$TAG.json" > "$OUT/state8b.stdout" 2> "$OUT/state8b.log"
 echo "bench exit $?"; tail -3 "$OUT/state8b.log" | cut -c1-400
 

@@ -77,3 +77,26 @@ def test_gpu_tree_sampled_agree_across_policies():
     outs = [generate(PROMPTS, 24, k=4, device="cuda", temperature=0.8, seed=5,
                      config=LabConfig(nwor_mode=m, tree=TREE)).token_ids for m in ("off", "cow", "stage")]
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_gpu_forced_tree_acceptance_is_captured():
+    """The 8B tree bench's path at toy size: forced tree acceptance (a tree profile) inside captured
+    steps. `on_path[cur] = True` there once copied a host scalar, which a capture refuses."""
+    from nwor_lab.bench.engine8b import prompts_for
+    from nwor_lab.bench.timing import time_engine
+    from nwor_lab.bench.tree_engine import build_engine_8b, tree_for
+    from nwor_lab.model.shapes import random_head, random_target
+    from nwor_lab.speculative.tree_forced import TreeForcedAcceptance
+    dev = torch.device("cuda")
+    target = random_target("8b-mini", dev, torch.bfloat16)
+    head = random_head(target, "eagle1", "8b-mini")
+    acc = TreeForcedAcceptance((0.9, 0.7, 0.5, 0.3, 0.2), ranks=((0.7, 0.2, 0.1),))
+    prompts = prompts_for(2, 16, target.config.vocab_size, False)
+    lens = {}
+    for graphs in (False, True):
+        eng = build_engine_8b(target, head, tree_for(16), 16, "stage", 2, 16, 12, acc, "auto", graphs)
+        run = time_engine(eng, prompts, 12, 1, dev, arrival_gap=0)
+        lens[graphs] = [w.accepted for w in run["trace"] if w.kind == "verify"]
+        if graphs:
+            assert eng.graphed_off is None and eng.runner.replays > 0
+    assert lens[False] == lens[True] and any(a for acc_ in lens[True] for a in acc_)
