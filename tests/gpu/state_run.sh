@@ -29,7 +29,8 @@ python3 -c "from nwor_lab.ops.gated_delta import fla_available; print('fla-core 
 gpu_build "build_state_$PART.log"
 
 if [ "$PART" = all ] || [ "$PART" = A ]; then
-BATCHES=${BATCHES:-32 1 8 64}         # e.g. BATCHES="32 64" bash tests/gpu/state_run.sh A
+BATCHES=${BATCHES:-32,1,8,64}         # e.g. BATCHES=32,64 bash tests/gpu/state_run.sh A
+BATCHES=${BATCHES//,/ }
 stage "bench state: 8B-class hybrid, k 4, batch $BATCHES"
 BENCH_S=${BENCH_S:-$([ "$PART" = all ] && echo 330 || echo 600)}     # all: leave the tests ~4 minutes
 timeout $(lim $BENCH_S) python3 -m nwor_lab.cli bench state --model 8b-hybrid --device cuda --k 4 --batch $BATCHES \
