@@ -30,6 +30,8 @@ and `_merge_splits_kernel` combines them; with one split the program writes the 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -398,6 +400,24 @@ MIN_KEYS_PER_SPLIT = 256
 # tail loop (benchmarks/results/verify_attention_variants_h100.json, the 8B layer, 5-token windows):
 # the extra loop costs registers and instructions in every program. Kept as a knob, off.
 SPLIT_TAIL = False
+# Launch knobs for a tree window read from the staging buffer (stage's tree verify), where the kernel
+# carries both the ancestor test and the window source. Empty: the defaults above. For tuning runs,
+# NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,split_tail=1" sets them (tests/gpu/tree_attention_run.sh).
+TREE_WINDOW: dict = {}
+
+
+def _knobs_from_env(text: str) -> dict:
+    out = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in ("num_warps", "num_stages", "block_m", "split_tail", "block_n"):
+            raise ValueError(f"NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob {name!r} (num_warps, num_stages, "
+                             f"block_m, split_tail, block_n)")
+        out[name] = int(value)
+    return out
+
+
+TREE_WINDOW.update(_knobs_from_env(os.environ.get("NWOR_LAB_TREE_WINDOW_LAUNCH", "")))
 
 
 _SM_COUNT: dict = {}
@@ -443,6 +463,13 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     nb, bs, h, _ = key_cache.shape
     num_reqs = block_tables.shape[0]
     group = hq // h
+    if tree_mask is not None and win_key is not None and TREE_WINDOW:
+        tuned = dict(TREE_WINDOW)
+        num_warps = num_warps or tuned.get("num_warps")
+        num_stages = num_stages or tuned.get("num_stages")
+        block_m = block_m or tuned.get("block_m")
+        block_n = block_n or tuned.get("block_n")
+        split_tail = bool(tuned["split_tail"]) if split_tail is None and "split_tail" in tuned else split_tail
     block_n = block_n or BLOCK_N
     max_cache_keys = block_tables.shape[1] * bs
     if sliding_window:
