@@ -401,9 +401,12 @@ MIN_KEYS_PER_SPLIT = 256
 # the extra loop costs registers and instructions in every program. Kept as a knob, off.
 SPLIT_TAIL = False
 # Launch knobs for a tree window read from the staging buffer (stage's tree verify), where the kernel
-# carries both the ancestor test and the window source. Empty: the defaults above. For tuning runs,
-# NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,split_tail=1" sets them (tests/gpu/tree_attention_run.sh).
-TREE_WINDOW: dict = {}
+# carries both the ancestor test and the window source. 8 warps: on an H200 (8B shape, context 1024,
+# N = 16/32/64, batch 1/8/32, graphed steps) stage's step over write-all + move's went from
+# 1.01-1.17 with 4 warps to 0.97-1.11; split_tail=1 gave 1.05-1.13, block_m=32 1.12-1.29
+# (tests/gpu/tree_attention_run.sh). For tuning runs, NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,split_tail=1"
+# sets them.
+TREE_WINDOW: dict = {"num_warps": 8}
 
 
 def _knobs_from_env(text: str) -> dict:

@@ -1,8 +1,5 @@
 #!/usr/bin/env bash
-# Tree verify attention, tree in the cache against tree in the staging buffer (stage):
-#   (no argument)  the kernel alone under each launch variant, one process per variant beside the
-#                  default (a variant that faults cannot take the others with it)
-#                  -> $OUT/tree_attention_<variant>_<card>.json
+# Stage's tree verify attention under launch knobs, in the whole tree step:
 #   step KNOBS     the whole tree step, write-all + move against stage, eager and graphed, profiled
 #                  (`bench tree --model 8b`), with stage's tree-window launch set by KNOBS
 #                  (NWOR_LAB_TREE_WINDOW_LAUNCH, e.g. num_warps=8) -> $OUT/tree_8b_<knobs>_<card>.json
@@ -12,7 +9,7 @@ source "$(dirname "$0")/common.sh"
 gpu_begin 300
 stage setup
 gpu_device device_tree_attention.txt
-if [ "${1:-}" = step ]; then
+if [ "${1:-}" = step ]; then        # (the only mode)
   KNOBS=${2:-}; NAME_K=$(echo "${KNOBS:-default}" | tr ',=' '__')
   stage "bench tree 8b move vs stage, stage's tree window launched with '${KNOBS}'"
   NWOR_LAB_TREE_WINDOW_LAUNCH="$KNOBS" timeout $(lim 280) python3 -m nwor_lab.cli bench tree --model 8b \
@@ -21,21 +18,12 @@ if [ "${1:-}" = step ]; then
   echo "exit $?"
   python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['summary']))" \
     "$OUT/tree_8b_${NAME_K}_$TAG.json" || tail -5 "$OUT/tree_8b_${NAME_K}.log"
-else
-  for v in split_tail warps8 stages2 block_m128 split_tail_warps8 block_m32; do
-    stage "variant $v"
-    timeout $(lim 60) python3 -m nwor_lab.bench.tree_attention --nodes 16,64 --batches 8,32 --variants default,$v \
-      --out "$OUT/tree_attention_${v}_$TAG.json" > /dev/null 2> "$OUT/tree_attention_$v.log"
-    echo "exit $?"
-    python3 - "$OUT/tree_attention_${v}_$TAG.json" <<'PY' || tail -3 "$OUT/tree_attention_$v.log" | cut -c1-300
-import json, sys
-d = json.load(open(sys.argv[1]))
-for s in d["summary"]:
-    print(s)
-for r in d["rows"]:
-    print(r["nodes"], r["batch"], r["source"], r["variant"], r["kernel_us"], "err", r["max_err_vs_reference"],
-          "regs", r.get("registers_per_thread"), "spill", r.get("spilled_bytes"))
-PY
-  done
+  # registers and spills of every compiled verify-attention kernel (which variant is which: its .json)
+  for c in $(find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name "_verify_attention_kernel.cubin" 2>/dev/null); do
+    j="${c%.cubin}.json"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); c=d.get('constants', {}); print({k: c.get(k) for k in ('HAS_WINDOW','TREE','ROW_LOOP','BLOCK_M','SPLIT_TAIL','SPLIT')}, 'warps', d.get('num_warps'))" "$j" 2>/dev/null
+    cuobjdump --dump-resource-usage "$c" 2>/dev/null | grep -E "REG|spill" | head -2
+  done > "$OUT/kernel_resources_${NAME_K}.txt"
+  cat "$OUT/kernel_resources_${NAME_K}.txt" | head -40
 fi
 stage done
