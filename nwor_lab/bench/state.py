@@ -365,9 +365,11 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
 
 def finish_rows(rows, greedy: dict, sampled: dict, forced: bool, temperature: float) -> None:
     """Cross-strategy checks: the reference is the first exact strategy (`commits_accepted_only`) that
-    is correct greedy; T > 0 (and, with forced acceptance, greedy) tokens must equal its."""
-    exact = [r["strategy"] for r in rows if r["declared"]["commits_accepted_only"] and r["correct_greedy"]]
-    ref = exact[0] if exact else None
+    is correct greedy, else the first exact one (so `greedy_equal` still says whether the exact
+    strategies agree with each other); T > 0 (and, with forced acceptance, greedy) tokens must equal its."""
+    exact = [r["strategy"] for r in rows if r["declared"]["commits_accepted_only"]]
+    correct = [name for name in exact if next(r for r in rows if r["strategy"] == name)["correct_greedy"]]
+    ref = (correct or exact or [None])[0]
     for r in rows:
         name = r["strategy"]
         r["reference_strategy"] = ref
