@@ -22,7 +22,13 @@ A tree window (`tree_mask` [T, words] int64, `tree_lo` [R] int32; TREE): key ind
 is a row of the request's tree, visible to a query iff its ancestor bit is set (one gather of a
 [BLOCK_M, BLOCK_N] int64 tile of words and a shift per key tile; `_tree_visible`); below tree_lo the
 position rule holds. Positions are depths (siblings share one), so the keys a query reads are not
-bounded by its position: the key loop runs to the request's last key.
+bounded by its position: the key loop runs to the request's last key. The cache tiles wholly below
+tree_lo (all of them under stage, all but the tree's under write-all) run in a loop without the
+ancestor test: on an H200 at the 8B shape that cut the tree verify attention by 30-45 %
+(benchmarks/results/tree_window_launch/before_plain_loop_warps4_h200.json against warps4_h200.json).
+The tree kernels still run at the 255-register cap with 472-912 bytes of stack (kernel_resources_h200.txt
+there), the staged-window variant the most: stage's tree attention costs 1.3-1.5x write-all's at batch
+>= 8. Halving the ancestor tile (int32 words) is the next thing to try.
 
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32
