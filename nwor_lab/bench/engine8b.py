@@ -33,7 +33,6 @@ Chosen for ~8 minutes on one H100: 64-token prompts, 64 new tokens, 2 timed repe
 """
 from __future__ import annotations
 
-import gc
 import json
 import platform
 import sys
@@ -42,7 +41,7 @@ import time
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.bench.timing import run_prompts, time_engine, timed
+from nwor_lab.bench.timing import bench_device, free_device, run_prompts, time_engine, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
@@ -325,11 +324,7 @@ def parser() -> LabArgumentParser:
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    from nwor_lab.commandline.environment import check_device_arg
-    device = torch.device(check_device_arg("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
-    if args.model == "8b" and device.type != "cuda":
-        raise UsageError("bench engine --model 8b: needs a CUDA device (16 GB of weights); --model 8b-mini runs "
-                         "the same code path on CPU")
+    device = bench_device("engine", args.device, args.model)
     try:
         acceptance = ForcedAcceptance.parse(args.acceptance, max(args.ks))
         for k in args.ks:
@@ -378,9 +373,7 @@ def main(argv=None) -> dict:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 del engine, run
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                free_device(device)
         if args.out:                       # what is measured so far survives a timeout
             write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete=False)
     return write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete=True)

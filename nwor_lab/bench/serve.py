@@ -43,6 +43,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
+from nwor_lab.bench.timing import bench_device
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
@@ -221,11 +222,7 @@ def crossover(rows: list[dict]) -> list[dict]:
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    from nwor_lab.commandline.environment import check_device_arg
-    device = torch.device(check_device_arg("--device", args.device or ("cuda" if torch.cuda.is_available() else "cpu")))
-    if args.model == "8b" and device.type != "cuda":
-        raise UsageError("bench serve --model 8b: needs a CUDA device (16 GB of weights); --model 8b-mini runs the "
-                         "same code path on CPU")
+    device = bench_device("serve", args.device, args.model)
     points = load_points(args)
     if not points:
         raise UsageError("bench serve: give --rates (open loop) and/or --concurrency (closed loop)")

@@ -5,10 +5,31 @@ run timed with the device synchronised (`timed`), and the protocol (`time_engine
 graph, then `repeats` timed runs, their median reported."""
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
 import torch
+
+
+def free_device(device) -> None:
+    """Drop what a deleted engine held (reference cycles: its runner's graphs and their pools)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def bench_device(bench: str, arg, model: str, default_cuda: bool | None = None) -> torch.device:
+    """The `--device` of `nwor-lab bench <bench>` (checked; default cuda when present, or as
+    `default_cuda` says); the 8B shape refused off CUDA, naming the toy shape that runs the same path."""
+    from nwor_lab.commandline.environment import check_device_arg
+    from nwor_lab.commandline.errors import UsageError
+    cuda = torch.cuda.is_available() if default_cuda is None else default_cuda
+    device = torch.device(check_device_arg("--device", arg or ("cuda" if cuda else "cpu")))
+    if model.startswith("8b") and not model.endswith("-mini") and device.type != "cuda":
+        raise UsageError(f"bench {bench} --model {model}: needs a CUDA device (16 GB of weights); --model "
+                         f"{model}-mini runs the same code path on CPU")
+    return device
 
 
 def timed(fn, device) -> tuple[object, float]:

@@ -20,7 +20,6 @@ names the device. Numbers are this machine's: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import sys
@@ -30,6 +29,7 @@ import traceback
 import torch
 
 from nwor_lab import atomic
+from nwor_lab.bench.timing import free_device
 from nwor_lab.config import LabConfig, parse_tree
 from nwor_lab.engine.tree_plan import tree_plan
 
@@ -226,9 +226,7 @@ def main_8b(args, argv) -> dict:
                         rows.append(row)
                         print(json.dumps(row), flush=True)
                         engine = run = None
-                        gc.collect()
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
+                        free_device(dev)
                         write(False)
                         continue
                     depth = tree_plan(engine.tree).depth if tree else n
@@ -252,9 +250,7 @@ def main_8b(args, argv) -> dict:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     del engine, run
-                    gc.collect()
-                    if dev.type == "cuda":
-                        torch.cuda.empty_cache()
+                    free_device(dev)
                     write(False)
     write(True)
     return out
