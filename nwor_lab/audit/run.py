@@ -17,6 +17,7 @@ from nwor_lab.audit.kv import KVAudit
 from nwor_lab.audit.report import STORES, AuditReport, StoreFinding
 from nwor_lab.audit.state import StateAudit
 from nwor_lab.config import LabConfig, check_config
+from nwor_lab.engine.generate import first_divergence as token_divergence
 
 
 def audit(config: LabConfig | None, prompts, max_new_tokens: int, *, target, head, k: int = 3,
@@ -112,15 +113,14 @@ def first_divergence(outputs: list[list[int]], reference: list[list[int]], trace
     """The first token (by request, then position) where `outputs` differ from `reference`
     (target-only), with the step whose verify window emitted it (from `trace`, requests `req_ids`
     in the prompts' order); None when all agree."""
-    for i, (got, want) in enumerate(zip(outputs, reference)):
-        n = min(len(got), len(want))
-        j = next((t for t in range(n) if got[t] != want[t]), n if len(got) != len(want) else None)
-        if j is None:
-            continue
-        window = _emitted_in(trace, req_ids[i], j) if req_ids is not None else None
-        return {"request": i, "token": j, "expected": want[j] if j < len(want) else None,
-                "got": got[j] if j < len(got) else None, "window": window}
-    return None
+    at = token_divergence(outputs, reference)
+    if at is None:
+        return None
+    i, j = at
+    got, want = outputs[i], reference[i]
+    window = _emitted_in(trace, req_ids[i], j) if req_ids is not None else None
+    return {"request": i, "token": j, "expected": want[j] if j < len(want) else None,
+            "got": got[j] if j < len(got) else None, "window": window}
 
 
 def _emitted_in(trace, req_id: int, token: int) -> int | None:

@@ -30,6 +30,7 @@ import torch
 
 from nwor_lab.config import LabConfig
 from nwor_lab.engine.ring import exact_by_design, kv_memory, sliding_window_for, strategy_name
+from nwor_lab.engine.generate import first_divergence as token_divergence
 from nwor_lab.policies import POLICIES, make_policy
 
 STRATEGIES = (("off", "ring"), ("off", "slack"), ("off", "full"), ("off", "guard"), ("cow", "ring"),
@@ -37,11 +38,8 @@ STRATEGIES = (("off", "ring"), ("off", "slack"), ("off", "full"), ("off", "guard
 
 
 def _first_divergence(got, want):
-    for i, (g, w) in enumerate(zip(got, want)):
-        for j, (a, b) in enumerate(zip(g, w)):
-            if a != b:
-                return {"prompt": i, "token": j}
-    return None
+    at = token_divergence(got, want)
+    return None if at is None else {"prompt": at[0], "token": at[1]}
 
 
 # -- the shipped pair, through the engine ------------------------------------------------------

@@ -54,6 +54,7 @@ from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import SCV_MODES
+from nwor_lab.engine.generate import first_divergence as token_divergence
 
 STRATEGIES = ("off", "snapshots", "cow", "replay", "stage")
 MODELS = ("auto", "shipped", "toy", "8b-hybrid", "8b-hybrid-mini")
@@ -190,14 +191,8 @@ def run_once(engine, prompts, new_tokens: int):
 
 def first_divergence(got, want):
     """-> (token index, prompt) of the earliest differing output token over the prompts, or (None, None)."""
-    best = (None, None)
-    for i, (g, w) in enumerate(zip(got, want)):
-        j = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), None)
-        if j is None and len(g) != len(w):
-            j = min(len(g), len(w))
-        if j is not None and (best[0] is None or j < best[0]):
-            best = (j, i)
-    return best
+    at = token_divergence(got, want, earliest=True)
+    return (None, None) if at is None else (at[1], at[0])
 
 
 def target_positions(trace, req_ids) -> dict[int, list[int]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
 from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names, interrupted_exit_code, run
 from nwor_lab.commandline.generate_flags import FLAGS, SEPARATOR, parser, stats_line
+from nwor_lab.engine.generate import first_divergence as token_divergence
 
 
 def add_parsers(subparsers) -> None:
@@ -63,13 +64,12 @@ class TextStream:
 
 def first_divergence(got: list[list[int]], want: list[list[int]]) -> dict | None:
     """The first (prompt, token index) where `got` differs from `want`, or None."""
-    for i, (g, w) in enumerate(zip(got, want)):
-        for j, (a, b) in enumerate(zip(g, w)):
-            if a != b:
-                return {"prompt": i, "token": j, "got": a, "target_only": b}
-        if len(g) != len(w):
-            return {"prompt": i, "token": min(len(g), len(w)), "got": None, "target_only": None}
-    return None
+    at = token_divergence(got, want)
+    if at is None:
+        return None
+    i, j = at
+    return {"prompt": i, "token": j, "got": got[i][j] if j < len(got[i]) else None,
+            "target_only": want[i][j] if j < len(want[i]) else None}
 
 
 def ring_line(res, check: dict | None) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from nwor_lab.config import LabConfig
+from nwor_lab.engine.generate import first_divergence as token_divergence
 from nwor_lab.window import Acceptance, Window
 
 MODELS = ("auto", "shipped", "toy")
@@ -105,11 +106,8 @@ def decode(pair: HybridPair, prompts: list[list[int]], k: int, new_tokens: int, 
 def first_divergence(reference: list[list[int]], tokens: list[list[int]]) -> dict | None:
     """The first generated token that differs from the reference: {"prompt", "token"} (its index
     among the generated tokens), or None when every prompt's tokens are equal."""
-    for p, (want, got) in enumerate(zip(reference, tokens)):
-        for j in range(max(len(want), len(got))):
-            if j >= len(want) or j >= len(got) or want[j] != got[j]:
-                return {"prompt": p, "token": j}
-    return None
+    at = token_divergence(tokens, reference)
+    return None if at is None else {"prompt": at[0], "token": at[1]}
 
 
 def window_walk(spec, k: int, accepted: int, seed: int = 0) -> dict:
