@@ -48,7 +48,8 @@ def test_launch_attention_puts_variants_side_by_side():
 def test_tree_vs_chain_engine_pairs_tree_and_chain_per_batch_size_and_policy():
     def row(kind, nwor, tok_s, acc, batch=8):
         return {"batch_size": batch, "kind": kind, "nodes": 16, "nwor": nwor,
-                "tree": "topk=4,depth=5,nodes=16" if kind == "tree" else None, "tokens_per_s": tok_s, "mean_acceptance_length": acc, "decode_step_ms": 10.0}
+                "tree": "topk=4,depth=5,nodes=16" if kind == "tree" else None, "tokens_per_s": tok_s,
+                "mean_acceptance_length": acc, "decode_step_ms": 10.0}
     results = [row("tree", "stage", 300.0, 4.0), row("chain", "stage", 200.0, 4.5), row("tree", "off", 310.0, 4.0),
                {"batch_size": 8, "kind": "chain", "nodes": 16, "nwor": "off", "error": "OOM"},
                row("tree", "stage", 900.0, 4.0, batch=32), row("chain", "stage", 1000.0, 4.0, batch=32)]
