@@ -2,14 +2,17 @@
 (N, batch), launch variants side by side, tree against chain through the engine, a resources dump's spills."""
 import plotly.graph_objects as go
 
-from nwor_lab.viz.tree_gpu import (attention_us, kernel_resources, launch_attention, stage_vs_move,
-                                   stage_vs_move_figure, tree_vs_chain_engine, tree_vs_chain_engine_figure)
+from nwor_lab.viz.tree_gpu import (attention_us, gap_widens_with_n, kernel_resources, launch_attention, stage_vs_move,
+                                   stage_vs_move_figure, strategy_table, tree_vs_chain_engine,
+                                   tree_vs_chain_engine_figure)
 
 
 def bench_row(strategy, nodes, batch, graph_ms, attn_us, commit_ms):
+    costs = {"rows_written_per_token": 1.0 if strategy == "stage" else 4.75, "step_ms": 30.0,
+             "bytes_moved": 0 if strategy == "stage" else 2048 * batch, "stranded_bytes": 0}
     kernels = [{"kernel": "nvjet_gemm", "us_per_step": 999.0, "calls_per_step": 64.0},
                {"kernel": "_verify_attention_kernel", "us_per_step": attn_us, "calls_per_step": 32.0}]
-    row = {"strategy": strategy, "nodes": nodes, "batch": batch, "commit_ms": commit_ms, "kernels": kernels}
+    row = {"strategy": strategy, "nodes": nodes, "batch": batch, "commit_ms": commit_ms, "kernels": kernels, **costs}
     if graph_ms is None:
         row["graph_error"] = "RuntimeError: host lists"
     else:
@@ -36,6 +39,15 @@ def test_stage_vs_move_reads_graphed_steps_and_the_attention_kernel():
     assert isinstance(stage_vs_move_figure(rows), go.Figure)
 
 
+def test_the_strategy_table_shows_graphed_steps_and_eager_where_no_graph():
+    lines = strategy_table(BENCH).splitlines()
+    assert lines[0].split()[:3] == ["N", "strategy", "rows/token"] and len(lines) == 1 + 3   # cow has no row
+    move, remap, stage = lines[1].split(), lines[2].split(), lines[3].split()
+    assert move[:5] == ["16", "write-all+move", "4.75", "2", "0"]       # 2 KiB moved per request, both batches
+    assert move[5:] == ["8.00", "10.00"] and remap[5:] == ["–", "(eager", "30.0)"]
+    assert stage[5:] == ["–", "11.00"]                                  # batch 1's stage row failed
+
+
 def test_launch_attention_puts_variants_side_by_side():
     slower = {"rows": [bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4),
                        bench_row("stage", 16, 8, 12.0, 4000.0, 0.2)]}
@@ -58,6 +70,9 @@ def test_tree_vs_chain_engine_pairs_tree_and_chain_per_batch_size_and_policy():
     assert rows[0]["tree_over_chain"] == 1.5 and rows[0]["chain_acceptance"] == 4.5
     assert rows[1]["tree_over_chain"] == 0.9
     assert isinstance(tree_vs_chain_engine_figure(rows), go.Figure)
+    assert gap_widens_with_n(rows)                          # one N per group: nothing to shrink
+    wider = dict(rows[0], nodes=32, tree_over_chain=1.2)
+    assert not gap_widens_with_n([rows[0], wider]) and gap_widens_with_n([dict(rows[0], tree_over_chain=1.1), wider])
 
 
 def test_kernel_resources_reads_registers_and_stack():

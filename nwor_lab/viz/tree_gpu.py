@@ -64,6 +64,29 @@ def stage_vs_move(data: Mapping) -> list[dict]:
     return out
 
 
+def strategy_table(data: Mapping, strategies: Sequence[str] = (MOVE, "write-all+remap", "cow", STAGE)) -> str:
+    """A text table of a `bench tree` run: per N and strategy, rows written per emitted token, KiB moved and
+    stranded per request (mean over batch sizes), and the graphed step at each batch size (a strategy with
+    no graphed step shows its eager step in parentheses)."""
+    points = rows_by_point(data)
+    batches, sizes = sorted({b for _, b in points}), sorted({n for n, _ in points})
+    lines = [f"{'N':>3s} {'strategy':16s} {'rows/token':>10s} {'moved KiB':>9s} {'stranded KiB':>12s}   "
+             + "  ".join(f"{'b' + str(b) + ' graph ms':>12s}" for b in batches)]
+    for n in sizes:
+        for s in strategies:
+            rs = [points.get((n, b), {}).get(s) for b in batches]
+            got = [r for r in rs if r]
+            if not got:
+                continue
+            kib = {key: sum(r[key] / r["batch"] for r in got) / len(got) / 1024
+                   for key in ("bytes_moved", "stranded_bytes")}
+            steps = [f"{r['graph_step_ms']:12.2f}" if r and r.get("graph_step_ms") else
+                     f"{'(eager ' + format(r['step_ms'], '.1f') + ')':>12s}" if r else f"{'–':>12s}" for r in rs]
+            lines.append(f"{n:3d} {s:16s} {got[0]['rows_written_per_token']:10.2f} {kib['bytes_moved']:9.0f} "
+                         f"{kib['stranded_bytes']:12.0f}   " + "  ".join(steps))
+    return "\n".join(lines)
+
+
 def launch_attention(runs: Mapping[str, Mapping], points: Sequence[tuple[int, int]],
                      strategies: Sequence[str] = (MOVE, STAGE)) -> list[dict]:
     """Verify-attention µs per step under each launch variant: rows {variant, strategy, (N, batch): µs}.
@@ -101,6 +124,15 @@ def tree_vs_chain_engine(results: Sequence[Mapping]) -> list[dict]:
     return out
 
 
+def gap_widens_with_n(rows: Sequence[Mapping]) -> bool:
+    """`tree_vs_chain_engine` rows: does tree over chain grow with N at every (batch, policy)?"""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["batch"], r["nwor"]), []).append(r)
+    return all(all(a["tree_over_chain"] <= b["tree_over_chain"] for a, b in zip(g, g[1:]))
+               for g in (sorted(g, key=lambda r: r["nodes"]) for g in groups.values()))
+
+
 def _ratio_heatmap(fig, rows, key, col, zmax):
     nodes = sorted({r["nodes"] for r in rows})
     batches = sorted({r["batch"] for r in rows})
@@ -125,9 +157,10 @@ def stage_vs_move_figure(rows: Sequence[Mapping], *, title: str = "Where stage's
     zmax = max([1.05] + [abs(v - 1) + 1 for v in vals])
     _ratio_heatmap(fig, rows, "graph_ratio", 1, zmax)
     _ratio_heatmap(fig, rows, "attention_ratio", 2, zmax)
-    fig.update_layout(**base_layout(title, subtitle), height=400)
+    fig.update_layout(**base_layout(title, subtitle), height=440)
     fig.layout.margin.b = 50            # no legend under the plot: the colour bar says it
-    fig.layout.margin.t += 26           # room for the panel titles under the subtitle
+    fig.layout.margin.t += 40           # room for the panel titles under the subtitle
+    fig.update_yaxes(autorange="reversed")   # N grows downwards, as in the printed table
     fig.update_annotations(font_size=13)
     return fig
 
@@ -150,13 +183,16 @@ def tree_vs_chain_engine_figure(rows: Sequence[Mapping], *, title: str = "Tree o
                 fig.add_trace(go.Bar(x=[f"N = {r['nodes']}" for r in sel], y=vals,
                                      name=f"{kind}, {'write-all + move' if mode == 'off' else mode}",
                                      marker_color=colours.get((kind, mode), "#888888"), showlegend=col == 1,
-                                     text=[f"{v:.0f}" for v in vals], textposition="outside", cliponaxis=False,
-                                     textfont=dict(size=10), hovertemplate="%{x}: %{y:.0f} tok/s<extra></extra>"),
+                                     text=[f"{v:.0f}" for v in vals], textposition="inside", textangle=-90,
+                                     insidetextanchor="end", textfont=dict(size=11, color="#111111"),
+                                     hovertemplate="%{x}: %{y:.0f} tok/s<extra></extra>"),
                               row=1, col=col)
         top = max(r[k] for r in rows if r["batch"] == b for k in ("tree_tok_s", "chain_tok_s"))
-        fig.update_yaxes(range=[0, 1.18 * top], row=1, col=col)
+        fig.update_yaxes(range=[0, 1.05 * top], row=1, col=col)
     fig.update_yaxes(title_text="tokens/s (whole run)", row=1, col=1)
-    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=460)
-    fig.layout.margin.t += 26
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=460, uniformtext_minsize=9,
+                      uniformtext_mode="hide")
+    fig.layout.margin.t += 40          # room for the panel titles under the subtitle
+    fig.layout.margin.b = 90           # one legend row
     fig.update_annotations(font_size=13)
     return fig
