@@ -1,0 +1,81 @@
+"""viz.tree_gpu reads stored GPU tree runs: the verify-attention time from a profile, stage over move per
+(N, batch), launch variants side by side, tree against chain through the engine, a resources dump's spills."""
+import plotly.graph_objects as go
+
+from nwor_lab.viz.tree_gpu import (attention_us, gap_widens_with_n, kernel_resources, launch_attention, stage_vs_move,
+                                   stage_vs_move_figure, strategy_table, tree_vs_chain_engine,
+                                   tree_vs_chain_engine_figure)
+
+
+def bench_row(strategy, nodes, batch, graph_ms, attn_us, commit_ms):
+    costs = {"rows_written_per_token": 1.0 if strategy == "stage" else 4.75, "step_ms": 30.0,
+             "bytes_moved": 0 if strategy == "stage" else 2048 * batch, "stranded_bytes": 0}
+    kernels = [{"kernel": "nvjet_gemm", "us_per_step": 999.0, "calls_per_step": 64.0},
+               {"kernel": "_verify_attention_kernel", "us_per_step": attn_us, "calls_per_step": 32.0}]
+    row = {"strategy": strategy, "nodes": nodes, "batch": batch, "commit_ms": commit_ms, "kernels": kernels, **costs}
+    if graph_ms is None:
+        row["graph_error"] = "RuntimeError: host lists"
+    else:
+        row["graph_step_ms"] = graph_ms
+    return row
+
+
+BENCH = {"rows": [bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4),
+                  bench_row("stage", 16, 8, 11.0, 3000.0, 0.2),
+                  bench_row("write-all+remap", 16, 8, None, 1900.0, 0.7),
+                  bench_row("write-all+move", 16, 1, 8.0, 1000.0, 0.4),
+                  {"strategy": "stage", "nodes": 16, "batch": 1, "error": "OOM"}]}
+
+
+def test_stage_vs_move_reads_graphed_steps_and_the_attention_kernel():
+    assert attention_us(BENCH["rows"][0]) == 2000.0 and attention_us({"strategy": "x"}) is None
+    rows = stage_vs_move(BENCH)
+    assert len(rows) == 1                       # batch 1's stage row failed: no pair there
+    r = rows[0]
+    assert (r["nodes"], r["batch"]) == (16, 8)
+    assert abs(r["graph_ratio"] - 1.1) < 1e-9 and abs(r["graph_extra_ms"] - 1.0) < 1e-9
+    assert abs(r["attention_ratio"] - 1.5) < 1e-9 and abs(r["attention_extra_ms"] - 1.0) < 1e-9
+    assert (r["commit_ms_move"], r["commit_ms_stage"]) == (0.4, 0.2)
+    assert isinstance(stage_vs_move_figure(rows), go.Figure)
+
+
+def test_the_strategy_table_shows_graphed_steps_and_eager_where_no_graph():
+    lines = strategy_table(BENCH).splitlines()
+    assert lines[0].split()[:3] == ["N", "strategy", "rows/token"] and len(lines) == 1 + 3   # cow has no row
+    move, remap, stage = lines[1].split(), lines[2].split(), lines[3].split()
+    assert move[:5] == ["16", "write-all+move", "4.75", "2", "0"]       # 2 KiB moved per request, both batches
+    assert move[5:] == ["8.00", "10.00"] and remap[5:] == ["–", "(eager", "30.0)"]
+    assert stage[5:] == ["–", "11.00"]                                  # batch 1's stage row failed
+
+
+def test_launch_attention_puts_variants_side_by_side():
+    slower = {"rows": [bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4),
+                       bench_row("stage", 16, 8, 12.0, 4000.0, 0.2)]}
+    table = launch_attention({"before": slower, "after": BENCH}, [(16, 8), (64, 32)])
+    assert [(r["variant"], r["strategy"]) for r in table] == [("before", "write-all+move"), ("before", "stage"),
+                                                              ("after", "write-all+move"), ("after", "stage")]
+    assert table[1][(16, 8)] == 4000.0 and table[3][(16, 8)] == 3000.0 and table[3][(64, 32)] is None
+
+
+def test_tree_vs_chain_engine_pairs_tree_and_chain_per_batch_size_and_policy():
+    def row(kind, nwor, tok_s, acc, batch=8):
+        return {"batch_size": batch, "kind": kind, "nodes": 16, "nwor": nwor,
+                "tree": "topk=4,depth=5,nodes=16" if kind == "tree" else None, "tokens_per_s": tok_s,
+                "mean_acceptance_length": acc, "decode_step_ms": 10.0}
+    results = [row("tree", "stage", 300.0, 4.0), row("chain", "stage", 200.0, 4.5), row("tree", "off", 310.0, 4.0),
+               {"batch_size": 8, "kind": "chain", "nodes": 16, "nwor": "off", "error": "OOM"},
+               row("tree", "stage", 900.0, 4.0, batch=32), row("chain", "stage", 1000.0, 4.0, batch=32)]
+    rows = tree_vs_chain_engine(results)
+    assert [(r["batch"], r["nwor"]) for r in rows] == [(8, "stage"), (32, "stage")]   # off lacks its chain
+    assert rows[0]["tree_over_chain"] == 1.5 and rows[0]["chain_acceptance"] == 4.5
+    assert rows[1]["tree_over_chain"] == 0.9
+    assert isinstance(tree_vs_chain_engine_figure(rows), go.Figure)
+    assert gap_widens_with_n(rows)                          # one N per group: nothing to shrink
+    wider = dict(rows[0], nodes=32, tree_over_chain=1.2)
+    assert not gap_widens_with_n([rows[0], wider]) and gap_widens_with_n([dict(rows[0], tree_over_chain=1.1), wider])
+
+
+def test_kernel_resources_reads_registers_and_stack():
+    text = ("{'TREE': None} warps 8\n  REG:255 STACK:472 SHARED:1024\n"
+            "{'TREE': None} warps 4\n  REG:161 STACK:0 SHARED:1024\n")
+    assert kernel_resources(text) == [(255, 472), (161, 0)]
