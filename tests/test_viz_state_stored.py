@@ -78,3 +78,16 @@ def test_audit_lines_split_into_runs_and_a_cut_off_run_is_named():
     assert table[1]["K/V"] == "off + ring of 8" and table[1]["state"] == "—" and table[1]["kv"] == "2 (verify)"
     with pytest.raises(ValueError, match="cut off"):
         ss.audit_runs(lines + [store("kv", "clean")])
+
+
+def test_the_calibration_text_names_a_prefill_token_and_the_batches_that_passed():
+    doc = _doc(exact_gap_64=0.2)                             # batch 64: every exact strategy within
+    for r in doc["results"]:
+        if r["batch"] == 32 and r["strategy"] != "off":      # batch 32: flagged at the prefill's token
+            r.update(correct=False, first_divergence=0, first_divergence_prompt=23, max_logit_gap=0.3)
+    doc["batches"] = [32, 64, 1]                             # batch 1 never ran
+    text = ss.calibration_text(doc, EXACT)
+    assert "all four exact strategies were flagged at token 0 of prompt 23 — the token the prefill emits" in text
+    assert "At batch 64 every exact strategy" in text and "stopped before batch 1" in text
+    doc["results"][1]["correct"] = True                      # one strategy passed: no "all four"
+    assert "three exact strategies were flagged" in ss.calibration_text(doc, EXACT)

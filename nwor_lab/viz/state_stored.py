@@ -95,7 +95,7 @@ def check_text(doc: dict, batch: int, exact: list[str]) -> str:
     text = (f"**Batch {batch}:** `off` is {off['max_logit_gap']:.1f} standard deviations off at worst, over the "
             f"tolerance on {off['target_tokens_over_tolerance']} of {off['target_tokens_checked']} target-emitted "
             f"tokens, from token {off['first_divergence']} of prompt {off['first_divergence_prompt']}. The "
-            f"{len(rows)} exact strategies {'give the same check, to the last digit' if same else 'differ'}: "
+            f"{_count(len(rows))} exact strategies {'give the same check, to the last digit' if same else 'differ'}: "
             f"largest gap {ex['max_logit_gap']:.4f} against a tolerance of {ex['tolerance']:.4f} (target-only's "
             f"own largest gap {ex['target_only_max_logit_gap']:.4f}). ")
     if all(r["correct"] for r in rows):
@@ -110,6 +110,41 @@ def check_text(doc: dict, batch: int, exact: list[str]) -> str:
                    f"of keeping the state would hardly miss on the same token by the same amount, while the bf16 "
                    f"rounding of the verify window's arithmetic, which they share, does. That is arithmetic, not "
                    f"state — but the check, as written, calls the row not correct, and so does the table.")
+
+
+def _count(n: int) -> str:
+    return ("one", "two", "three", "four", "five")[n - 1] if 1 <= n <= 5 else str(n)
+
+
+def calibration_text(doc: dict, exact: list[str]) -> str:
+    """One markdown paragraph on a first run with a fixed tolerance (`doc`): where its first batch
+    flagged the `exact` strategies, and at which other batches they all passed."""
+    b0 = doc["batches"][0]
+    rows = [row(doc, n, b0) for n in exact]
+    flagged = [r for r in rows if not r["correct"]]
+    done = [b for b in doc["batches"][1:] if any(r["batch"] == b for r in doc["results"])]
+    ok = [b for b in done if all(row(doc, n, b)["correct"] for n in exact) and not row(doc, "off", b)["correct"]]
+    text = f"With a fixed tolerance of {rows[0]['tolerance']}, at batch {b0} "
+    if not flagged:
+        text += "every exact strategy passed."
+    else:
+        where = {(r["first_divergence"], r["first_divergence_prompt"]) for r in flagged}
+        text += (f"{'all ' + _count(len(rows)) if len(flagged) == len(rows) else _count(len(flagged))} exact "
+                 f"strateg{'ies were' if len(flagged) > 1 else 'y was'} flagged")
+        if len(where) == 1:
+            tok, prompt = where.pop()
+            text += f" at token {tok} of prompt {prompt}"
+            if tok == 0:
+                text += (" — the token the prefill emits, before any draft exists, so no state strategy could "
+                         "have touched it")
+        text += f" (largest gap {max(r['max_logit_gap'] for r in flagged):.4f})."
+    if ok:
+        text += (f" At batch{'es' if len(ok) > 1 else ''} {' and '.join(map(str, ok))} every exact strategy was "
+                 f"within that tolerance and `off` was not.")
+    missing = [b for b in doc["batches"] if b not in done and b != b0]
+    if missing:
+        text += f" The run stopped before batch {' and '.join(map(str, missing))}."
+    return text
 
 
 def _panels(doc: dict):
