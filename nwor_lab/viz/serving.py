@@ -125,7 +125,7 @@ def serve_table(result: Mapping) -> list[dict]:
     for r in result["results"]:
         b = base.get((r["mode"], _load_key(r)))
         c = _load_key(r)
-        row = {"load": f"{c} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
+        row = {"load": f"{c:g} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
                "config": r["config"], **{f"{m}_{p}": r[f"{p}_{m}_ms"] for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                "tok_s": r["output_throughput"], "accept_length": r.get("accept_length"),
                "mean_batch": r["occupancy"]["mean_batch"]}
