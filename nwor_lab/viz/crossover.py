@@ -137,3 +137,59 @@ def percentiles(result: Mapping) -> str:
                      num(r.get("throughput_ratio"), ".2f") + ("×" if r.get("throughput_ratio") else "")])
     return markdown_table(["load", "config", "TTFT p50 / p90 / p99 ms", "TPOT p50 / p90 / p99 ms", "tokens/s",
                            "L", "mean batch", "TPOT speedup", "tokens/s ratio"], rows)
+
+
+def side_by_side(results: Mapping[str, Mapping], config: str, goal: Mapping[int, float] | None = None) -> list[dict]:
+    """Closed loop, `config`'s tokens/s ratio over target-only per clients in each result
+    ({label: result}), and whether each meets `goal` ({clients: ratio}) where one is set:
+    [{clients, ratios: {label: ratio or None}, goal, met: {label: bool}}]."""
+    by = {label: {p["load"]: p["throughput"] for p in ratios(r, config, "closed")} for label, r in results.items()}
+    out = []
+    for c in sorted({c for d in by.values() for c in d}):
+        row = {"clients": c, "ratios": {label: d.get(c) for label, d in by.items()}, "goal": (goal or {}).get(c)}
+        row["met"] = {label: v is not None and v >= row["goal"] for label, v in row["ratios"].items()} \
+            if row["goal"] is not None else {}
+        out.append(row)
+    return out
+
+
+def adaptive_summary(results: Mapping[str, Mapping], config: str, fixed: str | None = None) -> dict:
+    """`config` (`HEAD k=auto`) over every load point of every result ({label: result}):
+    points [(label, point)] (`adaptive_points`), the lowest TPOT speedup and tokens/s ratio
+    (label, point), decode steps per draft count summed over the points, the point where it trails
+    `fixed` most on tokens/s (label, point), and each result's final cumulative `chosen` and
+    `explored` counts."""
+    points = [(label, p) for label, r in results.items() for p in adaptive_points(r, config, fixed)]
+    if not points:
+        raise ValueError(f"no load point of {config!r} in these results")
+    steps: dict[int, int] = {}
+    for _, p in points:
+        for d, s in p["steps_by_drafts"].items():
+            steps[d] = steps.get(d, 0) + s["steps"]
+    behind = [lp for lp in points if lp[1]["fixed_throughput"]]
+    last = {label: [p for lbl, p in points if lbl == label][-1] for label in results}
+    return {"points": points, "lowest_tpot": min(points, key=lambda lp: lp[1]["tpot"]),
+            "lowest_throughput": min(points, key=lambda lp: lp[1]["throughput"]),
+            "above_everywhere": all(p["tpot"] > 1 and p["throughput"] > 1 for _, p in points),
+            "steps_by_drafts": dict(sorted(steps.items())),
+            "most_behind": min(behind, key=lambda lp: lp[1]["throughput"] / lp[1]["fixed_throughput"]) if behind else None,
+            "chosen": {label: (p["chosen_so_far"], p["explored_so_far"]) for label, p in last.items()}}
+
+
+def verdicts(results: Mapping[str, Mapping]) -> list[dict]:
+    """Per result ({label: result}), EAGLE config and loop mode: the measured range (first and last
+    load's labels), the first load where TPOT p50 / tokens/s falls below target-only's (None:
+    never, in the range) and the lowest ratio of each."""
+    out = []
+    for label, r in results.items():
+        for config in dict.fromkeys(x["config"] for x in r.get("crossover", [])):
+            pts = ratios(r, config)
+            for mode in dict.fromkeys(p["mode"] for p in pts):
+                mine = [p for p in pts if p["mode"] == mode]
+                out.append({"result": label, "config": config, "mode": mode, "first": mine[0]["label"],
+                            "last": mine[-1]["label"],
+                            "tpot_below_from": next((p["label"] for p in mine if p["tpot"] < 1), None),
+                            "throughput_below_from": next((p["label"] for p in mine if p["throughput"] < 1), None),
+                            "lowest_tpot": min(p["tpot"] for p in mine),
+                            "lowest_throughput": min(p["throughput"] for p in mine)})
+    return out

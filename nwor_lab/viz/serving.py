@@ -70,48 +70,53 @@ def ratio_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal: 
     """Two panels over the load of `mode`: TPOT p50 speedup and output tokens/s ratio of every EAGLE
     config over target-only (the results' `crossover` rows), one colour per config and one dash per
     result (`results`: {label: result}, e.g. {"64-token outputs": r64, "256-token outputs": r256}).
-    Above the grey line at 1 the config beats target-only. `goal`: {load: ratio} markers on the
+    Above the grey line at 1 the config beats target-only. `goal`: {load: ratio} marks on the
     tokens/s panel."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("TPOT p50: target-only's / the config's (higher is better)",
-                                        "output tokens/s: the config's / target-only's"))
+                        subplot_titles=("TPOT p50 speedup (target-only's TPOT / the config's)",
+                                        "output tokens/s ratio (the config's / target-only's)"))
     dashes = ["solid", "dash", "dot", "dashdot"]
-    configs: list[str] = []
+    rows_of = {label: [c for c in r.get("crossover", []) if c["mode"] == mode] for label, r in results.items()}
+    configs = list(dict.fromkeys(c["config"] for rows in rows_of.values() for c in rows))
+    if not configs:
+        raise ValueError(f"no {mode}-loop crossover rows in these results: run bench serve with "
+                         f"{'--rates' if mode == 'open' else '--concurrency'}")
+    policies = {c.split()[-1] for c in configs}
+    common = policies.pop() if len(policies) == 1 and next(iter(policies)).startswith("nwor=") else None
+    short = {c: c.removesuffix(f" {common}") if common else c for c in configs}
     xs: set = set()
-    for j, (label, result) in enumerate(results.items()):
-        rows = [c for c in result.get("crossover", []) if c["mode"] == mode]
+    for j, (label, rows) in enumerate(rows_of.items()):
         for name in dict.fromkeys(c["config"] for c in rows):
-            if name not in configs:
-                configs.append(name)
             colour = _COLOURS[1 + configs.index(name) % (len(_COLOURS) - 1)]
             series = sorted((c for c in rows if c["config"] == name), key=_load_key)
             x = [_load_key(c) for c in series]
             xs.update(x)
-            legend = f"{name} · {label}" if len(results) > 1 else name
+            legend = f"{short[name]}, {label}" if len(results) > 1 else short[name]
             for col, key in ((1, "tpot_p50_speedup"), (2, "output_throughput_ratio")):
                 fig.add_trace(go.Scatter(x=x, y=[c[key] for c in series], name=legend, mode="lines+markers",
                                          line=dict(color=colour, dash=dashes[j % len(dashes)], width=2.5),
                                          marker=dict(size=8), legendgroup=legend, showlegend=col == 1,
                                          hovertemplate=f"{legend}<br>%{{x}}: %{{y:.2f}}×<extra></extra>"),
                               row=1, col=col)
-    if not xs:
-        raise ValueError(f"no {mode}-loop crossover rows in these results: run bench serve with "
-                         f"{'--rates' if mode == 'open' else '--concurrency'}")
     ticks = sorted(xs)
     for col in (1, 2):
-        fig.add_trace(go.Scatter(x=[ticks[0], ticks[-1]], y=[1, 1], mode="lines", name="target-only (1×)",
+        fig.add_trace(go.Scatter(x=[ticks[0], ticks[-1]], y=[1, 1], mode="lines", name="target-only (ratio 1)",
                                  line=dict(color=_COLOURS[0], width=2), showlegend=col == 1,
                                  legendgroup="target-only", hoverinfo="skip"), row=1, col=col)
     if goal:
-        fig.add_trace(go.Scatter(x=list(goal), y=list(goal.values()), mode="markers", name="goal (tokens/s ratio)",
-                                 marker=dict(symbol="line-ew-open", size=26, line=dict(width=3, color="#d55e00")),
+        fig.add_trace(go.Scatter(x=list(goal), y=list(goal.values()), mode="markers+text", name="goal",
+                                 text=[f"goal {v:g}×" for v in goal.values()], textposition="top center",
+                                 textfont=dict(color="#b2182b", size=12),
+                                 marker=dict(symbol="line-ew-open", size=34, color="#b2182b",
+                                             line=dict(width=3, color="#b2182b")),
                                  hovertemplate="goal at %{x}: %{y:.2f}×<extra></extra>"), row=1, col=2)
     xlabel = "request rate (requests/s, Poisson arrivals)" if mode == "open" else "concurrent clients (closed loop)"
     first = next(iter(results.values()))
-    extra = f"{first['model']} · " + " · ".join(f"{label}: {r['workload']['output_len']} new tokens a request"
-                                                 for label, r in results.items())
-    _layout(fig, title or f"EAGLE over target-only ({mode} loop)", result_subtitle(first, extra), height=480,
-            legend_y=0.0, bottom=150, subplot_titles=True)
+    extra = " · ".join([first["model"], *([f"write policy {common.removeprefix('nwor=')}"] if common else []),
+                        *(f"{label}: {r['workload']['output_len']} new tokens a request" for label, r in results.items())])
+    entries = len(configs) * len(results) + 1 + bool(goal)
+    _layout(fig, title or f"EAGLE over target-only ({mode} loop)", result_subtitle(first, extra), height=470,
+            legend_y=0.0, bottom=105 if entries <= 4 else 135, subplot_titles=True)
     fig.update_xaxes(title_text=xlabel, type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     fig.update_yaxes(rangemode="tozero", ticksuffix="×")
     return fig
