@@ -193,3 +193,18 @@ def verdicts(results: Mapping[str, Mapping]) -> list[dict]:
                             "lowest_tpot": min(p["tpot"] for p in mine),
                             "lowest_throughput": min(p["throughput"] for p in mine)})
     return out
+
+
+def sign_over_load(points: Sequence[Mapping], key: str) -> str:
+    """Where `key` ("tpot" / "throughput") of `ratios` points (ascending load) stands against
+    target-only's 1: "above at every load measured", "below at every load measured", "above up to
+    X, below from Y" (a crossover inside the range) or "mixed" (it crosses more than once: noise)."""
+    above = [p[key] >= 1 for p in points]
+    if all(above):
+        return "above at every load measured"
+    if not any(above):
+        return "below at every load measured"
+    k = above.index(False)
+    if all(above[:k]) and not any(above[k:]):
+        return f"above up to {points[k - 1]['label']}, below from {points[k]['label']}"
+    return "mixed: " + ", ".join(f"{p['label']} {p[key]:.2f}×" for p in points)

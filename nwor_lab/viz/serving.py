@@ -113,7 +113,7 @@ def ratio_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal: 
     xlabel = "request rate (requests/s, Poisson arrivals)" if mode == "open" else "concurrent clients (closed loop)"
     first = next(iter(results.values()))
     extra = " · ".join([first["model"], *([f"write policy {common.removeprefix('nwor=')}"] if common else []),
-                        *(f"{label}: {r['workload']['output_len']} new tokens a request" for label, r in results.items())])
+                        *([f"{dashes[j]}: {label}" for j, label in enumerate(results)] if len(results) > 1 else [])])
     entries = len(configs) * len(results) + 1 + bool(goal)
     _layout(fig, title or f"EAGLE over target-only ({mode} loop)", result_subtitle(first, extra), height=470,
             legend_y=0.0, bottom=105 if entries <= 4 else 135, subplot_titles=True)
