@@ -112,7 +112,7 @@ def ratio_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal: 
                                  hovertemplate="goal at %{x}: %{y:.2f}×<extra></extra>"), row=1, col=2)
     xlabel = "request rate (requests/s, Poisson arrivals)" if mode == "open" else "concurrent clients (closed loop)"
     first = next(iter(results.values()))
-    extra = " · ".join([first["model"], *([f"write policy {common.removeprefix('nwor=')}"] if common else []),
+    extra = " · ".join([f"model {first['model']}", *([f"write policy {common.removeprefix('nwor=')}"] if common else []),
                         *([f"{dashes[j]}: {label}" for j, label in enumerate(results)] if len(results) > 1 else [])])
     entries = len(configs) * len(results) + 1 + bool(goal)
     _layout(fig, title or f"EAGLE over target-only ({mode} loop)", result_subtitle(first, extra), height=470,
