@@ -3,6 +3,9 @@
   serve_curves   per config, TPOT p50 (with its p90..p99 band) and output tokens/s against the
                  load: request rate (open loop) or clients (closed loop); a second result (e.g.
                  the stored GPU run beside a live CPU one) is a separate figure
+  ratio_curves   EAGLE configs' TPOT p50 speedup and tokens/s ratio over target-only against the
+                 load, one or more results side by side (e.g. 64- and 256-token outputs), with
+                 target-only's 1× and an optional goal drawn in
   serve_table    the rows a chapter prints: per load point and config, TTFT / TPOT p50 / p90 /
                  p99 ms, tokens/s and the ratios against target-only
   crossover_points  where a config stops beating target-only, on TPOT and on tokens/s
@@ -62,6 +65,63 @@ def serve_curves(result: Mapping, mode: str = "closed", title: str | None = None
     return fig
 
 
+def ratio_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal: Mapping | None = None,
+                 title: str | None = None):
+    """Two panels over the load of `mode`: TPOT p50 speedup and output tokens/s ratio of every EAGLE
+    config over target-only (the results' `crossover` rows), one colour per config and one dash per
+    result (`results`: {label: result}, e.g. {"64-token outputs": r64, "256-token outputs": r256}).
+    Above the grey line at 1 the config beats target-only. `goal`: {load: ratio} marks on the
+    tokens/s panel."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("TPOT p50 speedup (target-only's TPOT / the config's)",
+                                        "output tokens/s ratio (the config's / target-only's)"))
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    rows_of = {label: [c for c in r.get("crossover", []) if c["mode"] == mode] for label, r in results.items()}
+    configs = list(dict.fromkeys(c["config"] for rows in rows_of.values() for c in rows))
+    if not configs:
+        raise ValueError(f"no {mode}-loop crossover rows in these results: run bench serve with "
+                         f"{'--rates' if mode == 'open' else '--concurrency'}")
+    policies = {c.split()[-1] for c in configs}
+    common = policies.pop() if len(policies) == 1 and next(iter(policies)).startswith("nwor=") else None
+    short = {c: c.removesuffix(f" {common}") if common else c for c in configs}
+    xs: set = set()
+    for j, (label, rows) in enumerate(rows_of.items()):
+        for name in dict.fromkeys(c["config"] for c in rows):
+            colour = _COLOURS[1 + configs.index(name) % (len(_COLOURS) - 1)]
+            series = sorted((c for c in rows if c["config"] == name), key=_load_key)
+            x = [_load_key(c) for c in series]
+            xs.update(x)
+            legend = f"{short[name]}, {label}" if len(results) > 1 else short[name]
+            for col, key in ((1, "tpot_p50_speedup"), (2, "output_throughput_ratio")):
+                fig.add_trace(go.Scatter(x=x, y=[c[key] for c in series], name=legend, mode="lines+markers",
+                                         line=dict(color=colour, dash=dashes[j % len(dashes)], width=2.5),
+                                         marker=dict(size=8), legendgroup=legend, showlegend=col == 1,
+                                         hovertemplate=f"{legend}<br>%{{x}}: %{{y:.2f}}×<extra></extra>"),
+                              row=1, col=col)
+    ticks = sorted(xs)
+    for col in (1, 2):
+        fig.add_trace(go.Scatter(x=[ticks[0], ticks[-1]], y=[1, 1], mode="lines", name="target-only (ratio 1)",
+                                 line=dict(color=_COLOURS[0], width=2), showlegend=col == 1,
+                                 legendgroup="target-only", hoverinfo="skip"), row=1, col=col)
+    if goal:
+        fig.add_trace(go.Scatter(x=list(goal), y=list(goal.values()), mode="markers+text", name="goal",
+                                 text=[f"goal {v:g}×" for v in goal.values()], textposition="top center",
+                                 textfont=dict(color="#b2182b", size=12),
+                                 marker=dict(symbol="line-ew-open", size=34, color="#b2182b",
+                                             line=dict(width=3, color="#b2182b")),
+                                 hovertemplate="goal at %{x}: %{y:.2f}×<extra></extra>"), row=1, col=2)
+    xlabel = "request rate (requests/s, Poisson arrivals)" if mode == "open" else "concurrent clients (closed loop)"
+    first = next(iter(results.values()))
+    extra = " · ".join([f"model {first['model']}", *([f"write policy {common.removeprefix('nwor=')}"] if common else []),
+                        *([f"{dashes[j]}: {label}" for j, label in enumerate(results)] if len(results) > 1 else [])])
+    entries = len(configs) * len(results) + 1 + bool(goal)
+    _layout(fig, title or f"EAGLE over target-only ({mode} loop)", result_subtitle(first, extra), height=470,
+            legend_y=0.0, bottom=105 if entries <= 4 else 135, subplot_titles=True)
+    fig.update_xaxes(title_text=xlabel, type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+    fig.update_yaxes(rangemode="tozero", ticksuffix="×")
+    return fig
+
+
 def serve_table(result: Mapping) -> list[dict]:
     """One row per (load point, config): TTFT and TPOT p50 / p90 / p99 ms, output tokens/s, the
     accept length, the mean batch, and TPOT / throughput against target-only at that load."""
@@ -70,7 +130,7 @@ def serve_table(result: Mapping) -> list[dict]:
     for r in result["results"]:
         b = base.get((r["mode"], _load_key(r)))
         c = _load_key(r)
-        row = {"load": f"{c} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
+        row = {"load": f"{c:g} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
                "config": r["config"], **{f"{m}_{p}": r[f"{p}_{m}_ms"] for m in ("ttft", "tpot") for p in ("p50", "p90", "p99")},
                "tok_s": r["output_throughput"], "accept_length": r.get("accept_length"),
                "mean_batch": r["occupancy"]["mean_batch"]}
