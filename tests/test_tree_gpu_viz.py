@@ -79,3 +79,22 @@ def test_kernel_resources_reads_registers_and_stack():
     text = ("{'TREE': None} warps 8\n  REG:255 STACK:472 SHARED:1024\n"
             "{'TREE': None} warps 4\n  REG:161 STACK:0 SHARED:1024\n")
     assert kernel_resources(text) == [(255, 472), (161, 0)]
+
+
+def test_the_verdicts_are_built_from_the_rows():
+    from nwor_lab.viz.tree_gpu_text import engine_answer_text, stored_run_text
+    data = {"rows": [dict(r, exact_compaction=True) for r in BENCH["rows"] if "error" not in r]}
+    text = stored_run_text(data, "tree_8b_x.json", "{'TREE': None} warps 8\n  REG:255 STACK:472 SHARED:1024\n")
+    # the one pair (N 16, batch 8): graphed 11 / 10 ms, attention 3000 / 2000 µs, 1 ms extra of 1 ms
+    assert "No.** Replayed" in text and "1.10–1.10× write-all + move's" in text
+    assert "N = 16 batch 8 (1.10×)" in text and "1.50–1.50× move's" in text and "472–472 bytes" in text
+    assert "its register use is not stored" in stored_run_text(data, "x.json")
+    tvc = [{"batch": 8, "nodes": 16, "nwor": "stage", "tree": "t", "tree_tok_s": 300.0, "chain_tok_s": 200.0,
+            "tree_over_chain": 1.5, "tree_acceptance": 4.0, "chain_acceptance": 4.5, "tree_step_ms": 9.0,
+            "chain_step_ms": 8.0}]
+    runs = [{"profiles": [{"kind": "tree", "nodes": 16, "mean_acceptance_length": 4.4, "windows": 44, "prompts": 4},
+                          {"kind": "chain", "nodes": 16, "mean_acceptance_length": 4.6, "windows": 53, "prompts": 4}],
+             "prompts": "random ids"}]
+    answer = engine_answer_text(tvc, runs)
+    assert "won at every point: 1.50–1.50×" in answer and "batch 8: the tree at N = 16 under stage, 300 tok/s" in answer
+    assert "at N = 16 (profile means" in answer and "At N = 16 batch 8 neither holds" in answer
