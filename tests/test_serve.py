@@ -109,6 +109,9 @@ def test_adaptive_k_refreshes_the_unused_anchor_and_checks_its_arguments():
     feed(ctl, 1, 0, 0.01, accepted=0)
     picks = [ctl.choose(1) for _ in range(6)]
     assert picks.count(0) == 2 and [h[2] for h in ctl.history].count("refresh") == 2
+    d = ctl.describe(since=3)                     # the decisions of a later load point only
+    assert sum(d["chosen"].values()) == 6 and sum(d["chosen_since"].values()) == 3
+    assert d["explored"] == 2 and d["explored_since"] == 1 and d["since"] == 3
     with pytest.raises(ValueError, match="k_max"):
         AdaptiveK(0)
     with pytest.raises(ValueError, match="candidates"):

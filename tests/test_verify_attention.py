@@ -233,6 +233,15 @@ def test_package_import_does_not_import_triton():
     assert out.stdout.strip() == "False"
 
 
+def test_tree_window_launch_knobs_parse_and_name_a_bad_one():
+    """NWOR_LAB_TREE_WINDOW_LAUNCH (tuning runs: stage's tree-window launch) takes name=int pairs."""
+    kernels = pytest.importorskip("nwor_lab.ops._verify_attention_triton")
+    assert kernels._knobs_from_env("num_warps=8, split_tail=1,") == {"num_warps": 8, "split_tail": 1}
+    assert kernels._knobs_from_env("") == {}
+    with pytest.raises(ValueError, match="NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob 'warps'"):
+        kernels._knobs_from_env("warps=8")
+
+
 # -- the Triton kernels under the interpreter --------------------------------------------------
 def spec(id_, tol_dtype="bfloat16", kind="vs_reference", launch=None, **case):
     case.setdefault("dtype", tol_dtype)

@@ -186,6 +186,7 @@ def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> di
     label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    decided = len(k_auto.history) if k_auto is not None else 0      # this point's decisions start here
     run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
                 controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
     row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
@@ -193,7 +194,7 @@ def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> di
         raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
                            f"without the hook would run k_max every step: not an adaptive k)")
     if k_auto is not None:
-        row["k_auto"] = k_auto.describe()
+        row["k_auto"] = k_auto.describe(since=decided)     # chosen: from the warm-up on; chosen_since: this point
     print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto")}),
           flush=True)
     return row

@@ -176,16 +176,22 @@ class AdaptiveK:
         k = self.choose(max(1, len(engine.scheduler.running)))
         return [k] * len(requests)
 
-    def describe(self) -> dict:
+    def describe(self, since: int = 0) -> dict:
         """The controller's state for a benchmark's JSON: the acceptance it measured, its step-time
-        cells, and how often it chose each count."""
-        chosen: dict[int, int] = {}
-        for _, k, _ in self.history:
-            chosen[k] = chosen.get(k, 0) + 1
+        cells, and how often it chose each count (`chosen`, `explored`: over every decision;
+        `chosen_since`, `explored_since`: over the decisions from number `since` on, e.g. one load
+        point's, given `len(history)` before it ran)."""
+        def counts(decisions) -> tuple[dict, int]:
+            chosen: dict[int, int] = {}
+            for _, k, _ in decisions:
+                chosen[k] = chosen.get(k, 0) + 1
+            return {str(k): c for k, c in sorted(chosen.items())}, sum(1 for h in decisions if h[2] != "model")
+        chosen, explored = counts(self.history)
+        chosen_since, explored_since = counts(self.history[since:])
         return {"k_max": self.k_max, "margin": self.margin,
                 "acceptance_rates": [round(float(r), 3) for r in self.rates()],
                 "accept_length_k_max": round(self.accept_length(self.k_max), 3),
-                "chosen": {str(k): c for k, c in sorted(chosen.items())},
-                "explored": sum(1 for h in self.history if h[2] != "model"),
+                "chosen": chosen, "explored": explored,
+                "chosen_since": chosen_since, "explored_since": explored_since, "since": since,
                 "cells_ms": [{"requests": n, "drafts": k, "ms": round(1e3 * v[0], 3), "steps": int(v[1])}
                              for (n, k), v in sorted(self.cells.items())]}
