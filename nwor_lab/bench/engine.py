@@ -25,7 +25,7 @@ import torch
 
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
 from nwor_lab import atomic
-from nwor_lab.bench.timing import time_engine, timed
+from nwor_lab.bench.timing import device_name, time_engine, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.engine.generate import acceptance_stats, prepare
@@ -158,8 +158,7 @@ def main(argv=None) -> dict:
     if not args.no_hf:
         rows += hf_generate_rows(prompts, sizes, args.new_tokens, device, dtype, args.repeats)
     out = {"command": "nwor-lab bench engine " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "device": device_name(device),
            "torch": torch.__version__, "python": platform.python_version(), "dtype": args.dtype,
            "attention": args.attention, "cuda_graph": graphs and device.type == "cuda",
            "ops_backend": vars(backend(device)),

@@ -34,14 +34,13 @@ Chosen for ~8 minutes on one H100: 64-token prompts, 64 new tokens, 2 timed repe
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.bench.timing import bench_device, free_device, run_prompts, time_engine, timed
+from nwor_lab.bench.timing import bench_device, device_name, free_device, run_prompts, time_engine, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
@@ -381,8 +380,7 @@ def main(argv=None) -> dict:
 
 def write(args, argv, device, sizes, acceptance, gap, t_start, components, rows, hf, complete: bool) -> dict:
     out = {"command": "nwor-lab bench engine " + " ".join(argv),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": args.dtype, "shape": SHAPES[args.model],
            "parameters": sizes, "attention": args.attention, "cuda_graph": not args.no_cuda_graph and device.type == "cuda",
            "acceptance": {"source": args.acceptance, **acceptance.describe(max(args.ks))},

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from nwor_lab.bench.timing import device_name
 from nwor_lab.config import LabConfig
 from nwor_lab.engine.ring import exact_by_design, kv_memory, sliding_window_for, strategy_name
 from nwor_lab.engine.generate import first_divergence as token_divergence
@@ -246,8 +246,7 @@ def main(argv=None) -> dict:
     else:
         rows = step_rows(args, device)
     out = {"command": "nwor-lab bench ring " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "device": device_name(device),
            "torch": torch.__version__, "path": path, "model": args.model, "k": args.k,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": rows}
     if args.out:

@@ -32,10 +32,8 @@ stderr (`--quiet`: none).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
-import platform
 import sys
 import time
 
@@ -43,7 +41,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
-from nwor_lab.bench.timing import bench_device
+from nwor_lab.bench.timing import bench_device, device_name, free_device
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
@@ -268,14 +266,13 @@ def main(argv=None) -> dict:
         if args.out:                              # what is measured so far survives a timeout
             write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=False)
     del engines
-    gc.collect()
+    free_device(device)
     return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=True)
 
 
 def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete: bool) -> dict:
     out = {"command": "nwor-lab bench serve " + " ".join(argv),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-           f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+           "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
            "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,

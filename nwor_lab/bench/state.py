@@ -42,9 +42,7 @@ Timings are reported, never asserted.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
-import platform
 import sys
 import time
 
@@ -53,6 +51,7 @@ import torch
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
+from nwor_lab.bench.timing import bench_device, device_name, free_device
 from nwor_lab.config import SCV_MODES
 from nwor_lab.engine.generate import first_divergence as token_divergence
 
@@ -250,19 +249,6 @@ def state_bytes(engine, k: int, batch: int) -> dict:
             "state_bytes_window_measured": measured, "rows_per_slot": store.rows_per_slot}
 
 
-def free(device) -> None:
-    """Drop what a deleted engine held (reference cycles: its runner's graphs and their pools)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def device_name(device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
 def time_runs(engine, prompts, new_tokens: int, repeats: int, device) -> dict:
     """`bench engine`'s protocol after its cold run: one untimed run that captures each bucket's CUDA
     graph (when the engine captures), then `repeats` timed runs -> times, their median, the last
@@ -296,7 +282,7 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
                            seed=0, acceptance=None, **common)
         out0, _, _ = run_once(eng, prompts, args.new_tokens)
         del eng
-        free(device)
+        free_device(device)
         floor = max((x for g in rescore(target, prompts, out0, [list(range(len(o))) for o in out0]) for x in g),
                     default=0.0)
     if not forced:                 # the reference: target-only greedy decoding
@@ -304,7 +290,7 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
                            seed=0, acceptance=None, **common)
         ref = run_once(eng, prompts, args.new_tokens)[0]
         del eng
-        free(device)
+        free_device(device)
     rows, greedy, sampled = [], {}, {}
     for name in args.strategies:
         if device.type == "cuda":
@@ -345,13 +331,13 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
         if device.type == "cuda":
             row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
         del eng, run
-        free(device)                     # the captured graphs' pools too, before the next engine
+        free_device(device)                     # the captured graphs' pools too, before the next engine
         if args.temperature > 0:         # the same seed under every strategy: the same tokens
             eng = build_engine(target, head, name, k, batch, args.prompt_len, args.new_tokens,
                                temperature=args.temperature, seed=args.seed, acceptance=acceptance, **common)
             sampled[name] = run_once(eng, prompts, args.new_tokens)[0]
             del eng
-            free(device)
+            free_device(device)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     finish_rows(rows, greedy, sampled, forced, args.temperature)
@@ -426,13 +412,9 @@ def parser() -> LabArgumentParser:
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    from nwor_lab.commandline.environment import check_device_arg
     from nwor_lab.speculative.synthetic import ForcedAcceptance
     big = args.model == "8b-hybrid"
-    device = torch.device(check_device_arg("--device", args.device or ("cuda" if big else "cpu")))
-    if big and device.type != "cuda":
-        raise UsageError("bench state --model 8b-hybrid: needs a CUDA device (~17 GB of weights); --model "
-                         "8b-hybrid-mini runs the same code path on CPU")
+    device = bench_device("state", args.device, args.model, default_cuda=big)
     dtype = getattr(torch, args.dtype if args.dtype != "auto" else ("bfloat16" if big else "float32"))
     args.prompt_len = args.prompt_len or (64 if big else 6)
     args.new_tokens = args.new_tokens or (64 if big else 12)

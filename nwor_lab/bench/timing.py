@@ -6,10 +6,18 @@ graph, then `repeats` timed runs, their median reported."""
 from __future__ import annotations
 
 import gc
+import platform
 import time
 
 import numpy as np
 import torch
+
+
+def device_name(device) -> str:
+    """A result's `device`: the card's name on CUDA, else the CPU and the threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def free_device(device) -> None:
@@ -27,8 +35,8 @@ def bench_device(bench: str, arg, model: str, default_cuda: bool | None = None) 
     cuda = torch.cuda.is_available() if default_cuda is None else default_cuda
     device = torch.device(check_device_arg("--device", arg or ("cuda" if cuda else "cpu")))
     if model.startswith("8b") and not model.endswith("-mini") and device.type != "cuda":
-        raise UsageError(f"bench {bench} --model {model}: needs a CUDA device (16 GB of weights); --model "
-                         f"{model}-mini runs the same code path on CPU")
+        raise UsageError(f"bench {bench} --model {model}: needs a CUDA device (the 8B shape's weights, 16 GB or "
+                         f"more); --model {model}-mini runs the same code path on CPU")
     return device
 
 

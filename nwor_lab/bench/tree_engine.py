@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 import traceback
@@ -29,7 +28,7 @@ import traceback
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.bench.timing import free_device
+from nwor_lab.bench.timing import device_name, free_device
 from nwor_lab.config import LabConfig, parse_tree
 from nwor_lab.engine.tree_plan import tree_plan
 
@@ -143,17 +142,11 @@ def tree_vs_chain(nodes=(4, 8), modes=("off", "stage"), *, head: str = "eagle1",
                        "acceptance_by_position": [round(a, 3) for a in res.acceptance_by_position],
                        "target_forwards": res.target_forwards, "tokens": ntok,
                        "seconds": round(_median(times), 4), "tokens_per_s": round(ntok / _median(times), 2),
-                       "equals_target_only": res.token_ids == ref, "device": _device_name(dev),
+                       "equals_target_only": res.token_ids == ref, "device": device_name(dev),
                        "compared_at_nodes": n}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
-
-
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 # -- the 8B shape, forced acceptance ------------------------------------------------------------
@@ -196,7 +189,7 @@ def main_8b(args, argv) -> dict:
     out = {}
 
     def write(complete):
-        out.update({"command": "python -m nwor_lab.bench.tree_engine " + " ".join(argv), "device": _device_name(dev),
+        out.update({"command": "python -m nwor_lab.bench.tree_engine " + " ".join(argv), "device": device_name(dev),
                     "torch": torch.__version__, "model": args.model, "dtype": args.dtype,
                     "profiles": [{"nodes": n, **p} for (_, n), p in profiles.items()],
                     "prompts": f"random ids: {args.prompt_len}-token prompts, {args.new_tokens} new tokens each",
@@ -298,7 +291,7 @@ def main(argv=None):
     elif args.what == "cpu":
         dev = args.device or "cpu"
         out = {"command": "python -m nwor_lab.bench.tree_engine " + " ".join(argv),
-               "device": _device_name(torch.device(dev)), "torch": torch.__version__,
+               "device": device_name(torch.device(dev)), "torch": torch.__version__,
                "results": tree_vs_chain(args.nodes or (4, 8), args.policies, head=args.head, device=dev,
                                         new_tokens=args.new_tokens, repeats=args.repeats)}
     else:

@@ -101,21 +101,9 @@ def compare(expected, got, case) -> str | None:
     return None
 
 
-def _history_index(value, case: Case, r: int) -> int | None:
-    """The conv history entry a returned conv row came from (None if it matches none)."""
-    hist = case.inputs["conv_history"][r]
-    for i in range(hist.shape[0]):
-        if torch.equal(hist[i], value):
-            return i
-    return None
-
-
-def _state_index(value, case: Case, r: int) -> int | None:
-    states = case.inputs["window_states"][r]
-    for j in range(states.shape[0]):
-        if torch.equal(states[j], value):
-            return j
-    return None
+def _row_index(rows, value) -> int | None:
+    """The first row of `rows` equal to `value` (where a returned state or conv entry came from), or None."""
+    return next((i for i in range(rows.shape[0]) if torch.equal(rows[i], value)), None)
 
 
 def draw(case, expected, got):
@@ -129,8 +117,8 @@ def draw(case, expected, got):
         out = []
         for r in range(R):
             try:
-                j = _state_index(answer[0][r], case, r)
-                kept = [_history_index(answer[1][r, e], case, r) for e in range(W - 1)]
+                j = _row_index(case.inputs["window_states"][r], answer[0][r])
+                kept = [_row_index(case.inputs["conv_history"][r], answer[1][r, e]) for e in range(W - 1)]
             except Exception:  # noqa: BLE001 - an unreadable answer is reported in the text
                 j, kept = None, []
             out.append((None if j is None else W - 1 + j, {c for c in kept if c is not None}))

@@ -472,13 +472,13 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     nb, bs, h, _ = key_cache.shape
     num_reqs = block_tables.shape[0]
     group = hq // h
-    if tree_mask is not None and win_key is not None and TREE_WINDOW:
-        tuned = dict(TREE_WINDOW)
-        num_warps = num_warps or tuned.get("num_warps")
-        num_stages = num_stages or tuned.get("num_stages")
-        block_m = block_m or tuned.get("block_m")
-        block_n = block_n or tuned.get("block_n")
-        split_tail = bool(tuned["split_tail"]) if split_tail is None and "split_tail" in tuned else split_tail
+    if tree_mask is not None and win_key is not None:      # stage's tree window: its tuned knobs
+        num_warps = num_warps or TREE_WINDOW.get("num_warps")
+        num_stages = num_stages or TREE_WINDOW.get("num_stages")
+        block_m = block_m or TREE_WINDOW.get("block_m")
+        block_n = block_n or TREE_WINDOW.get("block_n")
+        if split_tail is None and "split_tail" in TREE_WINDOW:
+            split_tail = bool(TREE_WINDOW["split_tail"])
     block_n = block_n or BLOCK_N
     max_cache_keys = block_tables.shape[1] * bs
     if sliding_window:

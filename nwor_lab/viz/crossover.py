@@ -6,7 +6,7 @@
                 measured steps at that batch, end to end, and where each run's wall time went
   adaptive_points  per load point, `--k auto`'s ratios and the draft counts of its decode steps
   percentiles   TTFT / TPOT p50 / p90 / p99 per load point and config, as a Markdown table
-  markdown_table   rows -> a Markdown table a chapter displays
+  markdown_table   rows -> a Markdown table a chapter displays (viz/tables.py, imported here)
 
 Everything here is read from the JSON; nothing is measured. Shapes: a result is the dict
 `bench serve --out` writes (`results`, `crossover`, `components`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from nwor_lab.viz.serving import _components_at, serve_table
+from nwor_lab.viz.tables import markdown_table
 
 
 def load_label(row: Mapping) -> str:
@@ -114,13 +115,6 @@ def adaptive_points(result: Mapping, config: str, fixed: str | None = None) -> l
                     "steps_by_drafts": steps, "chosen_so_far": row["k_auto"]["chosen"],
                     "explored_so_far": row["k_auto"]["explored"]})
     return sorted(out, key=lambda r: (r["mode"] != "open", r["load"]))
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    """A Markdown table; cells are str()-ed (format numbers before)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def percentiles(result: Mapping) -> str:

@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 
 from nwor_lab.audit.report import STORES
 from nwor_lab.viz.states import SlotState
+from nwor_lab.viz.tables import records_table as markdown_table     # rows of dicts, as the chapter calls it
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout
 
 MIB = 2 ** 20
@@ -53,14 +54,6 @@ def engine_rows(doc: dict) -> list[dict]:
             "window MiB / request": f"{r['state_bytes_window'] / MIB:,.1f}",
             "accepted length": f"{r['mean_acceptance_length']:.2f}"})
     return out
-
-
-def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
-    """rows (dicts with the same keys) -> a markdown table of `columns` (default: every key), the
-    column names as its header."""
-    cols = list(columns or rows[0])
-    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                     + ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows])
 
 
 def row(doc: dict, strategy: str, batch: int) -> dict:
