@@ -234,9 +234,9 @@ def test_package_import_does_not_import_triton():
 
 
 def test_tree_window_launch_knobs_parse_and_name_a_bad_one():
-    """NWOR_LAB_TREE_WINDOW_LAUNCH (tuning runs: stage's tree-window launch) takes name=int pairs."""
+    """NWOR_LAB_TREE_WINDOW_LAUNCH (tuning runs: the tree-window kernel's launch) takes name=int pairs."""
     kernels = pytest.importorskip("nwor_lab.ops._verify_attention_triton")
-    assert kernels._knobs_from_env("num_warps=8, split_tail=1,") == {"num_warps": 8, "split_tail": 1}
+    assert kernels._knobs_from_env("num_warps=8, block_m=64,") == {"num_warps": 8, "block_m": 64}
     assert kernels._knobs_from_env("") == {}
     with pytest.raises(ValueError, match="NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob 'warps'"):
         kernels._knobs_from_env("warps=8")
@@ -321,6 +321,14 @@ INTERP_SPECS = [
          tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4, 6, 6, 8, 9, 9, 3], [0, 0, 2, 2, 3, 5, 5, 5]])),
     dict(spec("tree-cache-sliding-linear-fp8", cache_dtype="fp8_e4m3", context_lens=[50, 90], seed=43),
          tree=dict(parents=[[0, 0, 1, 2], [0, 1, 1]]), ring=dict(W=20, linear=True)),
+    # stage's tree (the window source) and write-all's (the same rows committed): the same bits
+    dict(spec("tree-window-vs-cache-bf16", kind="window_vs_cache", window=True, context_lens=[70, 5], seed=45),
+         tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4], [0, 1, 0, 3]])),
+    dict(spec("tree-window-vs-cache-fp8-splits", kind="window_vs_cache", window=True, cache_dtype="fp8_e5m2",
+              context_lens=[130], launch=dict(num_splits=3), seed=46), tree=dict(parents=[[0, 0, 1, 2, 2]])),
+    # the tree path on keys below the tree: a chain window (stage) under the position rule
+    dict(spec("tree-past-keys-window-bf16", window=True, num_reqs=3, query_lens=[4, 1, 3], seed=47),
+         tree_past_keys=True),
     dict(id="fp8-round-trip-e4m3", kind="fp8_round_trip", storage="float8_e4m3fn", scale=0.037),
     dict(id="fp8-round-trip-e5m2", kind="fp8_round_trip", storage="float8_e5m2", scale=0.011),
 ]

@@ -12,7 +12,8 @@ the midpoints between them and random values. A "ring": {"W", "slack", "log"} en
 vs_reference case into a sliding-window one: the kernel on the case moved into a ring of W + slack
 slots (with cow's log when "log") against the reference on the same linear case with the window;
 "ring": {"W", "linear": true} runs the window on the linear cache. A "tree": {"parents"} entry makes
-the case a pass over tree windows (make_tree_attention_case). results.json: {id: {...numbers...}}.
+the case a pass over tree windows (make_tree_attention_case); "tree_past_keys": true gives a plain case a
+tree starting past its last key (the tree path, every key under the position rule). results.json: {id: {...numbers...}}.
 A separate process because the interpreter must be switched on before triton is imported, and
 stays on for the whole process (tests/test_verify_attention.py starts this one).
 """
@@ -62,6 +63,10 @@ def run(spec: dict) -> dict:
         case = make_tree_attention_case(spec["tree"]["parents"], **_case_kwargs(spec["case"]))
     else:
         case = make_verify_attention_case(**_case_kwargs(spec["case"]))
+    if spec.get("tree_past_keys"):   # a tree that starts past every key: all keys follow the position rule
+        n_win = case.win_start.diff() if case.win_start is not None else torch.zeros_like(case.cache_lens)
+        case.tree_lo = (case.cache_lens + n_win).to(torch.int32)
+        case.tree_mask = torch.zeros(case.q.shape[0], 1, dtype=torch.int64)
     launch = spec.get("launch", {})
 
     def kernel(c):

@@ -18,17 +18,17 @@ about W keys whatever its context. A ring cache (`ring_slots` S > 0) maps positi
 p mod S before the block table lookup. A log source (`cow` on a ring) serves a range of positions
 per request from the log rows instead of the ring: a pointer select, as log and cache share a dtype.
 
-A tree window (`tree_mask` [T, words] int64, `tree_lo` [R] int32; TREE): key index p >= tree_lo[r]
-is a row of the request's tree, visible to a query iff its ancestor bit is set (one gather of a
-[BLOCK_M, BLOCK_N] int64 tile of words and a shift per key tile; `_tree_visible`); below tree_lo the
-position rule holds. Positions are depths (siblings share one), so the keys a query reads are not
-bounded by its position: the key loop runs to the request's last key. The cache tiles wholly below
-tree_lo (all of them under stage, all but the tree's under write-all) run in a loop without the
-ancestor test: on an H200 at the 8B shape that cut the tree verify attention by 30-45 %
-(benchmarks/results/tree_window_launch/before_plain_loop_warps4_h200.json against warps4_h200.json).
-The tree kernels still run at the 255-register cap with 472-912 bytes of stack (kernel_resources_h200.txt
-there), the staged-window variant the most: stage's tree attention costs 1.3-1.5x write-all's at batch
->= 8. Halving the ancestor tile (int32 words) is the next thing to try.
+A tree window (`tree_mask` [T, words] int64, `tree_lo` [R] int32): key index p >= tree_lo[r] is a
+row of the request's tree, visible to a query iff its ancestor bit is set; below tree_lo the position
+rule holds. A tree pass runs in two kernels. The attention kernel (TREE: its key range cut at
+min(cache_len, tree_lo), from the cache alone, no window source, no ancestor test) leaves partials;
+`_tree_window_kernel` then attends each query row to the request's keys from there on (the tree's
+rows, from the cache under write-all or the window under stage; one gather of a [BLOCK_M, BLOCK_N]
+int64 tile of ancestor words and a shift per key tile, `_tree_visible`) and merges them with the
+partials. Both strategies run the same two kernels over the same tiles, so stage's tree gives
+write-all's bits. Why two: with the ancestor test and the window source in the one kernel it ran at
+the 255-register cap with 472-912 bytes of stack on an H200, and stage's tree attention cost
+1.3-1.5x write-all's at batch >= 8 (benchmarks/results/tree_window_launch/).
 
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32
@@ -167,7 +167,7 @@ def _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_ro
 def _verify_attention_kernel(
         q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
         win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse,
-        log_k, log_v, log_lo, log_start, tree_mask, tree_lo, stride_tm, tree_words,
+        log_k, log_v, log_lo, log_start, tree_lo,
         qk_scale, keys_per_split, win_size, ring_slots,
         stride_qt, stride_qh, stride_ot, stride_oh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -189,6 +189,9 @@ def _verify_attention_kernel(
     q_start = tl.load(query_start_loc + req).to(tl.int64)
     q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
     cache_len = tl.load(cache_lens + req)
+    if TREE:
+        # the keys below the request's tree (tree_lo); the tree's rows are _tree_window_kernel's
+        cache_len = tl.minimum(cache_len, tl.load(tree_lo + req))
     if HAS_WINDOW:
         w_start = tl.load(win_start + req)
         n_keys = cache_len + (tl.load(win_start + req + 1) - w_start)
@@ -221,8 +224,6 @@ def _verify_attention_kernel(
     else:
         ks = 1.0
         vs = 1.0
-    if TREE:
-        t_lo = tl.load(tree_lo + req)
 
     d = tl.arange(0, D)
     bt_row = block_tables + req.to(tl.int64) * stride_bt
@@ -243,26 +244,15 @@ def _verify_attention_kernel(
         q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
         pos = tl.load(positions + tok, mask=row_ok, other=-1)
-        # keys past the last query's position are masked for every row: do not read them (a tree's
-        # rows are not in position order: read them all)
-        if TREE:
-            end = hi
-        else:
-            end = tl.minimum(hi, tl.max(pos, 0) + 1)
+        # keys past the last query's position are masked for every row: do not read them
+        end = tl.minimum(hi, tl.max(pos, 0) + 1)
         full_end = lo + tl.maximum(tl.minimum(end, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # tiles wholly inside the paged cache. A tree's rows start at key tree_lo: tiles wholly below
-        # it need no ancestor test (the loop without it: the test's [M, N] int64 work per tile cost
-        # more than the tile's MMAs), the tiles from there to full_end (write-all: the tree's rows
-        # are in the cache) take it
-        if TREE:
-            plain_end = tl.minimum(full_end, lo + tl.maximum(t_lo - lo, 0) // BLOCK_N * BLOCK_N)
-        else:
-            plain_end = full_end
-        for start in range(lo, plain_end, BLOCK_N):
+        # tiles wholly inside the paged cache
+        for start in range(lo, full_end, BLOCK_N):
             p, k, v = _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks, vs,
                                   ring_slots, stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt, stride_lkh,
                                   stride_lvt, stride_lvh, d, dtype, BS, BLOCK_N, RING, HAS_LOG, FP8, UPCAST)
@@ -270,18 +260,6 @@ def _verify_attention_kernel(
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
-        if TREE:
-            for start in range(plain_end, full_end, BLOCK_N):
-                p, k, v = _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks,
-                                      vs, ring_slots, stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt,
-                                      stride_lkh, stride_lvt, stride_lvh, d, dtype, BS, BLOCK_N, RING, HAS_LOG, FP8,
-                                      UPCAST)
-                visible = p[None, :] <= pos[:, None]
-                if SLIDING:
-                    visible = visible & (p[None, :] > pos[:, None] - win_size)
-                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
-                    (p < end)[None, :]
-                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # tail tiles: the cache's last partial tile and the window rows, masked per position. With a
         # window (not fp8) and SPLIT_TAIL, only the tile holding cache_len mixes the two sources;
         # the tiles past it read the window rows alone (no block-table load, no source select).
@@ -338,9 +316,6 @@ def _verify_attention_kernel(
             visible = (p[None, :] <= pos[:, None]) & (p < end)[None, :]
             if SLIDING:
                 visible = visible & (p[None, :] > pos[:, None] - win_size)
-            if TREE:
-                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
-                    (p < end)[None, :]
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         if HAS_WINDOW and not FP8 and SPLIT_TAIL:
@@ -355,9 +330,6 @@ def _verify_attention_kernel(
                 visible = (p[None, :] <= pos[:, None]) & in_win[None, :]
                 if SLIDING:
                     visible = visible & (p[None, :] > pos[:, None] - win_size)
-                if TREE:
-                    visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
-                        in_win[None, :]
                 m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]     # no visible key: 0, not NaN
@@ -369,6 +341,126 @@ def _verify_attention_kernel(
         else:
             tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                      _cast(o, dtype, UPCAST), mask=row_ok[:, None])
+
+
+@triton.jit
+def _tree_window_kernel(
+        q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
+        win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse, num_splits,
+        tree_mask, tree_lo, stride_tm, tree_words, qk_scale, win_size,
+        stride_qt, stride_qh, stride_ot, stride_oh,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+        stride_wkt, stride_wkh, stride_wvt, stride_wvh,
+        stride_ps, stride_pt, stride_ph,
+        GROUP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
+        FP8_MAX: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, SLIDING: tl.constexpr):
+    """A pass over tree windows, second half: each query row attends the request's keys from
+    min(cache_len, tree_lo) on (its tree: ancestor bits; any window row below tree_lo: the position
+    rule), from the cache or the window source per key, then merges that with the partials the
+    cache kernel left for keys below (`part_o` / `part_lse`, `num_splits` of them) and writes the row.
+
+    Grid (request, KV head, row tile); a program walks the request's rows from its tile in strides of
+    the grid's row tiles, so a bound on the rows that was too small costs time, never rows."""
+    req = tl.program_id(0)
+    kvh = tl.program_id(1)
+    mt = tl.program_id(2)
+    n_mt = tl.num_programs(2)
+    dtype = q_ptr.dtype.element_ty
+    q_start = tl.load(query_start_loc + req).to(tl.int64)
+    q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
+    cache_len = tl.load(cache_lens + req)
+    if HAS_WINDOW:
+        w_start = tl.load(win_start + req)
+        n_keys = cache_len + (tl.load(win_start + req + 1) - w_start)
+    else:
+        w_start = 0
+        n_keys = cache_len
+    t_lo = tl.load(tree_lo + req)
+    k_lo = tl.minimum(cache_len, t_lo)
+    if FP8:
+        ks = tl.load(k_scale + kvh)
+        vs = tl.load(v_scale + kvh)
+    else:
+        ks = 1.0
+        vs = 1.0
+    d = tl.arange(0, D)
+    bt_row = block_tables + req.to(tl.int64) * stride_bt
+    k_head = k_cache + kvh.to(tl.int64) * stride_kh
+    v_head = v_cache + kvh.to(tl.int64) * stride_vh
+    for m0 in range(mt * BLOCK_M, q_rows, n_mt * BLOCK_M):
+        rows = m0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_rows
+        tok = q_start + rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        pos = tl.load(positions + tok, mask=row_ok, other=-1)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for start in range(k_lo, n_keys, BLOCK_N):
+            p = start + tl.arange(0, BLOCK_N)
+            in_cache = p < cache_len
+            blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
+            off = (p % BS).to(tl.int64)
+            k_at = k_head + (blk * stride_kb + off * stride_ks)
+            v_at = v_head + (blk * stride_vb + off * stride_vs)
+            if HAS_WINDOW and not FP8:      # one load per row from whichever source holds it
+                in_win = (p >= cache_len) & (p < n_keys)
+                row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                k_at = tl.where(in_cache, k_at, win_k + (row * stride_wkt + kvh * stride_wkh))
+                v_at = tl.where(in_cache, v_at, win_v + (row * stride_wvt + kvh * stride_wvh))
+                some = (in_cache | in_win)[:, None]
+                k = tl.load(k_at[:, None] + d[None, :], mask=some, other=0.0)
+                v = tl.load(v_at[:, None] + d[None, :], mask=some, other=0.0)
+            else:
+                k = tl.load(k_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
+                v = tl.load(v_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
+                if FP8:
+                    k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                    v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+                if HAS_WINDOW:              # fp8: the window as the cache would hand it back
+                    in_win = (p >= cache_len) & (p < n_keys)
+                    row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                    wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                                 mask=in_win[:, None], other=0.0)
+                    wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                                 mask=in_win[:, None], other=0.0)
+                    if FP8:
+                        wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                        wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                    k = tl.where(in_win[:, None], wk, k)
+                    v = tl.where(in_win[:, None], wv, v)
+            visible = p[None, :] <= pos[:, None]
+            if SLIDING:
+                visible = visible & (p[None, :] > pos[:, None] - win_size)
+            visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                (p < n_keys)[None, :]
+            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+        # merge with the cache kernel's partials (normalised o_s, base-2 lse_s): the largest lse first,
+        # then sum_s 2^(lse_s - top) o_s + 2^(m - top) acc over sum_s 2^(lse_s - top) + 2^(m - top) l
+        # (offsets carried in int64: split x stride may pass 2^31)
+        row_at = tok * stride_pt + head * stride_ph
+        top = m_i
+        at = row_at
+        for _ in range(0, num_splits):
+            top = tl.maximum(top, tl.load(part_lse + at // D, mask=row_ok, other=float("-inf")))
+            at += stride_ps
+        top = tl.where(top == float("-inf"), 0.0, top)     # no visible key anywhere: 0 / 0 -> 0 below
+        w = tl.exp2(m_i - top)
+        num = acc * w[:, None]
+        den = l_i * w
+        at = row_at
+        for _ in range(0, num_splits):
+            w = tl.exp2(tl.load(part_lse + at // D, mask=row_ok, other=float("-inf")) - top)
+            num += w[:, None] * tl.load(part_o + at[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+            den += w
+            at += stride_ps
+        o = num / tl.where(den == 0.0, 1.0, den)[:, None]
+        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 _cast(o, dtype, UPCAST), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -406,22 +498,19 @@ MIN_KEYS_PER_SPLIT = 256
 # tail loop (benchmarks/results/verify_attention_variants_h100.json, the 8B layer, 5-token windows):
 # the extra loop costs registers and instructions in every program. Kept as a knob, off.
 SPLIT_TAIL = False
-# Launch knobs for a tree window read from the staging buffer (stage's tree verify), where the kernel
-# carries both the ancestor test and the window source. 8 warps: on an H200 (8B shape, context 1024,
-# N = 16/32/64, batch 1/8/32, graphed steps) stage's step over write-all + move's went from
-# 1.01-1.17 with 4 warps to 0.97-1.11; split_tail=1 gave 1.05-1.13, block_m=32 1.12-1.29
-# (tests/gpu/tree_attention_run.sh). For tuning runs, NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,split_tail=1"
-# sets them.
-TREE_WINDOW: dict = {"num_warps": 8}
+# Launch of `_tree_window_kernel` (a tree pass's own rows, both strategies). Its tile is small: a
+# request's N + 1 tokens x GROUP query rows against its N + 1 tree keys, then the merge.
+# For tuning runs, NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,block_m=64" sets them
+# (tests/gpu/tree_attention_run.sh).
+TREE_WINDOW: dict = {"num_warps": 4, "num_stages": 1, "block_m": 32, "block_n": 64}
 
 
 def _knobs_from_env(text: str) -> dict:
     out = {}
     for part in filter(None, (x.strip() for x in text.split(","))):
         name, _, value = part.partition("=")
-        if name not in ("num_warps", "num_stages", "block_m", "split_tail", "block_n"):
-            raise ValueError(f"NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob {name!r} (num_warps, num_stages, "
-                             f"block_m, split_tail, block_n)")
+        if name not in TREE_WINDOW:
+            raise ValueError(f"NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob {name!r} ({', '.join(TREE_WINDOW)})")
         out[name] = int(value)
     return out
 
@@ -461,24 +550,18 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
            sliding_window=0, ring_slots=0, log_key=None, log_value=None, log_lo=None, log_start=None,
            tree_mask=None, tree_lo=None, max_query_len=0, num_splits=None, block_n=None, num_warps=None,
            num_stages=None, row_loop=None,
-           block_m=None, split_tail=None):
+           block_m=None, split_tail=None, tree_launch=None):
     """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench.
 
     max_query_len: the caller's host bound on every request's query rows (0: unknown).
     block_m / row_loop / split_tail: force the query tile, the row walk and the window tail's
     split (the kernel before the split: block_m=64, row_loop=True, split_tail=False at batch > 1).
+    tree_launch: {num_warps, num_stages, block_m, block_n} for _tree_window_kernel (default TREE_WINDOW).
     """
     T, hq, d = q.shape
     nb, bs, h, _ = key_cache.shape
     num_reqs = block_tables.shape[0]
     group = hq // h
-    if tree_mask is not None and win_key is not None:      # stage's tree window: its tuned knobs
-        num_warps = num_warps or TREE_WINDOW.get("num_warps")
-        num_stages = num_stages or TREE_WINDOW.get("num_stages")
-        block_m = block_m or TREE_WINDOW.get("block_m")
-        block_n = block_n or TREE_WINDOW.get("block_n")
-        if split_tail is None and "split_tail" in TREE_WINDOW:
-            split_tail = bool(TREE_WINDOW["split_tail"])
     block_n = block_n or BLOCK_N
     max_cache_keys = block_tables.shape[1] * bs
     if sliding_window:
@@ -504,16 +587,19 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         split_tail = SPLIT_TAIL
     fp8 = key_cache.dtype in FP8_FORMATS
     mant, emin, fmax = FP8_FORMATS.get(key_cache.dtype, (0, 0, 0.0))
-    has_window = win_key is not None
-    has_log = log_key is not None
     tree = tree_mask is not None
-    split = num_splits > 1
+    # a tree pass: this kernel reads the keys below each request's tree from the cache alone and
+    # always leaves partials; _tree_window_kernel reads the tree's rows and merges
+    has_window = win_key is not None and not tree
+    has_log = log_key is not None
+    split = num_splits > 1 or tree
     if split:
         part_o = torch.empty((num_splits, T, hq, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, T, hq), dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out       # unused
     dummy_idx = cache_lens
+    ieee, upcast = q.dtype == torch.float32, INTERPRETED and q.dtype == torch.bfloat16
     grid = (num_reqs, h, num_splits)
     _verify_attention_kernel[grid](
         q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
@@ -522,8 +608,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         k_scale if fp8 else q, v_scale if fp8 else q, out, part_o, part_lse,
         log_key if has_log else key_cache, log_value if has_log else value_cache,
         log_lo if has_log else dummy_idx, log_start if has_log else dummy_idx,
-        tree_mask if tree else cache_lens, tree_lo if tree else dummy_idx,
-        tree_mask.stride(0) if tree else 0, tree_mask.shape[1] if tree else 0,
+        tree_lo if tree else dummy_idx,
         float(scale) * LOG2E, per_split, int(sliding_window), int(ring_slots),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -535,14 +620,34 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
         GROUP=group, D=d, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_WINDOW=has_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
-        SPLIT=split, IEEE=q.dtype == torch.float32, UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
+        SPLIT=split, IEEE=ieee, UPCAST=upcast,
         ROW_LOOP=row_loop, SLIDING=bool(sliding_window), RING=bool(ring_slots), HAS_LOG=has_log,
         SPLIT_TAIL=bool(split_tail), TREE=tree, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
-    if split:
+    if tree:
+        tw = {**TREE_WINDOW, **(tree_launch or {})}
+        tree_window = win_key is not None
+        row_tiles = max(1, -(-bound * group // tw["block_m"]))
+        _tree_window_kernel[(num_reqs, h, row_tiles)](
+            q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
+            win_key if tree_window else q, win_value if tree_window else q,
+            win_rows if tree_window else dummy_idx, win_start if tree_window else dummy_idx,
+            k_scale if fp8 else q, v_scale if fp8 else q, out, part_o, part_lse, num_splits,
+            tree_mask, tree_lo, tree_mask.stride(0), tree_mask.shape[1], float(scale) * LOG2E, int(sliding_window),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+            value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
+            win_key.stride(0) if tree_window else 0, win_key.stride(1) if tree_window else 0,
+            win_value.stride(0) if tree_window else 0, win_value.stride(1) if tree_window else 0,
+            part_o.stride(0), part_o.stride(1), part_o.stride(2),
+            GROUP=group, D=d, BS=bs, BLOCK_M=tw["block_m"], BLOCK_N=tw["block_n"],
+            HAS_WINDOW=tree_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
+            IEEE=ieee, UPCAST=upcast, SLIDING=bool(sliding_window),
+            num_warps=tw["num_warps"], num_stages=tw["num_stages"])
+    elif split:
         _merge_splits_kernel[(T, hq)](
             part_o, part_lse, out, num_splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
             out.stride(0), out.stride(1), D=d, SPLITS=triton.next_power_of_2(num_splits),
-            FIX_BF16=INTERPRETED and q.dtype == torch.bfloat16, num_warps=1)
+            FIX_BF16=upcast, num_warps=1)
     return out
 
 

@@ -42,7 +42,11 @@ verify_attention_h100.json, batch 64 x 4096 keys, bf16): the last q_len + 3 keys
 cost 2-3 % more than the same keys from the cache (`window_vs_cache`), less than the partial
 write, re-read and merge launch alone would. Key tiles are aligned to position 0, so a key tile
 holds the same positions whichever source feeds it (stage and the committed window give the
-same bits). A log-sum-exp merge does exist, but only to split long key ranges when requests x KV
+same bits). A tree pass is the exception: its window is up to N + 1 rows with an ancestor
+test per key, and in the one kernel that test and the window source spilled registers (stage's
+tree attention 1.3-1.5x write-all's on an H200), so the keys below the tree leave partials and a
+second kernel attends the tree's rows and merges (`_tree_window_kernel`, the same kernels and
+tiles for both strategies, so again the same bits). A log-sum-exp merge does exist, but only to split long key ranges when requests x KV
 heads are too few to fill the GPU (small batches); the split count comes from shapes alone (the
 block tables' capacity), so a call never syncs with the device and can be captured in a CUDA graph.
 
