@@ -24,7 +24,8 @@ plus moves, stage 1), `bytes_moved` (inside the cache, all layers), `stranded_by
 left in the block that holds the path's end, all layers), `step_ms` (eager verify + commit, host work
 included, median; CUDA events on a GPU), `commit_ms` and `commit_share`, `tokens_per_s` (emitted
 tokens / step time: the verify step alone; drafting is the same in every strategy and left out).
-`--graphs` (CUDA) adds `graph_step_ms`: the step captured in one CUDA graph and replayed (or why not);
+`--graphs` (CUDA) adds `graph_step_ms`: the step captured in one CUDA graph and replayed, the strategies'
+graphs round-robin (or why not);
 the summary then also compares stage with write-all + move on the replayed steps (no host time).
 `--profile` (CUDA) adds `kernels`: the step's top CUDA kernels by time (torch.profiler), to say where
 one strategy's step differs from another's.
@@ -39,7 +40,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.bench.tree_step import (ROW_NAMES, TreeBatch, TreeStep, contiguous_tables, first_child_path,
-                                      graph_step_ms, kernel_profile, new_cache, time_steps)
+                                      graph_steps_ms, kernel_profile, new_cache, time_steps)
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.policies.tree import STRATEGIES, tree_commit_costs
@@ -203,6 +204,8 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                     failed[s] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             del bases
             times = time_steps(steps, reps=reps) if steps else {}
+            cuda = torch.device(device).type == "cuda"
+            graphed = graph_steps_ms(steps, reps) if graphs and cuda and steps else {}
             for s in strategies:
                 if s in failed:
                     row = {"strategy": ROW_NAMES[s], "model": model, "nodes": n_nodes, "batch": batch,
@@ -215,8 +218,8 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                     continue
                 row = _row(steps[s], checks[s], times[s], True, model, topk, depth)
                 row["context"] = context
-                if graphs and torch.device(device).type == "cuda":
-                    row["graph_step_ms"], why = graph_step_ms(steps[s])
+                if s in graphed:
+                    row["graph_step_ms"], why = graphed[s]
                     if why:
                         row["graph_error"] = why
                 if profile and torch.device(device).type == "cuda":

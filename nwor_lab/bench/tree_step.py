@@ -236,18 +236,24 @@ def time_steps(steps: dict, reps: int, warmup: int = 2) -> dict:
     return {name: (_median(a), _median(b)) for name, (a, b) in times.items()}
 
 
-def graph_step_ms(step: TreeStep, reps: int = 10):
-    """The step captured as one CUDA graph and replayed: (ms, None), or (None, why it cannot be captured)."""
-    from nwor_lab.bench.kernels import time_us
+def graph_steps_ms(steps: dict, reps: int = 10) -> dict:
+    """Each step {name: TreeStep} captured as one CUDA graph, the graphs replayed round-robin (each
+    repeat times every one once, so clock drift hits the strategies alike and their ratio holds):
+    {name: (median ms, None)}, or (None, why it cannot be captured) for a step that cannot be."""
+    from nwor_lab.bench.kernels import interleaved_time_us
     from nwor_lab.ops.graphs import capture_graph
-    try:
-        graph = capture_graph(step.step, device=step.cache.device)
-    except Exception as e:     # noqa: BLE001 -- reported in the row, the eager numbers stand
-        torch.cuda.synchronize()
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    ms = time_us(graph.replay, iters=3, reps=reps, warmup=1) / 1e3
-    del graph
-    return ms, None
+    graphs, out = {}, {}
+    for name, step in steps.items():
+        try:
+            graphs[name] = capture_graph(step.step, device=step.cache.device)
+        except Exception as e:     # noqa: BLE001 -- reported in the row, the eager numbers stand
+            torch.cuda.synchronize()
+            out[name] = (None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    if graphs:
+        us = interleaved_time_us({n: g.replay for n, g in graphs.items()}, iters=3, reps=max(reps, 15), warmup=2)
+        out.update({n: (t / 1e3, None) for n, t in us.items()})
+    graphs.clear()
+    return out
 
 
 def kernel_profile(step: TreeStep, reps: int = 3, top: int = 8) -> list[dict]:

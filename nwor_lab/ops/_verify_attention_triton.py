@@ -400,45 +400,67 @@ def _tree_window_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        for start in range(k_lo, n_keys, BLOCK_N):
-            p = start + tl.arange(0, BLOCK_N)
-            in_cache = p < cache_len
-            blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
-            off = (p % BS).to(tl.int64)
-            k_at = k_head + (blk * stride_kb + off * stride_ks)
-            v_at = v_head + (blk * stride_vb + off * stride_vs)
-            if HAS_WINDOW and not FP8:      # one load per row from whichever source holds it
-                in_win = (p >= cache_len) & (p < n_keys)
+        # the same tiles (from k_lo) whichever source holds a key, so stage's tree gives write-all's
+        # bits; a request whose keys from k_lo are all window rows (stage's tree: tree_lo = cache_len)
+        # takes a loop with no block-table lookup and no source select
+        if HAS_WINDOW and k_lo >= cache_len:
+            for start in range(k_lo, n_keys, BLOCK_N):
+                p = start + tl.arange(0, BLOCK_N)
+                in_win = p < n_keys
                 row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                k_at = tl.where(in_cache, k_at, win_k + (row * stride_wkt + kvh * stride_wkh))
-                v_at = tl.where(in_cache, v_at, win_v + (row * stride_wvt + kvh * stride_wvh))
-                some = (in_cache | in_win)[:, None]
-                k = tl.load(k_at[:, None] + d[None, :], mask=some, other=0.0)
-                v = tl.load(v_at[:, None] + d[None, :], mask=some, other=0.0)
-            else:
-                k = tl.load(k_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
-                v = tl.load(v_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
-                if FP8:
-                    k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
-                    v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
-                if HAS_WINDOW:              # fp8: the window as the cache would hand it back
+                k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                            mask=in_win[:, None], other=0.0)
+                v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                            mask=in_win[:, None], other=0.0)
+                if FP8:                     # the window as the cache would hand it back
+                    k = _fp8_roundtrip(k, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                    v = _fp8_roundtrip(v, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                visible = p[None, :] <= pos[:, None]
+                if SLIDING:
+                    visible = visible & (p[None, :] > pos[:, None] - win_size)
+                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                    in_win[None, :]
+                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+        else:
+            for start in range(k_lo, n_keys, BLOCK_N):
+                p = start + tl.arange(0, BLOCK_N)
+                in_cache = p < cache_len
+                blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
+                off = (p % BS).to(tl.int64)
+                k_at = k_head + (blk * stride_kb + off * stride_ks)
+                v_at = v_head + (blk * stride_vb + off * stride_vs)
+                if HAS_WINDOW and not FP8:      # one load per row from whichever source holds it
                     in_win = (p >= cache_len) & (p < n_keys)
                     row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                    wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                                 mask=in_win[:, None], other=0.0)
-                    wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                                 mask=in_win[:, None], other=0.0)
+                    k_at = tl.where(in_cache, k_at, win_k + (row * stride_wkt + kvh * stride_wkh))
+                    v_at = tl.where(in_cache, v_at, win_v + (row * stride_wvt + kvh * stride_wvh))
+                    some = (in_cache | in_win)[:, None]
+                    k = tl.load(k_at[:, None] + d[None, :], mask=some, other=0.0)
+                    v = tl.load(v_at[:, None] + d[None, :], mask=some, other=0.0)
+                else:
+                    k = tl.load(k_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
+                    v = tl.load(v_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
                     if FP8:
-                        wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                        wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                    k = tl.where(in_win[:, None], wk, k)
-                    v = tl.where(in_win[:, None], wv, v)
-            visible = p[None, :] <= pos[:, None]
-            if SLIDING:
-                visible = visible & (p[None, :] > pos[:, None] - win_size)
-            visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
-                (p < n_keys)[None, :]
-            m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+                        k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                        v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
+                    if HAS_WINDOW:              # fp8: the window as the cache would hand it back
+                        in_win = (p >= cache_len) & (p < n_keys)
+                        row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+                        wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                                     mask=in_win[:, None], other=0.0)
+                        wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                                     mask=in_win[:, None], other=0.0)
+                        if FP8:
+                            wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                            wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+                        k = tl.where(in_win[:, None], wk, k)
+                        v = tl.where(in_win[:, None], wv, v)
+                visible = p[None, :] <= pos[:, None]
+                if SLIDING:
+                    visible = visible & (p[None, :] > pos[:, None] - win_size)
+                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                    (p < n_keys)[None, :]
+                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # merge with the cache kernel's partials (normalised o_s, base-2 lse_s): the largest lse first,
         # then sum_s 2^(lse_s - top) o_s + 2^(m - top) acc over sum_s 2^(lse_s - top) + 2^(m - top) l
         # (offsets carried in int64: split x stride may pass 2^31)
@@ -498,11 +520,16 @@ MIN_KEYS_PER_SPLIT = 256
 # tail loop (benchmarks/results/verify_attention_variants_h100.json, the 8B layer, 5-token windows):
 # the extra loop costs registers and instructions in every program. Kept as a knob, off.
 SPLIT_TAIL = False
-# Launch of `_tree_window_kernel` (a tree pass's own rows, both strategies). Its tile is small: a
-# request's N + 1 tokens x GROUP query rows against its N + 1 tree keys, then the merge.
-# For tuning runs, NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,block_m=64" sets them
+# Launch of `_tree_window_kernel` (a tree pass's own rows, both strategies): a request's N + 1 tokens
+# x GROUP query rows against its N + 1 tree keys, then the merge. block_m 0: 32 query rows a program
+# while the pass has fewer than TREE_BLOCK_M64_ROWS query rows x KV heads, 64 from there. On an H200
+# (8B shape, context 1024, N = 16/32/64, batch 1/8/32; benchmarks/results/tree_window_launch/
+# two_kernels_*_h200.json) 32 rows won at batch 1 (0.26-0.35 ms a step against 0.33-0.46) and at
+# batch 8 with N = 16, 64 rows everywhere above (3.1 against 3.9 ms at batch 32, N = 64); 8 warps
+# lost. For tuning runs, NWOR_LAB_TREE_WINDOW_LAUNCH="num_warps=8,block_m=64" sets them
 # (tests/gpu/tree_attention_run.sh).
-TREE_WINDOW: dict = {"num_warps": 4, "num_stages": 1, "block_m": 32, "block_n": 64}
+TREE_WINDOW: dict = {"num_warps": 4, "num_stages": 1, "block_m": 0, "block_n": 64}
+TREE_BLOCK_M64_ROWS = 8192
 
 
 def _knobs_from_env(text: str) -> dict:
@@ -626,7 +653,8 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
     if tree:
         tw = {**TREE_WINDOW, **(tree_launch or {})}
         tree_window = win_key is not None
-        row_tiles = max(1, -(-bound * group // tw["block_m"]))
+        tree_m = tw["block_m"] or (64 if num_reqs * hq * bound >= TREE_BLOCK_M64_ROWS else 32)
+        row_tiles = max(1, -(-bound * group // tree_m))
         _tree_window_kernel[(num_reqs, h, row_tiles)](
             q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
             win_key if tree_window else q, win_value if tree_window else q,
@@ -639,7 +667,7 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
             win_key.stride(0) if tree_window else 0, win_key.stride(1) if tree_window else 0,
             win_value.stride(0) if tree_window else 0, win_value.stride(1) if tree_window else 0,
             part_o.stride(0), part_o.stride(1), part_o.stride(2),
-            GROUP=group, D=d, BS=bs, BLOCK_M=tw["block_m"], BLOCK_N=tw["block_n"],
+            GROUP=group, D=d, BS=bs, BLOCK_M=tree_m, BLOCK_N=tw["block_n"],
             HAS_WINDOW=tree_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
             IEEE=ieee, UPCAST=upcast, SLIDING=bool(sliding_window),
             num_warps=tw["num_warps"], num_stages=tw["num_stages"])

@@ -5,7 +5,9 @@ a few minutes (tests/gpu/sanitize.sh runs them and counts what they report).
 
     verify attention   cache / window source (split tail, single tail), fp8 cache with the window,
                        fp32 (IEEE dot), forced splits (the merge kernel), the row walk, a sliding
-                       window on a ring with cow's log, HND layout, empty and window-only requests
+                       window on a ring with cow's log, HND layout, empty and window-only requests;
+                       tree windows (the tree kernel and its merge): in the cache (write-all), in the
+                       window (stage), half in each, fp8 with the window
     fused              RMSNorm, RoPE (into `out`, as zero-copy staging writes), silu * up
 Compile-bound like the other kernel tests (a few seconds per variant on the host); the kernels
 themselves take microseconds, which is what keeps the sanitizers quick.
@@ -15,7 +17,8 @@ import torch
 
 from nwor_lab.ops import fused
 from nwor_lab.ops.verify_attention import make_verify_attention_case, verify_attention_reference
-from nwor_lab.ops.verify_attention_cases import RING_FIELDS, as_ring, with_window
+from nwor_lab.ops.verify_attention_cases import (RING_FIELDS, TREE_FIELDS, as_ring, make_tree_attention_case,
+                                                 window_written_to_cache, with_window)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -40,7 +43,7 @@ def _launch(case, **launch):
     a = case.kwargs()
     out = torch.empty(a["q"].shape, dtype=a["q"].dtype, device="cuda")
     scales = [s.reshape(-1) if s is not None else None for s in (a["k_scale"], a["v_scale"])]
-    ring = {name: a[name] for name in RING_FIELDS if name in a}
+    ring = {name: a[name] for name in RING_FIELDS + TREE_FIELDS if name in a}
     k.launch(*(a[n] for n in ("q", "key_cache", "value_cache", "block_tables", "cache_lens", "query_start_loc",
                               "positions", "win_key", "win_value", "win_rows", "win_start")),
              *scales, a["scale"], out, **ring, **launch)
@@ -56,6 +59,28 @@ def test_sanitize_verify_attention(name, kw, launch):
     ref = verify_attention_reference(**case.kwargs())
     tol = TOL[case.q.dtype]
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
+TREE_PARENTS = [[0, 0, 1, 1, 2, 4, 4], [0, 1, 0, 3]]
+TREES = [
+    # (id, case kwargs, rows of each request's tree committed to the cache: None all of them, 0 none)
+    ("tree-cache-bf16", dict(), None),
+    ("tree-window-bf16", dict(), 0),
+    ("tree-half-committed-bf16", dict(), 3),
+    ("tree-window-fp8e5m2", dict(cache_dtype="fp8_e5m2"), 0),
+]
+
+
+@pytest.mark.parametrize("name,kw,committed", TREES, ids=[t[0] for t in TREES])
+def test_sanitize_tree_attention(name, kw, committed):
+    pytest.importorskip("triton")
+    case = make_tree_attention_case(TREE_PARENTS, window=True, context_lens=[70, 5], num_kv_heads=2, head_size=64,
+                                    dtype=torch.bfloat16, seed=len(name), device="cuda", **kw)
+    if committed != 0:
+        case = window_written_to_cache(case, committed)
+    got = _launch(case)
+    ref = verify_attention_reference(**case.kwargs())
+    torch.testing.assert_close(got.float(), ref.float(), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
 
 
 def test_sanitize_verify_attention_ring_with_log():
