@@ -326,9 +326,6 @@ INTERP_SPECS = [
          tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4], [0, 1, 0, 3]])),
     dict(spec("tree-window-vs-cache-fp8-splits", kind="window_vs_cache", window=True, cache_dtype="fp8_e5m2",
               context_lens=[130], launch=dict(num_splits=3), seed=46), tree=dict(parents=[[0, 0, 1, 2, 2]])),
-    # a tree half in the cache, half in the window (the mixed-source tiles): the same bits again
-    dict(spec("tree-window-vs-half-committed", kind="window_vs_cache", window=True, context_lens=[70, 40],
-              seed=48), tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4], [0, 1, 0, 3]]), commit_first=3),
     # the tree path on keys below the tree: a chain window (stage) under the position rule
     dict(spec("tree-past-keys-window-bf16", window=True, num_reqs=3, query_lens=[4, 1, 3], seed=47),
          tree_past_keys=True),

@@ -104,8 +104,8 @@ def run(spec: dict) -> dict:
         split = kernels.launch(*_launch_args(case), **{**launch, "split_tail": True})
         return dict(bit_identical=bool(torch.equal(single, split)),
                     max_diff=float((single.float() - split.float()).abs().max()), seconds=seconds)
-    if kind == "window_vs_cache":        # "commit_first": k commits only each request's first k rows
-        committed = window_written_to_cache(case, spec.get("commit_first"))
+    if kind == "window_vs_cache":
+        committed = window_written_to_cache(case)
         twin = kernel(committed)
         ref = verify_attention_reference(**committed.kwargs())
         return dict(bit_identical=bool(torch.equal(got, twin)), max_diff=float((got.float() - twin.float()).abs().max()),

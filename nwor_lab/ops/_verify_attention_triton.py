@@ -344,6 +344,33 @@ def _verify_attention_kernel(
 
 
 @triton.jit
+def _tree_window_keys(q, pos, tok, row_ok, m_i, l_i, acc, k_lo, n_keys, cache_len, w_start, t_lo, kvh, ks, vs,
+                      win_k, win_v, win_rows, tree_mask, stride_tm, tree_words, qk_scale, win_size,
+                      stride_wkt, stride_wkh, stride_wvt, stride_wvh, d, dtype: tl.constexpr,
+                      BLOCK_N: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
+                      FP8_MAX: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, SLIDING: tl.constexpr):
+    """The tree kernel's keys k_lo .. n_keys - 1, all of them window rows (stage's tree)."""
+    for start in range(k_lo, n_keys, BLOCK_N):
+        p = start + tl.arange(0, BLOCK_N)
+        in_win = p < n_keys
+        row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+        k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
+                    mask=in_win[:, None], other=0.0)
+        v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
+                    mask=in_win[:, None], other=0.0)
+        if FP8:                     # the window as the cache would hand it back
+            k = _fp8_roundtrip(k, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+            v = _fp8_roundtrip(v, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
+        visible = p[None, :] <= pos[:, None]
+        if SLIDING:
+            visible = visible & (p[None, :] > pos[:, None] - win_size)
+        visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+            in_win[None, :]
+        m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _tree_window_kernel(
         q_ptr, k_cache, v_cache, block_tables, cache_lens, query_start_loc, positions,
         win_k, win_v, win_rows, win_start, k_scale, v_scale, out_ptr, part_o, part_lse, num_splits,
@@ -357,9 +384,11 @@ def _tree_window_kernel(
         HAS_WINDOW: tl.constexpr, FP8: tl.constexpr, FP8_MANT: tl.constexpr, FP8_EMIN: tl.constexpr,
         FP8_MAX: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, SLIDING: tl.constexpr):
     """A pass over tree windows, second half: each query row attends the request's keys from
-    min(cache_len, tree_lo) on (its tree: ancestor bits; any window row below tree_lo: the position
-    rule), from the cache or the window source per key, then merges that with the partials the
-    cache kernel left for keys below (`part_o` / `part_lse`, `num_splits` of them) and writes the row.
+    min(cache_len, tree_lo) on (the tree's rows by their ancestor bits, any key below tree_lo by the
+    position rule): with a window source its rows (every tree row is a window row: tree_lo >=
+    cache_len, checked by verify_attention), else the cache's; then merges that with the partials
+    the cache kernel left for the keys below (`part_o` / `part_lse`, `num_splits` of them) and writes
+    the row.
 
     Grid (request, KV head, row tile); a program walks the request's rows from its tile in strides of
     the grid's row tiles, so a bound on the rows that was too small costs time, never rows."""
@@ -400,61 +429,29 @@ def _tree_window_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # the same tiles (from k_lo) whichever source holds a key, so stage's tree gives write-all's
-        # bits; a request whose keys from k_lo are all window rows (stage's tree: tree_lo = cache_len)
-        # takes a loop with no block-table lookup and no source select
-        if HAS_WINDOW and k_lo >= cache_len:
-            for start in range(k_lo, n_keys, BLOCK_N):
-                p = start + tl.arange(0, BLOCK_N)
-                in_win = p < n_keys
-                row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                            mask=in_win[:, None], other=0.0)
-                v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                            mask=in_win[:, None], other=0.0)
-                if FP8:                     # the window as the cache would hand it back
-                    k = _fp8_roundtrip(k, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                    v = _fp8_roundtrip(v, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                visible = p[None, :] <= pos[:, None]
-                if SLIDING:
-                    visible = visible & (p[None, :] > pos[:, None] - win_size)
-                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
-                    in_win[None, :]
-                m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
+        # the same tiles (from k_lo) whichever source holds the tree, so stage's tree gives write-all's
+        # bits. With a window source every tree row is a window row (verify_attention checks tree_lo >=
+        # cache_lens): its keys are window rows alone, read with no block-table lookup and no source
+        # select (compiled apart: with both sources in the loop stage's tree kernel ran 2-15 % slower)
+        if HAS_WINDOW:
+            m_i, l_i, acc = _tree_window_keys(
+                q, pos, tok, row_ok, m_i, l_i, acc, cache_len, n_keys, cache_len, w_start, t_lo, kvh, ks, vs,
+                win_k, win_v, win_rows, tree_mask, stride_tm, tree_words, qk_scale, win_size,
+                stride_wkt, stride_wkh, stride_wvt, stride_wvh, d, dtype, BLOCK_N, FP8, FP8_MANT, FP8_EMIN,
+                FP8_MAX, IEEE, UPCAST, SLIDING)
         else:
             for start in range(k_lo, n_keys, BLOCK_N):
                 p = start + tl.arange(0, BLOCK_N)
-                in_cache = p < cache_len
+                in_cache = p < n_keys
                 blk = tl.load(bt_row + p // BS, mask=in_cache, other=0).to(tl.int64)
                 off = (p % BS).to(tl.int64)
-                k_at = k_head + (blk * stride_kb + off * stride_ks)
-                v_at = v_head + (blk * stride_vb + off * stride_vs)
-                if HAS_WINDOW and not FP8:      # one load per row from whichever source holds it
-                    in_win = (p >= cache_len) & (p < n_keys)
-                    row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                    k_at = tl.where(in_cache, k_at, win_k + (row * stride_wkt + kvh * stride_wkh))
-                    v_at = tl.where(in_cache, v_at, win_v + (row * stride_wvt + kvh * stride_wvh))
-                    some = (in_cache | in_win)[:, None]
-                    k = tl.load(k_at[:, None] + d[None, :], mask=some, other=0.0)
-                    v = tl.load(v_at[:, None] + d[None, :], mask=some, other=0.0)
-                else:
-                    k = tl.load(k_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
-                    v = tl.load(v_at[:, None] + d[None, :], mask=in_cache[:, None], other=0.0)
-                    if FP8:
-                        k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
-                        v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
-                    if HAS_WINDOW:              # fp8: the window as the cache would hand it back
-                        in_win = (p >= cache_len) & (p < n_keys)
-                        row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                        wk = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                                     mask=in_win[:, None], other=0.0)
-                        wv = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                                     mask=in_win[:, None], other=0.0)
-                        if FP8:
-                            wk = _fp8_roundtrip(wk, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                            wv = _fp8_roundtrip(wv, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
-                        k = tl.where(in_win[:, None], wk, k)
-                        v = tl.where(in_win[:, None], wv, v)
+                k = tl.load(k_head + (blk * stride_kb + off * stride_ks)[:, None] + d[None, :],
+                            mask=in_cache[:, None], other=0.0)
+                v = tl.load(v_head + (blk * stride_vb + off * stride_vs)[:, None] + d[None, :],
+                            mask=in_cache[:, None], other=0.0)
+                if FP8:
+                    k = _cast(k.to(tl.float32) * ks, dtype, UPCAST)
+                    v = _cast(v.to(tl.float32) * vs, dtype, UPCAST)
                 visible = p[None, :] <= pos[:, None]
                 if SLIDING:
                     visible = visible & (p[None, :] > pos[:, None] - win_size)

@@ -22,7 +22,9 @@
                                       (p - tree_lo[r]) % 64 of tree_mask[t, (p - tree_lo[r]) // 64] is
                                       set (its ancestors and itself); keys below tree_lo[r] follow the
                                       position rule (positions[t] = n + depth). Not on a ring / log; with a
-                                      sliding window every query's depth positions[t] - tree_lo[r] < W
+                                      sliding window every query's depth positions[t] - tree_lo[r] < W;
+                                      with a window source tree_lo[r] >= cache_lens[r] (the tree's rows
+                                      all in the window)
     max_query_len   int             a host bound on every request's query rows (0: unknown); sizes
                                       the kernel's query tile without a sync (a verify window: 1 + k)
     -> out          [T, Hq, D]      q's dtype; Hq // H query heads share a KV head (GQA)
@@ -244,6 +246,12 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
     if validate and not capturing():
         _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions,
                       win_key, win_rows, win_start, sliding_window, ring_slots, log_key, log_start)
+        if tree and win_key is not None and bool((tree_lo.cpu() < cache_lens.cpu()).any()):
+            r = int((tree_lo.cpu() < cache_lens.cpu()).nonzero()[0])
+            raise ValueError(f"tree_lo: request {r}'s tree starts at key {int(tree_lo[r])}, inside its cache "
+                             f"(cache_lens={int(cache_lens[r])}); with a window source every tree row must be a "
+                             f"window row (tree_lo >= cache_lens): commit none of the tree before the pass, or "
+                             f"pass no window and the whole tree in the cache")
         if tree and sliding_window and T:
             req = torch.repeat_interleave(torch.arange(R), query_start_loc.long().cpu().diff())
             depth = positions.long().cpu() - tree_lo.long().cpu()[req]

@@ -7,7 +7,7 @@ a few minutes (tests/gpu/sanitize.sh runs them and counts what they report).
                        fp32 (IEEE dot), forced splits (the merge kernel), the row walk, a sliding
                        window on a ring with cow's log, HND layout, empty and window-only requests;
                        tree windows (the tree kernel and its merge): in the cache (write-all), in the
-                       window (stage), half in each, fp8 with the window
+                       window (stage), fp8 with the window
     fused              RMSNorm, RoPE (into `out`, as zero-copy staging writes), silu * up
 Compile-bound like the other kernel tests (a few seconds per variant on the host); the kernels
 themselves take microseconds, which is what keeps the sanitizers quick.
@@ -63,11 +63,10 @@ def test_sanitize_verify_attention(name, kw, launch):
 
 TREE_PARENTS = [[0, 0, 1, 1, 2, 4, 4], [0, 1, 0, 3]]
 TREES = [
-    # (id, case kwargs, rows of each request's tree committed to the cache: None all of them, 0 none)
-    ("tree-cache-bf16", dict(), None),
-    ("tree-window-bf16", dict(), 0),
-    ("tree-half-committed-bf16", dict(), 3),
-    ("tree-window-fp8e5m2", dict(cache_dtype="fp8_e5m2"), 0),
+    # (id, case kwargs, the tree committed to the cache (write-all) or left in the window (stage))
+    ("tree-cache-bf16", dict(), True),
+    ("tree-window-bf16", dict(), False),
+    ("tree-window-fp8e5m2", dict(cache_dtype="fp8_e5m2"), False),
 ]
 
 
@@ -76,8 +75,8 @@ def test_sanitize_tree_attention(name, kw, committed):
     pytest.importorskip("triton")
     case = make_tree_attention_case(TREE_PARENTS, window=True, context_lens=[70, 5], num_kv_heads=2, head_size=64,
                                     dtype=torch.bfloat16, seed=len(name), device="cuda", **kw)
-    if committed != 0:
-        case = window_written_to_cache(case, committed)
+    if committed:
+        case = window_written_to_cache(case)
     got = _launch(case)
     ref = verify_attention_reference(**case.kwargs())
     torch.testing.assert_close(got.float(), ref.float(), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])

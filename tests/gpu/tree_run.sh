@@ -27,7 +27,7 @@ python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d[
   "$OUT/tree_8b_$TAG.json" 2>/dev/null || echo "no 8b summary"
 
 stage "tree GPU tests"
-timeout $(lim 150) python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_tree*.py \
+timeout $(lim 260) python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_tree*.py \
   > "$OUT/pytest_tree.log" 2>&1
 echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_tree.log" | tail -15
 
