@@ -7,7 +7,6 @@ Everything here reads the JSON those benchmarks wrote; nothing is measured. A `p
 """
 from __future__ import annotations
 
-import re
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
@@ -15,22 +14,18 @@ from plotly.subplots import make_subplots
 
 from nwor_lab.viz.theme import base_layout
 
-ATTENTION_KERNEL = "_verify_attention_kernel"   # the tree verify attention in torch.profiler's kernel names
+# the tree verify attention in torch.profiler's kernel names: the attention kernel (the keys below the
+# tree, and before the two-kernel split the tree too), the tree-window kernel with its merge (since), the
+# split merge (before, and every non-tree pass)
+ATTENTION_KERNELS = ("_verify_attention_kernel", "_tree_window_kernel", "_merge_splits_kernel")
 MOVE, STAGE = "write-all+move", "stage"
 
 
 def attention_us(row: Mapping) -> float | None:
-    """µs per step the verify-attention kernel took in a `bench tree` row's profile (None: not profiled)."""
-    for k in row.get("kernels") or ():
-        if k["kernel"] == ATTENTION_KERNEL:
-            return float(k["us_per_step"])
-    return None
-
-
-def kernel_resources(text: str) -> list[tuple[int, int]]:
-    """(registers per thread, stack bytes per thread) of each compiled kernel in a resources dump (lines
-    `REG:255 STACK:472 ...`). A kernel at the register cap with stack > 0 spills to local memory."""
-    return [(int(r), int(s)) for r, s in re.findall(r"REG:(\d+)\s+STACK:(\d+)", text)]
+    """µs per step the verify attention's kernels took in a `bench tree` row's profile (the profile's top
+    kernels: a small one can fall below them; None: not profiled)."""
+    got = [float(k["us_per_step"]) for k in row.get("kernels") or () if k["kernel"] in ATTENTION_KERNELS]
+    return sum(got) if got else None
 
 
 def rows_by_point(data: Mapping) -> dict[tuple[int, int], dict[str, Mapping]]:
@@ -138,7 +133,7 @@ def _ratio_heatmap(fig, rows, key, col, zmax):
     batches = sorted({r["batch"] for r in rows})
     at = {(r["nodes"], r["batch"]): r[key] for r in rows}
     z = [[at.get((n, b)) for b in batches] for n in nodes]
-    text = [[f"{v:.2f}×" if v is not None else "–" for v in line] for line in z]
+    text = [[f"{v:.3f}×" if v is not None else "–" for v in line] for line in z]
     fig.add_trace(go.Heatmap(z=z, x=[f"batch {b}" for b in batches], y=[f"N = {n}" for n in nodes], text=text,
                              texttemplate="%{text}", textfont=dict(size=16), zmin=2 - zmax, zmax=zmax, zmid=1,
                              colorscale=[[0, "#4db58a"], [0.5, "#f7f7f7"], [1, "#e0603a"]], showscale=col == 2,
@@ -146,13 +141,13 @@ def _ratio_heatmap(fig, rows, key, col, zmax):
                              hovertemplate="%{y}, %{x}: %{text}<extra></extra>"), row=1, col=col)
 
 
-def stage_vs_move_figure(rows: Sequence[Mapping], *, title: str = "Where stage's step loses to write-all + move",
+def stage_vs_move_figure(rows: Sequence[Mapping], *, title: str = "stage's tree step against write-all + move's",
                          subtitle: str | None = None) -> go.Figure:
     """Two heatmaps over N × batch from `stage_vs_move` rows: stage / move of the graphed step, and of the
-    verify-attention kernel's time per step. Green: stage faster; red: stage slower."""
+    verify attention's kernel time per step. Green: stage faster; red: stage slower."""
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
                         subplot_titles=["whole step, replayed from a CUDA graph",
-                                        "verify-attention kernel time per step"])
+                                        "verify-attention kernels' time per step"])
     vals = [r[k] for r in rows for k in ("graph_ratio", "attention_ratio") if r[k] is not None]
     zmax = max([1.05] + [abs(v - 1) + 1 for v in vals])
     _ratio_heatmap(fig, rows, "graph_ratio", 1, zmax)
