@@ -23,16 +23,18 @@ row of the request's tree, visible to a query iff its ancestor bit is set; below
 rule holds. A tree pass runs in two kernels. The attention kernel (TREE: its key range cut at
 min(cache_len, tree_lo), from the cache alone, no window source, no ancestor test) leaves partials;
 `_tree_window_kernel` then attends each query row to the request's keys from there on (the tree's
-rows, from the cache under write-all or the window under stage; one gather of a [BLOCK_M, BLOCK_N]
-int64 tile of ancestor words and a shift per key tile, `_tree_visible`) and merges them with the
-partials. Both strategies run the same two kernels over the same tiles, so stage's tree gives
+rows: from the cache under write-all, or under stage from the window, in a loop compiled apart, as
+with a window every tree row is a window row; one gather of a [BLOCK_M, BLOCK_N] int64 tile of
+ancestor words and a shift per key tile, `_tree_visible`) and merges them with the partials. Both strategies run the same two kernels over the same tiles, so stage's tree gives
 write-all's bits. Why two: with the ancestor test and the window source in the one kernel it ran at
 the 255-register cap with 472-912 bytes of stack on an H200, and stage's tree attention cost
-1.3-1.5x write-all's at batch >= 8 (benchmarks/results/tree_window_launch/).
+1.3-1.5x write-all's at batch >= 8; split, the tree attention costs 0.97-1.02x write-all's and both
+strategies' attention took 1.3-2.4x less time (benchmarks/results/tree_window_launch/).
 
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32
-and `_merge_splits_kernel` combines them; with one split the program writes the output directly.
+and `_merge_splits_kernel` combines them (a tree pass: `_tree_window_kernel`, always); with one split
+the program writes the output directly.
 """
 from __future__ import annotations
 
