@@ -9,7 +9,8 @@ The rule, precisely (`nwor_lab.workshop.numbers` implements it):
   or "(" ("8 × 128"), or a spaced × followed by a name ("2 × head_size"), is a multiplication and does
   not count.
 - Such a number in a **markdown cell** fails unless its paragraph *cites* its source: an existing
-  file of `benchmarks/results/` (by path or by its file name, e.g. `kernels_h200.json`), a URL, a pull
+  file of `benchmarks/results/` (by path, by its file name, or by its path below that folder, e.g.
+  `kernels_h200.json`, `tree_window_launch/warps8_h200.json`), a URL, a pull
   request or issue of a named project ("vLLM #1234", "pull request #8"), or a paper ("arXiv:…",
   "Li et al.").
 - A paragraph is a block between blank lines; each list item is its own paragraph; a table is one.
@@ -52,6 +53,7 @@ def test_the_scanner_finds_numbers_with_units_and_only_those(text, bare):
 @pytest.mark.parametrize("paragraph", [
     "The commit takes 13.1 µs (`kernels_h200.json`).",
     "The commit takes 13.1 µs (benchmarks/results/kernels_h200.json).",
+    "stage's attention cost 1.3–1.4× move's (`tree_window_launch/warps8_h200.json`).",
     "The fork measured 4.8 % (its pull request #8).",
     "vLLM #12345 reports 3× on 70B.",
     "around 3× on large models (Li et al., arXiv:2401.15077)",

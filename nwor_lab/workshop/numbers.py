@@ -6,7 +6,8 @@ rendered from the run or cited with its source.
   markdown cell, so this scanner never sees them: a stored markdown cell holds no measured number of
   its own.
 - **Cited**: the same paragraph names the number's source: a stored result
-  (`benchmarks/results/<file>`, or a file name that exists in that folder, e.g. `kernels_h200.json`),
+  (`benchmarks/results/<file>`, or a file name that exists in that folder or a path below it, e.g.
+  `kernels_h200.json`, `tree_window_launch/warps8_h200.json`),
   a public URL, a pull request or issue of a named project ("vLLM #1234", "pull request #8",
   "PR #8"), or a paper ("arXiv:2401.15077", "Li et al.").
 
@@ -42,7 +43,7 @@ _UNIT = re.compile(
 _URL = re.compile(r"https?://\S+")
 _REF = re.compile(r"(?:\b(?:PR|pull\s+request|issue|vLLM|SGLang|TensorRT-LLM|llama\.cpp|[\w.-]+/[\w.-]+)\s*#\d+)"
                   r"|arXiv:\s?\d{4}\.\d{4,5}|\bet al\.", re.I)
-_RESULT_FILE = re.compile(r"(?:benchmarks/results/)?([\w.-]+\.(?:json|log|jsonl))")
+_RESULT_FILE = re.compile(r"(?:benchmarks/results/)?([\w.-]+(?:/[\w.-]+)*\.(?:json|log|jsonl))")
 
 
 @dataclass(frozen=True)
