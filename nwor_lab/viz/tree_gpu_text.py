@@ -96,7 +96,8 @@ def engine_answer_text(tvc: Sequence[Mapping], runs: Sequence[Mapping]) -> str:
                     for b, (v, k, n, mode) in sorted(best.items())) + ".")
     if so:
         text += (f" Tree-shaped `stage` against tree-shaped write-all + move in the engine: {_span(so)}× the tokens/s "
-                 "(section 4 shows where its attention loses).")
+                 "(these engine runs predate the two-kernel tree attention of section 4: they ran the one-kernel "
+                 "tree attention, where `stage` lost; not measured again since).")
     text += (
         "\n\n**Why, and the caveats.** Acceptance alone does not explain it: on the shipped pair the chain's profile "
         f"accepted as much or more at {', '.join(chain_ge) or 'no size'} (profile means "
