@@ -137,6 +137,62 @@ def _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_word
 
 
 @triton.jit
+def _request_keys(query_start_loc, cache_lens, win_start, req, GROUP: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Request `req`'s first query token, its query rows (tokens x GROUP), its cached keys, and its
+    window rows' offset and count in win_rows (0, 0 without a window source)."""
+    q_start = tl.load(query_start_loc + req).to(tl.int64)
+    q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
+    cache_len = tl.load(cache_lens + req)
+    if HAS_WINDOW:
+        w_start = tl.load(win_start + req)
+        w_len = tl.load(win_start + req + 1) - w_start
+    else:
+        w_start = 0
+        w_len = 0
+    return q_start, q_rows, cache_len, w_start, w_len
+
+
+@triton.jit
+def _kv_scales(k_scale, v_scale, kvh, FP8: tl.constexpr):
+    """An fp8 cache's dequantisation scales of KV head `kvh` (1.0 for a cache in the model dtype)."""
+    if FP8:
+        ks = tl.load(k_scale + kvh)
+        vs = tl.load(v_scale + kvh)
+    else:
+        ks = 1.0
+        vs = 1.0
+    return ks, vs
+
+
+@triton.jit
+def _query_tile(q_ptr, positions, q_start, m0, q_rows, kvh, stride_qt, stride_qh, d,
+                GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query rows m0 .. m0 + BLOCK_M of a request (row m: token m // GROUP, query head kvh * GROUP +
+    m % GROUP) -> (row_ok [M], tok [M], head [M], q [M, D], pos [M]; rows past q_rows masked)."""
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < q_rows
+    tok = q_start + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    pos = tl.load(positions + tok, mask=row_ok, other=-1)
+    return row_ok, tok, head, q, pos
+
+
+@triton.jit
+def _window_tile(start, end, cache_len, w_start, win_k, win_v, win_rows, kvh, stride_wkt, stride_wkh, stride_wvt,
+                 stride_wvh, d, BLOCK_N: tl.constexpr):
+    """A key tile wholly past the cache: positions p [N] (p >= cache_len), those below `end` read from
+    the window rows -> (p, in_win [N], K/V [N, D], 0 where not in_win)."""
+    p = start + tl.arange(0, BLOCK_N)
+    in_win = p < end
+    row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
+    k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :], mask=in_win[:, None], other=0.0)
+    v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :], mask=in_win[:, None], other=0.0)
+    return p, in_win, k, v
+
+
+@triton.jit
 def _cache_tile(start, bt_row, k_head, v_head, log_k, log_v, lg_lo, lg_hi, lg_row0, kvh, ks, vs, ring_slots,
                 stride_kb, stride_ks, stride_vb, stride_vs, stride_lkt, stride_lkh, stride_lvt, stride_lvh, d,
                 dtype: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, RING: tl.constexpr,
@@ -188,18 +244,12 @@ def _verify_attention_kernel(
     num_splits = tl.num_programs(2)
     dtype = q_ptr.dtype.element_ty
 
-    q_start = tl.load(query_start_loc + req).to(tl.int64)
-    q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
-    cache_len = tl.load(cache_lens + req)
+    q_start, q_rows, cache_len, w_start, w_len = _request_keys(query_start_loc, cache_lens, win_start, req, GROUP,
+                                                               HAS_WINDOW)
     if TREE:
         # the keys below the request's tree (tree_lo); the tree's rows are _tree_window_kernel's
         cache_len = tl.minimum(cache_len, tl.load(tree_lo + req))
-    if HAS_WINDOW:
-        w_start = tl.load(win_start + req)
-        n_keys = cache_len + (tl.load(win_start + req + 1) - w_start)
-    else:
-        w_start = 0
-        n_keys = cache_len
+    n_keys = cache_len + w_len
     if SLIDING:
         # tiles wholly below the window of the request's first (lowest) query hold no visible key
         first = tl.load(positions + q_start, mask=q_rows > 0, other=0).to(tl.int32)
@@ -220,12 +270,7 @@ def _verify_attention_kernel(
     # plan did not foresee are always covered
     lo = base + split * keys_per_split
     hi = tl.where(split == num_splits - 1, n_keys, tl.minimum(lo + keys_per_split, n_keys))
-    if FP8:
-        ks = tl.load(k_scale + kvh)
-        vs = tl.load(v_scale + kvh)
-    else:
-        ks = 1.0
-        vs = 1.0
+    ks, vs = _kv_scales(k_scale, v_scale, kvh, FP8)
 
     d = tl.arange(0, D)
     bt_row = block_tables + req.to(tl.int64) * stride_bt
@@ -239,13 +284,8 @@ def _verify_attention_kernel(
     else:
         m_end = 1
     for m0 in range(0, m_end, BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_rows
-        tok = q_start + rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        pos = tl.load(positions + tok, mask=row_ok, other=-1)
+        row_ok, tok, head, q, pos = _query_tile(q_ptr, positions, q_start, m0, q_rows, kvh, stride_qt, stride_qh, d,
+                                                GROUP, BLOCK_M)
         # keys past the last query's position are masked for every row: do not read them
         end = tl.minimum(hi, tl.max(pos, 0) + 1)
         full_end = lo + tl.maximum(tl.minimum(end, cache_len) - lo, 0) // BLOCK_N * BLOCK_N
@@ -321,14 +361,9 @@ def _verify_attention_kernel(
             m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
 
         if HAS_WINDOW and not FP8 and SPLIT_TAIL:
-            for start in range(mix_end, end, BLOCK_N):
-                p = start + tl.arange(0, BLOCK_N)
-                in_win = p < end                                 # p >= cache_len on these tiles
-                row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-                k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                            mask=in_win[:, None], other=0.0)
-                v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                            mask=in_win[:, None], other=0.0)
+            for start in range(mix_end, end, BLOCK_N):               # p >= cache_len on these tiles
+                p, in_win, k, v = _window_tile(start, end, cache_len, w_start, win_k, win_v, win_rows, kvh,
+                                               stride_wkt, stride_wkh, stride_wvt, stride_wvh, d, BLOCK_N)
                 visible = (p[None, :] <= pos[:, None]) & in_win[None, :]
                 if SLIDING:
                     visible = visible & (p[None, :] > pos[:, None] - win_size)
@@ -353,13 +388,8 @@ def _tree_window_keys(q, pos, tok, row_ok, m_i, l_i, acc, k_lo, n_keys, cache_le
                       FP8_MAX: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, SLIDING: tl.constexpr):
     """The tree kernel's keys k_lo .. n_keys - 1, all of them window rows (stage's tree)."""
     for start in range(k_lo, n_keys, BLOCK_N):
-        p = start + tl.arange(0, BLOCK_N)
-        in_win = p < n_keys
-        row = tl.load(win_rows + w_start + (p - cache_len), mask=in_win, other=0).to(tl.int64)
-        k = tl.load(win_k + (row * stride_wkt + kvh * stride_wkh)[:, None] + d[None, :],
-                    mask=in_win[:, None], other=0.0)
-        v = tl.load(win_v + (row * stride_wvt + kvh * stride_wvh)[:, None] + d[None, :],
-                    mask=in_win[:, None], other=0.0)
+        p, in_win, k, v = _window_tile(start, n_keys, cache_len, w_start, win_k, win_v, win_rows, kvh,
+                                       stride_wkt, stride_wkh, stride_wvt, stride_wvh, d, BLOCK_N)
         if FP8:                     # the window as the cache would hand it back
             k = _fp8_roundtrip(k, ks, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
             v = _fp8_roundtrip(v, vs, dtype, FP8_MANT, FP8_EMIN, FP8_MAX, UPCAST)
@@ -399,35 +429,19 @@ def _tree_window_kernel(
     mt = tl.program_id(2)
     n_mt = tl.num_programs(2)
     dtype = q_ptr.dtype.element_ty
-    q_start = tl.load(query_start_loc + req).to(tl.int64)
-    q_rows = (tl.load(query_start_loc + req + 1) - q_start).to(tl.int32) * GROUP
-    cache_len = tl.load(cache_lens + req)
-    if HAS_WINDOW:
-        w_start = tl.load(win_start + req)
-        n_keys = cache_len + (tl.load(win_start + req + 1) - w_start)
-    else:
-        w_start = 0
-        n_keys = cache_len
+    q_start, q_rows, cache_len, w_start, w_len = _request_keys(query_start_loc, cache_lens, win_start, req, GROUP,
+                                                               HAS_WINDOW)
+    n_keys = cache_len + w_len
     t_lo = tl.load(tree_lo + req)
     k_lo = tl.minimum(cache_len, t_lo)
-    if FP8:
-        ks = tl.load(k_scale + kvh)
-        vs = tl.load(v_scale + kvh)
-    else:
-        ks = 1.0
-        vs = 1.0
+    ks, vs = _kv_scales(k_scale, v_scale, kvh, FP8)
     d = tl.arange(0, D)
     bt_row = block_tables + req.to(tl.int64) * stride_bt
     k_head = k_cache + kvh.to(tl.int64) * stride_kh
     v_head = v_cache + kvh.to(tl.int64) * stride_vh
     for m0 in range(mt * BLOCK_M, q_rows, n_mt * BLOCK_M):
-        rows = m0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_rows
-        tok = q_start + rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        pos = tl.load(positions + tok, mask=row_ok, other=-1)
+        row_ok, tok, head, q, pos = _query_tile(q_ptr, positions, q_start, m0, q_rows, kvh, stride_qt, stride_qh, d,
+                                                GROUP, BLOCK_M)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -576,13 +590,13 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
            sliding_window=0, ring_slots=0, log_key=None, log_value=None, log_lo=None, log_start=None,
            tree_mask=None, tree_lo=None, max_query_len=0, num_splits=None, block_n=None, num_warps=None,
            num_stages=None, row_loop=None,
-           block_m=None, split_tail=None, tree_launch=None):
+           block_m=None, split_tail=None):
     """Run the kernels on checked arguments (see verify_attention); tuning knobs for the bench.
 
     max_query_len: the caller's host bound on every request's query rows (0: unknown).
     block_m / row_loop / split_tail: force the query tile, the row walk and the window tail's
     split (the kernel before the split: block_m=64, row_loop=True, split_tail=False at batch > 1).
-    tree_launch: {num_warps, num_stages, block_m, block_n} for _tree_window_kernel (default TREE_WINDOW).
+    _tree_window_kernel (a tree pass) launches with TREE_WINDOW's knobs.
     """
     T, hq, d = q.shape
     nb, bs, h, _ = key_cache.shape
@@ -650,9 +664,8 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
         ROW_LOOP=row_loop, SLIDING=bool(sliding_window), RING=bool(ring_slots), HAS_LOG=has_log,
         SPLIT_TAIL=bool(split_tail), TREE=tree, num_warps=num_warps or NUM_WARPS, num_stages=num_stages or NUM_STAGES)
     if tree:
-        tw = {**TREE_WINDOW, **(tree_launch or {})}
         tree_window = win_key is not None
-        tree_m = tw["block_m"] or (64 if num_reqs * hq * bound >= TREE_BLOCK_M64_ROWS else 32)
+        tree_m = TREE_WINDOW["block_m"] or (64 if num_reqs * hq * bound >= TREE_BLOCK_M64_ROWS else 32)
         row_tiles = max(1, -(-bound * group // tree_m))
         _tree_window_kernel[(num_reqs, h, row_tiles)](
             q, key_cache, value_cache, block_tables, cache_lens, query_start_loc, positions,
@@ -666,10 +679,10 @@ def launch(q, key_cache, value_cache, block_tables, cache_lens, query_start_loc,
             win_key.stride(0) if tree_window else 0, win_key.stride(1) if tree_window else 0,
             win_value.stride(0) if tree_window else 0, win_value.stride(1) if tree_window else 0,
             part_o.stride(0), part_o.stride(1), part_o.stride(2),
-            GROUP=group, D=d, BS=bs, BLOCK_M=tree_m, BLOCK_N=tw["block_n"],
+            GROUP=group, D=d, BS=bs, BLOCK_M=tree_m, BLOCK_N=TREE_WINDOW["block_n"],
             HAS_WINDOW=tree_window, FP8=fp8, FP8_MANT=mant, FP8_EMIN=emin, FP8_MAX=fmax,
             IEEE=ieee, UPCAST=upcast, SLIDING=bool(sliding_window),
-            num_warps=tw["num_warps"], num_stages=tw["num_stages"])
+            num_warps=TREE_WINDOW["num_warps"], num_stages=TREE_WINDOW["num_stages"])
     elif split:
         _merge_splits_kernel[(T, hq)](
             part_o, part_lse, out, num_splits, part_o.stride(0), part_o.stride(1), part_o.stride(2),
