@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from nwor_lab.ops.verify_attention import verify_attention, verify_attention_reference
-from nwor_lab.ops.verify_attention_cases import (make_tree_attention_case, make_verify_attention_case,
-                                                 window_written_to_cache)
+from nwor_lab.ops.verify_attention_cases import make_tree_attention_case, make_verify_attention_case
 from nwor_lab.tree import ancestor_rows, chain_parents
 
 PARENTS = [[0, 0, 1, 1, 2, 4, 4], [0], [0, 1, 0, 3, 3, 3]]
@@ -88,7 +87,7 @@ def test_tree_arguments_are_checked():
     staged = make_tree_attention_case([[0, 0, 1]], window=True, dtype=torch.float32, head_size=16, context_lens=[30],
                                       seed=1)
     with pytest.raises(ValueError, match=r"tree_lo: request 0's tree starts at key 30, inside its cache"):
-        verify_attention(**window_written_to_cache(staged, 2).kwargs(), backend="reference")
+        verify_attention(**{**staged.kwargs(), "cache_lens": staged.cache_lens + 2}, backend="reference")
     deep = make_tree_attention_case([chain_parents(6)], dtype=torch.float32, head_size=16, context_lens=[30], seed=1)
     with pytest.raises(ValueError, match="keep depth < W"):
         verify_attention(**deep.kwargs(), sliding_window=5, backend="reference")

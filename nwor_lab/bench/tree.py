@@ -199,7 +199,9 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                             bases[bs].key[layer].normal_(generator=g)
                             bases[bs].value[layer].normal_(generator=g)
                     steps[s] = TreeStep(target, bases[bs], contiguous_tables(batch, per), tb, s, attention, forced)
-                    # target-only's own noise is the same for every strategy (same path, same tokens)
+                    # target-only's own noise, measured once a shape: every strategy commits the same path
+                    # of the same tokens (remap's block-size-1 prefix is another draw of the same prefix
+                    # distribution: a floor of the same size, not the same bits)
                     noise = next((c["target_only_noise"] for c in checks.values()), None)
                     checks[s] = steps[s].check(tol=tol, noise=noise)
                     steps[s].base = None             # the timed steps run on their own copies
@@ -226,7 +228,7 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                     row["graph_step_ms"], why = graphed[s]
                     if why:
                         row["graph_error"] = why
-                if profile and torch.device(device).type == "cuda":
+                if profile and cuda:
                     row["kernels"] = kernel_profile(steps[s])
                 rows.append(row)
                 if progress:

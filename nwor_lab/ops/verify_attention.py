@@ -246,8 +246,9 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
     if validate and not capturing():
         _check_values(T, nb, bs, block_tables, cache_lens, query_start_loc, positions,
                       win_key, win_rows, win_start, sliding_window, ring_slots, log_key, log_start)
-        if tree and win_key is not None and bool((tree_lo.cpu() < cache_lens.cpu()).any()):
-            r = int((tree_lo.cpu() < cache_lens.cpu()).nonzero()[0])
+        inside = (tree_lo.cpu() < cache_lens.cpu()).nonzero() if tree and win_key is not None else ()
+        if len(inside):
+            r = int(inside[0])
             raise ValueError(f"tree_lo: request {r}'s tree starts at key {int(tree_lo[r])}, inside its cache "
                              f"(cache_lens={int(cache_lens[r])}); with a window source every tree row must be a "
                              f"window row (tree_lo >= cache_lens): commit none of the tree before the pass, or "

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from itertools import accumulate
-
 import torch
 
 from nwor_lab.kv.cache import CACHE_DTYPES
@@ -283,23 +281,19 @@ def make_tree_attention_case(parents, *, context_lens=None, window: bool = False
     return case
 
 
-def window_written_to_cache(case: VerifyAttentionCase, count: int | None = None) -> VerifyAttentionCase:
+def window_written_to_cache(case: VerifyAttentionCase) -> VerifyAttentionCase:
     """The same attention with the window committed: each request's window rows written (quantised
     like any cache write) into its reserved slots at positions cache_lens[r] + j, cache_lens grown
-    by the window, no window source. `stage` reading its buffer must attend to these numbers.
-    count: commit only each request's first `count` window rows; the rest stay the window source."""
+    by the window, no window source. `stage` reading its buffer must attend to these numbers."""
     if case.win_rows is None:
         raise ValueError("window_written_to_cache: the case has no window source")
     key_cache, value_cache = case.key_cache.clone(), case.value_cache.clone()
     bs = key_cache.shape[1]
     lens = case.cache_lens.tolist()
     ws = case.win_start.tolist()
-    new_lens, kept = [], []
+    new_lens = []
     for r, n in enumerate(lens):
-        all_rows = case.win_rows[ws[r]:ws[r + 1]].long()
-        c = all_rows.numel() if count is None else min(count, all_rows.numel())
-        rows = all_rows[:c]
-        kept.append(all_rows[c:])
+        rows = case.win_rows[ws[r]:ws[r + 1]].long()
         p = torch.arange(n, n + rows.numel(), device=rows.device)
         blk, off = case.block_tables[r].long()[p // bs], p % bs
         key_cache[blk, off] = quantize(case.win_key[rows], key_cache.dtype, case.k_scale)
@@ -307,13 +301,6 @@ def window_written_to_cache(case: VerifyAttentionCase, count: int | None = None)
         new_lens.append(n + rows.numel())
     kw = {name: getattr(case, name) for name in case.kwargs() if name not in (
         "key_cache", "value_cache", "cache_lens", "win_key", "win_value", "win_rows", "win_start", "scale")}
-    if count is not None:
-        i64 = dict(dtype=torch.long, device=case.win_rows.device)
-        kw.update(win_key=case.win_key, win_value=case.win_value,
-                  win_rows=torch.cat(kept) if kept else torch.zeros(0, **i64),
-                  win_start=torch.tensor([0, *accumulate(k.numel() for k in kept)], dtype=case.win_start.dtype,
-                                         device=case.win_start.device))
-    return VerifyAttentionCase(case.name + ("-committed" if count is None else f"-{count}-committed"),
-                               key_cache=key_cache, value_cache=value_cache,
+    return VerifyAttentionCase(case.name + "-committed", key_cache=key_cache, value_cache=value_cache,
                                cache_lens=torch.tensor(new_lens, dtype=torch.int32, device=case.cache_lens.device),
                                scale=case.scale, meta=dict(case.meta), **kw)
