@@ -106,3 +106,33 @@ def test_ncu_csv_joins_the_manifest():
     assert ratio["what"] == "window / cache" and ratio["duration_ns"] == 2.0
     with pytest.raises(ValueError, match="manifest lists 7"):
         av.join_ncu("\n".join(rows), {"launch_order": order[:7]})
+
+
+def test_interleaved_engine_timing_alternates_and_pairs(monkeypatch):
+    """time_engines_interleaved: per engine a cold and a capture run, then the timed runs in turn,
+    ABBA (so drift falls on every engine alike); each result's trace and forwards are its timed runs'."""
+    from nwor_lab.bench import timing
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.trace, self.target_forwards = name, [], 0
+
+    def fake_run(engine, prompts, new_tokens, arrival_gap=0):
+        calls.append(engine.name)
+        engine.trace.append(len(calls))
+        engine.target_forwards += 2
+        return [engine.name]
+
+    clock = iter(range(1000))
+    monkeypatch.setattr(timing, "run_prompts", fake_run)
+    monkeypatch.setattr(timing, "timed", lambda fn, device: (fn(), float(next(clock) % 7 + 1)))
+    out = timing.time_engines_interleaved({"off": Fake("off"), "stage": Fake("stage")}, [[1]], 4, 3,
+                                          torch.device("cpu"))
+    assert calls == ["off", "off", "stage", "stage", "off", "stage", "stage", "off", "off", "stage"]
+    assert [len(out[n]["times"]) for n in ("off", "stage")] == [3, 3]
+    assert out["off"]["trace"] == [5, 8, 9] and out["stage"]["trace"] == [6, 7, 10]
+    assert out["off"]["forwards"] == 2 and out["off"]["requests"] == ["off"]
+    assert out["off"]["paired"] == [1.0, 1.0, 1.0]
+    assert out["stage"]["paired"] == [b / a for a, b in zip(out["off"]["times"], out["stage"]["times"])]

@@ -240,6 +240,8 @@ def test_tree_window_launch_knobs_parse_and_name_a_bad_one():
     assert kernels._knobs_from_env("") == {}
     with pytest.raises(ValueError, match="NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob 'warps'"):
         kernels._knobs_from_env("warps=8")
+    with pytest.raises(ValueError, match="block_n=128 must be 16 .. 64"):
+        kernels._knobs_from_env("block_n=128")
 
 
 # -- the Triton kernels under the interpreter --------------------------------------------------
@@ -317,6 +319,9 @@ INTERP_SPECS = [
     dict(spec("tree-window-70-nodes", window=True, head_size=16, num_kv_heads=1, num_q_heads=1,
               context_lens=[40], launch=dict(num_splits=2), seed=42),
          tree=dict(parents=[[max(0, i - 2) for i in range(70)]])),
+    # the tree 3 keys past the window's first row: key tile 2 holds bits of both ancestor words
+    dict(spec("tree-window-tile-spans-two-words", window=True, head_size=16, num_kv_heads=1, num_q_heads=1,
+              context_lens=[40], seed=48), tree=dict(parents=[[max(0, i - 3) for i in range(70)]]), tree_lo_shift=3),
     dict(spec("tree-cache-in-full-tiles", context_lens=[50, 120], head_size=16, seed=44),    # 50 + 14 = 64 keys
          tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4, 6, 6, 8, 9, 9, 3], [0, 0, 2, 2, 3, 5, 5, 5]])),
     dict(spec("tree-cache-sliding-linear-fp8", cache_dtype="fp8_e4m3", context_lens=[50, 90], seed=43),

@@ -13,7 +13,9 @@ vs_reference case into a sliding-window one: the kernel on the case moved into a
 slots (with cow's log when "log") against the reference on the same linear case with the window;
 "ring": {"W", "linear": true} runs the window on the linear cache. A "tree": {"parents"} entry makes
 the case a pass over tree windows (make_tree_attention_case); "tree_past_keys": true gives a plain case a
-tree starting past its last key (the tree path, every key under the position rule). results.json: {id: {...numbers...}}.
+tree starting past its last key (the tree path, every key under the position rule); "tree_lo_shift": s moves
+the tree s keys past its first window row (those rows follow the position rule; the bits, shifted, stay the
+kernel's and the reference's alike). results.json: {id: {...numbers...}}.
 A separate process because the interpreter must be switched on before triton is imported, and
 stays on for the whole process (tests/test_verify_attention.py starts this one).
 """
@@ -67,6 +69,8 @@ def run(spec: dict) -> dict:
         n_win = case.win_start.diff() if case.win_start is not None else torch.zeros_like(case.cache_lens)
         case.tree_lo = (case.cache_lens + n_win).to(torch.int32)
         case.tree_mask = torch.zeros(case.q.shape[0], 1, dtype=torch.int64)
+    if spec.get("tree_lo_shift"):    # the tree's bits start past the window's first rows (those follow positions)
+        case.tree_lo = (case.tree_lo + spec["tree_lo_shift"]).to(torch.int32)
     launch = spec.get("launch", {})
 
     def kernel(c):

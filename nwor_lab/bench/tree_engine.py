@@ -166,7 +166,8 @@ def build_engine_8b(target, head, tree: str, k: int, mode: str, batch: int, prom
 
 
 def main_8b(args, argv) -> dict:
-    from nwor_lab.bench.engine8b import measure, prompts_for
+    from nwor_lab.bench.engine8b import prompts_for, time_prefill
+    from nwor_lab.bench.timing import time_engines_interleaved, timed
     from nwor_lab.engine.generate import acceptance_stats
     from nwor_lab.model.shapes import random_head, random_target
     from nwor_lab.speculative.synthetic import ForcedAcceptance
@@ -206,22 +207,35 @@ def main_8b(args, argv) -> dict:
             modes = (True, False) if args.eager else (True,)
             configs = [(kind, tree, g) for g in modes for kind, tree in (("tree", spec), ("chain", ""))]
             for kind, tree, graphs in configs:
+                def error_row(mode, err, where):
+                    row = {"batch_size": bs, "kind": kind, "nodes": n, "tree": tree or None, "nwor": mode,
+                           "cuda_graph": bool(graphs and dev.type == "cuda"),
+                           "error": f"{type(err).__name__}: {err}"[:2000],
+                           "where": where[-3000:]}     # the stack: a GPU-only failure is read here
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                # every policy's engine built first, then their timed runs taken in turn (ABBA): one
+                # policy's runs after the other's ordered off and stage by the clock, not the policy
+                engines = {}
                 for mode in args.policies:
                     try:
-                        engine = build_engine_8b(target, head, tree, n, mode, bs, args.prompt_len, args.new_tokens,
-                                                 tree_acc if tree else chain_acc, args.attention, graphs)
-                        run = measure(engine, prompts, args.new_tokens, args.repeats, dev, 0)
+                        engines[mode] = build_engine_8b(target, head, tree, n, mode, bs, args.prompt_len,
+                                                        args.new_tokens, tree_acc if tree else chain_acc,
+                                                        args.attention, graphs)
                     except Exception as err:          # one failing config must not lose the others' rows
-                        row = {"batch_size": bs, "kind": kind, "nodes": n, "tree": tree or None, "nwor": mode,
-                               "cuda_graph": bool(graphs and dev.type == "cuda"),
-                               "error": f"{type(err).__name__}: {err}"[:2000],
-                               "where": traceback.format_exc()[-3000:]}     # the stack: a GPU-only failure is read here
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-                        engine = run = None
-                        free_device(dev)
-                        write(False)
-                        continue
+                        error_row(mode, err, traceback.format_exc())
+                try:
+                    runs = time_engines_interleaved(engines, prompts, args.new_tokens, args.repeats, dev) \
+                        if engines else {}
+                    for mode, engine in engines.items():
+                        runs[mode]["prefill_seconds"] = min(
+                            timed(lambda: time_prefill(engine, prompts, 0), dev)[1] for _ in range(2))
+                except Exception as err:
+                    for mode in engines:
+                        error_row(mode, err, traceback.format_exc())
+                    runs = {}
+                for mode, run in runs.items():
+                    engine = engines[mode]
                     depth = tree_plan(engine.tree).depth if tree else n
                     mean, _ = acceptance_stats(run["trace"], depth)
                     reqs = run["requests"]
@@ -237,14 +251,16 @@ def main_8b(args, argv) -> dict:
                            "tokens": ntok, "seconds": round(secs, 4), "tokens_per_s": round(ntok / secs, 2),
                            "decode_tokens_per_s": round((ntok - len(reqs)) / decode_secs, 2),
                            "decode_step_ms": round(1e3 * decode_secs / max(1, steps), 3),
+                           "repeats": len(run["times"]),
+                           f"seconds_over_{next(iter(runs))}": round(_median(run["paired"]), 4),
                            "graphed_steps": engine.runner.graphed_steps}
                     if dev.type == "cuda":
                         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-                    del engine, run
-                    free_device(dev)
-                    write(False)
+                engines = runs = engine = None
+                free_device(dev)
+                write(False)
     write(True)
     return out
 

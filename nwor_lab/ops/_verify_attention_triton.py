@@ -124,16 +124,25 @@ def _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr,
 
 
 @triton.jit
-def _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words):
-    """`visible [M, N]` with keys p >= t_lo replaced by bit (p - t_lo) of each query's ancestor words."""
+def _tree_visible(visible, start, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words, BLOCK_N: tl.constexpr):
+    """`visible [M, N]` with keys p >= t_lo replaced by bit (p - t_lo) of each query's ancestor words.
+
+    The tile's keys start .. start + N - 1 (N <= 64) fall in at most two words: each row loads those
+    two words once ([M] each) and a key tests a 32-bit half of one. A word per key ([M, N] int64
+    loads and 64-bit shifts) held 64 registers a thread at N = 64 and made the tree kernel spill."""
+    tl.static_assert(BLOCK_N <= 64, "a tree key tile spans at most two ancestor words: BLOCK_N <= 64")
+    w0 = tl.maximum(start - t_lo, 0) // 64
+    at = tree_mask + tok * stride_tm + w0
+    word0 = tl.load(at, mask=row_ok & (w0 < tree_words), other=0)
+    word1 = tl.load(at + 1, mask=row_ok & (w0 + 1 < tree_words), other=0)
     j = p - t_lo
-    in_tree = j >= 0
     jc = tl.maximum(j, 0)
-    word_ok = (jc // 64) < tree_words
-    words = tl.load(tree_mask + tok[:, None] * stride_tm + (jc // 64)[None, :],
-                    mask=row_ok[:, None] & (in_tree & word_ok)[None, :], other=0)
-    bit = (words >> (jc % 64).to(tl.int64)[None, :]) & 1
-    return tl.where(in_tree[None, :], bit != 0, visible)
+    second = (jc // 64 > w0)[None, :]
+    high = ((jc % 64) >= 32)[None, :]
+    half = tl.where(second, tl.where(high, (word1 >> 32).to(tl.int32)[:, None], word1.to(tl.int32)[:, None]),
+                    tl.where(high, (word0 >> 32).to(tl.int32)[:, None], word0.to(tl.int32)[:, None]))
+    bit = (half >> (jc % 32)[None, :]) & 1
+    return tl.where((j >= 0)[None, :], bit != 0, visible)
 
 
 @triton.jit
@@ -396,7 +405,7 @@ def _tree_window_keys(q, pos, tok, row_ok, m_i, l_i, acc, k_lo, n_keys, cache_le
         visible = p[None, :] <= pos[:, None]
         if SLIDING:
             visible = visible & (p[None, :] > pos[:, None] - win_size)
-        visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+        visible = _tree_visible(visible, start, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words, BLOCK_N) & \
             in_win[None, :]
         m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
     return m_i, l_i, acc
@@ -471,7 +480,7 @@ def _tree_window_kernel(
                 visible = p[None, :] <= pos[:, None]
                 if SLIDING:
                     visible = visible & (p[None, :] > pos[:, None] - win_size)
-                visible = _tree_visible(visible, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words) & \
+                visible = _tree_visible(visible, start, p, tok, row_ok, tree_mask, stride_tm, t_lo, tree_words, BLOCK_N) & \
                     (p < n_keys)[None, :]
                 m_i, l_i, acc = _softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, IEEE, UPCAST)
         # merge with the cache kernel's partials (normalised o_s, base-2 lse_s): the largest lse first,
@@ -552,6 +561,9 @@ def _knobs_from_env(text: str) -> dict:
         if name not in TREE_WINDOW:
             raise ValueError(f"NWOR_LAB_TREE_WINDOW_LAUNCH: unknown knob {name!r} ({', '.join(TREE_WINDOW)})")
         out[name] = int(value)
+    if not 16 <= out.get("block_n", 64) <= 64:
+        raise ValueError(f"NWOR_LAB_TREE_WINDOW_LAUNCH: block_n={out['block_n']} must be 16 .. 64 (a tree key tile "
+                         f"reads at most two ancestor words)")
     return out
 
 

@@ -3,7 +3,7 @@
 # cuts every stage; what finished is under $OUT, JSON written as rows finish):
 #   A   tests/gpu/test_gpu_tree_engine.py (greedy tree == target-only, off/cow/stage, EAGLE-1/3;
 #       graphs asked for == eager; Triton == torch attention; bf16; T > 0); then the 8B shape, tree vs
-#       chain at N = 16/32/64, stage vs off, batch 1 and 8 (forced acceptance from profiles measured
+#       chain at N = 16/32/64, stage vs off (their runs in turn, 5 each), batch 1 and 8 (forced acceptance from profiles measured
 #       first on the shipped pair with the same tree / chain, in the same run)
 #   B   the same 8B comparison at batch 32
 #   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/tree_engine_run.sh A    (then B)
@@ -15,7 +15,7 @@ stage setup
 gpu_device "tree_device_$PART.txt"
 gpu_install "tree_pip_$PART.log"
 gpu_build "tree_build_$PART.log"
-BENCH="python3 -m nwor_lab.bench.tree_engine 8b --model 8b --device cuda --nodes 16,32,64 --policies off,stage --new-tokens 32 --repeats 1"
+BENCH="python3 -m nwor_lab.bench.tree_engine 8b --model 8b --device cuda --nodes 16,32,64 --policies off,stage --new-tokens 32 --repeats 5"
 if [ "$PART" = A ]; then
   stage "tree engine GPU tests"
   timeout $(lim 200) python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/gpu/test_gpu_tree_engine.py \
