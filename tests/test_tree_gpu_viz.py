@@ -55,6 +55,17 @@ def test_the_attention_is_every_attention_kernel():
     assert attention_us(row) == 1000.0
 
 
+def test_kernel_change_pairs_points_and_strategies():
+    from nwor_lab.viz.tree_gpu import kernel_change
+    def run(us_move, us_stage):
+        rows = [dict(bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4)), dict(bench_row("stage", 16, 8, 10.0, 2000.0, 0.2))]
+        for r, us in zip(rows, (us_move, us_stage)):
+            r["kernels"] = [{"kernel": "_tree_window_kernel", "us_per_step": us}]
+        return {"rows": rows}
+    assert kernel_change(run(100.0, 200.0), run(80.0, 150.0), "_tree_window_kernel") == [0.8, 0.75]
+    assert kernel_change(run(100.0, 200.0), run(80.0, 150.0), "_other") == []
+
+
 def test_launch_attention_puts_variants_side_by_side():
     slower = {"rows": [bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4),
                        bench_row("stage", 16, 8, 12.0, 4000.0, 0.2)]}
@@ -102,3 +113,11 @@ def test_the_verdicts_are_built_from_the_rows():
     answer = engine_answer_text(tvc, runs)
     assert "won at every point: 1.50–1.50×" in answer and "batch 8: the tree at N = 16 under stage, 300 tok/s" in answer
     assert "at N = 16 (profile means" in answer and "At N = 16 batch 8 neither holds" in answer
+    assert "one run of each cannot" in answer and "each configuration ran once" in answer
+    # both policies, their runs taken in turn: the paired ratio and the repeats are the rows'
+    tvc.append(dict(tvc[0], nwor="off", tree_tok_s=297.0, tree_over_chain=1.485))
+    runs[0]["results"] = [{"kind": "tree", "nwor": "stage", "repeats": 5, "seconds_over_off": 0.988},
+                          {"kind": "tree", "nwor": "off", "repeats": 5, "seconds_over_off": 1.0}]
+    answer = engine_answer_text(tvc, runs)
+    assert "`stage`'s run lasted 0.988–0.988× write-all + move's (the median of 5 paired runs" in answer
+    assert "within 1.2% of each other" in answer and "each configuration ran 5 times" in answer

@@ -24,12 +24,18 @@ rule holds. A tree pass runs in two kernels. The attention kernel (TREE: its key
 min(cache_len, tree_lo), from the cache alone, no window source, no ancestor test) leaves partials;
 `_tree_window_kernel` then attends each query row to the request's keys from there on (the tree's
 rows: from the cache under write-all, or under stage from the window, in a loop compiled apart, as
-with a window every tree row is a window row; one gather of a [BLOCK_M, BLOCK_N] int64 tile of
-ancestor words and a shift per key tile, `_tree_visible`) and merges them with the partials. Both strategies run the same two kernels over the same tiles, so stage's tree gives
-write-all's bits. Why two: with the ancestor test and the window source in the one kernel it ran at
+with a window every tree row is a window row; per key tile each query row loads the two ancestor
+words the tile can touch and a key tests a 32-bit half of one, `_tree_visible`) and merges them
+with the partials. Both strategies run the same two kernels over the same tiles, so stage's tree
+gives write-all's bits. Why two: with the ancestor test and the window source in the one kernel it ran at
 the 255-register cap with 472-912 bytes of stack on an H200, and stage's tree attention cost
 1.3-1.5x write-all's at batch >= 8; split, the tree attention costs 0.97-1.02x write-all's and both
-strategies' attention took 1.3-2.4x less time (benchmarks/results/tree_window_launch/).
+strategies' attention took 1.3-2.4x less time (benchmarks/results/tree_window_launch/). The
+ancestor test first gathered a word for every query row and key ([BLOCK_M, BLOCK_N] int64, 64-bit
+shifts); two words a row took the tree-window kernel to 0.80-0.99x its time (tree_8b_h200.json
+against tree_window_launch/two_kernels_final_reps20_h200.json). The kernel still sits at the
+register cap and spills at BLOCK_M = 64 with 4 warps (ptxas for sm_90); TREE_WINDOW says which
+launch measured best.
 
 Softmax runs in base 2 (exp2, with log2(e) folded into the scale) and online over the tiles. With
 more than one split, each program stores its normalised partial output and log-sum-exp in fp32

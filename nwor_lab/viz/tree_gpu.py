@@ -82,6 +82,24 @@ def strategy_table(data: Mapping, strategies: Sequence[str] = (MOVE, "write-all+
     return "\n".join(lines)
 
 
+def kernel_us(row: Mapping, kernel: str) -> float | None:
+    """µs per step one kernel took in a `bench tree` row's profile (None: not among its top kernels)."""
+    return next((float(k["us_per_step"]) for k in row.get("kernels") or () if k["kernel"] == kernel), None)
+
+
+def kernel_change(before: Mapping, after: Mapping, kernel: str, strategies: Sequence[str] = (MOVE, STAGE)) -> list[float]:
+    """`kernel`'s µs per step in run `after` over run `before`, at every (point, strategy) both profiled."""
+    b, a = rows_by_point(before), rows_by_point(after)
+    out = []
+    for p in sorted(set(a) & set(b)):
+        for s in strategies:
+            if s in a[p] and s in b[p]:
+                x, y = kernel_us(b[p][s], kernel), kernel_us(a[p][s], kernel)
+                if x and y:
+                    out.append(y / x)
+    return out
+
+
 def launch_attention(runs: Mapping[str, Mapping], points: Sequence[tuple[int, int]],
                      strategies: Sequence[str] = (MOVE, STAGE)) -> list[dict]:
     """Verify-attention µs per step under each launch variant: rows {variant, strategy, (N, batch): µs}.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from nwor_lab.viz.tree_gpu import MOVE, STAGE, gap_widens_with_n, rows_by_point, stage_vs_move
+from nwor_lab.viz.tree_gpu import MOVE, STAGE, gap_widens_with_n, kernel_us, rows_by_point, stage_vs_move
 
 
 def _span(xs, fmt: str = ".2f") -> str:
@@ -14,9 +14,8 @@ def _span(xs, fmt: str = ".2f") -> str:
 
 def _kernel_ratios(data: Mapping, kernel: str) -> list[float]:
     """stage's µs per step in `kernel` over write-all + move's, at each point where both profiles list it."""
-    def us(row):
-        return next((float(k["us_per_step"]) for k in row.get("kernels") or () if k["kernel"] == kernel), None)
-    pairs = [(us(p[STAGE]), us(p[MOVE])) for p in rows_by_point(data).values() if STAGE in p and MOVE in p]
+    pairs = [(kernel_us(p[STAGE], kernel), kernel_us(p[MOVE], kernel)) for p in rows_by_point(data).values()
+             if STAGE in p and MOVE in p]
     return [a / b for a, b in pairs if a and b]
 
 
@@ -97,10 +96,21 @@ def engine_answer_text(tvc: Sequence[Mapping], runs: Sequence[Mapping]) -> str:
         "The fastest configuration at each batch: "
         + "; ".join(f"batch {b}: the {k} at N = {n} under {'write-all + move' if mode == 'off' else mode}, {v:.0f} tok/s"
                     for b, (v, k, n, mode) in sorted(best.items())) + ".")
+    results = [r for run in runs for r in run.get("results", ()) if "error" not in r]
+    reps = max((int(r.get("repeats", 1)) for r in results), default=1)
+    runs_of_each = "once" if reps == 1 else f"{reps} times"
+    n_runs = "one run" if reps == 1 else f"{reps} runs"
     if so:
-        text += (f" Tree-shaped `stage` against tree-shaped write-all + move in the engine: {_span(so)}× the tokens/s "
-                 "(these engine runs predate the two-kernel tree attention of section 4: they ran the one-kernel "
-                 "tree attention, where `stage` lost; not measured again since).")
+        text += f" Tree-shaped `stage` against tree-shaped write-all + move in the engine: {_span(so)}× the tokens/s"
+        paired = [r["seconds_over_off"] for r in results if r.get("kind") == "tree" and r.get("nwor") == "stage"
+                  and "seconds_over_off" in r]
+        if paired:
+            text += (f"; with the two policies' runs taken in turn, `stage`'s run lasted {_span(paired, '.3f')}× "
+                     f"write-all + move's (the median of {reps} paired runs at each point): in the engine the two "
+                     f"run a tree step within {max(abs(x - 1) for x in paired):.1%} of each other, either way.")
+        else:
+            text += (" (one policy's runs after the other's: drift between them can order the policies either "
+                     "way).")
     text += (
         "\n\n**Why, and the caveats.** Acceptance alone does not explain it: on the shipped pair the chain's profile "
         f"accepted as much or more at {', '.join(chain_ge) or 'no size'} (profile means "
@@ -112,11 +122,11 @@ def engine_answer_text(tvc: Sequence[Mapping], runs: Sequence[Mapping]) -> str:
         + "".join(f"At N = {r['nodes']} batch {r['batch']} neither holds: the chain's decode step was shorter "
                   f"({r['chain_step_ms']:.1f} against {r['tree_step_ms']:.1f} ms) and accepted more, yet its run was "
                   f"slower (the tree's tokens/s {r['tree_over_chain']:.2f}× the chain's under `stage`): a run lasts as "
-                  "long as its slowest request, which a mean per step does not show, and one run of each cannot "
-                  "separate that from noise. " for r in odd)
+                  f"long as its slowest request, which a mean per step does not show, and {n_runs} of each "
+                  "cannot separate that from noise. " for r in odd)
         + " So this compares against a chain no one runs at large N: the usual chain is k = 4, which these runs did "
         "not measure on the 8B shape. The profiles come from the tiny shipped pair with few samples "
         f"({_span([p['windows'] for p in prof], 'd')} verify windows over {prof[0]['prompts']} prompts each), and "
-        f"each configuration ran once ({runs[0]['prompts']}). A real pair's acceptance decides the margin; the "
+        f"each configuration ran {runs_of_each} ({runs[0]['prompts']}). A real pair's acceptance decides the margin; the "
         "drafting cost of a long chain is the part that carries over.")
     return text
