@@ -64,3 +64,23 @@ def test_tree_vs_chain_rows_emit_target_only_tokens():
     assert chain["equals_target_only"] and tree["equals_target_only"]
     assert 1.0 <= chain["mean_acceptance_length"] <= 4.0 and 1.0 <= tree["mean_acceptance_length"] <= 4.0
     assert res["winner"][3] in ("chain", "tree topk=2,depth=3", "tie: chain = tree topk=2,depth=3")
+
+
+def test_graph_replays_split_at_idle_gaps_and_sum_by_kernel():
+    """bench tree --graphs --profile: each replay's kernels are one group on the device timeline (a pause
+    follows every replay); a graph's µs per kernel is the median over its replays, names cut as eager."""
+    from nwor_lab.bench.graph_profile import per_replay_kernels, split_replays
+
+    def replay(t0, gemm, attn):       # one step: two GEMMs and an attention kernel, back to back
+        return [{"ts": t0, "dur": gemm, "name": "gemm"}, {"ts": t0 + gemm, "dur": attn, "name": "attn"},
+                {"ts": t0 + gemm + attn, "dur": gemm, "name": "gemm"}]
+    order = ["move", "stage", "stage", "move"]
+    events = replay(0, 100, 30) + replay(5000, 101, 25) + replay(10000, 99, 26) + replay(15000, 102, 31)
+    groups = split_replays(list(reversed(events)), len(order))
+    assert [len(g) for g in groups] == [3, 3, 3, 3] and groups[1][0]["ts"] == 5000
+    assert split_replays(events, 5) is None            # replays that cannot be told apart: nothing attributed
+    out = per_replay_kernels(order, groups, top=1)
+    assert out["move"] == [{"kernel": "gemm", "us_per_step": 202.0, "calls_per_step": 2.0},
+                           {"kernel": "(all kernels)", "us_per_step": 232.5, "calls_per_step": 3.0}]
+    assert out["stage"][0] == {"kernel": "gemm", "us_per_step": 200.0, "calls_per_step": 2.0}
+    assert per_replay_kernels(["a"], [[{"ts": 0, "dur": 1, "name": "k" * 120}]])["a"][0]["kernel"] == "k" * 90

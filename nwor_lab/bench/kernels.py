@@ -52,17 +52,19 @@ def time_us(fn, *, iters: int = 20, reps: int = 25, warmup: int = 3) -> float:
     return interleaved_time_us({"fn": fn}, iters=iters, reps=reps, warmup=warmup)["fn"]
 
 
-def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2) -> dict:
+def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2, abba: bool = False) -> dict:
     """`time_us` for several callables measured round-robin: each repeat times every one of them
-    once, so host-speed drift (clocks, a noisy neighbour) hits them alike and their ratios hold.
+    once, so host-speed drift (clocks, a noisy neighbour) hits them alike and their ratios hold;
+    `abba`: every other repeat in reverse order, so none is always timed first.
     -> {name: median µs per call}."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
+    for i in range(reps):
+        order = list(fns.items())
+        for name, fn in (order[::-1] if abba and i % 2 else order):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):

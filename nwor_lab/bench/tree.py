@@ -30,7 +30,9 @@ tokens / step time: the verify step alone; drafting is the same in every strateg
 graphs round-robin (or why not);
 the summary then also compares stage with write-all + move on the replayed steps (no host time).
 `--profile` (CUDA) adds `kernels`: the step's top CUDA kernels by time (torch.profiler), to say where
-one strategy's step differs from another's.
+one strategy's step differs from another's; with `--graphs` from the strategies' graphs replayed in
+turn (`bench.graph_profile`), else (and for a step no graph holds) from eager steps, one strategy
+after the other (`kernels_from` says which).
 """
 from __future__ import annotations
 
@@ -211,7 +213,7 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             del bases
             times = time_steps(steps, reps=reps) if steps else {}
             cuda = torch.device(device).type == "cuda"
-            graphed = graph_steps_ms(steps, reps) if graphs and cuda and steps else {}
+            graphed = graph_steps_ms(steps, reps, profile=profile) if graphs and cuda and steps else {}
             for s in strategies:
                 if s in failed:
                     row = {"strategy": ROW_NAMES[s], "model": model, "nodes": n_nodes, "batch": batch,
@@ -224,12 +226,14 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                     continue
                 row = _row(steps[s], checks[s], times[s], True, model, topk, depth)
                 row["context"] = context
-                if s in graphed:
-                    row["graph_step_ms"], why = graphed[s]
-                    if why:
-                        row["graph_error"] = why
-                if profile and cuda:
-                    row["kernels"] = kernel_profile(steps[s])
+                g = graphed.get(s, {})
+                if g:
+                    row["graph_step_ms"] = g["ms"]
+                    if g["error"]:
+                        row["graph_error"] = g["error"]
+                if profile and cuda:     # from the graphs' interleaved replays where there are some, else eager
+                    row["kernels"], row["kernels_from"] = (g["kernels"], "graph replays, interleaved") \
+                        if g.get("kernels") else (kernel_profile(steps[s]), "eager steps")
                 rows.append(row)
                 if progress:
                     progress(row)

@@ -246,10 +246,13 @@ def time_steps(steps: dict, reps: int, warmup: int = 2) -> dict:
     return {name: (_median(a), _median(b)) for name, (a, b) in times.items()}
 
 
-def graph_steps_ms(steps: dict, reps: int = 10) -> dict:
-    """Each step {name: TreeStep} captured as one CUDA graph, the graphs replayed round-robin (each
+def graph_steps_ms(steps: dict, reps: int = 10, profile: bool = False) -> dict:
+    """Each step {name: TreeStep} captured as one CUDA graph, the graphs replayed in turn, ABBA (each
     repeat times every one once, so clock drift hits the strategies alike and their ratio holds):
-    {name: (median ms, None)}, or (None, why it cannot be captured) for a step that cannot be."""
+    {name: {"ms": median ms, "error": None, "kernels": None}}, or {"ms": None, "error": why} for a step
+    that cannot be captured. `profile`: "kernels" from the same graphs' replays, interleaved
+    (`graph_profile.replay_profile`; None if the replays could not be told apart)."""
+    from nwor_lab.bench.graph_profile import replay_profile
     from nwor_lab.bench.kernels import interleaved_time_us
     from nwor_lab.ops.graphs import capture_graph
     graphs, out = {}, {}
@@ -258,10 +261,12 @@ def graph_steps_ms(steps: dict, reps: int = 10) -> dict:
             graphs[name] = capture_graph(step.step, device=step.cache.device)
         except Exception as e:     # noqa: BLE001 -- reported in the row, the eager numbers stand
             torch.cuda.synchronize()
-            out[name] = (None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            out[name] = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}", "kernels": None}
     if graphs:
-        us = interleaved_time_us({n: g.replay for n, g in graphs.items()}, iters=3, reps=max(reps, 15), warmup=2)
-        out.update({n: (t / 1e3, None) for n, t in us.items()})
+        us = interleaved_time_us({n: g.replay for n, g in graphs.items()}, iters=3, reps=max(reps, 15), warmup=2,
+                                 abba=True)
+        kernels = replay_profile(graphs) if profile else None
+        out.update({n: {"ms": t / 1e3, "error": None, "kernels": kernels and kernels.get(n)} for n, t in us.items()})
     graphs.clear()
     return out
 
