@@ -1,5 +1,6 @@
 """`bench tree`: its rows on the shipped pair (real EAGLE-2 trees, greedy) and on the 8B path at toy
 size (forced paths), every strategy checked against target-only; the CLI's registration and errors."""
+import pytest
 import torch
 
 from nwor_lab.bench.tree import shape_rows, shipped_rows, stage_vs_move
@@ -84,3 +85,20 @@ def test_graph_replays_split_at_idle_gaps_and_sum_by_kernel():
                            {"kernel": "(all kernels)", "us_per_step": 232.5, "calls_per_step": 3.0}]
     assert out["stage"][0] == {"kernel": "gemm", "us_per_step": 200.0, "calls_per_step": 2.0}
     assert per_replay_kernels(["a"], [[{"ts": 0, "dur": 1, "name": "k" * 120}]])["a"][0]["kernel"] == "k" * 90
+
+
+def test_step_ratio_pairs_repeats_and_falls_back_to_medians():
+    """A repeat's ratio cancels drift between repeats: two strategies drifting together give a steady
+    paired ratio where the ratio of the medians can land on either side of 1."""
+    from nwor_lab.bench.ratios import step_ratio
+    from nwor_lab.bench.tree import stage_vs_move
+    move = {"graph_step_ms": 10.3, "graph_step_ms_reps": [10.0, 10.3, 10.6]}
+    stage = {"graph_step_ms": 10.4, "graph_step_ms_reps": [9.9, 10.2, 10.4]}    # faster in every repeat
+    assert step_ratio(stage, move) == pytest.approx(0.99) and stage["graph_step_ms"] > move["graph_step_ms"]
+    assert step_ratio({"graph_step_ms": 2.0}, move) == pytest.approx(2.0 / 10.3)            # no repeats: medians
+    assert step_ratio(dict(stage, graph_step_ms_reps=[9.9]), move) == pytest.approx(10.4 / 10.3)  # unequal counts
+    rows = [dict(move, strategy="write-all+move", nodes=16, batch=8, step_ms=30.0),
+            dict(stage, strategy="stage", nodes=16, batch=8, step_ms=31.0)]
+    s = stage_vs_move(rows)
+    assert s["stage_over_move_graph_step"] == {"N16_b8": 0.99} and s["stage_no_slower_everywhere_graphed"]
+    assert s["stage_over_move_step"] == {"N16_b8": round(31.0 / 30.0, 4)} and not s["stage_no_slower_everywhere"]

@@ -57,6 +57,13 @@ def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: in
     once, so host-speed drift (clocks, a noisy neighbour) hits them alike and their ratios hold;
     `abba`: every other repeat in reverse order, so none is always timed first.
     -> {name: median µs per call}."""
+    times = interleaved_times_us(fns, iters=iters, reps=reps, warmup=warmup, abba=abba)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def interleaved_times_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2, abba: bool = False) -> dict:
+    """interleaved_time_us's repeats themselves: {name: [µs per call, one per repeat]}, repeat i of every
+    name taken back to back (pair them: a ratio per repeat cancels what drifts between repeats)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -72,7 +79,7 @@ def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: in
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) * 1e3 / iters)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def graph_time_us(fns, *, per_graph: int = 40, reps: int = 15) -> float:

@@ -18,6 +18,7 @@ Checks (`TreeStep.check`, on a fresh copy of the cache, never on a timed one):
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -249,11 +250,11 @@ def time_steps(steps: dict, reps: int, warmup: int = 2) -> dict:
 def graph_steps_ms(steps: dict, reps: int = 10, profile: bool = False) -> dict:
     """Each step {name: TreeStep} captured as one CUDA graph, the graphs replayed in turn, ABBA (each
     repeat times every one once, so clock drift hits the strategies alike and their ratio holds):
-    {name: {"ms": median ms, "error": None, "kernels": None}}, or {"ms": None, "error": why} for a step
-    that cannot be captured. `profile`: "kernels" from the same graphs' replays, interleaved
-    (`graph_profile.replay_profile`; None if the replays could not be told apart)."""
+    {name: {"ms": median ms, "reps_ms": [ms per repeat], "error": None, "kernels": None}}, or {"ms": None,
+    "error": why} for a step that cannot be captured. `profile`: "kernels" from the same graphs' replays,
+    interleaved (`graph_profile.replay_profile`; None if the replays could not be told apart)."""
     from nwor_lab.bench.graph_profile import replay_profile
-    from nwor_lab.bench.kernels import interleaved_time_us
+    from nwor_lab.bench.kernels import interleaved_times_us
     from nwor_lab.ops.graphs import capture_graph
     graphs, out = {}, {}
     for name, step in steps.items():
@@ -263,10 +264,11 @@ def graph_steps_ms(steps: dict, reps: int = 10, profile: bool = False) -> dict:
             torch.cuda.synchronize()
             out[name] = {"ms": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}", "kernels": None}
     if graphs:
-        us = interleaved_time_us({n: g.replay for n, g in graphs.items()}, iters=3, reps=max(reps, 15), warmup=2,
-                                 abba=True)
+        us = interleaved_times_us({n: g.replay for n, g in graphs.items()}, iters=3, reps=max(reps, 15), warmup=2,
+                                  abba=True)
         kernels = replay_profile(graphs) if profile else None
-        out.update({n: {"ms": t / 1e3, "error": None, "kernels": kernels and kernels.get(n)} for n, t in us.items()})
+        out.update({n: {"ms": statistics.median(t) / 1e3, "reps_ms": [round(x / 1e3, 4) for x in t], "error": None,
+                        "kernels": kernels and kernels.get(n)} for n, t in us.items()})
     graphs.clear()
     return out
 
