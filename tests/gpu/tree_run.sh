@@ -3,8 +3,9 @@
 # finished is under $OUT; the bench comes first: it is what the time is for):
 #   1  `nwor-lab bench tree --model 8b`: write-all + move, write-all + remap (block size 1), cow, stage
 #      at N = 16/32/64, block size 16, batch 1/8/32, context 1024, 3 forced accepted nodes (eager steps,
-#      CUDA events, 30 each), each step also replayed from one CUDA graph (`--graphs`) and profiled (`--profile`:
-#      its top kernels) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
+#      CUDA events, 60 each), each step also replayed from one CUDA graph (`--graphs`: the strategies' repeats
+#      back to back, stage/move as the median of per-repeat ratios) and profiled (`--profile`: the top kernels
+#      of the graphs replayed in turn) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
 #      than write-all + move everywhere, eager and graphed (each row is also printed to bench_tree_8b.log as it is made)
 #   2  the tree GPU tests (tests/gpu/test_gpu_tree*.py: tree attention vs the reference, the commit ops,
 #      a graphed tree step, bench tree's 8B path at toy size; the engine's tree tests where present)
@@ -19,20 +20,20 @@ gpu_install pip_tree.log
 gpu_build build_tree.log
 
 stage "bench tree 8b (eager)"
-timeout $(lim 300) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
-  --block-size 16 --context 1024 --accepted 3 --graphs --profile --reps 30 --out "$OUT/tree_8b_$TAG.json" \
+timeout $(lim 330) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
+  --block-size 16 --context 1024 --accepted 3 --graphs --profile --reps 60 --out "$OUT/tree_8b_$TAG.json" \
   > /dev/null 2> "$OUT/bench_tree_8b.log"
 echo "bench tree 8b exit $?"; tail -2 "$OUT/bench_tree_8b.log" | cut -c1-400
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" \
   "$OUT/tree_8b_$TAG.json" 2>/dev/null || echo "no 8b summary"
 
 stage "tree GPU tests"
-timeout $(lim 200) python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_tree*.py \
+timeout $(lim 170) python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_tree*.py \
   > "$OUT/pytest_tree.log" 2>&1
 echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_tree.log" | tail -15
 
 stage "bench tree shipped (this GPU)"
-timeout $(lim 90) python3 -m nwor_lab.cli bench tree --model shipped --device cuda \
+timeout $(lim 60) python3 -m nwor_lab.cli bench tree --model shipped --device cuda \
   --out "$OUT/tree_shipped_$TAG.json" > /dev/null 2> "$OUT/bench_tree_shipped.log"
 echo "bench tree shipped exit $?"; tail -2 "$OUT/bench_tree_shipped.log" | cut -c1-400
 stage done
