@@ -1,6 +1,7 @@
 """viz.tree_gpu reads stored GPU tree runs: the verify-attention time from a profile, stage over move per
 (N, batch), launch variants side by side, tree against chain through the engine."""
 import plotly.graph_objects as go
+import pytest
 
 from nwor_lab.viz.tree_gpu import (attention_us, gap_widens_with_n, launch_attention, stage_vs_move,
                                    stage_vs_move_figure, strategy_table, tree_vs_chain_engine,
@@ -53,6 +54,13 @@ def test_the_attention_is_every_attention_kernel():
     row["kernels"] += [{"kernel": "_tree_window_kernel", "us_per_step": 200.0, "calls_per_step": 32.0},
                        {"kernel": "_rope_kernel", "us_per_step": 50.0, "calls_per_step": 32.0}]
     assert attention_us(row) == 1000.0
+
+
+def test_stage_vs_move_takes_the_runs_paired_ratio():
+    rows = [bench_row("write-all+move", 16, 8, 11.0, 2000.0, 0.4), bench_row("stage", 16, 8, 11.2, 2000.0, 0.2)]
+    assert stage_vs_move({"rows": rows})[0]["graph_ratio"] == pytest.approx(11.2 / 11.0)     # the medians
+    paired = {"rows": rows, "summary": {"stage_over_move_graph_step": {"N16_b8": 0.995}}}  # the bench's pairs
+    assert stage_vs_move(paired)[0]["graph_ratio"] == 0.995
 
 
 def test_kernel_change_pairs_points_and_strategies():
