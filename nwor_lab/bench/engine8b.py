@@ -40,7 +40,7 @@ import time
 import torch
 
 from nwor_lab import atomic
-from nwor_lab.bench.timing import bench_device, device_name, free_device, run_prompts, time_engine, timed
+from nwor_lab.bench.timing import bench_device, device_name, free_device, run_prompts, time_engines_interleaved, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
@@ -70,11 +70,17 @@ def build_engine(target, head, k: int, mode: str, scv: str, batch: int, prompt_l
 
 
 def measure(engine, prompts, new_tokens: int, repeats: int, device, gap: int) -> dict:
-    run = time_engine(engine, prompts, new_tokens, repeats, device, arrival_gap=gap)
-    # the same prompts for one token each: the prefill steps alone (same buckets, same graphs)
-    pre = [timed(lambda: time_prefill(engine, prompts, gap), device)[1] for _ in range(2)]
-    run["prefill_seconds"] = min(pre)
-    return run
+    return measure_interleaved({"": engine}, prompts, new_tokens, repeats, device, gap)[""]
+
+
+def measure_interleaved(engines: dict, prompts, new_tokens: int, repeats: int, device, gap: int = 0) -> dict:
+    """`measure` over {name: engine}, their timed runs in turn (timing.time_engines_interleaved)."""
+    runs = time_engines_interleaved(engines, prompts, new_tokens, repeats, device, arrival_gap=gap)
+    for name, engine in engines.items():
+        # the same prompts for one token each: the prefill steps alone (same buckets, same graphs)
+        pre = [timed(lambda: time_prefill(engine, prompts, gap), device)[1] for _ in range(2)]
+        runs[name]["prefill_seconds"] = min(pre)
+    return runs
 
 
 def time_prefill(engine, prompts, gap: int) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from nwor_lab.bench.timing import in_turn
+
 PAUSE_S = 0.003      # the idle gap after each replay: longer than any gap inside one (kernels run back to back)
 GAP_US = 1500.0      # a device-side gap this long separates two replays
 
@@ -44,8 +46,9 @@ def per_replay_kernels(order: Sequence[str], groups: Sequence[Sequence[Mapping]]
     for name, grp in zip(order, groups):
         by: dict = {}
         for e in grp:
-            us, n = by.get(e["name"][:90], (0.0, 0))
-            by[e["name"][:90]] = (us + e["dur"], n + 1)
+            key = e["name"][:90]
+            us, n = by.get(key, (0.0, 0))
+            by[key] = (us + e["dur"], n + 1)
         sums.setdefault(name, []).append(by)
     out = {}
     for name, reps in sums.items():
@@ -68,7 +71,7 @@ def replay_profile(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 6, 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for r in range(rounds):
-            for name in (names if r % 2 == 0 else names[::-1]):
+            for name in in_turn(names, r):
                 graphs[name].replay()
                 torch.cuda.synchronize()
                 time.sleep(PAUSE_S)

@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from nwor_lab.bench.timing import in_turn
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
@@ -70,8 +71,7 @@ def interleaved_times_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: i
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
     for i in range(reps):
-        order = list(fns.items())
-        for name, fn in (order[::-1] if abba and i % 2 else order):
+        for name, fn in (in_turn(fns.items(), i) if abba else fns.items()):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):

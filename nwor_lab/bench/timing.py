@@ -70,44 +70,42 @@ def run_prompts(engine, prompts, new_tokens: int, arrival_gap: int = 0) -> list:
     return reqs
 
 
+def in_turn(items, repeat: int) -> list:
+    """`items` in the order repeat `repeat` takes them: as given on even repeats, reversed on odd ones
+    (ABBA), so that none is always timed first."""
+    items = list(items)
+    return items[::-1] if repeat % 2 else items
+
+
 def time_engine(engine, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,
                 cold: float | None = None) -> dict:
     """The bench's protocol on a built engine: one cold run (compiles, warms every bucket up; its
     time `cold` when the caller ran it), one run that captures the buckets' graphs, then `repeats`
     timed runs; -> their times, the last run's requests, and the trace and target forwards of
     the timed runs."""
-    def go():
-        return run_prompts(engine, prompts, new_tokens, arrival_gap)
-    if cold is None:
-        _, cold = timed(go, device)
-    go()
-    first_window, forwards = len(engine.trace), engine.target_forwards
-    times, reqs = [], []
-    for _ in range(repeats):
-        reqs, t = timed(go, device)
-        times.append(t)
-    return dict(cold=cold, times=times, seconds=float(np.median(times)), requests=reqs,
-                trace=engine.trace[first_window:], forwards=(engine.target_forwards - forwards) // repeats)
+    return time_engines_interleaved({"": engine}, prompts, new_tokens, repeats, device, arrival_gap,
+                                    None if cold is None else {"": cold})[""]
 
 
-def time_engines_interleaved(engines: dict, prompts, new_tokens: int, repeats: int, device) -> dict:
-    """`time_engine` over {name: engine} (the same prompts), the timed runs in turn: repeat i runs
-    the engines in order, repeat i + 1 in reverse (ABBA), so drift between runs (clocks, a neighbour)
-    hits every engine alike and their ratio holds where one engine's runs one after the other do not
-    (a single run per policy ordered `off` and `stage` either way by up to 8 %, H200).
+def time_engines_interleaved(engines: dict, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,
+                             cold: dict | None = None) -> dict:
+    """`time_engine` over {name: engine} (the same prompts), the timed runs in turn (`in_turn`, ABBA),
+    so drift between runs (clocks, a neighbour) hits every engine alike and their ratio holds where
+    one engine's runs one after the other do not (a single run per policy ordered `off` and `stage`
+    either way by up to 8 %, H200). cold: {name: seconds} of cold runs the caller made.
     -> {name: time_engine's dict, plus `paired` [repeats] its times over the first engine's}."""
     names = list(engines)
 
     def go(name):
-        return run_prompts(engines[name], prompts, new_tokens)
+        return run_prompts(engines[name], prompts, new_tokens, arrival_gap)
     out = {}
     for name in names:
-        _, cold = timed(lambda: go(name), device)
+        c = cold[name] if cold else timed(lambda: go(name), device)[1]
         go(name)                                   # captures the buckets' graphs
-        out[name] = dict(cold=cold, times=[], requests=None, first=len(engines[name].trace),
+        out[name] = dict(cold=c, times=[], requests=None, first=len(engines[name].trace),
                          forwards=engines[name].target_forwards)
     for i in range(repeats):
-        for name in (names if i % 2 == 0 else names[::-1]):
+        for name in in_turn(names, i):
             reqs, t = timed(lambda: go(name), device)
             out[name]["times"].append(t)
             out[name]["requests"] = reqs

@@ -166,8 +166,7 @@ def build_engine_8b(target, head, tree: str, k: int, mode: str, batch: int, prom
 
 
 def main_8b(args, argv) -> dict:
-    from nwor_lab.bench.engine8b import prompts_for, time_prefill
-    from nwor_lab.bench.timing import time_engines_interleaved, timed
+    from nwor_lab.bench.engine8b import measure_interleaved, prompts_for
     from nwor_lab.engine.generate import acceptance_stats
     from nwor_lab.model.shapes import random_head, random_target
     from nwor_lab.speculative.synthetic import ForcedAcceptance
@@ -225,11 +224,7 @@ def main_8b(args, argv) -> dict:
                     except Exception as err:          # one failing config must not lose the others' rows
                         error_row(mode, err, traceback.format_exc())
                 try:
-                    runs = time_engines_interleaved(engines, prompts, args.new_tokens, args.repeats, dev) \
-                        if engines else {}
-                    for mode, engine in engines.items():
-                        runs[mode]["prefill_seconds"] = min(
-                            timed(lambda: time_prefill(engine, prompts, 0), dev)[1] for _ in range(2))
+                    runs = measure_interleaved(engines, prompts, args.new_tokens, args.repeats, dev) if engines else {}
                 except Exception as err:
                     for mode in engines:
                         error_row(mode, err, traceback.format_exc())
