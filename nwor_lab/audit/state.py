@@ -4,10 +4,11 @@
 recompute, independently of the strategy, what the store must hold after each verify window:
   - at `begin`, each request's committed state and conv state (`store.committed(slot)`);
   - each linear layer's inputs as the model hands them over (`conv(layer, x, weight)`,
-    `recur(layer, q, k, v, g, beta)`);
-  - after `commit`, for each request with `a` accepted drafts of `d`, over its `s` rows: the
-    recurrence (`ops.gated_delta_rule`, token by token up to 16 rows) from the committed state over
-    its first `s - d + a` rows only, and the conv state as the last W - 1 conv inputs of those rows.
+    `recur(layer, *inputs)`: gated DeltaNet's q, k, v, g, beta);
+  - after `commit`, for each request with `a` accepted drafts of `d`, over its `s` rows: the store's
+    recurrence (`spec.recurrence.run`: for gated DeltaNet `ops.gated_delta_rule`, token by token up
+    to 16 rows) from the committed state over its first `s - d + a` rows only, and the conv state
+    as the last W - 1 conv inputs of those rows.
 The store's committed rows are compared with that: bit for bit on the CPU (the torch reference; every exact
 strategy leaves exactly these bits, docs/recurrent_state.md), within `atol` (default 1e-4) on CUDA,
 where fla's kernels (or the reference over other batch shapes) may round differently. A difference means the store took a rejected
@@ -18,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.audit.report import StoreFinding
-from nwor_lab.ops.gated_delta import gated_delta_rule
 from nwor_lab.ops.quant import raw
 
 
@@ -61,10 +61,10 @@ class StateAudit:
             self._open["conv"][layer] = x.detach().clone()
         return self._inner.conv(layer, x, weight)
 
-    def recur(self, layer, q, k, v, g, beta, scale=None):
+    def recur(self, layer, *inputs, **options):
         if self._open is not None:
-            self._open["recur"][layer] = (tuple(t.detach().clone() for t in (q, k, v, g, beta)), scale)
-        return self._inner.recur(layer, q, k, v, g, beta, scale)
+            self._open["recur"][layer] = (tuple(t.detach().clone() for t in inputs), options)
+        return self._inner.recur(layer, *inputs, **options)
 
     def cancel(self) -> None:
         self._open = None
@@ -98,11 +98,11 @@ class StateAudit:
                 rec.rows_checked += d - a
                 conv.rows_checked += d - a
             for layer in sorted(o["recur"]):
-                (q, k, v, g, beta), scale = o["recur"][layer]
+                inputs, options = o["recur"][layer]
                 rows = slice(start, start + kept)
-                _, states = gated_delta_rule(q[rows], k[rows], v[rows], g[rows], beta[rows], state0[layer], scale,
-                                             keep_from=kept - 1, backend=self._inner.backend)
-                want = states[-1].to(now_state.dtype)
+                _, states = spec.recurrence.run(state0[layer][None], tuple(t[None, rows] for t in inputs), options,
+                                                kept - 1, self._inner.backend)
+                want = states[0, -1].to(now_state.dtype)
                 diff = _differs(now_state[layer], want, self.atol)
                 if diff is not None:
                     self._found(rec, step, r, slot, layer, a, d, diff)

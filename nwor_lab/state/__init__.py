@@ -8,13 +8,17 @@ and the strategies that keep it across a verify window (policy.py gives the inte
 | `replay`    | keep the layer inputs, live untouched     | recompute over the accepted rows       | ReplaySSM, TensorRT-LLM |
 | `stage`     | states after each position, transient     | copy the accepted position's state     | SGLang's intermediate states, NWOR |
 
-`LabConfig.state_mode` picks one (`auto`: the strategy named like `nwor_mode`).
+`LabConfig.state_mode` picks one (`auto`: the strategy named like `nwor_mode`). What the state is and
+how rows advance it is the spec's `Recurrence` (recurrence.py): gated DeltaNet (gated_delta.py) by
+default, a Mamba2 selective scan (mamba2.py) beside it; every strategy runs either.
 """
 from __future__ import annotations
 
 from nwor_lab.config import LabConfig, check_config
 from nwor_lab.state.memory import memory_rows, qwen3_next_spec
+from nwor_lab.state.gated_delta import GatedDeltaRecurrence
 from nwor_lab.state.policy import Group, StatePolicy, StateWindowError
+from nwor_lab.state.recurrence import Recurrence
 from nwor_lab.state.cow import CowState
 from nwor_lab.state.off import OffState
 from nwor_lab.state.registry import STATE_POLICIES, register_state_policy
@@ -49,4 +53,4 @@ def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePol
 
 __all__ = ["STATE_POLICIES", "register_state_policy", "state_policy_class", "make_state_store",
            "make_state_policy", "StatePolicy", "StateWindowError", "Group", "RecurrentSpec",
-           "RecurrentStateStore", "memory_rows", "qwen3_next_spec", "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]
+           "RecurrentStateStore", "Recurrence", "GatedDeltaRecurrence", "memory_rows", "qwen3_next_spec", "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]

@@ -27,10 +27,10 @@ class CowState(StatePolicy):
                 for layer in self.layers:
                     self._saved[layer, grp] = [self._state_in(layer, grp), self._conv_in(layer, grp), None, None]
 
-    def _state_out(self, layer, grp, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, options):
         self._write_live(layer, grp, state=kept[:, -1])
         if grp.speculative:
-            self._saved[layer, grp][2] = (inputs, scale)
+            self._saved[layer, grp][2] = (inputs, options)
 
     def _conv_out(self, layer, grp, history):
         self._write_live(layer, grp, conv=self._conv_after(history, grp.last_row))
@@ -43,11 +43,11 @@ class CowState(StatePolicy):
         # group restores and re-advances (masked: bit-identical to the live state when all passed).
         self._note_kept(sum(t.nbytes for state, conv, (inputs, _), x in self._saved.values()
                             for t in (state, conv, *inputs, x)))
-        for (layer, grp), (state, conv, (inputs, scale), x) in self._saved.items():
+        for (layer, grp), (state, conv, (inputs, options), x) in self._saved.items():
             a = accepted[grp.reqs]
             if not capturing() and bool((a == grp.drafts).all()):
                 continue
-            state, conv = self._readvance(state, conv, inputs, x, grp.first_candidate + a, scale)
+            state, conv = self._readvance(state, conv, inputs, x, grp.first_candidate + a, options)
             self._write_live(layer, grp, state=state, conv=conv)
         self._saved = {}
 

@@ -10,7 +10,7 @@ class OffState(StatePolicy):
     advances_live = True
     commits_accepted_only = False
 
-    def _state_out(self, layer, grp, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, options):
         self._write_live(layer, grp, state=kept[:, -1])
 
     def _conv_out(self, layer, grp, history):

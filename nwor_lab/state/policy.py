@@ -5,9 +5,14 @@ It mirrors the K/V write policies (nwor_lab.policies) window by window:
     policy.begin(window, slots)                   # slots [R]: each request's state slot
     for layer in linear-attention layers:
         y = policy.conv(layer, x, weight)         # x [T, C] the conv's inputs, y [T, C] (pre-SiLU)
-        o = policy.recur(layer, q, k, v, g, beta) # [T, H, .] -> o [T, H, V]
+        o = policy.recur(layer, *inputs)          # the recurrence's per-row inputs [T, ...] -> o [T, H, V]
     policy.commit(acceptance)                     # an Acceptance (nwor_lab.window); None: no drafts
     # on failure instead: policy.cancel()         # store as `off` would have left it
+
+What the state is and how rows advance it belong to the store's recurrence (`spec.recurrence`,
+recurrence.py: gated DeltaNet's inputs are q, k, v, g, beta; a Mamba2 scan's x, dt, B, C): the
+base and the strategies only move its states and inputs around, so any recurrence runs under every
+strategy.
 
 Each request's rows run from its committed state; which states the policy keeps, where and for how
 long is what distinguishes the strategies. It declares that in class attributes (nothing outside
@@ -32,7 +37,8 @@ one and a group of G give the same bits (tests/test_state.py).
 
 No host sync after `begin`: the rows of each request are host facts of the window, the acceptance
 stays on the device (commit picks rows with `index_select`, recomputes with the rejected rows masked
-to identity: g = 0, beta = 0 leaves the state bit for bit as it was), so a step body can run the
+to the recurrence's identity input, which leaves the state bit for bit as it was: g = 0, beta = 0
+for gated DeltaNet), so a step body can run the
 policy eagerly or inside a CUDA-graph capture. Only the checks under `validate` read the acceptance
 on the host, and never while capturing.
 """
@@ -44,7 +50,8 @@ from typing import ClassVar
 import torch
 
 from nwor_lab._checks import capturing
-from nwor_lab.ops.gated_delta import RECURRENT_MAX_ROWS, causal_conv_reference, gated_delta_rule
+from nwor_lab.ops.gated_delta import causal_conv_reference
+from nwor_lab.state.recurrence import Recurrence
 from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
 from nwor_lab.window import Acceptance, Window
 
@@ -61,7 +68,8 @@ class Group:
     The device layout (`begin(..., query_start_loc=...)`, what a captured step has) is one group of
     every request: `rows` is the bucket's bound Q, the rows are `index [G, Q]` (a scratch row T where
     a request has fewer), `valid [G, Q]`, and `drafts`, `cand` (t_last's local row) and `last` are
-    `[G]` device tensors; a padding request has no rows (cand = last = -1: its state passes unchanged)."""
+    `[G]` device tensors; a padding request has no rows (cand = last = -1: its state passes unchanged,
+    its rows run as the recurrence's identity)."""
 
     first: int
     count: int
@@ -118,14 +126,14 @@ def groups_of(num_rows: list[int], num_drafts: list[int]) -> list[Group]:
     return out
 
 
-def device_group(window: Window, query_start_loc, num_drafts, max_query_len, dev) -> Group:
-    """The device layout as one group (see Group)."""
+def device_group(window: Window, query_start_loc, num_drafts, max_query_len, dev, max_rows: int) -> Group:
+    """The device layout as one group (see Group); max_rows: the recurrence's `max_token_rows`."""
     R, T = window.num_reqs, window.num_tokens
     if num_drafts is None or max_query_len is None:
         raise ValueError("query_start_loc: give num_drafts [R] and max_query_len with it")
-    if not 1 <= int(max_query_len) <= RECURRENT_MAX_ROWS:
+    if not 1 <= int(max_query_len) <= max_rows:
         raise ValueError(f"max_query_len={max_query_len}: the device layout runs the token-by-token form, "
-                         f"1..{RECURRENT_MAX_ROWS} rows per request; run longer (prefill) windows with the "
+                         f"1..{max_rows} rows per request; run longer (prefill) windows with the "
                          f"window's host counts")
     qsl = query_start_loc.to(dev).long()
     drafts = num_drafts.to(dev).long()
@@ -142,8 +150,8 @@ def device_group(window: Window, query_start_loc, num_drafts, max_query_len, dev
 
 
 class StatePolicy:
-    """Base class: window bookkeeping and checks; runs the conv and the recurrence per group from
-    the state `_state_in` / `_conv_in` gives, and hands the results to the strategy's hooks."""
+    """Base class: window bookkeeping and checks; runs the conv and the store's recurrence per group
+    from the state `_state_in` / `_conv_in` gives, and hands the results to the strategy's hooks."""
 
     name: ClassVar[str] = "?"
     advances_live: ClassVar[bool] = False
@@ -160,6 +168,7 @@ class StatePolicy:
             raise TypeError(f"store: expected a nwor_lab.state.RecurrentStateStore, got {type(store).__name__}")
         self.store = store
         self.spec: RecurrentSpec = store.spec
+        self.recurrence: Recurrence = store.spec.recurrence
         self.backend = backend
         self.validate = validate                 # host checks (one sync each; never while capturing)
         self.window: Window | None = None
@@ -188,11 +197,10 @@ class StatePolicy:
         """Bytes held per speculative request (t_last + k drafts) only while a window is open."""
         return 0
 
-    @staticmethod
-    def fits_device_layout(max_query_len: int) -> bool:
+    def fits_device_layout(self, max_query_len: int) -> bool:
         """Whether windows of up to `max_query_len` rows per request can run in the device layout
         (`begin(..., query_start_loc=<tensor>)`: the token-by-token form, no host counts)."""
-        return 1 <= max_query_len <= RECURRENT_MAX_ROWS
+        return 1 <= max_query_len <= self.recurrence.max_token_rows
 
     # -- lifecycle ----------------------------------------------------------------------------
     def begin(self, window: Window, slots, layers: range | None = None, *, query_start_loc=None,
@@ -244,7 +252,8 @@ class StatePolicy:
                                  f"t_last and its drafts")
             self.groups = [grp for grp in groups_of(rows, drafts) if grp.rows]   # padding requests: no rows
         else:
-            self.groups = [device_group(window, query_start_loc, num_drafts, max_query_len, dev)]
+            self.groups = [device_group(window, query_start_loc, num_drafts, max_query_len, dev,
+                                        self.recurrence.max_token_rows)]
         self._conv_done, self._recur_done = set(), set()
         self._begin()
 
@@ -259,22 +268,23 @@ class StatePolicy:
             self._conv_out(layer, grp, history)
         return y[:x.shape[0]]
 
-    def recur(self, layer: int, q, k, v, g, beta, scale: float | None = None) -> torch.Tensor:
-        """The gated delta rule over the window's rows: q, k `[T, H, K]`, v `[T, H, V]`, g, beta
-        `[T, H]` -> o `[T, H, V]` float32, each request's rows continuing from its state."""
-        s = self.spec
-        self._check_layer("recur", layer, self._recur_done, q, (s.num_heads, s.head_k_dim))
-        o = self._out_rows((s.num_heads, s.head_v_dim), torch.float32, q.device)
+    def recur(self, layer: int, *inputs: torch.Tensor, **options) -> torch.Tensor:
+        """The recurrence over the window's rows: its per-row inputs `[T, ...]` in its order (gated
+        DeltaNet: q, k `[T, H, K]`, v `[T, H, V]`, g, beta `[T, H]`; option `scale`) -> o
+        `[T, *output_tail]` (`[T, H, V]`) float32, each request's rows continuing from its state."""
+        rec = self.recurrence
+        w = self._need_window("recur")
+        rec.check(self.spec, inputs, options, w.num_tokens)
+        self._check_layer("recur", layer, self._recur_done, inputs[0], rec.input_tails(self.spec)[0])
+        o = self._out_rows(rec.output_tail(self.spec), torch.float32, inputs[0].device)
         for grp in self.groups:
-            inputs = tuple(self._rows(grp, t) for t in (q, k, v, g, beta))
+            rows = tuple(self._rows(grp, t) for t in inputs)
             if grp.valid is not None:            # rows a request does not have pass its state unchanged
-                keep = grp.valid[:, :, None]
-                inputs = inputs[:3] + tuple(torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
-                                            for t in inputs[3:])
-            og, kept = self._run(self._state_in(layer, grp), inputs, scale, keep_from=grp.keep_from)
+                rows = rec.masked(rows, grp.valid)
+            og, kept = self._run(self._state_in(layer, grp), rows, options, keep_from=grp.keep_from)
             self._put_rows(grp, o, og)
-            self._state_out(layer, grp, kept, inputs, scale)
-        return o[:q.shape[0]]
+            self._state_out(layer, grp, kept, rows, options)
+        return o[:w.num_tokens]
 
     def commit(self, acceptance: Acceptance | None = None) -> None:
         """Keep the state after each request's last committed row. acceptance: the window's
@@ -295,15 +305,16 @@ class StatePolicy:
         self._finish()
 
     def committed(self, slot: int):
-        """(recurrent `[L, H, K, V]`, conv `[L, W-1, C]`) committed for the slot (host read)."""
+        """(recurrent `[L, *state_shape]`, conv `[L, W-1, C]`) committed for the slot (host read)."""
         return self.store.committed(slot)
 
     # -- the strategies' hooks ----------------------------------------------------------------
     def _begin(self) -> None: ...
 
-    def _state_out(self, layer: int, grp: Group, kept: torch.Tensor, inputs: tuple, scale) -> None:
-        """kept `[G, d+1, H, K, V]`: the states after the candidate rows s-d-1 .. s-1; inputs: the
-        group's q, k, v, g, beta `[G, s, ...]`."""
+    def _state_out(self, layer: int, grp: Group, kept: torch.Tensor, inputs: tuple, options: dict) -> None:
+        """kept `[G, d+1, *state_shape]`: the states after the candidate rows s-d-1 .. s-1; inputs:
+        the group's per-row inputs `[G, s, ...]` (gated DeltaNet: q, k, v, g, beta); options: the
+        recur call's (what a recompute from the inputs passes again)."""
         raise NotImplementedError
 
     def _conv_out(self, layer: int, grp: Group, history: torch.Tensor) -> None:
@@ -353,15 +364,10 @@ class StatePolicy:
         idx = (base + offset).clamp(0, n - 1)
         return kept[torch.arange(G, device=kept.device), idx]
 
-    def _run(self, state: torch.Tensor, inputs: tuple, scale, keep_from: int):
-        """The recurrence of a group: state `[G, H, K, V]`, inputs `[G, s, ...]` -> (o `[G, s, H, V]`,
-        kept `[G, s-keep_from, H, K, V]`); the G requests folded into the heads."""
-        G, S, H = inputs[0].shape[:3]
-        fold = lambda t: t.transpose(0, 1).reshape(S, G * H, *t.shape[3:])         # noqa: E731
-        o, kept = gated_delta_rule(*(fold(t) for t in inputs), state.reshape(G * H, *state.shape[2:]), scale,
-                                   keep_from=keep_from, backend=self.backend)
-        o = o.view(S, G, H, -1).transpose(0, 1)
-        return o, kept.view(kept.shape[0], G, H, *kept.shape[2:]).transpose(0, 1)
+    def _run(self, state: torch.Tensor, inputs: tuple, options: dict, keep_from: int):
+        """The recurrence of a group: state `[G, *state_shape]`, inputs `[G, s, ...]` -> (o
+        `[G, s, *output_tail]`, kept `[G, s-keep_from, *state_shape]`)."""
+        return self.recurrence.run(state, inputs, options, keep_from, self.backend)
 
     def _rows_of(self, table: torch.Tensor, layer: int, grp: Group) -> torch.Tensor:
         """The group's committed rows of `table` (store.recurrent or store.conv), `[G, ...]`, a copy,
@@ -379,7 +385,7 @@ class StatePolicy:
 
     def _write_live(self, layer: int, grp: Group, state: torch.Tensor | None = None,
                     conv: torch.Tensor | None = None) -> None:
-        """Overwrite the group's committed rows: state `[G, H, K, V]`, conv `[G, W-1, C]`."""
+        """Overwrite the group's committed rows: state `[G, *state_shape]`, conv `[G, W-1, C]`."""
         slots = self.slots[grp.reqs]
         for table, value in ((self.store.recurrent, state), (self.store.conv, conv)):
             if value is None:
@@ -400,19 +406,16 @@ class StatePolicy:
         idx = (end_rows[:, None] + 1 + torch.arange(W - 1, device=history.device)).clamp(0, history.shape[1] - 1)
         return torch.gather(history, 1, idx[:, :, None].expand(-1, -1, history.shape[-1]))
 
-    def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_rows: torch.Tensor, scale):
-        """The state `[G, H, K, V]` and conv state `[G, W-1, C]` after local row end_rows[g] (`[G]`,
-        device), recomputed from `state` / `conv` over the kept inputs `[G, s, ...]` and conv inputs
-        x `[G, s, C]` (cow after a restore; replay). Rows after end_rows run with g = 0 and beta = 0:
-        the state passes them unchanged, bit for bit, so one fixed-shape run serves every acceptance
-        (no host sync)."""
-        q, k, v, g, beta = inputs
-        s = q.shape[1]
-        keep = (torch.arange(s, device=q.device)[None] <= end_rows[:, None])[:, :, None]      # [G, s, 1]
-        zero = torch.zeros((), dtype=g.dtype, device=g.device)
-        g, beta = torch.where(keep, g, zero), torch.where(keep, beta, zero.to(beta.dtype))
-        _, kept = self._run(state, (q, k, v, g, beta), scale, keep_from=s - 1)
-        self.stats["rows_recomputed"] += q.shape[0] * s
+    def _readvance(self, state, conv, inputs: tuple, x: torch.Tensor, end_rows: torch.Tensor, options: dict):
+        """The state `[G, *state_shape]` and conv state `[G, W-1, C]` after local row end_rows[g]
+        (`[G]`, device), recomputed from `state` / `conv` over the kept inputs `[G, s, ...]` and conv
+        inputs x `[G, s, C]` (cow after a restore; replay). Rows after end_rows run as the
+        recurrence's identity (gated DeltaNet: g = 0, beta = 0): the state passes them unchanged, bit
+        for bit, so one fixed-shape run serves every acceptance (no host sync)."""
+        G, s = inputs[0].shape[:2]
+        keep = torch.arange(s, device=end_rows.device)[None] <= end_rows[:, None]              # [G, s]
+        _, kept = self._run(state, self.recurrence.masked(inputs, keep), options, keep_from=s - 1)
+        self.stats["rows_recomputed"] += G * s
         return kept[:, -1], self._conv_after(torch.cat([conv.to(x.dtype), x], 1), end_rows)
 
     def _note_kept(self, nbytes: int) -> None:

@@ -18,11 +18,11 @@ class ReplayState(StatePolicy):
     def _begin(self):
         self._inputs = {}
 
-    def _state_out(self, layer, grp, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, options):
         if not grp.speculative:                    # nothing to roll back: write as off does
             self._write_live(layer, grp, state=kept[:, -1])
         else:
-            self._inputs.setdefault((layer, grp), [None, None])[0] = (inputs, scale)
+            self._inputs.setdefault((layer, grp), [None, None])[0] = (inputs, options)
 
     def _conv_out(self, layer, grp, history):
         if not grp.speculative:
@@ -33,8 +33,9 @@ class ReplayState(StatePolicy):
     def _commit(self, accepted):
         """Recompute each speculative request from its committed state over t_last, d_1 .. d_a."""
         self._note_kept(sum(t.nbytes for (inputs, _), x in self._inputs.values() for t in (*inputs, x)))
-        for (layer, grp), ((inputs, scale), x) in self._inputs.items():
+        for (layer, grp), ((inputs, options), x) in self._inputs.items():
             state, conv = self._state_in(layer, grp), self._conv_in(layer, grp)
-            state, conv = self._readvance(state, conv, inputs, x, grp.first_candidate + accepted[grp.reqs], scale)
+            end_rows = grp.first_candidate + accepted[grp.reqs]
+            state, conv = self._readvance(state, conv, inputs, x, end_rows, options)
             self._write_live(layer, grp, state=state, conv=conv)
         self._inputs = {}

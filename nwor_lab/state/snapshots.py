@@ -16,7 +16,7 @@ class SnapshotsState(StatePolicy):
     def rows_per_slot(cls, k: int) -> int:
         return k + 1
 
-    def _state_out(self, layer, grp, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, options):
         # row j holds the state after candidate j (t_last, d_1, ...); the committed row was read
         # (gathered into a copy) before these writes, so overwriting it is safe, as in vLLM's kernel
         snaps = self._candidate_states(grp, kept)                          # [G, n, H, K, V]

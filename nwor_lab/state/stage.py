@@ -18,7 +18,7 @@ class StageState(StatePolicy):
     def _begin(self):
         self._states, self._histories = {}, {}
 
-    def _state_out(self, layer, grp, kept, inputs, scale):
+    def _state_out(self, layer, grp, kept, inputs, options):
         self._states[layer, grp] = kept
 
     def _conv_out(self, layer, grp, history):

@@ -1,9 +1,10 @@
 """The recurrent and conv state of a hybrid model's linear-attention layers: a store of the cache.
 
-Per request, one **state slot** (as a request holds block-table rows for its K/V): in every gated
-DeltaNet layer `l` the slot holds
+Per request, one **state slot** (as a request holds block-table rows for its K/V): in every
+linear-attention layer `l` the slot holds
 
-    recurrent[l, slot, row]   [H, K, V] float32   the delta-rule state after the committed tokens
+    recurrent[l, slot, row]   [H, K, V] float32   the recurrence's state after the committed tokens
+                                                  (its shape is the spec's recurrence's: recurrence.py)
     conv[l, slot, row]        [W-1, C]            the last W-1 inputs of the short causal conv,
                                                   oldest first (model dtype)
 
@@ -15,21 +16,26 @@ than run): they have no rows, so their state passes unchanged, and no request re
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from nwor_lab.state.gated_delta import GatedDeltaRecurrence
+from nwor_lab.state.recurrence import Recurrence
 
 
 @dataclass(frozen=True)
 class RecurrentSpec:
     """The shape of one request's state in every linear-attention layer.
 
-    num_layers   L   linear-attention (gated DeltaNet) layers
-    num_heads    H   value heads (the state has one [K, V] matrix per value head)
-    head_k_dim   K, head_v_dim V
-    conv_dim     C   channels of the short conv (2 * key heads * K + H * V: q, k, v mixed)
+    num_layers   L   linear-attention layers
+    num_heads    H   heads (the state has one [K, V] matrix per head)
+    head_k_dim   K, head_v_dim V   gated DeltaNet: key and value size; Mamba2: state size N, head dim P
+    conv_dim     C   channels of the short conv (gated DeltaNet: 2 * key heads * K + H * V, q, k, v mixed)
     conv_width   W   the conv's kernel width (its state keeps W - 1 inputs)
     dtype            the conv state's (and the layer inputs') dtype; the recurrent state is float32
+    recurrence       what advances the state (nwor_lab.state.recurrence; default gated DeltaNet)
     """
 
     num_layers: int
@@ -39,8 +45,12 @@ class RecurrentSpec:
     conv_dim: int
     conv_width: int
     dtype: torch.dtype = torch.float32
+    recurrence: Recurrence = GatedDeltaRecurrence()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recurrence, Recurrence):
+            raise TypeError(f"RecurrentSpec.recurrence: expected a nwor_lab.state.Recurrence, got "
+                            f"{type(self.recurrence).__name__}")
         for name in ("num_layers", "num_heads", "head_k_dim", "head_v_dim", "conv_dim"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -50,9 +60,14 @@ class RecurrentSpec:
                              f"(a width-1 conv keeps no state)")
 
     @property
+    def state_shape(self) -> tuple[int, ...]:
+        """One request's recurrent state in one layer (float32), as the recurrence shapes it."""
+        return tuple(self.recurrence.state_shape(self))
+
+    @property
     def state_bytes_layer(self) -> int:
-        """One recurrent state [H, K, V] float32."""
-        return self.num_heads * self.head_k_dim * self.head_v_dim * 4
+        """One recurrent state (`state_shape`) float32."""
+        return math.prod(self.state_shape) * 4
 
     @property
     def conv_bytes_layer(self) -> int:
@@ -67,15 +82,15 @@ class RecurrentSpec:
     @property
     def token_input_bytes(self) -> int:
         """What one window row feeds the layers, over all L layers: the conv's input [C] and the
-        recurrence's q, k [H, K], v [H, V], g, beta [H] (float32): what replay and cow keep."""
-        h = self.num_heads
-        return self.num_layers * (self.conv_dim * self.dtype.itemsize
-                                  + (2 * h * self.head_k_dim + h * self.head_v_dim + 2 * h) * 4)
+        recurrence's inputs (gated DeltaNet: q, k [H, K], v [H, V], g, beta [H], float32): what
+        replay and cow keep."""
+        return self.num_layers * (self.conv_dim * self.dtype.itemsize + self.recurrence.row_input_bytes(self))
 
 
 class RecurrentStateStore:
-    """`recurrent [L, S, P, H, K, V]` float32, `conv [L, S, P, W-1, C]`, `current [S]` int64: S slots
-    of P rows each (P = `rows_per_slot`). A fresh or `clear`ed slot holds zeros (an empty prefix)."""
+    """`recurrent [L, S, P, *state_shape]` float32 (`[H, K, V]`), `conv [L, S, P, W-1, C]`, `current [S]`
+    int64: S slots of P rows each (P = `rows_per_slot`). A fresh or `clear`ed slot holds zeros (an
+    empty prefix)."""
 
     def __init__(self, spec: RecurrentSpec, num_slots: int, rows_per_slot: int = 1, device="cpu",
                  scratch_slot: int | None = None):
@@ -93,7 +108,7 @@ class RecurrentStateStore:
         self.scratch_slot = scratch_slot
         s = spec
         lead = (s.num_layers, num_slots, rows_per_slot)
-        self.recurrent = torch.zeros(*lead, s.num_heads, s.head_k_dim, s.head_v_dim, device=device)
+        self.recurrent = torch.zeros(*lead, *s.state_shape, device=device)
         self.conv = torch.zeros(*lead, s.conv_width - 1, s.conv_dim, dtype=s.dtype, device=device)
         self.current = torch.zeros(num_slots, dtype=torch.long, device=device)
 
@@ -112,8 +127,8 @@ class RecurrentStateStore:
         self.current[slot] = 0
 
     def committed(self, slot: int, layer: int | None = None):
-        """(recurrent, conv) of the slot's committed row: `[L, H, K, V]`, `[L, W-1, C]` (views), or
-        one layer's `[H, K, V]`, `[W-1, C]`."""
+        """(recurrent, conv) of the slot's committed row: `[L, *state_shape]`, `[L, W-1, C]` (views), or
+        one layer's `[*state_shape]`, `[W-1, C]`."""
         row = int(self.current[slot])
         if layer is None:
             return self.recurrent[:, slot, row], self.conv[:, slot, row]
