@@ -221,3 +221,21 @@ def gated_delta_inputs(num_tokens: int, num_heads: int = 2, head_k_dim: int = 8,
                beta=torch.sigmoid(rand(T, H)), state=rand(H, head_k_dim, head_v_dim) * 0.5,
                x=rand(T, conv_dim), weight=rand(conv_dim, conv_width) * 0.5, conv_state=rand(conv_width - 1, conv_dim))
     return {n: (t.to(dtype) if n not in ("g", "beta", "state") else t).to(device) for n, t in out.items()}
+
+
+def selective_scan_inputs(num_tokens: int, num_heads: int = 2, state_size: int = 4, head_dim: int = 3,
+                          conv_dim: int = 10, conv_width: int = 4, seed: int = 0, device="cpu") -> dict:
+    """Inputs for Mamba2's selective scan (nwor_lab.ops.selective_scan) as a layer makes them: x
+    `[T, H, P]`, dt = softplus(.) > 0 `[T, H]`, A = -exp(.) < 0 and D `[H]`, B, C `[T, H, N]`, a
+    non-zero state `[H, N, P]`; and, for the short conv in front of it, conv inputs `conv_in`
+    `[T, C]` and a conv weight `[C, W]`. All float32."""
+    gen = torch.Generator().manual_seed(seed)
+    T, H = num_tokens, num_heads
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen)
+    out = dict(x=rand(T, H, head_dim), dt=torch.nn.functional.softplus(rand(T, H) - 1),
+               A=-torch.rand(H, generator=gen).mul(2).exp(), B=rand(T, H, state_size), C=rand(T, H, state_size),
+               D=rand(H), state=rand(H, state_size, head_dim) * 0.5,
+               conv_in=rand(T, conv_dim), weight=rand(conv_dim, conv_width) * 0.5)
+    return {n: t.to(device) for n, t in out.items()}

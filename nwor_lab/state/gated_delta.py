@@ -25,9 +25,7 @@ class GatedDeltaRecurrence(Recurrence):
     def run(self, state, inputs, options, keep_from, backend):
         """The G requests folded into the heads (each (request, head) pair is its own recurrence):
         state `[G, H, K, V]`, inputs `[G, s, H, ...]` -> (o `[G, s, H, V]`, kept `[G, n, H, K, V]`)."""
-        G, S, H = inputs[0].shape[:3]
-        fold = lambda t: t.transpose(0, 1).reshape(S, G * H, *t.shape[3:])         # noqa: E731
-        o, kept = gated_delta_rule(*(fold(t) for t in inputs), state.reshape(G * H, *state.shape[2:]),
-                                   options.get("scale"), keep_from=keep_from, backend=backend)
-        o = o.view(S, G, H, -1).transpose(0, 1)
-        return o, kept.view(kept.shape[0], G, H, *kept.shape[2:]).transpose(0, 1)
+        G = state.shape[0]
+        o, kept = gated_delta_rule(*map(self.fold_heads, inputs), state.flatten(0, 1), options.get("scale"),
+                                   keep_from=keep_from, backend=backend)
+        return self.unfold_heads(o, G), self.unfold_heads(kept, G)

@@ -85,6 +85,17 @@ class Recurrence:
             raise ValueError(f"recur: {self.name} takes the options {', '.join(self.options) or '(none)'}, "
                              f"not {', '.join(sorted(unknown))}")
 
+    @staticmethod
+    def fold_heads(t: torch.Tensor) -> torch.Tensor:
+        """`[G, s, H, ...]` -> `[s, G*H, ...]`: the G requests folded into the heads, for references
+        written over one sequence (each (request, head) pair is its own recurrence)."""
+        return t.transpose(0, 1).reshape(t.shape[1], t.shape[0] * t.shape[2], *t.shape[3:])
+
+    @staticmethod
+    def unfold_heads(t: torch.Tensor, num_requests: int) -> torch.Tensor:
+        """`[s, G*H, ...]` -> `[G, s, H, ...]` (the inverse of fold_heads; G = num_requests)."""
+        return t.view(t.shape[0], num_requests, t.shape[1] // num_requests, *t.shape[2:]).transpose(0, 1)
+
     def __eq__(self, other) -> bool:
         return type(other) is type(self)
 
