@@ -136,13 +136,8 @@ class HybridForCausalLM(LlamaForCausalLM):
         return self.forward_with_aux(input_ids, md, states=states)[0]
 
     def forward_with_aux(self, input_ids: torch.Tensor, md: AttentionMetadata, aux_layers=(), states=None):
-        """As LlamaForCausalLM's; `states` (default `md.states`): the state policy with the window open."""
+        """As LlamaForCausalLM's; `states` (default `md.states`): the state policy with the window open.
+        Each layer also gets its index in its own store and the state policy."""
         states = md.states if states is None else states
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary.cos_sin(md.positions, x.dtype)
-        aux = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:
-                aux[i] = x
-            x = layer(x, cos, sin, md, self.store_index[i], states)
-        return self.model.norm(x), (torch.cat([aux[i] for i in aux_layers], -1) if aux_layers else None)
+        return self.run_layers(input_ids, md.positions, aux_layers, lambda i, layer, x, cos, sin:
+                               layer(x, cos, sin, md, self.store_index[i], states))

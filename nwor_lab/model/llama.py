@@ -149,26 +149,26 @@ class LlamaForCausalLM(nn.Module):
     def forward_with_aux(self, input_ids: torch.Tensor, md: AttentionMetadata, aux_layers=()):
         """-> (final-norm hidden `[T, h]`, aux `[T, len(aux_layers) * h]` or None): aux holds the
         residual stream entering each listed layer (EAGLE-3's low / middle / high features)."""
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary.cos_sin(md.positions, x.dtype)
-        aux = {}
-        for i, layer in enumerate(self.model.layers):
-            if i in aux_layers:
-                aux[i] = x
-            x = layer(x, cos, sin, md, i)
-        return self.model.norm(x), (torch.cat([aux[i] for i in aux_layers], -1) if aux_layers else None)
+        return self.run_layers(input_ids, md.positions, aux_layers,
+                               lambda i, layer, x, cos, sin: layer(x, cos, sin, md, i))
 
     def forward_dense(self, input_ids: torch.Tensor, aux_layers=()):
         """input_ids `[B, S]` -> final-norm hidden `[B, S, hidden]` (causal, positions 0..S-1);
         with `aux_layers`, a pair (hidden, aux `[B, S, len * hidden]`) as `forward_with_aux`."""
-        x = self.model.embed_tokens(input_ids)
         pos = torch.arange(input_ids.shape[1], device=input_ids.device)
-        cos, sin = self.model.rotary.cos_sin(pos, x.dtype)
+        hidden, aux = self.run_layers(input_ids, pos, aux_layers, lambda i, layer, x, cos, sin: layer(x, cos, sin))
+        return (hidden, aux) if aux_layers else hidden
+
+    def run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, aux_layers, run):
+        """The one body of every forward: embed, rotary tables at `positions`, each decoder layer as
+        `run(i, layer, x, cos, sin) -> x` (what a cached forward passes it is the only difference
+        between targets: the hybrid adds its state layer and policy), final norm -> (hidden, aux or
+        None), aux the residual stream entering each of `aux_layers`, concatenated on the last dim."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary.cos_sin(positions, x.dtype)
         aux = {}
         for i, layer in enumerate(self.model.layers):
             if i in aux_layers:
                 aux[i] = x
-            x = layer(x, cos, sin)
-        if not aux_layers:
-            return self.model.norm(x)
-        return self.model.norm(x), torch.cat([aux[i] for i in aux_layers], -1)
+            x = run(i, layer, x, cos, sin)
+        return self.model.norm(x), (torch.cat([aux[i] for i in aux_layers], -1) if aux_layers else None)
