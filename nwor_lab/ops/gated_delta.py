@@ -65,7 +65,7 @@ def _prep(q, k, v, g, beta, state, scale):
     return q * scale, k, v, g, beta, s
 
 
-def _keep_from(T: int, keep_from: int | None) -> int:
+def first_kept_row(T: int, keep_from: int | None) -> int:
     """The first row whose state a run keeps (None: T - 1, the final state only), checked."""
     keep_from = T - 1 if keep_from is None else keep_from
     if not 0 <= keep_from <= max(T - 1, 0):
@@ -73,24 +73,33 @@ def _keep_from(T: int, keep_from: int | None) -> int:
     return keep_from
 
 
+def token_by_token(step, state: torch.Tensor, num_rows: int, keep_from: int):
+    """The token-by-token form of a recurrence: `state, out_t = step(t, state)` for t = 0 .. T-1 ->
+    (the outputs stacked `[T, ...]`, the states after rows keep_from .. T-1 stacked `[T-keep_from, ...]`)."""
+    outs, kept = [], []
+    for t in range(num_rows):
+        state, out = step(t, state)
+        outs.append(out)
+        if t >= keep_from:
+            kept.append(state)
+    return torch.stack(outs), torch.stack(kept)
+
+
 def gated_delta_recurrent_reference(q, k, v, g, beta, state=None, scale=None, keep_from: int | None = None):
     """q, k `[T, H, K]`; v `[T, H, V]`; g (log decay), beta `[T, H]`; state `[H, K, V]` (None: zeros).
     -> (o `[T, H, V]` float32, states `[T - keep_from, H, K, V]` float32: the state after each row
     from `keep_from` on; keep_from None: T - 1, the final state only)."""
     T = q.shape[0]
-    keep_from = _keep_from(T, keep_from)
+    keep_from = first_kept_row(T, keep_from)
     q, k, v, g, beta, s = _prep(q, k, v, g, beta, state, scale)
-    o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    kept = []
-    for t in range(T):
+
+    def step(t, s):
         s = s * g[t].exp()[:, None, None]
         recalled = (s * k[t][:, :, None]).sum(dim=1)                   # k_t^T S   [H, V]
         delta = (v[t] - recalled) * beta[t][:, None]
         s = s + k[t][:, :, None] * delta[:, None, :]
-        o[t] = (s * q[t][:, :, None]).sum(dim=1)
-        if t >= keep_from:
-            kept.append(s)
-    return o, (torch.stack(kept) if kept else s[None])
+        return s, (s * q[t][:, :, None]).sum(dim=1)
+    return token_by_token(step, s, T, keep_from)
 
 
 def gated_delta_chunk_reference(q, k, v, g, beta, state=None, scale=None, keep_from: int | None = None,
@@ -103,7 +112,7 @@ def gated_delta_chunk_reference(q, k, v, g, beta, state=None, scale=None, keep_f
     solve), then `o = exp(G) Q S0 + tril(Q K^T * decay) u` and `S_t = exp(G_t) S0 + sum_{s<=t}
     exp(G_t - G_s) k_s u_s^T`: every kept row's state is a masked sum, never a token loop."""
     T = q.shape[0]
-    keep_from = _keep_from(T, keep_from)
+    keep_from = first_kept_row(T, keep_from)
     q, k, v, g, beta, s = _prep(q, k, v, g, beta, state, scale)
     o = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     kept = []
@@ -172,7 +181,7 @@ def gated_delta_fla(q, k, v, g, beta, state=None, scale=None, keep_from: int | N
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     _check(q, k, v, g, beta, state)
     T, H, K = q.shape
-    keep_from = _keep_from(T, keep_from)
+    keep_from = first_kept_row(T, keep_from)
     h0 = (torch.zeros(H, K, v.shape[2], device=q.device) if state is None else state.float())[None]
     args = dict(scale=K ** -0.5 if scale is None else scale, output_final_state=True)
     q4, k4, v4, g4, b4 = (x[None] for x in (q, k, v, g.float(), beta))

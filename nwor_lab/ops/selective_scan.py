@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from nwor_lab.ops.gated_delta import first_kept_row, token_by_token
+
 
 def _prep(x, dt, A, B, C, D, state):
     if x.dim() != 3:
@@ -47,37 +49,26 @@ def _prep(x, dt, A, B, C, D, state):
     return x, dt, A, B, C, h
 
 
-def _keep_from(T: int, keep_from: int | None) -> int:
-    keep_from = T - 1 if keep_from is None else keep_from
-    if not 0 <= keep_from <= max(T - 1, 0):
-        raise ValueError(f"keep_from={keep_from}: must be a row of the run, 0..{T - 1}")
-    return keep_from
-
-
 def selective_scan_reference(x, dt, A, B, C, D=None, state=None, keep_from: int | None = None):
     """x `[T, H, P]`; dt `[T, H]`; A `[H]` (< 0); B, C `[T, H, N]`; D `[H]` or None; state `[H, N, P]`
     (None: zeros) -> (y `[T, H, P]` float32, states `[T - keep_from, H, N, P]` float32: the state after
     each row from `keep_from` on)."""
     T = x.shape[0]
-    keep_from = _keep_from(T, keep_from)
+    keep_from = first_kept_row(T, keep_from)
     x, dt, A, B, C, h = _prep(x, dt, A, B, C, D, state)
-    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    kept = []
-    for t in range(T):
+
+    def step(t, h):
         h = (dt[t] * A).exp()[:, None, None] * h + (dt[t][:, None] * B[t])[:, :, None] * x[t][:, None, :]
-        y[t] = (C[t][:, :, None] * h).sum(dim=1)
-        if t >= keep_from:
-            kept.append(h)
-    if D is not None:
-        y = y + D.float()[:, None] * x
-    return y, (torch.stack(kept) if kept else h[None])
+        return h, (C[t][:, :, None] * h).sum(dim=1)
+    y, kept = token_by_token(step, h, T, keep_from)
+    return (y if D is None else y + D.float()[:, None] * x), kept
 
 
 def selective_scan_chunk_reference(x, dt, A, B, C, D=None, state=None, keep_from: int | None = None):
     """`selective_scan_reference` without a token loop (same arguments and results, to float32
     rounding): decay[t, s] = exp(c_t - c_s) for s <= t (0 above the diagonal), per head."""
     T = x.shape[0]
-    keep_from = _keep_from(T, keep_from)
+    keep_from = first_kept_row(T, keep_from)
     x, dt, A, B, C, h0 = _prep(x, dt, A, B, C, D, state)
     c = (dt * A).cumsum(0).transpose(0, 1)                                     # [H, T]
     causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -88,7 +79,6 @@ def selective_scan_chunk_reference(x, dt, A, B, C, D=None, state=None, keep_from
     y = y.transpose(0, 1)
     if D is not None:
         y = y + D.float()[:, None] * x
-    rows = torch.arange(keep_from, T, device=x.device) if T else torch.arange(0, device=x.device)
-    states = c.exp()[:, rows, None, None] * h0[:, None] \
-        + torch.einsum("hws,hsn,hsp->hwnp", decay[:, rows], Bh, u)            # [H, w, N, P]
-    return y, (states.transpose(0, 1) if T else h0[None])
+    states = c[:, keep_from:].exp()[:, :, None, None] * h0[:, None] \
+        + torch.einsum("hws,hsn,hsp->hwnp", decay[:, keep_from:], Bh, u)      # [H, T - keep_from, N, P]
+    return y, states.transpose(0, 1)
