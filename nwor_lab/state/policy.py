@@ -38,9 +38,8 @@ one and a group of G give the same bits (tests/test_state.py).
 No host sync after `begin`: the rows of each request are host facts of the window, the acceptance
 stays on the device (commit picks rows with `index_select`, recomputes with the rejected rows masked
 to the recurrence's identity input, which leaves the state bit for bit as it was: g = 0, beta = 0
-for gated DeltaNet), so a step body can run the
-policy eagerly or inside a CUDA-graph capture. Only the checks under `validate` read the acceptance
-on the host, and never while capturing.
+for gated DeltaNet), so a step body can run the policy eagerly or inside a CUDA-graph capture. Only
+the checks under `validate` read the acceptance on the host, and never while capturing.
 """
 from __future__ import annotations
 
@@ -413,7 +412,7 @@ class StatePolicy:
         recurrence's identity (gated DeltaNet: g = 0, beta = 0): the state passes them unchanged, bit
         for bit, so one fixed-shape run serves every acceptance (no host sync)."""
         G, s = inputs[0].shape[:2]
-        keep = torch.arange(s, device=end_rows.device)[None] <= end_rows[:, None]              # [G, s]
+        keep = torch.arange(s, device=inputs[0].device)[None] <= end_rows[:, None]             # [G, s]
         _, kept = self._run(state, self.recurrence.masked(inputs, keep), options, keep_from=s - 1)
         self.stats["rows_recomputed"] += G * s
         return kept[:, -1], self._conv_after(torch.cat([conv.to(x.dtype), x], 1), end_rows)
