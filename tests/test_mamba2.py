@@ -9,7 +9,7 @@ import torch
 from nwor_lab.ops.gated_delta import causal_conv_reference
 from nwor_lab.ops.generators import selective_scan_inputs
 from nwor_lab.ops.selective_scan import selective_scan_chunk_reference, selective_scan_reference
-from nwor_lab.state import STATE_POLICIES, RecurrentSpec, RecurrentStateStore
+from nwor_lab.state import STATE_POLICIES, RecurrentSpec, RecurrentStateStore, memory_rows
 from nwor_lab.state.mamba2 import Mamba2Recurrence
 from nwor_lab.window import Acceptance, Window
 
@@ -72,6 +72,9 @@ def test_dt_zero_leaves_the_state_bit_for_bit():
 def test_spec_and_errors():
     assert SPEC.state_shape == (H, N, P) and SPEC.state_bytes_layer == H * N * P * 4
     assert SPEC.token_input_bytes == 2 * (CONV * 4 + (H * P + H + 2 * H * N) * 4)
+    rows = {r["strategy"]: r for r in memory_rows(SPEC, K)}
+    assert rows["stage"]["state_bytes_steady"] == SPEC.row_bytes == 2 * (H * N * P * 4 + (W - 1) * CONV * 4)
+    assert rows["replay"]["state_bytes_window"] == SPEC.row_bytes + (K + 1) * SPEC.token_input_bytes
     assert SPEC != RecurrentSpec(2, H, N, P, CONV, W) and SPEC == RecurrentSpec(2, H, N, P, CONV, W,
                                                                                 recurrence=Mamba2Recurrence())
     with pytest.raises(TypeError, match="recurrence"):

@@ -53,4 +53,5 @@ def make_state_policy(config: LabConfig, store: RecurrentStateStore) -> StatePol
 
 __all__ = ["STATE_POLICIES", "register_state_policy", "state_policy_class", "make_state_store",
            "make_state_policy", "StatePolicy", "StateWindowError", "Group", "RecurrentSpec",
-           "RecurrentStateStore", "Recurrence", "GatedDeltaRecurrence", "memory_rows", "qwen3_next_spec", "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]
+           "RecurrentStateStore", "Recurrence", "GatedDeltaRecurrence", "memory_rows", "qwen3_next_spec",
+           "OffState", "SnapshotsState", "CowState", "ReplayState", "StageState"]
