@@ -25,6 +25,7 @@ from nwor_lab.model.attention import AttentionMetadata
 from nwor_lab.model.config import LlamaConfig
 from nwor_lab.model.gated_deltanet import GatedDeltaNet
 from nwor_lab.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, RMSNorm
+from nwor_lab.state.gated_delta import GatedDeltaRecurrence
 from nwor_lab.state.store import RecurrentSpec
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -124,13 +125,14 @@ class HybridForCausalLM(LlamaForCausalLM):
         return self._num_linear
 
     def state_spec(self, dtype: torch.dtype | None = None) -> RecurrentSpec:
-        """The recurrent store's shape for this model (conv state in `dtype`, default the weights')."""
+        """The recurrent store's shape for this model (conv state in `dtype`, default the weights'); its
+        linear layers run the gated delta rule (`states.recur(layer, q, k, v, g, beta)`)."""
         c = self.config
         layer = next(l.linear_attn for l in self.model.layers if l.layer_type == "linear_attention")
         return RecurrentSpec(num_layers=self._num_linear, num_heads=c.linear_num_value_heads,
                              head_k_dim=c.linear_key_head_dim, head_v_dim=c.linear_value_head_dim,
                              conv_dim=layer.conv_dim, conv_width=c.linear_conv_kernel_dim,
-                             dtype=dtype or self.model.embed_tokens.weight.dtype)
+                             dtype=dtype or self.model.embed_tokens.weight.dtype, recurrence=GatedDeltaRecurrence())
 
     def forward(self, input_ids: torch.Tensor, md: AttentionMetadata, states=None) -> torch.Tensor:
         return self.forward_with_aux(input_ids, md, states=states)[0]
