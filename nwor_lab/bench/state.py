@@ -53,9 +53,9 @@ from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.bench.timing import bench_device, device_name, free_device
 from nwor_lab.config import SCV_MODES
+from nwor_lab.state import STATE_POLICIES
 from nwor_lab.engine.generate import first_divergence as token_divergence
 
-STRATEGIES = ("off", "snapshots", "cow", "replay", "stage")
 MODELS = ("auto", "shipped", "toy", "8b-hybrid", "8b-hybrid-mini")
 BLOCK = 16
 
@@ -386,7 +386,8 @@ def parser() -> LabArgumentParser:
                    help="auto: bfloat16 for 8b-hybrid, float32 otherwise")
     p.add_argument("--batch", type=types.integer(1, 512), nargs="+", default=[2], help="batch sizes, e.g. --batch 1 8 32")
     p.add_argument("--k", type=types.integer(1, 15), default=3)
-    p.add_argument("--strategies", type=types.listed(types.one_of(STRATEGIES), "strategies"), default=STRATEGIES)
+    p.add_argument("--strategies", type=types.listed(types.one_of(tuple(STATE_POLICIES)), "strategies"),
+                   default=tuple(STATE_POLICIES))
     p.add_argument("--prompt-len", type=types.integer(1, 4096), default=None, help="default: 64 (8b-hybrid), else 6")
     p.add_argument("--new-tokens", type=types.integer(2, 4096), default=None, help="default: 64 (8b-hybrid), else 12")
     p.add_argument("--repeats", type=types.integer(1, 100), default=2)

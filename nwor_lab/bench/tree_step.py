@@ -33,9 +33,6 @@ from nwor_lab.speculative.tree_accept import accept_tree_greedy
 from nwor_lab.tree import TreeWindow, depths_of
 from nwor_lab.window import Acceptance
 
-# the bench's strategy names (policies.tree.STRATEGIES) as the rows print them
-ROW_NAMES = {"move": "write-all+move", "remap": "write-all+remap", "cow": "cow", "stage": "stage"}
-
 
 @dataclass
 class TreeBatch:

@@ -6,7 +6,7 @@ policy declares, never its name.
 """
 from __future__ import annotations
 
-from nwor_lab.config import LabConfig, add_nwor_mode, check_config
+from nwor_lab.config import LabConfig, Registry, check_config, nwor_modes
 from nwor_lab.kv.cache import PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.policies.cow import CowPolicy
@@ -17,18 +17,10 @@ from nwor_lab.policies.ring_ledger import RingCorruption, RingLedger
 from nwor_lab.policies.stage import StagePolicy
 from nwor_lab.window import Acceptance, Window
 
-POLICIES: dict[str, type[WritePolicy]] = {}
-
-
-def register_policy(name: str, cls: type[WritePolicy]) -> type[WritePolicy]:
-    """Make `cls` the policy `LabConfig(nwor_mode=name)` selects."""
-    if not (isinstance(cls, type) and issubclass(cls, WritePolicy)):
-        raise TypeError(f"register_policy({name!r}, ...): expected a WritePolicy subclass, got {cls!r}")
-    cls.name = name
-    POLICIES[name] = cls
-    add_nwor_mode(name)
-    return cls
-
+# name -> policy class; `register_policy(name, cls)` makes `cls` the policy `LabConfig(nwor_mode=name)`
+# selects, and every flag and bench lists it (they read `config.nwor_modes()`, which it fills)
+POLICIES: Registry = Registry(nwor_modes, WritePolicy, "register_policy")
+register_policy = POLICIES.register
 
 register_policy("off", OffPolicy)
 register_policy("cow", CowPolicy)

@@ -20,7 +20,10 @@ import torch
 from nwor_lab.policies.off import OffPolicy
 from nwor_lab.window import Acceptance, Window
 
-STRATEGIES = ("move", "remap", "cow", "stage")
+# the tree commit strategies and the titles every row, figure and chapter gives them (their colours:
+# nwor_lab.viz.tree.STRATEGY_COLOURS, keyed by these titles)
+STRATEGY_TITLES = {"move": "write-all+move", "remap": "write-all+remap", "cow": "cow", "stage": "stage"}
+STRATEGIES = tuple(STRATEGY_TITLES)
 
 
 class RemapPolicy(OffPolicy):

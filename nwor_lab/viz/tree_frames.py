@@ -26,6 +26,7 @@ import torch
 from nwor_lab.config import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.ops import write_kv
+from nwor_lab.policies.tree import STRATEGY_TITLES
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
 from nwor_lab.speculative.tree_draft import dynamic_tree
 from nwor_lab.tree import TreeWindow, depths_of
@@ -34,7 +35,6 @@ from nwor_lab.viz.states import SlotState, log_rows, raw, staging_rows
 
 __all__ = ["TreeDemo", "TreeFrame", "tree_demo", "tree_frames", "STRATEGY_TITLES"]
 
-STRATEGY_TITLES = {"move": "write-all+move", "remap": "write-all+remap", "cow": "cow", "stage": "stage"}
 
 
 @dataclass
