@@ -27,18 +27,23 @@ register_policy("cow", CowPolicy)
 register_policy("stage", StagePolicy)
 
 
+def policy_class(config: LabConfig) -> type[WritePolicy]:
+    """The write policy class `config.nwor_mode` names (what it declares decides `kv_ring='auto'`
+    and `state_mode='auto'`)."""
+    if config.nwor_mode not in POLICIES:
+        raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: {', '.join(POLICIES)}")
+    return POLICIES[config.nwor_mode]
+
+
 def make_policy(config: LabConfig, cache: PagedKVCache, metrics: LabMetrics | None = None,
                 records: bool = True, observers: list | None = None) -> WritePolicy:
     """The write policy `config.nwor_mode` for `cache` (one policy per cache, i.e. per device)."""
     config = check_config("config", config)
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache: expected a nwor_lab.kv.PagedKVCache, got {type(cache).__name__}")
-    if config.nwor_mode not in POLICIES:
-        raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: "
-                         f"{', '.join(POLICIES)}")
-    return POLICIES[config.nwor_mode](cache, config, metrics, records=records, observers=observers)
+    return policy_class(config)(cache, config, metrics, records=records, observers=observers)
 
 
-__all__ = ["make_policy", "register_policy", "POLICIES", "WritePolicy", "OffPolicy", "CowPolicy",
+__all__ = ["make_policy", "policy_class", "register_policy", "POLICIES", "WritePolicy", "OffPolicy", "CowPolicy",
            "StagePolicy", "Window", "Acceptance", "WindowStateError", "PhaseEvent", "WindowObserver",
            "LogObserver", "RingLedger", "RingCorruption"]
