@@ -30,7 +30,7 @@ import torch
 from nwor_lab.bench.timing import device_name
 from nwor_lab.config import KV_RINGS, LabConfig
 from nwor_lab.engine.ring import exact_by_design, kv_memory, sliding_window_for, strategy_name
-from nwor_lab.engine.generate import first_divergence as token_divergence
+from nwor_lab.engine.trace import first_divergence
 from nwor_lab.policies import POLICIES, make_policy
 
 
@@ -42,11 +42,6 @@ def ring_strategies() -> tuple[tuple[str, str], ...]:
     rings = tuple(r for r in KV_RINGS if r != "auto")
     return tuple((mode, ring) for mode, cls in POLICIES.items()
                  for ring in (("ring",) if cls.keeps_ring_exact() else rings))
-
-
-def _first_divergence(got, want):
-    at = token_divergence(got, want)
-    return None if at is None else {"prompt": at[0], "token": at[1]}
 
 
 # -- the shipped pair, through the engine ------------------------------------------------------
@@ -96,7 +91,8 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
         decode = [(n, e) for t in verify for n, e, kind in zip(t.drafted, t.emitted, t.kinds) if kind != "prefill"]
         if kk == 0:
             reference = first
-        div = _first_divergence(first, reference)
+        d = first_divergence(first, reference)
+        div = None if d is None else d.where()
         pol = POLICIES[cfg.nwor_mode]
         mem = kv_memory(engine.cache.spec, engine.sliding, pol, kk, longest + new_tokens + kk)
         rows.append({

@@ -124,24 +124,6 @@ class Generation:
                                 self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests))
 
 
-def first_divergence(got: list[list[int]], want: list[list[int]], *, earliest: bool = False) -> tuple[int, int] | None:
-    """Where two runs' generated tokens first differ: (prompt index, token index), or None when every
-    prompt's tokens are equal. A run that stops early differs at the shorter length. `earliest`: the
-    smallest token index over all prompts (ties: the first prompt) instead of the first prompt that
-    differs."""
-    best = None
-    for i, (g, w) in enumerate(zip(got, want)):
-        n = min(len(g), len(w))
-        j = next((t for t in range(n) if g[t] != w[t]), n if len(g) != len(w) else None)
-        if j is None:
-            continue
-        if not earliest:
-            return i, j
-        if best is None or j < best[1]:
-            best = (i, j)
-    return best
-
-
 def check_window_limits(k: int, max_new_tokens: int, max_model_len: int) -> None:
     """The limits that hold whatever the prompts are (checked before the cache is sized or, for
     tensor parallelism, before a rank starts): a window of t_last + k drafts fits the model's
