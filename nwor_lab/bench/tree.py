@@ -48,7 +48,7 @@ from nwor_lab.bench.tree_step import (TreeBatch, TreeStep, contiguous_tables, fi
                                       graph_steps_ms, kernel_profile, new_cache, time_steps)
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.policies.tree import STRATEGIES, STRATEGY_TITLES, tree_commit_costs
+from nwor_lab.policies.tree import STRATEGIES, STRATEGY_TITLES, TREE_STRATEGIES, tree_commit_costs
 
 PROMPTS = ("def parse_args(argv):", "import os\n", "class Config:\n    def __init__(self,", "for i in range(",
            "def main():", "    return self.", "with open(path) as f:", "if __name__ == ")
@@ -126,7 +126,7 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
     ids = encode_prompts(tok, prompts)
     room = 2 + max(max(nodes), depth * topk)
     bases = {bs: prefill(target, head if bs == block_size else None, ids, bs, room)
-             for bs in {block_size, 1 if "remap" in strategies else block_size}}
+             for bs in {block_size, 1 if any(TREE_STRATEGIES[s].block_size_one for s in strategies) else block_size}}
     cache, tables, ctx, g_root = bases[block_size]
     greedy = {}
     rows = []
@@ -135,7 +135,7 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
         batch = TreeBatch(parents, tokens, [p[-1] for p in ids], ctx)
         steps, checks = {}, {}
         for s in strategies:
-            bs = 1 if s == "remap" else block_size
+            bs = 1 if TREE_STRATEGIES[s].block_size_one else block_size
             base, tab, _, _ = bases[bs]
             steps[s] = TreeStep(target, base, tab, batch, s, attention="torch")
             checks[s] = steps[s].check(tol=1e-5)
@@ -192,7 +192,7 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             forced = [first_child_path(p, accepted) for p in parents]
             steps, checks, bases, failed = {}, {}, {}, {}
             for s in strategies:
-                bs = 1 if s == "remap" else block_size
+                bs = 1 if TREE_STRATEGIES[s].block_size_one else block_size
                 per = -(-(context + n_nodes + 2) // bs)
                 try:
                     if bs not in bases:                 # a random prefix, one layer at a time
@@ -218,7 +218,7 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             for s in strategies:
                 if s in failed:
                     row = {"strategy": STRATEGY_TITLES[s], "model": model, "nodes": n_nodes, "batch": batch,
-                           "block_size": 1 if s == "remap" else block_size, "error": failed[s],
+                           "block_size": 1 if TREE_STRATEGIES[s].block_size_one else block_size, "error": failed[s],
                            "equals_target_only": None,
                            "device": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"}
                     rows.append(row)
