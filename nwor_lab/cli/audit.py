@@ -29,7 +29,8 @@ def add_parsers(subparsers) -> None:
                         "toy-hybrid; toy-hybrid: a random gated DeltaNet + attention pair (fixed seed)")
     a.add_argument("--nwor-mode", choices=nwor_modes(), default="off", help="the paged K/V write policy")
     a.add_argument("--state-mode", choices=state_modes(), default="auto",
-                   help="a hybrid target's recurrent-state strategy (auto: named like --nwor-mode)")
+                   help="a hybrid target's recurrent-state strategy (auto: the one --nwor-mode's policy declares "
+                        "as its counterpart)")
     a.add_argument("--k", type=types.int_at_least(1), default=3, help="drafts per window")
     a.add_argument("--max-new-tokens", type=types.int_at_least(1), default=24)
     a.add_argument("--prompts", type=types.int_at_least(1), default=2, metavar="N",

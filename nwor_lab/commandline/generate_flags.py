@@ -41,8 +41,8 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     p.add_argument("--nwor", choices=nwor_modes(), default="off", help="KV write policy")
     p.add_argument("--state-mode", choices=state_modes(), default=None,
                    help="a hybrid checkpoint's recurrent and conv state under drafts: off / snapshots / cow / "
-                        "replay / stage, or auto (the strategy named like --nwor; default, NWOR_LAB_STATE_MODE); "
-                        "attention-only models keep no such state")
+                        "replay / stage, or auto (the strategy --nwor's policy declares as its counterpart; default, "
+                        "NWOR_LAB_STATE_MODE); attention-only models keep no such state")
     p.add_argument("--sliding-window", type=types.int_at_least(0), default=None, metavar="W",
                    help="attend the last W positions in every layer (default 0: the whole context; "
                         "NWOR_LAB_SLIDING_WINDOW)")
