@@ -12,21 +12,72 @@ import math
 import os
 from dataclasses import dataclass
 
-NWOR_MODES = ("off", "cow", "stage")   # the built-in write policies (nwor_lab.policies registers them)
+# The built-in write policies and state strategies, named here only so that a LabConfig is checked
+# without importing nwor_lab.policies / nwor_lab.state (they sit above config). Nothing else reads
+# these two: every list of names (flags, benches, chapters) reads `nwor_modes()` / `state_modes()`,
+# which the registries fill (`register_policy`, `register_state_policy`), built-ins first in this
+# order (tests/test_policy_registry.py holds the registries to it).
+NWOR_MODES = ("off", "cow", "stage")
 SCV_MODES = ("off", "graph", "adaptive")
 BACKENDS = ("auto", "cuda", "torch")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")       # verify-window attention (nwor_lab.model.attention)
 CACHE_DTYPE_NAMES = ("auto", "fp8_e4m3", "fp8_e5m2")   # KV cache storage (nwor_lab.kv.CACHE_DTYPES)
 KV_LAYOUTS = ("NHD", "HND", "VLLM_CPU")                # the cache layouts of nwor_lab.kv (kv.layout.CACHE_LAYOUTS)
 # How a hybrid model's recurrent + conv state is kept under speculative decoding (nwor_lab.state):
-# `auto` follows nwor_mode where a strategy has that name (off / cow / stage).
+# `auto` takes the strategy the write policy declares (`WritePolicy.state_counterpart`).
 STATE_MODES = ("auto", "off", "snapshots", "cow", "replay", "stage")
 # How a sliding-window cache is kept (LabConfig.kv_ring; nwor_lab.kv.ring has the arithmetic):
 KV_RINGS = ("auto", "ring", "slack", "full", "guard")
 
-# Write policies registered beyond the built-ins (`nwor_lab.policies.register_policy`): LabConfig
-# accepts their names too. Kept here, not in policies/, so the config needs nothing above it.
-_extra_nwor_modes: list[str] = []
+
+class Names:
+    """The names one LabConfig field accepts, in order: the built-ins, then each name a registry
+    adds (`add`, called by the registry's `register_*`; `drop` undoes it). Call it for the tuple."""
+
+    def __init__(self, builtins: tuple[str, ...]):
+        self._names = list(builtins)
+
+    def __call__(self) -> tuple[str, ...]:
+        return tuple(self._names)
+
+    def add(self, name: str) -> None:
+        if not isinstance(name, str) or not name.strip() or name != name.strip().lower():
+            raise ValueError(f"name={name!r}: give a non-empty lower-case name without surrounding spaces "
+                             f"(what a flag and NWOR_LAB_* accept)")
+        if name not in self._names:
+            self._names.append(name)
+
+    def drop(self, name: str) -> None:
+        if name in self._names:
+            self._names.remove(name)
+
+
+class Registry(dict):
+    """name -> class of one kind (write policies, state strategies), each name one a LabConfig field
+    accepts. `register(name, cls)` checks `cls` is a `base`, sets `cls.name`, keeps the class and adds
+    the name to the field's `names`; `pop(name)` takes both back (a test's throwaway entry)."""
+
+    def __init__(self, names: Names, base: type, what: str):
+        super().__init__()
+        self.names, self.base, self.what = names, base, what
+
+    def register(self, name: str, cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise TypeError(f"{self.what}({name!r}, ...): expected a {self.base.__name__} subclass, got {cls!r}")
+        self.names.add(name)
+        cls.name = name
+        self[name] = cls
+        return cls
+
+    def pop(self, name: str, *default):
+        self.names.drop(name)
+        return super().pop(name, *default)
+
+
+# What each field accepts: nwor_lab.policies registers every write policy, nwor_lab.state every
+# state strategy (through a Registry over these).
+nwor_modes = Names(NWOR_MODES)
+state_modes = Names(STATE_MODES)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -46,17 +97,6 @@ def env_bool(name: str, default: bool = False, environ=None) -> bool:
     """The boolean environment switch `name` (unset: `default`); the lab's one env-bool parser."""
     env = os.environ if environ is None else environ
     return default if name not in env else parse_bool(name, env[name])
-
-
-def nwor_modes() -> tuple[str, ...]:
-    """Every write-policy name LabConfig accepts: the built-ins, then registered ones."""
-    return NWOR_MODES + tuple(_extra_nwor_modes)
-
-
-def add_nwor_mode(name: str) -> None:
-    """Called by `register_policy` so that `LabConfig(nwor_mode=name)` is accepted."""
-    if name not in nwor_modes():
-        _extra_nwor_modes.append(name)
 
 
 @dataclass(frozen=True)
@@ -89,7 +129,8 @@ class LabConfig:
         rejection), `snapshots` (a state per window position, the accepted one picked: vLLM),
         `cow` (checkpoint, restore and re-advance on reject: llama.cpp), `replay` (keep the window's
         inputs, recompute over the accepted rows: ReplaySSM), `stage` (window states transient,
-        only the accepted one committed); `auto` follows nwor_mode (off / cow / stage).
+        only the accepted one committed); `auto` takes the write policy's declared counterpart
+        (`WritePolicy.state_counterpart`: off -> off, cow -> cow, stage -> stage).
     tree:      draft trees instead of chains (nwor_lab.tree): "" (a chain), "topk=K,depth=D,nodes=N"
         (EAGLE-2's dynamic tree: expand the top-K children of the frontier for D levels, keep the best N
         nodes) or "paths=0|1|0.0|0.1" (a static tree: each path lists child ranks from t_last). Parsed
@@ -115,7 +156,7 @@ class LabConfig:
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
                                ("attention", ATTENTION_BACKENDS), ("kv_ring", KV_RINGS),
-                               ("state_mode", STATE_MODES)):
+                               ("state_mode", state_modes())):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
@@ -189,7 +230,7 @@ ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_M
                ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
                ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS),
                ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS),
-               ("NWOR_LAB_STATE_MODE", "state_mode", lambda: STATE_MODES))
+               ("NWOR_LAB_STATE_MODE", "state_mode", state_modes))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
 ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
 ENV_TEXT = (("NWOR_LAB_TREE", "tree"),)      # parsed by the field's own parser (parse_tree)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nwor_lab.audit import STORES, audit, load_pair, prompts_for, strategies_table, table_rows, toy_hybrid_pair
-from nwor_lab.config import LabConfig, _extra_nwor_modes
+from nwor_lab.config import LabConfig
 from nwor_lab.engine.generate import generate
 
 NEW = 8                  # tokens per prompt: a handful of windows with rejects, fast on one core
@@ -95,7 +95,6 @@ def liar():
     register_policy("audit-liar", Liar)
     yield "audit-liar"
     POLICIES.pop("audit-liar")
-    _extra_nwor_modes.remove("audit-liar")
 
 
 def test_the_bytes_decide_not_what_a_policy_declares(tiny, liar):

@@ -8,6 +8,7 @@ import torch
 
 from nwor_lab.bench import state as bench
 from nwor_lab.cli.main import main as cli_main
+from nwor_lab.state import STATE_POLICIES
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def test_one_row_per_strategy_with_the_documented_fields(toy):
     res, stored = toy
     rows = res["results"]
     assert stored["results"] == rows and stored["complete"]
-    assert [r["strategy"] for r in rows] == list(bench.STRATEGIES)
+    assert [r["strategy"] for r in rows] == list(STATE_POLICIES)
     for r in rows:
         for key in ("strategy", "model", "correct", "first_divergence", "state_bytes_steady", "state_bytes_window",
                     "tokens_per_s", "step_ms", "mean_acceptance_length", "batch", "k", "device", "torch"):
@@ -91,7 +92,7 @@ def test_the_sweep_checks_state_mode_values():
         check_parameters(parse_grid(["state_mode=off,snapshot"]), {}, declared, "nb.ipynb")
     with pytest.raises(SweepInputError, match="--set state_mode"):
         check_parameters({}, {"state_mode": "fast"}, declared, "nb.ipynb")
-    assert declared_orders()["state_mode"][1:] == bench.STRATEGIES
+    assert declared_orders()["state_mode"][1:] == tuple(STATE_POLICIES)
 
 
 def test_generate_runs_a_hybrid_checkpoint_under_the_state_mode(tmp_path, capsys, monkeypatch):

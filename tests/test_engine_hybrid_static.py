@@ -6,9 +6,10 @@ decode: target-only's tokens, or, under `off`, the same wrong ones. Prefills sta
 captured graphs themselves: tests/gpu/test_gpu_state_engine.py."""
 import pytest
 
-from nwor_lab.bench.state import STRATEGIES, toy_pair
+from nwor_lab.bench.state import toy_pair
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
+from nwor_lab.state import STATE_POLICIES
 from nwor_lab.engine.runner import StepRunner
 
 PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
@@ -35,7 +36,7 @@ def target_only(pair):
     return decode(pair, 0, "stage", False)[0]
 
 
-@pytest.mark.parametrize("state_mode", STRATEGIES)
+@pytest.mark.parametrize("state_mode", list(STATE_POLICIES))
 def test_the_static_bucket_step_decodes_what_the_eager_step_does(pair, target_only, state_mode):
     # 3 requests, 4 slots: a bucket of 4 with a padding request, then buckets of 2 and 1 as requests end
     static, runner = decode(pair, 3, state_mode, True)

@@ -71,3 +71,46 @@ def test_every_policy_is_a_kv_writer():
     cache = PagedKVCache(KVCacheSpec(1, 4, 4, 1, 4))
     for name in NWOR_MODES:
         assert isinstance(make_policy(LabConfig(nwor_mode=name), cache), KVWriter)
+
+
+def test_the_registries_list_the_builtins_config_checks_first():
+    """config names the built-ins only to check a LabConfig without importing policies / state; the
+    registries register exactly those first, in that order (so the two cannot drift apart)."""
+    from nwor_lab.config import STATE_MODES, nwor_modes, state_modes
+    from nwor_lab.state import STATE_POLICIES
+    assert tuple(POLICIES)[:len(NWOR_MODES)] == NWOR_MODES and nwor_modes() == tuple(POLICIES)
+    assert tuple(STATE_POLICIES) == STATE_MODES[1:] and state_modes() == STATE_MODES
+
+
+def test_nothing_but_config_reads_the_builtin_name_tuples():
+    """Flags, benches and chapters list names from the registries (`nwor_modes()`, `state_modes()`,
+    POLICIES, STATE_POLICIES), never config's built-in tuples: a registered policy reaches them all."""
+    import ast
+    from pathlib import Path
+    package = Path(__file__).resolve().parents[1] / "nwor_lab"
+    readers = []
+    for path in package.rglob("*.py"):
+        if path.name == "config.py" and path.parent == package:
+            continue
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        names |= {a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)
+                  for a in n.names}
+        if names & {"NWOR_MODES", "STATE_MODES"}:
+            readers.append(str(path.relative_to(package)))
+    assert readers == [], f"read nwor_modes() / state_modes() (or the registries) instead: {readers}"
+
+
+def test_a_popped_policy_leaves_the_config_names():
+    class Gone(WriteTwicePolicy):
+        pass
+    register_policy("gone", Gone)
+    assert "gone" in nwor_modes_now() and LabConfig(nwor_mode="gone").nwor_mode == "gone"
+    POLICIES.pop("gone")
+    assert "gone" not in nwor_modes_now()
+    with pytest.raises(ValueError, match="LabConfig.nwor_mode='gone': choose one of off, cow, stage"):
+        LabConfig(nwor_mode="gone")
+
+
+def nwor_modes_now():
+    from nwor_lab.config import nwor_modes
+    return nwor_modes()

@@ -57,12 +57,6 @@ def test_the_walk_finds_each_strategys_committed_state(accepted):
     assert by["snapshots"]["store_rows"] == 4 and by["replay"]["rows_recomputed"] == 4
 
 
-def test_first_divergence():
-    assert state_demo.first_divergence([[1, 2, 3]], [[1, 2, 3]]) is None
-    assert state_demo.first_divergence([[1, 2], [3, 4, 5]], [[1, 2], [3, 9, 5]]) == {"prompt": 1, "token": 1}
-    assert state_demo.first_divergence([[1, 2, 3]], [[1, 2]]) == {"prompt": 0, "token": 2}
-
-
 def test_the_cost_figures_draw_memory_rows_and_a_bench_document():
     from nwor_lab.state import memory_rows, qwen3_next_spec
     tiny = RecurrentSpec(num_layers=3, num_heads=4, head_k_dim=8, head_v_dim=8, conv_dim=64, conv_width=4)

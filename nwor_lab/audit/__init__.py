@@ -15,7 +15,7 @@ hybrid target's gated DeltaNet layers), `draft_kv` (the EAGLE head's own K/V lay
 from nwor_lab.audit.models import MODELS, Pair, load_pair, prompts_for, toy_hybrid_pair
 from nwor_lab.audit.report import (STATUSES, STORES, AuditReport, StoreFinding, divergence_text, strategies_table,
                                    table_rows)
-from nwor_lab.audit.run import Audit, audit, first_divergence, prepare_audit
+from nwor_lab.audit.run import Audit, audit, prepare_audit
 
 __all__ = ["audit", "AuditReport", "StoreFinding", "STORES", "STATUSES", "table_rows", "strategies_table", "divergence_text",
-           "first_divergence", "prepare_audit", "Audit", "load_pair", "prompts_for", "toy_hybrid_pair", "Pair", "MODELS"]
+           "prepare_audit", "Audit", "load_pair", "prompts_for", "toy_hybrid_pair", "Pair", "MODELS"]

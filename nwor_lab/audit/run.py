@@ -17,7 +17,7 @@ from nwor_lab.audit.kv import KVAudit
 from nwor_lab.audit.report import STORES, AuditReport, StoreFinding
 from nwor_lab.audit.state import StateAudit
 from nwor_lab.config import LabConfig, check_config
-from nwor_lab.engine.generate import first_divergence as token_divergence
+from nwor_lab.engine.trace import first_divergence
 
 
 def audit(config: LabConfig | None, prompts, max_new_tokens: int, *, target, head, k: int = 3,
@@ -71,7 +71,9 @@ class Audit:
                "draft_chain_windows": sum(1 for w in result.trace if w.kind == "draft"),
                "forced_acceptance": engine.acceptance is not None, "device": str(engine.device),
                "state_unexplained": engine.states.unexplained if isinstance(engine.states, StateAudit) else None}
-        divergence = first_divergence(result.token_ids, reference, result.trace, [r.req_id for r in gen.requests])
+        d = first_divergence(result.token_ids, reference, trace=result.trace, req_ids=[r.req_id for r in gen.requests])
+        divergence = None if d is None else {"request": d.prompt, "token": d.token, "expected": d.want, "got": d.got,
+                                             "window": d.window}
         return AuditReport([self.findings[name] for name in STORES], divergence, run)
 
 
@@ -107,29 +109,3 @@ def _present(engine) -> dict[str, bool]:
             "ring": engine.sliding is not None and engine.sliding.ring_slots is not None,
             "recurrent_state": engine.states is not None, "conv_state": engine.states is not None,
             "draft_kv": engine.drafting}
-
-
-def first_divergence(outputs: list[list[int]], reference: list[list[int]], trace=(), req_ids=None) -> dict | None:
-    """The first token (by request, then position) where `outputs` differ from `reference`
-    (target-only), with the step whose verify window emitted it (from `trace`, requests `req_ids`
-    in the prompts' order); None when all agree."""
-    at = token_divergence(outputs, reference)
-    if at is None:
-        return None
-    i, j = at
-    got, want = outputs[i], reference[i]
-    window = _emitted_in(trace, req_ids[i], j) if req_ids is not None else None
-    return {"request": i, "token": j, "expected": want[j] if j < len(want) else None,
-            "got": got[j] if j < len(got) else None, "window": window}
-
-
-def _emitted_in(trace, req_id: int, token: int) -> int | None:
-    """The step whose verify window emitted output token `token` of request `req_id`."""
-    seen = 0
-    for w in trace:
-        if w.kind != "verify" or req_id not in w.req_ids:
-            continue
-        seen += len(w.emitted[w.req_ids.index(req_id)])
-        if seen > token:
-            return w.step
-    return None

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
+from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
 from nwor_lab import atomic
 from nwor_lab.bench.timing import device_name, time_engine, timed
 from nwor_lab.commandline import args as types
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     configs = [("target-only", 0, LabConfig(attention=args.attention, cuda_graph=graphs))] + [
         (f"{args.head} k={args.k} nwor={m} scv={s}", args.k,
          LabConfig(nwor_mode=m, scv_mode=s, attention=args.attention, cuda_graph=graphs))
-        for m in NWOR_MODES for s in args.scv]
+        for m in nwor_modes() for s in args.scv]
     rows = []
     for bs in args.batch_sizes:
         ps = prompts[:max(bs, 2)] if bs == 1 else prompts[:bs]

@@ -43,7 +43,7 @@ from nwor_lab import atomic
 from nwor_lab.bench.timing import bench_device, device_name, free_device, run_prompts, time_engines_interleaved, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
+from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
 from nwor_lab.engine.generate import acceptance_stats
 from nwor_lab.engine.buffers import token_bucket
 from nwor_lab.model.shapes import HEAD_SHAPES, SHAPES, parameter_bytes, random_head, random_target
@@ -306,7 +306,7 @@ def parser() -> LabArgumentParser:
     p.add_argument("--heads", type=types.listed(types.one_of(HEAD_SHAPES), "heads"), default=HEAD_SHAPES)
     p.add_argument("--ks", type=types.listed(types.integer(1, 16), "draft counts"), default=(2, 4, 6))
     p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 256), "batch sizes"), default=(1, 8, 32))
-    p.add_argument("--policies", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=NWOR_MODES)
+    p.add_argument("--policies", type=types.listed(types.one_of(nwor_modes()), "write policies"), default=nwor_modes())
     p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
                    help="SCV mode (off: the host loop, so every step runs eagerly)")
     p.add_argument("--acceptance", type=acceptance_text, default="shipped",

@@ -21,7 +21,7 @@ import torch
 from nwor_lab.ops.graphs import capture_graph
 
 from nwor_lab.bench.kernels import interleaved_time_us
-from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies import make_policy
 from nwor_lab.window import Acceptance, Window
@@ -101,7 +101,7 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
             from nwor_lab.ops import _ext
             _ext.load()                      # torch.ops.nwor_lab.* exist once the extension is loaded
             fns["bare_write_kv"] = _bare_op_fn(PagedKVCache(spec, "cuda"), window, key)
-        for mode in NWOR_MODES:
+        for mode in nwor_modes():
             cache = PagedKVCache(spec, "cuda")
             policy = make_policy(LabConfig(nwor_mode=mode, backend=backend, validate=False), cache, records=False)
             policy.reserve(window.num_tokens)   # buffers allocated before the graph capture
@@ -115,7 +115,7 @@ def run(batches=(1, 8, 64), backend: str = "cuda", command: str = "nwor-lab benc
                "accepted": int(mask.sum())}
         for name in fns:
             row[name] = {"eager_us": round(eager[name], 1), "graph_us": round(graphed[name], 1)}
-        for mode in NWOR_MODES:
+        for mode in nwor_modes():
             for kind in ("eager_us", "graph_us"):
                 row[mode][f"{kind[:-3]}_vs_off"] = round(row[mode][kind] / row["off"][kind], 3)
         if "bare_write_kv" in row:   # issue 10's host-path target: off within 1.5x of the bare op
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     else:
         for r in result["results"]:
             print(f"R={r['requests']:3d} T={r['tokens']:4d}: index_copy {r['index_copy_baseline']['eager_us']} us | " +
-                  " | ".join(f"{m} {r[m]['eager_us']} us (graph {r[m]['graph_us']})" for m in NWOR_MODES))
+                  " | ".join(f"{m} {r[m]['eager_us']} us (graph {r[m]['graph_us']})" for m in nwor_modes()))
     return 0
 
 

@@ -28,28 +28,30 @@ from pathlib import Path
 import torch
 
 from nwor_lab.bench.timing import device_name
-from nwor_lab.config import LabConfig
+from nwor_lab.config import KV_RINGS, LabConfig
 from nwor_lab.engine.ring import exact_by_design, kv_memory, sliding_window_for, strategy_name
-from nwor_lab.engine.generate import first_divergence as token_divergence
+from nwor_lab.engine.trace import first_divergence
 from nwor_lab.policies import POLICIES, make_policy
 
-STRATEGIES = (("off", "ring"), ("off", "slack"), ("off", "full"), ("off", "guard"), ("cow", "ring"),
-              ("stage", "ring"))
 
 
-def _first_divergence(got, want):
-    at = token_divergence(got, want)
-    return None if at is None else {"prompt": at[0], "token": at[1]}
+def ring_strategies() -> tuple[tuple[str, str], ...]:
+    """The (nwor_mode, kv_ring) pairs the bench compares, from what each registered policy declares:
+    one that keeps a ring of W slots exact (`keeps_ring_exact`) on that ring; any other on the ring it
+    corrupts and under every fix (slack, full, guard). Built-ins: off x 4, cow + ring, stage + ring."""
+    rings = tuple(r for r in KV_RINGS if r != "auto")
+    return tuple((mode, ring) for mode, cls in POLICIES.items()
+                 for ring in (("ring",) if cls.keeps_ring_exact() else rings))
 
 
 # -- the shipped pair, through the engine ------------------------------------------------------
 def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int, target, head, tokenizer=None,
                        device="cpu", dtype=torch.float32, batch: int = 4, block_size: int = 16,
                        cache_dtype: str = "auto", attention: str = "auto", repeats: int = 1,
-                       strategies=STRATEGIES) -> list[dict]:
+                       strategies=None) -> list[dict]:
     """Target-only greedy decoding with W = `sliding_window`, then every (nwor_mode, kv_ring) of
-    `strategies` with `k` drafts, on the same prompts (token id lists, each <= W long) -> one row
-    each: correctness against target-only (and the first divergence), KV memory per request, mean
+    `strategies` (default: `ring_strategies()`) with `k` drafts, on the same prompts (token id lists,
+    each <= W long) -> one row each: correctness against target-only (and the first divergence), KV memory per request, mean
     acceptance length, tokens per request and decode step, tokens/s (median of `repeats` timed
     runs on a warm engine, the strategies timed round-robin)."""
     from nwor_lab.bench.timing import timed
@@ -62,7 +64,7 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
                          f"slots cannot hold it (the lab does not chunk prefills); shorten the prompts")
     configs = [("target-only", 0, LabConfig(sliding_window=sliding_window, kv_ring="full", attention=attention))]
     configs += [(f"{m}+{r}", k, LabConfig(nwor_mode=m, kv_ring=r, sliding_window=sliding_window, attention=attention))
-                for m, r in strategies]
+                for m, r in (ring_strategies() if strategies is None else strategies)]
     # every engine built and warmed up first, then the timed runs round-robin (run r of every
     # strategy, then run r + 1): drift of a shared machine hits every strategy alike
     built = []
@@ -89,7 +91,8 @@ def compare_strategies(prompts, *, sliding_window: int, k: int, new_tokens: int,
         decode = [(n, e) for t in verify for n, e, kind in zip(t.drafted, t.emitted, t.kinds) if kind != "prefill"]
         if kk == 0:
             reference = first
-        div = _first_divergence(first, reference)
+        d = first_divergence(first, reference)
+        div = None if d is None else d.where()
         pol = POLICIES[cfg.nwor_mode]
         mem = kv_memory(engine.cache.spec, engine.sliding, pol, kk, longest + new_tokens + kk)
         rows.append({
@@ -164,7 +167,7 @@ def step_rows(args, device) -> list[dict]:
                               kv_ring="full")
                 target_only = k0.eager()[0][:batch].cpu()
                 del k0
-            for mode, ring in (("off", "full"),) + tuple(s for s in STRATEGIES if s != ("off", "full")):
+            for mode, ring in (("off", "full"),) + tuple(s for s in ring_strategies() if s != ("off", "full")):
                 name = f"{mode}+{ring}"
                 with torch.no_grad():
                     case = StepCase(pair, batch, args.k, w, mode, args.rate, args.attention, graphs=args.graphs,

@@ -43,7 +43,7 @@ from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.bench.timing import bench_device, device_name, free_device
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.config import NWOR_MODES, SCV_MODES
+from nwor_lab.config import SCV_MODES, nwor_modes
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
 from nwor_lab.serve.driver import Progress
 from nwor_lab.serve.workload import poisson_arrivals, random_specs, specs_from_stream
@@ -87,7 +87,7 @@ def parser() -> LabArgumentParser:
                    config_spec("eagle3:4"), config_spec("eagle3:auto")),
                    help="comma-separated: target, HEAD:K, HEAD:auto (HEAD eagle1 or eagle3)")
     p.add_argument("--k-max", type=types.integer(1, 16), default=4, help="drafts an `auto` engine may verify")
-    p.add_argument("--policies", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=("stage",))
+    p.add_argument("--policies", type=types.listed(types.one_of(nwor_modes()), "write policies"), default=("stage",))
     p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
                    help="SCV mode of the EAGLE engines (graph: the acceptance mask on the device, as graphed steps "
                         "need it)")

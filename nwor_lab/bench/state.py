@@ -53,9 +53,9 @@ from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.bench.timing import bench_device, device_name, free_device
 from nwor_lab.config import SCV_MODES
-from nwor_lab.engine.generate import first_divergence as token_divergence
+from nwor_lab.state import STATE_POLICIES
+from nwor_lab.engine.trace import first_divergence
 
-STRATEGIES = ("off", "snapshots", "cow", "replay", "stage")
 MODELS = ("auto", "shipped", "toy", "8b-hybrid", "8b-hybrid-mini")
 BLOCK = 16
 
@@ -188,12 +188,6 @@ def run_once(engine, prompts, new_tokens: int):
     return [list(r.output) for r in reqs], [reqs[i].req_id for i in range(len(reqs))], engine.trace[first:]
 
 
-def first_divergence(got, want):
-    """-> (token index, prompt) of the earliest differing output token over the prompts, or (None, None)."""
-    at = token_divergence(got, want, earliest=True)
-    return (None, None) if at is None else (at[1], at[0])
-
-
 def target_positions(trace, req_ids) -> dict[int, list[int]]:
     """Output indices of the tokens the target emitted itself (one per verify window that was not
     cut: the token after the accepted drafts), per request id."""
@@ -319,8 +313,9 @@ def bench_batch(target, head, model: str, source, forced: bool, batch: int, args
                        target_tokens_over_tolerance=len(bad),
                        target_tokens_not_argmax=sum(1 for g in gaps for x in g if x > 0))
         else:
-            div = first_divergence(out, ref)
-            row["correct_greedy"] = div[0] is None
+            d = first_divergence(out, ref, earliest=True)
+            div = (None, None) if d is None else (d.token, d.prompt)
+            row["correct_greedy"] = d is None
         row["first_divergence"], row["first_divergence_prompt"] = div
         row.update(state_bytes(eng, k, batch))
         row.update(tokens_per_s=round(ntok / run["seconds"], 2), step_ms=round(1e3 * run["seconds"] / max(1, windows), 3),
@@ -361,8 +356,8 @@ def finish_rows(rows, greedy: dict, sampled: dict, forced: bool, temperature: fl
             r["sampled_equal"] = ref is not None and sampled[name] == sampled[ref]
             r["temperature"] = temperature
             if ref is not None and not r["sampled_equal"] and r["first_divergence"] is None:
-                j, i = first_divergence(sampled[name], sampled[ref])
-                r["first_divergence"], r["first_divergence_prompt"] = j, i
+                d = first_divergence(sampled[name], sampled[ref], earliest=True)
+                r["first_divergence"], r["first_divergence_prompt"] = d.token, d.prompt
             ok = ok and r["sampled_equal"]
         r["correct"] = bool(ok)
 
@@ -386,7 +381,8 @@ def parser() -> LabArgumentParser:
                    help="auto: bfloat16 for 8b-hybrid, float32 otherwise")
     p.add_argument("--batch", type=types.integer(1, 512), nargs="+", default=[2], help="batch sizes, e.g. --batch 1 8 32")
     p.add_argument("--k", type=types.integer(1, 15), default=3)
-    p.add_argument("--strategies", type=types.listed(types.one_of(STRATEGIES), "strategies"), default=STRATEGIES)
+    p.add_argument("--strategies", type=types.listed(types.one_of(tuple(STATE_POLICIES)), "strategies"),
+                   default=tuple(STATE_POLICIES))
     p.add_argument("--prompt-len", type=types.integer(1, 4096), default=None, help="default: 64 (8b-hybrid), else 6")
     p.add_argument("--new-tokens", type=types.integer(2, 4096), default=None, help="default: 64 (8b-hybrid), else 12")
     p.add_argument("--repeats", type=types.integer(1, 100), default=2)

@@ -35,7 +35,7 @@ from nwor_lab.bench.kernels import interleaved_time_us
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.engine.step import run_step
 from nwor_lab.policies import WritePolicy
 from nwor_lab.speculative.synthetic import ForcedAcceptance
@@ -134,7 +134,7 @@ def measure(pair, batch: int, k: int, context: int, rate: float, attention: str,
             iters: int = 3, reps: int = 11) -> dict:
     """Eager and graphed µs per step for `none` and every write policy, measured round-robin (host
     drift hits every mode alike), with ratios to `off` and the KV share."""
-    cases = {m: StepCase(pair, batch, k, context, m, rate, attention, graphs) for m in ("none",) + tuple(NWOR_MODES)}
+    cases = {m: StepCase(pair, batch, k, context, m, rate, attention, graphs) for m in ("none",) + nwor_modes()}
     kinds = {"eager_us": interleaved_time_us({n: c.eager for n, c in cases.items()}, iters=iters, reps=reps)}
     if graphs and all(c.inputs is not None and c.inputs.graph is not None for c in cases.values()):
         kinds["graph_us"] = interleaved_time_us({n: c.replay for n, c in cases.items()}, iters=iters, reps=reps)
@@ -143,7 +143,7 @@ def measure(pair, batch: int, k: int, context: int, rate: float, attention: str,
     for name in cases:
         out[name] = {kind: round(t[name], 1) for kind, t in kinds.items()}
     for kind in kinds:
-        for mode in NWOR_MODES:
+        for mode in nwor_modes():
             out[mode][kind.replace("_us", "_vs_off")] = round(out[mode][kind] / out["off"][kind], 4)
             out[mode][kind.replace("_us", "_kv_share")] = round(1 - out["none"][kind] / out[mode][kind], 4)
     del cases
@@ -204,8 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=types.integer(1, 1 << 20), default=1024, help="cached tokens per request")
     p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--no-graphs", action="store_true", help="eager only")
-    p.add_argument("--profile", metavar="MODE", choices=NWOR_MODES,
-                   help="run one eager step of MODE (off/cow/stage) of the first "
+    p.add_argument("--profile", metavar="MODE", choices=nwor_modes(),
+                   help="run one eager step of MODE (a write policy) of the first "
                    "model/batch/k/rate between cudaProfilerStart/Stop, for ncu --profile-from-start off")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from nwor_lab.config import NWOR_MODES, SCV_MODES, LabConfig
+from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
@@ -98,7 +98,7 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(1, 8))
     p.add_argument("--k", type=types.listed(types.integer(0, 64), "draft counts"), default=(0, 4),
                    help="drafts per window, comma-separated (0: target only)")
-    p.add_argument("--nwor", type=types.listed(types.one_of(NWOR_MODES), "write policies"), default=("off", "stage"),
+    p.add_argument("--nwor", type=types.listed(types.one_of(nwor_modes()), "write policies"), default=("off", "stage"),
                    help="write policies, comma-separated")
     p.add_argument("--scv", choices=SCV_MODES, default="graph")
     p.add_argument("--prompt-len", type=types.integer(1, 1 << 20), default=128)

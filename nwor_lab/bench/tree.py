@@ -44,11 +44,11 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.bench.ratios import step_ratio
-from nwor_lab.bench.tree_step import (ROW_NAMES, TreeBatch, TreeStep, contiguous_tables, first_child_path,
+from nwor_lab.bench.tree_step import (TreeBatch, TreeStep, contiguous_tables, first_child_path,
                                       graph_steps_ms, kernel_profile, new_cache, time_steps)
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.policies.tree import STRATEGIES, tree_commit_costs
+from nwor_lab.policies.tree import STRATEGIES, STRATEGY_TITLES, TREE_STRATEGIES, tree_commit_costs
 
 PROMPTS = ("def parse_args(argv):", "import os\n", "class Config:\n    def __init__(self,", "for i in range(",
            "def main():", "    return self.", "with open(path) as f:", "if __name__ == ")
@@ -126,7 +126,7 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
     ids = encode_prompts(tok, prompts)
     room = 2 + max(max(nodes), depth * topk)
     bases = {bs: prefill(target, head if bs == block_size else None, ids, bs, room)
-             for bs in {block_size, 1 if "remap" in strategies else block_size}}
+             for bs in {block_size, 1 if any(TREE_STRATEGIES[s].block_size_one for s in strategies) else block_size}}
     cache, tables, ctx, g_root = bases[block_size]
     greedy = {}
     rows = []
@@ -135,7 +135,7 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
         batch = TreeBatch(parents, tokens, [p[-1] for p in ids], ctx)
         steps, checks = {}, {}
         for s in strategies:
-            bs = 1 if s == "remap" else block_size
+            bs = 1 if TREE_STRATEGIES[s].block_size_one else block_size
             base, tab, _, _ = bases[bs]
             steps[s] = TreeStep(target, base, tab, batch, s, attention="torch")
             checks[s] = steps[s].check(tol=1e-5)
@@ -192,7 +192,7 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             forced = [first_child_path(p, accepted) for p in parents]
             steps, checks, bases, failed = {}, {}, {}, {}
             for s in strategies:
-                bs = 1 if s == "remap" else block_size
+                bs = 1 if TREE_STRATEGIES[s].block_size_one else block_size
                 per = -(-(context + n_nodes + 2) // bs)
                 try:
                     if bs not in bases:                 # a random prefix, one layer at a time
@@ -217,8 +217,8 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
             graphed = graph_steps_ms(steps, reps, profile=profile) if graphs and cuda and steps else {}
             for s in strategies:
                 if s in failed:
-                    row = {"strategy": ROW_NAMES[s], "model": model, "nodes": n_nodes, "batch": batch,
-                           "block_size": 1 if s == "remap" else block_size, "error": failed[s],
+                    row = {"strategy": STRATEGY_TITLES[s], "model": model, "nodes": n_nodes, "batch": batch,
+                           "block_size": 1 if TREE_STRATEGIES[s].block_size_one else block_size, "error": failed[s],
                            "equals_target_only": None,
                            "device": torch.cuda.get_device_name() if torch.device(device).type == "cuda" else "cpu"}
                     rows.append(row)
@@ -256,7 +256,7 @@ def _row(step: TreeStep, check: dict, timing, tokens_ok: bool, model: str, topk:
     step_ms, commit_ms = timing
     emitted = sum(1 + a for a in acc)
     dev = step.cache.device
-    return {"strategy": ROW_NAMES[step.strategy], "model": model, "nodes": costs["nodes"], "batch": step.batch.num_reqs,
+    return {"strategy": STRATEGY_TITLES[step.strategy], "model": model, "nodes": costs["nodes"], "batch": step.batch.num_reqs,
             "topk": topk, "depth": depth, "block_size": spec.block_size,
             "accepted_len": round(sum(acc) / len(acc), 3), "accepted_lens": acc,
             "rows_written_per_token": round(costs["rows_written_per_token"], 4),

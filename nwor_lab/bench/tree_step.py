@@ -27,14 +27,10 @@ import torch
 from nwor_lab.config import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.model.attention import AttentionMetadata, use_kernel
-from nwor_lab.policies import make_policy
-from nwor_lab.policies.tree import RemapPolicy
+from nwor_lab.policies.tree import RemapPolicy, tree_policy
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
 from nwor_lab.tree import TreeWindow, depths_of
 from nwor_lab.window import Acceptance
-
-# the bench's strategy names (policies.tree.STRATEGIES) as the rows print them
-ROW_NAMES = {"move": "write-all+move", "remap": "write-all+remap", "cow": "cow", "stage": "stage"}
 
 
 @dataclass
@@ -67,11 +63,7 @@ def first_child_path(parents: list[int], length: int) -> list[bool]:
 
 def policy_for(strategy: str, cache: PagedKVCache, attention: str):
     """The write policy of one strategy (records off: a timed step has no host reads)."""
-    mode = "off" if strategy in ("move", "remap") else strategy
-    cfg = LabConfig(nwor_mode=mode, attention=attention, validate=False)
-    if strategy == "remap":
-        return RemapPolicy(cache, cfg, records=False)
-    return make_policy(cfg, cache, records=False)
+    return tree_policy(strategy, cache, LabConfig(attention=attention, validate=False), records=False)
 
 
 def contiguous_tables(num_reqs: int, blocks_per_req: int) -> list[list[int]]:
@@ -137,7 +129,7 @@ class TreeStep:
     def commit(self, verdict) -> Acceptance:
         acc = self.forced if self.forced is not None else verdict.acceptance(self.window)
         self.policy.commit(acc)
-        if self.strategy == "remap":
+        if isinstance(self.policy, RemapPolicy):     # its commit leaves the table to re-point
             self.remapped = self.policy.remap(self.tables, self.ctx)[0]
         return acc
 

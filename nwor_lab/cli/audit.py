@@ -14,7 +14,7 @@ import json
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.environment import check_device_arg, lab_config
 from nwor_lab.commandline.errors import UsageError, flag_names
-from nwor_lab.config import KV_RINGS, NWOR_MODES, STATE_MODES
+from nwor_lab.config import KV_RINGS, nwor_modes, state_modes
 
 MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
 FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
@@ -27,9 +27,10 @@ def add_parsers(subparsers) -> None:
     a.add_argument("--model", choices=MODELS, default="tiny",
                    help="tiny: the shipped Llama pair; hybrid: the shipped hybrid pair when the lab has one, else "
                         "toy-hybrid; toy-hybrid: a random gated DeltaNet + attention pair (fixed seed)")
-    a.add_argument("--nwor-mode", choices=NWOR_MODES, default="off", help="the paged K/V write policy")
-    a.add_argument("--state-mode", choices=STATE_MODES, default="auto",
-                   help="a hybrid target's recurrent-state strategy (auto: named like --nwor-mode)")
+    a.add_argument("--nwor-mode", choices=nwor_modes(), default="off", help="the paged K/V write policy")
+    a.add_argument("--state-mode", choices=state_modes(), default="auto",
+                   help="a hybrid target's recurrent-state strategy (auto: the one --nwor-mode's policy declares "
+                        "as its counterpart)")
     a.add_argument("--k", type=types.int_at_least(1), default=3, help="drafts per window")
     a.add_argument("--max-new-tokens", type=types.int_at_least(1), default=24)
     a.add_argument("--prompts", type=types.int_at_least(1), default=2, metavar="N",

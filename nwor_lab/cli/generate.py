@@ -15,7 +15,7 @@ from pathlib import Path
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
 from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names, interrupted_exit_code, run
 from nwor_lab.commandline.generate_flags import FLAGS, SEPARATOR, parser, stats_line
-from nwor_lab.engine.generate import first_divergence as token_divergence
+from nwor_lab.engine.trace import first_divergence
 
 
 def add_parsers(subparsers) -> None:
@@ -60,16 +60,6 @@ class TextStream:
             if self.cursor < len(self.requests):
                 self.out.write(self.prompts[self.cursor])
         self.out.flush()
-
-
-def first_divergence(got: list[list[int]], want: list[list[int]]) -> dict | None:
-    """The first (prompt, token index) where `got` differs from `want`, or None."""
-    at = token_divergence(got, want)
-    if at is None:
-        return None
-    i, j = at
-    return {"prompt": i, "token": j, "got": got[i][j] if j < len(got[i]) else None,
-            "target_only": want[i][j] if j < len(want[i]) else None}
 
 
 def ring_line(res, check: dict | None) -> str:
@@ -146,8 +136,9 @@ def cli_generate(argv=None) -> int:
                       stop_at_eos=args.stop_at_eos, cache_dtype=args.cache_dtype, block_size=args.block_size,
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                       truncate_prompts=args.truncate_prompt).run().result()
-        div = first_divergence(res.token_ids, ref.token_ids)
-        check = {"equals_target_only": div is None, "first_divergence": div}
+        d = first_divergence(res.token_ids, ref.token_ids)
+        check = {"equals_target_only": d is None, "first_divergence": None if d is None else
+                 {"prompt": d.prompt, "token": d.token, "got": d.got, "target_only": d.want}}
     if args.json:
         print(json.dumps({"texts": res.texts, "token_ids": res.token_ids, **res.summary(), **(check or {}),
                           "nwor": cfg.nwor_mode, "scv": cfg.scv_mode, "k": args.k, "tree": cfg.tree,

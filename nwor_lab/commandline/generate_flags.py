@@ -21,7 +21,7 @@ import argparse
 
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import PROG, LabArgumentParser
-from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, NWOR_MODES, SCV_MODES, STATE_MODES
+from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, SCV_MODES, nwor_modes, state_modes
 
 SEPARATOR = "-" * 60
 
@@ -38,11 +38,11 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                                                       "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("prompts", nargs="+", type=types.prompt, help="one or more prompts (batched together)")
     p.add_argument("--k", type=types.int_at_least(0), default=4, help="drafts per window (0: target only)")
-    p.add_argument("--nwor", choices=NWOR_MODES, default="off", help="KV write policy")
-    p.add_argument("--state-mode", choices=STATE_MODES, default=None,
+    p.add_argument("--nwor", choices=nwor_modes(), default="off", help="KV write policy")
+    p.add_argument("--state-mode", choices=state_modes(), default=None,
                    help="a hybrid checkpoint's recurrent and conv state under drafts: off / snapshots / cow / "
-                        "replay / stage, or auto (the strategy named like --nwor; default, NWOR_LAB_STATE_MODE); "
-                        "attention-only models keep no such state")
+                        "replay / stage, or auto (the strategy --nwor's policy declares as its counterpart; default, "
+                        "NWOR_LAB_STATE_MODE); attention-only models keep no such state")
     p.add_argument("--sliding-window", type=types.int_at_least(0), default=None, metavar="W",
                    help="attend the last W positions in every layer (default 0: the whole context; "
                         "NWOR_LAB_SLIDING_WINDOW)")

@@ -28,7 +28,8 @@ from array import array
 import torch
 
 from nwor_lab._checks import check_backend_device
-from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
+from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
@@ -38,7 +39,7 @@ from nwor_lab.engine.tree_plan import tree_plan
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.engine.ring import sliding_window_for, strategy_name
-from nwor_lab.policies import POLICIES, RingCorruption, RingLedger, make_policy
+from nwor_lab.policies import RingCorruption, RingLedger
 from nwor_lab.speculative import ScvRunner
 from nwor_lab.speculative.synthetic import ForcedAcceptance
 from nwor_lab.window import Acceptance, Window
@@ -52,7 +53,7 @@ class SpecEngine:
     `trace` lists every window (`WindowTrace`).
     """
 
-    def __init__(self, target, head=None, config: LabConfig | None = None, *, k: int = 4,
+    def __init__(self, target, head=None, config: LabConfig | Choices | None = None, *, k: int = 4,
                  num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
                  eos_token_id: int | None = None, cache_dtype: str = "auto",
@@ -60,7 +61,9 @@ class SpecEngine:
         # Every limit is checked here, before the cache is allocated (its size is checked against
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
-        self.config = check_config("config", config)
+        # the config checked and its names looked up once (`prepare` hands its Choices down)
+        choices = Choices.of(config)
+        self.config, policy_cls = choices.config, choices.policy
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
         # draft trees (LabConfig.tree): only with a head and k > 0 (k = 0 decodes target-only, as with
@@ -94,7 +97,6 @@ class SpecEngine:
         num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.cache = PagedKVCache(_cache_spec(target, head, num_blocks, block_size, self.dtype, cache_dtype),
                                   device=self.device, max_bytes=max_cache_memory)
-        policy_cls = policy_class(self.config)
         self.sliding = sliding_window_for(self.config, self.k, policy_cls)   # None: whole-context attention
         self.strategy = strategy_name(self.config, policy_cls)
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
@@ -106,16 +108,17 @@ class SpecEngine:
         if self.ledger is not None:
             self.observers.append(self.ledger)
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
-        self.policy = make_policy(self.config, self.cache, self.metrics, observers=self.observers)
+        self.policy = policy_cls(self.cache, self.config, self.metrics, observers=self.observers)
         self.scv = ScvRunner(self.config.scv_mode)
         # a hybrid target's recurrent and conv states: a store of their own, one slot per running
         # request (the last one a scratch slot), under the state strategy the config selects
         self.states, self.free_state_slots = None, []
         if hasattr(target, "state_spec"):
             from nwor_lab.state import make_state_policy, make_state_store
-            store = make_state_store(self.config, target.state_spec(), max_num_seqs + 1, self.k, self.device,
+            state_config = choices.state_config()
+            store = make_state_store(state_config, target.state_spec(), max_num_seqs + 1, self.k, self.device,
                                      scratch_slot=max_num_seqs)
-            self.states = make_state_policy(self.config, store)
+            self.states = make_state_policy(state_config, store)
             self.free_state_slots = list(range(max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
@@ -130,7 +133,7 @@ class SpecEngine:
             self.forced_rates = acceptance.conditional(self.k, self.device)
         self.drafter = None
         if head is not None:
-            draft_policy = make_policy(self.config, self.cache, self.draft_metrics, observers=self.observers)
+            draft_policy = policy_cls(self.cache, self.config, self.draft_metrics, observers=self.observers)
             self.drafter = Drafter(head, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
         # optional (engine, requests) -> drafts 0..k per request for the next window (None: k each),
@@ -334,13 +337,6 @@ def path_ranks(h: dict, result) -> list[list[int]]:
             ranks.append(sum(1 for i in range(node - 1) if p[i] == parent))
         out.append(ranks)
     return out
-
-
-def policy_class(config: LabConfig):
-    """The write policy class `config.nwor_mode` names (what it declares decides `kv_ring='auto'`)."""
-    if config.nwor_mode not in POLICIES:
-        raise ValueError(f"nwor_mode={config.nwor_mode!r}: no such write policy; registered: {', '.join(POLICIES)}")
-    return POLICIES[config.nwor_mode]
 
 
 def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVCacheSpec:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from nwor_lab._checks import check_device
-from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
+from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.tree_plan import tree_plan
-from nwor_lab.engine.engine import SpecEngine, policy_class
+from nwor_lab.engine.engine import SpecEngine
 from nwor_lab.engine.ring import sliding_window_for
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.trace import WindowTrace
@@ -53,9 +54,8 @@ def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
     `kv_slots_per_request` (positions kept per layer), the bytes kept for its life and the bytes
     the policy holds while a window is open, for the longest request; `state_mode`: a hybrid
     target's state strategy (None without recurrent state)."""
-    from nwor_lab.engine.engine import policy_class
     from nwor_lab.engine.ring import kv_memory, resolve_kv_ring
-    cls = policy_class(engine.config)
+    cls = type(engine.policy)
     sw = engine.sliding
     longest = max((len(r.prompt) + r.max_new_tokens + engine.k for r in requests), default=0)
     mem = kv_memory(engine.cache.spec, sw, cls, engine.k, longest)
@@ -124,24 +124,6 @@ class Generation:
                                 self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests))
 
 
-def first_divergence(got: list[list[int]], want: list[list[int]], *, earliest: bool = False) -> tuple[int, int] | None:
-    """Where two runs' generated tokens first differ: (prompt index, token index), or None when every
-    prompt's tokens are equal. A run that stops early differs at the shorter length. `earliest`: the
-    smallest token index over all prompts (ties: the first prompt) instead of the first prompt that
-    differs."""
-    best = None
-    for i, (g, w) in enumerate(zip(got, want)):
-        n = min(len(g), len(w))
-        j = next((t for t in range(n) if g[t] != w[t]), n if len(g) != len(w) else None)
-        if j is None:
-            continue
-        if not earliest:
-            return i, j
-        if best is None or j < best[1]:
-            best = (i, j)
-    return best
-
-
 def check_window_limits(k: int, max_new_tokens: int, max_model_len: int) -> None:
     """The limits that hold whatever the prompts are (checked before the cache is sized or, for
     tensor parallelism, before a rank starts): a window of t_last + k drafts fits the model's
@@ -168,7 +150,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
                         f"{type(prompts).__name__}; for one prompt pass [prompt]")
     if not prompts:
         raise ValueError("prompts: the list is empty; give at least one prompt")
-    config = check_config("config", config)
+    choices = Choices.of(config)        # checked once, handed to the engine
+    config = choices.config
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     k = check_int("k", k, 0)
     check_temperature("temperature", temperature)
@@ -203,13 +186,12 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
         # a tree writes past t_last what its plan's lookahead says (the window's N nodes, the head's draft window)
         ahead = tree_plan(shape).lookahead if shape is not None else k
         per = -(-(max(len(p) for p in ids) + max_new_tokens + ahead) // block_size)
-        sliding = sliding_window_for(config or LabConfig(), k if head is not None else 0,
-                                     policy_class(config or LabConfig()))
+        sliding = sliding_window_for(config, k if head is not None else 0, choices.policy)
         if sliding is not None and sliding.ring_slots is not None:   # a ring: ceil(S / BS) blocks at most
             per = min(per, -(-sliding.ring_slots // block_size))
         num_blocks = per * min(len(ids), max_num_seqs) + 1
     eos = target.config.eos_token_id if stop_at_eos else None
-    engine = SpecEngine(target, head if k > 0 else None, config, k=k, num_blocks=num_blocks,
+    engine = SpecEngine(target, head if k > 0 else None, choices, k=k, num_blocks=num_blocks,
                         block_size=block_size, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed,
                         eos_token_id=eos, cache_dtype=cache_dtype, max_cache_memory=max_cache_memory,

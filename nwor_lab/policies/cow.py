@@ -23,6 +23,7 @@ from nwor_lab.ops import log_slots, restore_slots
 class CowPolicy(OffPolicy):
     preserves_rejected_slots = True   # restored from the log at commit
     evicted_in_log = True             # attention reads what the drafts' writes evicted from the log
+    state_counterpart = "cow"         # checkpoint the state, restore and re-advance on reject
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -15,6 +15,8 @@ from nwor_lab.ops.write_kv import slot_destination, write_rows
 class OffPolicy(WritePolicy):
     """Declares the defaults: the window is read from the cache, rejected slots keep garbage."""
 
+    state_counterpart = "off"   # the recurrent state advanced through every row, rejected ones too
+
     _dest = None            # torch path: (slots, their version, (rows, block, offset)), made once for all the
                             # window's layers; kept with the slot tensor itself and its version (a static
                             # window of a graphed step is refilled in place between steps)

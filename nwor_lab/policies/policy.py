@@ -18,6 +18,10 @@ mode names:
     evicted_in_log            the old contents of the window's draft slots wait in a log until commit:
                               on a ring cache (sliding windows), attention reads the positions those
                               writes evicted from `log_kv(layer)` instead of the overwritten slots
+    state_counterpart         the state strategy (nwor_lab.state, by its registered name) that keeps a
+                              hybrid model's recurrent state the way this policy keeps K/V: what
+                              `LabConfig(state_mode="auto")` runs beside it (None: none; a hybrid
+                              target then needs an explicit state_mode)
 `keeps_ring_exact()` follows from these: whether a ring of exactly W slots stays correct under the
 policy (nwor_lab.kv.ring says why a write-all window is not).
 Every argument is checked before anything is written; slot checks run once, at `begin`.
@@ -52,6 +56,7 @@ class WritePolicy:
     window_in_buffer: ClassVar[bool] = False
     preserves_rejected_slots: ClassVar[bool] = False
     evicted_in_log: ClassVar[bool] = False
+    state_counterpart: ClassVar[str | None] = None
 
     def __init__(self, cache: PagedKVCache, config: LabConfig | None = None,
                  metrics: LabMetrics | None = None, records: bool = True, observers: list | None = None):

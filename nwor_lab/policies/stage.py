@@ -24,6 +24,7 @@ from nwor_lab.ops import commit, use_cuda, write_kv
 class StagePolicy(WritePolicy):
     window_in_buffer = True           # attention reads the window from window_kv(layer)
     preserves_rejected_slots = True   # rejected rows are never written to the cache
+    state_counterpart = "stage"       # window states transient, the accepted one committed
 
     def __init__(self, *args, initial_capacity: int = 64, **kwargs):
         super().__init__(*args, **kwargs)

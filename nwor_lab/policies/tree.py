@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
+from nwor_lab.config import LabConfig
+from nwor_lab.policies.cow import CowPolicy
 from nwor_lab.policies.off import OffPolicy
+from nwor_lab.policies.policy import WritePolicy
+from nwor_lab.policies.stage import StagePolicy
 from nwor_lab.window import Acceptance, Window
 
-STRATEGIES = ("move", "remap", "cow", "stage")
 
 
 class RemapPolicy(OffPolicy):
@@ -42,6 +47,34 @@ class RemapPolicy(OffPolicy):
         if self.last_remap is None:
             raise RuntimeError("remap: commit a window first")
         return remap_block_tables(block_tables, context_lens, *self.last_remap)
+
+
+@dataclass(frozen=True)
+class TreeStrategy:
+    """One way to commit a tree window: its `title` (what rows, figures and chapters call it), the
+    write policy class that commits it, and whether it needs block size 1 (re-pointing a table is
+    exact only with a block per position)."""
+
+    title: str
+    policy: type[WritePolicy]
+    block_size_one: bool = False
+
+
+# The tree commit strategies, by name (their colours: nwor_lab.viz.tree.STRATEGY_COLOURS, by title)
+TREE_STRATEGIES = {"move": TreeStrategy("write-all+move", OffPolicy),
+                   "remap": TreeStrategy("write-all+remap", RemapPolicy, block_size_one=True),
+                   "cow": TreeStrategy("cow", CowPolicy), "stage": TreeStrategy("stage", StagePolicy)}
+STRATEGIES = tuple(TREE_STRATEGIES)
+STRATEGY_TITLES = {name: s.title for name, s in TREE_STRATEGIES.items()}
+
+
+def tree_policy(strategy: str, cache, config: LabConfig | None = None, **kwargs) -> WritePolicy:
+    """The write policy that commits tree windows under `strategy` (one of STRATEGIES) over `cache`;
+    `config`'s other settings kept, its nwor_mode the policy's own; `kwargs` as WritePolicy's."""
+    if strategy not in TREE_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    cls = TREE_STRATEGIES[strategy].policy
+    return cls(cache, (config or LabConfig()).replace(nwor_mode=cls.name), **kwargs)
 
 
 def remap_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, window: Window,

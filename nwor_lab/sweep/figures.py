@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nwor_lab.config import ATTENTION_BACKENDS, BACKENDS, CACHE_DTYPE_NAMES, SCV_MODES, STATE_MODES, nwor_modes
+from nwor_lab.config import ATTENTION_BACKENDS, BACKENDS, CACHE_DTYPE_NAMES, SCV_MODES, nwor_modes, state_modes
 from nwor_lab.sweep import spread as _spread
 
 # metric-name suffix -> unit; longest first, so `_tok_s` wins over `_s`
@@ -67,7 +67,7 @@ def sort_key(value: Any) -> tuple:
 def declared_orders() -> dict[str, tuple]:
     """Parameter name -> the lab's own order of its values (where the lab declares one)."""
     return {"nwor_mode": nwor_modes(), "nwor": nwor_modes(), "mode": nwor_modes(), "scv_mode": SCV_MODES,
-            "scv": SCV_MODES, "state_mode": STATE_MODES, "backend": BACKENDS, "attention": ATTENTION_BACKENDS, "cache_dtype": CACHE_DTYPE_NAMES}
+            "scv": SCV_MODES, "state_mode": state_modes(), "backend": BACKENDS, "attention": ATTENTION_BACKENDS, "cache_dtype": CACHE_DTYPE_NAMES}
 
 
 def param_sort_key(name: str | None):

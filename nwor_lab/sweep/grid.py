@@ -14,14 +14,14 @@ import json
 import re
 from typing import Any
 
-from nwor_lab.config import STATE_MODES
+from nwor_lab.config import state_modes
 
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]")  # safe in file names on Linux, macOS and Windows
 # parameters whose values the lab knows before any run: a bad one would fail every run alike
-LAB_CHOICES = {"state_mode": STATE_MODES}
+LAB_CHOICES = {"state_mode": state_modes}      # name -> its choices, read when checked (registered ones too)
 MAX_RUN_ID = 120  # well under the 255-byte file name limit, with ".ipynb" / ".log" added
 
 
@@ -137,7 +137,8 @@ def check_parameters(grid: dict[str, list[Any]], fixed: dict[str, Any], declared
 def check_lab_values(grid: dict[str, list[Any]], fixed: dict[str, Any]) -> None:
     """Values of the parameters in LAB_CHOICES (`state_mode`: a hybrid target's state strategy,
     nwor_lab.state) must be among the lab's choices: `--grid state_mode=snapshots,stage`."""
-    for name, choices in LAB_CHOICES.items():
+    for name, names in LAB_CHOICES.items():
+        choices = names()
         for flag, values in (("--grid", grid.get(name, [])), ("--set", [fixed[name]] if name in fixed else [])):
             bad = [v for v in values if v not in choices]
             if bad:

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from nwor_lab.config import LabConfig
-from nwor_lab.engine.generate import first_divergence as token_divergence
 from nwor_lab.window import Acceptance, Window
 
 MODELS = ("auto", "shipped", "toy")
@@ -101,13 +100,6 @@ def decode(pair: HybridPair, prompts: list[list[int]], k: int, new_tokens: int, 
     verify = [t for t in engine.trace if t.kind == "verify" and sum(t.drafted)]
     return {"tokens": [list(r.output) for r in reqs], "drafted": sum(sum(t.drafted) for t in verify),
             "accepted": sum(sum(t.accepted) for t in verify), "windows": len(verify)}
-
-
-def first_divergence(reference: list[list[int]], tokens: list[list[int]]) -> dict | None:
-    """The first generated token that differs from the reference: {"prompt", "token"} (its index
-    among the generated tokens), or None when every prompt's tokens are equal."""
-    at = token_divergence(tokens, reference)
-    return None if at is None else {"prompt": at[0], "token": at[1]}
 
 
 def window_walk(spec, k: int, accepted: int, seed: int = 0) -> dict:

@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from nwor_lab.policies.tree import STRATEGY_TITLES
 from nwor_lab.tree import depths_of
 from nwor_lab.viz.cache import add_state_legend, heatmap_style
 from nwor_lab.viz.states import STATE_MEANING, SlotState
@@ -25,8 +26,9 @@ from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout
 __all__ = ["tree_layout", "tree_figure", "tree_costs_figure", "commit_strips", "tree_vs_chain_figure", "STRATEGY_COLOURS"]
 
 # one colour per commit strategy, borrowed from the state each one leaves behind or works in
-STRATEGY_COLOURS = {"write-all+move": STATE_COLOURS[SlotState.REJECTED], "write-all+remap": STATE_COLOURS[SlotState.OLD],
-                    "cow": STATE_COLOURS[SlotState.LOGGED], "stage": STATE_COLOURS[SlotState.STAGED]}
+# (keyed by the strategy's title, policies.tree.STRATEGY_TITLES: what the bench's rows name)
+STRATEGY_COLOURS = {STRATEGY_TITLES[s]: STATE_COLOURS[state] for s, state in (
+    ("move", SlotState.REJECTED), ("remap", SlotState.OLD), ("cow", SlotState.LOGGED), ("stage", SlotState.STAGED))}
 
 
 def tree_layout(parents: Sequence[int]) -> tuple[list[int], list[float]]:

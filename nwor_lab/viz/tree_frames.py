@@ -26,6 +26,7 @@ import torch
 from nwor_lab.config import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.ops import write_kv
+from nwor_lab.policies.tree import STRATEGY_TITLES, TREE_STRATEGIES, RemapPolicy, tree_policy
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
 from nwor_lab.speculative.tree_draft import dynamic_tree
 from nwor_lab.tree import TreeWindow, depths_of
@@ -34,7 +35,6 @@ from nwor_lab.viz.states import SlotState, log_rows, raw, staging_rows
 
 __all__ = ["TreeDemo", "TreeFrame", "tree_demo", "tree_frames", "STRATEGY_TITLES"]
 
-STRATEGY_TITLES = {"move": "write-all+move", "remap": "write-all+remap", "cow": "cow", "stage": "stage"}
 
 
 @dataclass
@@ -92,11 +92,9 @@ def tree_demo(seed: int = 0, *, nodes: int = 9, topk: int = 3, depth: int = 4, a
 
 def tree_frames(strategy: str, demo: TreeDemo | None = None, *, seed: int = 0) -> list[TreeFrame]:
     """The frames of `demo` (default `tree_demo(seed)`) committed by `strategy` (move, cow, stage, remap)."""
-    from nwor_lab.policies import make_policy
-    from nwor_lab.policies.tree import RemapPolicy
     demo = demo if demo is not None else tree_demo(seed)
     N, n, L = len(demo.parents), demo.prefix, demo.num_layers
-    bs = 1 if strategy == "remap" else demo.block_size
+    bs = 1 if TREE_STRATEGIES[strategy].block_size_one else demo.block_size
     blocks = -(-(n + N + 1 + bs) // bs)
     cache = PagedKVCache(KVCacheSpec(L, blocks, bs, demo.key.shape[2], demo.key.shape[3]))
     table = torch.arange(blocks, dtype=torch.int32)[None]
@@ -104,8 +102,7 @@ def tree_frames(strategy: str, demo: TreeDemo | None = None, *, seed: int = 0) -
     for l in range(L):
         write_kv(demo.prefix_key[l], demo.prefix_value[l], *cache.layer(l), pre_slots)
     w = TreeWindow.build([demo.parents], table, [n], bs, torch.tensor(demo.tokens))
-    cfg = LabConfig(nwor_mode="off" if strategy in ("move", "remap") else strategy, attention="torch")
-    policy = RemapPolicy(cache, cfg) if strategy == "remap" else make_policy(cfg, cache)
+    policy = tree_policy(strategy, cache, LabConfig(attention="torch"))
     rec = _Recording(strategy, demo, cache, w, policy, pre_slots)
     policy.begin(w)
     rec.snap("begin")
@@ -118,7 +115,7 @@ def tree_frames(strategy: str, demo: TreeDemo | None = None, *, seed: int = 0) -
     rec.acceptance, rec.path = acc, acc.draft_mask.tolist()
     rec.snap("acceptance")
     policy.commit(acc)
-    if strategy == "remap":
+    if isinstance(policy, RemapPolicy):     # its commit leaves the table to re-point
         rec.table = policy.remap(table, torch.tensor([n]))[0]
     rec.snap("commit")
     return rec.frames

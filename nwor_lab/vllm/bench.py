@@ -4,7 +4,7 @@ Per method (EAGLE-1, EAGLE-3, ngram), ONE engine with the plugin; "vllm" is the 
 the plugin stood down (`VllmLab.stand_down`: every hook defers to vLLM's own write, attention and
 sampling, one attribute check per hook), so vLLM alone and each policy share the engine, its
 memory and its warm caches. Round-robin, so the machine's drift hits every entry alike:
-`--repeats` timed generate calls each of vllm, off, cow, stage (after one untimed warm-up round);
+`--repeats` timed generate calls each of vllm and every write policy (off, cow, stage) (after one untimed warm-up round);
 medians and ratios to vllm. (A second engine in one process is not an option for ngram: vLLM 0.32
 starts no engine after its ngram proposer exists, docs/vllm.md.)
 A last, untimed run per policy with `check=True` counts the windows whose cache bytes were checked.
@@ -24,16 +24,18 @@ import statistics
 import sys
 import time
 
+from nwor_lab.config import nwor_modes
+
 PROMPTS = ["def parse_args(argv):", "import os\n", "class Foo:", "for i in range(", "def main():",
            "import sys\n", "class Bar(object):", "while True:"]
-POLICIES = ("off", "cow", "stage")
 
 
 def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict:
     from nwor_lab.vllm.generate import VllmLab
 
+    policies = nwor_modes()          # every registered write policy (the built-ins: off, cow, stage)
     lab = VllmLab(method, k, max_num_seqs=len(PROMPTS))
-    times = {name: [] for name in ("vllm", *POLICIES)}
+    times = {name: [] for name in ("vllm", *policies)}
     runs = {}
     for rep in range(repeats + 1):
         for name in times:
@@ -49,7 +51,7 @@ def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict
     assert all(r.token_ids == tokens for r in runs.values()), f"{method}: a policy changed vLLM's tokens"
     checked = {}
     lab.set_check(True)                  # untimed: every window's cache bytes compared with the invariants
-    for mode in POLICIES:
+    for mode in policies:
         res = lab.generate(PROMPTS, max_new_tokens, nwor_mode=mode)
         checked[mode] = {"windows": len(res.trace), "checks_passed": res.totals["checks_passed"]}
     med = {name: statistics.median(v) for name, v in times.items()}
@@ -57,7 +59,7 @@ def bench_method(method: str, k: int, max_new_tokens: int, repeats: int) -> dict
            "generate_s_median": med, "generate_s_all": times,
            "ratio_to_vllm": {name: med[name] / med["vllm"] for name in med},
            "tokens_identical": True, "policies": {}}
-    for mode in POLICIES:
+    for mode in policies:
         t = runs[mode].totals
         out["policies"][mode] = {
             "verify_steps": t["steps"], "verify_windows_with_drafts": t["verify_windows"], "drafts": t["drafts"],

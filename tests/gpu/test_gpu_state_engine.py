@@ -5,9 +5,10 @@ why, `StatePolicy.capture_off`, and then runs eagerly: no replay expected)."""
 import pytest
 import torch
 
-from nwor_lab.bench.state import STRATEGIES, random_hybrid, toy_pair
+from nwor_lab.bench.state import random_hybrid, toy_pair
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
+from nwor_lab.state import STATE_POLICIES
 from nwor_lab.speculative.synthetic import ForcedAcceptance
 
 pytestmark = pytest.mark.gpu
@@ -36,14 +37,14 @@ def decode(pair, k, state_mode, graphs, max_num_seqs=4, new_tokens=24, acceptanc
     return outs, engine
 
 
-@pytest.mark.parametrize("state_mode", [s for s in STRATEGIES if s != "off"])
+@pytest.mark.parametrize("state_mode", [s for s in STATE_POLICIES if s != "off"])
 def test_gpu_hybrid_every_exact_strategy_equals_target_only(pair, state_mode):
     want = decode(pair, 0, "stage", False)[0][0]
     outs, engine = decode(pair, 3, state_mode, False)
     assert all(o == want for o in outs), state_mode
 
 
-@pytest.mark.parametrize("state_mode", STRATEGIES)
+@pytest.mark.parametrize("state_mode", list(STATE_POLICIES))
 def test_gpu_hybrid_captured_steps_equal_eager_steps(pair, state_mode):
     eager, _ = decode(pair, 3, state_mode, False)
     graphed, engine = decode(pair, 3, state_mode, True)
@@ -55,7 +56,7 @@ def test_gpu_hybrid_captured_steps_equal_eager_steps(pair, state_mode):
         assert engine.runner.replays > 0, (state_mode, engine.graphed_off)
 
 
-@pytest.mark.parametrize("state_mode", STRATEGIES)
+@pytest.mark.parametrize("state_mode", list(STATE_POLICIES))
 def test_gpu_hybrid_8b_mini_forced_acceptance_graphed_equals_eager(state_mode):
     """The bench's random hybrid (forced acceptance: most drafts accepted, unlike the toy's; float32, so that the eager steps' exact-size GEMMs
     and the buckets' padded ones round alike), padding requests in the buckets (3 of 4)."""
