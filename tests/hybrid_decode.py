@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.config import LabConfig
+from nwor_lab.engine.choices import Choices
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.model import AttentionMetadata
 from nwor_lab.policies import make_policy
@@ -25,8 +26,9 @@ class HandDecoder:
         self.cache = PagedKVCache(KVCacheSpec(model.num_layers, num_reqs * blocks_per_req, block_size,
                                               cfg.num_key_value_heads, cfg.head_dim))
         self.kv = make_policy(config, self.cache)
-        self.store = make_state_store(config, model.state_spec(), num_reqs, k)
-        self.states = make_state_policy(config, self.store)
+        state_config = Choices.of(config).state_config()      # state_mode='auto': the policy's counterpart
+        self.store = make_state_store(state_config, model.state_spec(), num_reqs, k)
+        self.states = make_state_policy(state_config, self.store)
         self.tables = [list(range(r * blocks_per_req, (r + 1) * blocks_per_req)) for r in range(num_reqs)]
         self.lens = [0] * num_reqs           # committed positions per request
 

@@ -109,10 +109,13 @@ def test_kept_bytes_are_what_the_strategy_declares():
         assert declared // 2 < policy.stats["bytes_kept_peak"] <= declared, mode
 
 
-def test_auto_follows_nwor_mode():
-    assert state_policy_class(LabConfig(nwor_mode="stage")).name == "stage"
-    assert state_policy_class(LabConfig(nwor_mode="cow")).name == "cow"
+def test_auto_is_the_write_policys_declared_counterpart():
+    from nwor_lab.engine.choices import Choices
+    assert state_policy_class(Choices.of(LabConfig(nwor_mode="stage")).state_config()).name == "stage"
+    assert state_policy_class(Choices.of(LabConfig(nwor_mode="cow")).state_config()).name == "cow"
     assert state_policy_class(LabConfig(nwor_mode="cow", state_mode="replay")).name == "replay"
+    with pytest.raises(ValueError, match="only the engine resolves"):     # the state package never guesses by name
+        state_policy_class(LabConfig(nwor_mode="stage"))
     assert LabConfig.from_env(environ={"NWOR_LAB_STATE_MODE": "snapshots"}).state_mode == "snapshots"
     with pytest.raises(ValueError, match="state_mode"):
         LabConfig(state_mode="mamba")

@@ -8,7 +8,8 @@ and the strategies that keep it across a verify window (policy.py gives the inte
 | `replay`    | keep the layer inputs, live untouched     | recompute over the accepted rows       | ReplaySSM, TensorRT-LLM |
 | `stage`     | states after each position, transient     | copy the accepted position's state     | SGLang's intermediate states, NWOR |
 
-`LabConfig.state_mode` picks one (`auto`: the strategy named like `nwor_mode`). What the state is and
+`LabConfig.state_mode` picks one (`auto`: the write policy's declared `state_counterpart`, resolved by
+`nwor_lab.engine.choices.Choices.state_config`, which sits above both packages). What the state is and
 how rows advance it is the spec's `Recurrence` (recurrence.py): gated DeltaNet (gated_delta.py) by
 default, a Mamba2 selective scan (mamba2.py) beside it; every strategy runs either.
 """
@@ -28,14 +29,15 @@ from nwor_lab.state.stage import StageState
 from nwor_lab.state.store import RecurrentSpec, RecurrentStateStore
 
 def state_policy_class(config: LabConfig) -> type[StatePolicy]:
-    """The strategy `config.state_mode` selects; `auto` takes the one named like `config.nwor_mode`."""
+    """The strategy `config.state_mode` names. `auto` is not resolved here: it is the write policy's
+    declared `state_counterpart`, which this package does not see (it never imports the policies);
+    `nwor_lab.engine.choices.Choices.of(config).state_config()` resolves it."""
     config = check_config("config", config)
-    name = config.nwor_mode if config.state_mode == "auto" else config.state_mode
-    if name not in STATE_POLICIES:
-        raise ValueError(f"state_mode='auto' follows nwor_mode={config.nwor_mode!r}, which names no state "
-                         f"strategy; set LabConfig.state_mode (or NWOR_LAB_STATE_MODE) to one of "
-                         f"{', '.join(STATE_POLICIES)}")
-    return STATE_POLICIES[name]
+    if config.state_mode == "auto":
+        raise ValueError("state_mode='auto' names the write policy's declared state counterpart, which only the "
+                         "engine resolves: pass Choices.of(config).state_config() (nwor_lab.engine.choices) or "
+                         f"set LabConfig.state_mode to one of {', '.join(STATE_POLICIES)}")
+    return STATE_POLICIES[config.state_mode]
 
 
 def make_state_store(config: LabConfig, spec: RecurrentSpec, num_slots: int, k: int, device="cpu",

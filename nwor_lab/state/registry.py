@@ -2,6 +2,7 @@
 subclass plus one `register_state_policy(name, cls)` line."""
 from __future__ import annotations
 
+from nwor_lab.config import Registry, state_modes
 from nwor_lab.state.cow import CowState
 from nwor_lab.state.off import OffState
 from nwor_lab.state.policy import StatePolicy
@@ -9,15 +10,13 @@ from nwor_lab.state.replay import ReplayState
 from nwor_lab.state.snapshots import SnapshotsState
 from nwor_lab.state.stage import StageState
 
-STATE_POLICIES: dict[str, type[StatePolicy]] = {}
+# a Registry over config.state_modes: a registered strategy is a name LabConfig(state_mode=) accepts
+STATE_POLICIES: Registry = Registry(state_modes, StatePolicy, "register_state_policy")
 
 
 def register_state_policy(name: str, cls: type[StatePolicy]) -> type[StatePolicy]:
-    if not (isinstance(cls, type) and issubclass(cls, StatePolicy)):
-        raise TypeError(f"register_state_policy({name!r}, ...): expected a StatePolicy subclass, got {cls!r}")
-    cls.name = name
-    STATE_POLICIES[name] = cls
-    return cls
+    """Make `cls` the strategy `LabConfig(state_mode=name)` selects."""
+    return STATE_POLICIES.register(name, cls)
 
 
 for _name, _cls in (("off", OffState), ("snapshots", SnapshotsState), ("cow", CowState),
