@@ -88,7 +88,9 @@ class Request:
 
     @property
     def is_prefill(self) -> bool:
-        return self.num_computed == 0
+        """The prompt is not all computed yet: a new request, or one whose prefix came from the prefix
+        cache (num_computed = the hit length, a whole number of blocks)."""
+        return self.num_computed < len(self.prompt)
 
     @property
     def remaining(self) -> int:
@@ -104,8 +106,9 @@ class Request:
             self.draft_probs = self.draft_probs[:n]
 
     def scheduled(self) -> tuple[list[int], int, int]:
-        """(token ids, first position, number of drafts) of this request's next window:
-        the prompt for a prefill, else `[t_last, d_1 .. d_n]` at positions num_computed.."""
+        """(token ids, first position, number of drafts) of this request's next window: the tokens
+        not yet computed from position num_computed on, then the drafts. A prefill's is the prompt
+        past its prefix-cache hit (all of it without one), a decode's `[t_last, d_1 .. d_n]`."""
         if self.is_prefill:
-            return list(self.prompt), 0, 0
+            return self.prompt[self.num_computed:], self.num_computed, 0
         return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)

@@ -61,16 +61,18 @@ class CachingAllocator(BlockAllocator):
     - `idle`: registered blocks nobody holds, least recently released first (evicted first). A
       request frees its blocks last-first, so its tail leaves before its head (vLLM's order).
     - `num_free` counts idle blocks: they are free space that happens to remember something.
-    `on_evict(block)` is called when an idle block is taken back (its hash already forgotten).
+    `on_idle(block)` is called when a registered block's last holder frees it, `on_evict(block)` when
+    an idle block is taken back (its hash already forgotten).
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[int], None] | None = None):
+    def __init__(self, num_blocks: int, on_evict: Callable[[int], None] | None = None,
+                 on_idle: Callable[[int], None] | None = None):
         super().__init__(num_blocks)
         self.refs: dict[int, int] = {}
         self.block_of: dict[bytes, int] = {}
         self.hash_of: dict[int, bytes] = {}
         self.idle: OrderedDict[int, None] = OrderedDict()
-        self.on_evict = on_evict
+        self.on_evict, self.on_idle = on_evict, on_idle
         self.evictions = 0
 
     @property
@@ -116,6 +118,8 @@ class CachingAllocator(BlockAllocator):
             del self.refs[b]
             if b in self.hash_of:
                 self.idle[b] = None
+                if self.on_idle is not None:
+                    self.on_idle(b)
             else:
                 self._used.remove(b)
                 self._free.append(b)
