@@ -94,10 +94,11 @@ def test_seeded_sampling_unchanged_by_prefix_caching(pair):
 
 class RegisteredBlocks:
     """After every window: each registered block's rows hold committed positions only (below its
-    holder's num_computed), and its bytes are kept to compare with target-only's."""
+    holder's num_computed), it was never written since it was registered (every layer, the head's
+    too), and its target layers' bytes are kept to compare with target-only's."""
 
     def __init__(self):
-        self.seen = {}
+        self.seen, self.whole = {}, {}
 
     def on_phase(self, event):
         pass
@@ -109,6 +110,11 @@ class RegisteredBlocks:
                 if b in al.hash_of:
                     assert (i + 1) * bs <= r.num_computed, "a registered block past the committed positions"
         for b, h in al.hash_of.items():
+            whole = (engine.cache.key[:, b], engine.cache.value[:, b])
+            if h in self.whole:
+                assert all(torch.equal(x, y) for x, y in zip(whole, self.whole[h])), "a registered block was written"
+            else:
+                self.whole[h] = [x.clone() for x in whole]
             if h not in self.seen:
                 self.seen[h] = [engine.cache.key[:engine.target.num_layers, b].clone(),
                                 engine.cache.value[:engine.target.num_layers, b].clone()]
