@@ -152,9 +152,9 @@ def test_lookahead_hit_rates(pair):
     exact = run(pair, workload(), prefix=PrefixCacheConfig(lookahead="boundary"))[1].prefix_stats()
     drop = run(pair, workload(), prefix=PrefixCacheConfig(lookahead="drop_last"))[1].prefix_stats()
     assert exact["hit_tokens"] == only["hit_tokens"] and exact["hit_rate"] == only["hit_rate"]
-    assert drop["dropped_tokens"] == BS * only["hit_requests"]
-    assert drop["hit_tokens"] == only["hit_tokens"] - drop["dropped_tokens"]
-    assert drop["prefill_tokens"] == only["prefill_tokens"] + drop["dropped_tokens"]
+    assert drop["recomputed_tokens"] == BS * only["hit_requests"]
+    assert drop["hit_tokens"] == only["hit_tokens"] - drop["recomputed_tokens"]
+    assert drop["prefill_tokens"] == only["prefill_tokens"] + drop["recomputed_tokens"]
 
 
 def test_strategy_registries_and_settings():

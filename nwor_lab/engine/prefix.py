@@ -207,7 +207,7 @@ class PrefixCaching:
             h = engine.target.config.hidden_size
             self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
             self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
-        self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, dropped_tokens=0,
+        self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
                            head_rows_recomputed=0, blocks_copied=0, registered=0)
 
     # -- admission ------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ class PrefixCaching:
         c["prompt_tokens"] += len(prompt)
         c["hit_tokens"] += req.num_computed
         c["hit_requests"] += bool(blocks)
-        c["dropped_tokens"] += (len(hits) - len(blocks)) * bs
+        c["recomputed_tokens"] += (len(hits) - len(blocks)) * bs
 
     def share_blocks(self, blocks: list[int]) -> list[int]:
         for b in blocks:
@@ -297,7 +297,8 @@ class PrefixCaching:
 
     def stats(self) -> dict:
         """Counters: prompt tokens seen, hit tokens (served from cached blocks), prefill tokens run,
-        tokens dropped from hits (drop_last), head rows recomputed and blocks copied (boundary),
+        recomputed tokens (cached, matched, and prefilled again: drop_last's dropped block), head
+        rows recomputed and blocks copied (boundary),
         blocks registered and evicted, and the hit rate (hit tokens / prompt tokens)."""
         c = dict(self.counts)
         c["prefill_tokens"] = c["prompt_tokens"] - c["hit_tokens"]

@@ -88,9 +88,10 @@ class Request:
 
     @property
     def is_prefill(self) -> bool:
-        """The prompt is not all computed yet: a new request, or one whose prefix came from the prefix
-        cache (num_computed = the hit length, a whole number of blocks)."""
-        return self.num_computed < len(self.prompt)
+        """More than t_last is still to compute: a new request, one whose prompt prefix came from the
+        prefix cache (num_computed = the hit length, a whole number of blocks), or one whose computed
+        positions were given up (num_computed set back)."""
+        return self.num_computed < max(len(self.prompt), len(self.tokens) - 1)
 
     @property
     def remaining(self) -> int:
@@ -107,8 +108,8 @@ class Request:
 
     def scheduled(self) -> tuple[list[int], int, int]:
         """(token ids, first position, number of drafts) of this request's next window: the tokens
-        not yet computed from position num_computed on, then the drafts. A prefill's is the prompt
-        past its prefix-cache hit (all of it without one), a decode's `[t_last, d_1 .. d_n]`."""
+        not yet computed, from position num_computed on, then the drafts. A prefill's is the prompt
+        past its prefix-cache hit (all of it without one; no drafts), a decode's `[t_last, d_1 .. d_n]`."""
         if self.is_prefill:
-            return self.prompt[self.num_computed:], self.num_computed, 0
+            return self.tokens[self.num_computed:], self.num_computed, 0
         return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)
