@@ -192,3 +192,22 @@ def test_hybrid_target_refused():
 def test_off_by_default(pair):
     e = _engine(pair)
     assert e.prefix is None and e.prefix_stats() is None
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_hits_on_padded_bucket_buffers(pair, reference, mode):
+    """The captured path's buffers (bucket padding, device metadata, the boundary store written in
+    the body), run eagerly on CPU: prompts arrive while others decode, so prefills after a hit run
+    in prefill and mixed buckets. (The CUDA capture itself: tests/gpu/test_gpu_prefix.py.)"""
+    from nwor_lab.bench.timing import run_prompts
+    from nwor_lab.engine.runner import StepRunner
+    target, head = pair
+    prompts = workload()[:4]
+    e = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=3, block_size=BS, num_blocks=64, max_num_seqs=4,
+                   prefix_cache=PrefixCacheConfig())
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    reqs = run_prompts(e, prompts, 10, arrival_gap=3)
+    assert [r.output for r in reqs] == reference[:4]
+    s, g = e.prefix_stats(), e.runner
+    assert s["hit_requests"] == 3 and s["head_rows_recomputed"] == 1
+    assert g.graphed_steps > 0 and g.prefill_steps + g.mixed_steps > 0
