@@ -211,3 +211,21 @@ def test_hits_on_padded_bucket_buffers(pair, reference, mode):
     s, g = e.prefix_stats(), e.runner
     assert s["hit_requests"] == 3 and s["head_rows_recomputed"] == 1
     assert g.graphed_steps > 0 and g.prefill_steps + g.mixed_steps > 0
+
+
+def test_eviction_under_a_small_cache(pair, reference):
+    """A cache too small to keep every request's blocks: idle cached blocks are evicted LRU as new
+    requests allocate, later prompts hit only what is left, and the tokens stay target-only's."""
+    target, head = pair
+    e = SpecEngine(target, head, LabConfig(nwor_mode="off", debug=True), k=4, block_size=BS, num_blocks=14,
+                   max_num_seqs=1, prefix_cache=PrefixCacheConfig())
+    big = run(pair, workload(), prefix=PrefixCacheConfig())[1].prefix_stats()
+    prompts = workload()
+    reqs = [e.add_request(p, 10) for p in prompts[:4]]
+    e.run()
+    reqs.append(e.add_request(reqs[0].tokens + prompts[4][len(prompts[0]):], 10))
+    e.run()
+    assert [r.output for r in reqs] == reference
+    s = e.prefix_stats()
+    assert s["evictions"] > 0 and 0 < s["hit_tokens"] < big["hit_tokens"]
+    assert e.scheduler.allocator.num_free == 14          # every block free again, some still cached
