@@ -84,12 +84,17 @@ def test_target_only_and_eagle3_hits(pair3, mode):
 
 
 def test_seeded_sampling_unchanged_by_prefix_caching(pair):
+    """At T > 0 with a seed: target-only and speculative decoding (every write policy) sample the same
+    tokens with prefix caching as without."""
     kw = dict(temperature=0.9, seed=5)
-    for k in (0, 4):
-        off = run(pair, workload(), k=k, **kw)[0]
-        on, e, _ = run(pair, workload(), k=k, prefix=PrefixCacheConfig(), **kw)
-        assert on == off and e.prefix_stats()["hit_tokens"] > 0
-    assert off != run(pair, workload(), k=0)[0]          # it really sampled
+    only = run(pair, workload(), k=0, **kw)[0]
+    on, e, _ = run(pair, workload(), k=0, prefix=PrefixCacheConfig(), **kw)
+    assert on == only and e.prefix_stats()["hit_tokens"] > 0
+    assert only != run(pair, workload(), k=0)[0]          # it really sampled
+    spec = run(pair, workload(), **kw)[0]
+    for mode in NWOR_MODES:
+        on, e, _ = run(pair, workload(), mode=mode, prefix=PrefixCacheConfig(), **kw)
+        assert on == spec and e.prefix.hits == {0: 0, 1: 8, 2: 12, 3: 8, 4: 20}
 
 
 class RegisteredBlocks:

@@ -201,6 +201,7 @@ class PrefixCaching:
         nb = engine.cache.spec.num_blocks
         self.allocator = CachingAllocator(nb, on_idle=self._on_idle)
         self.hashes: dict[int, list[bytes]] = {}      # request id -> hashes of its leading full blocks
+        self.hits: dict[int, int] = {}                 # request id -> its hit tokens (what a bench splits by)
         self.boundary_feature = self.boundary_token = None
         if engine.drafting and self.lookahead.keeps_boundary:
             # row NB is a scratch row: the step writes every row there that is not a committed block end
@@ -221,6 +222,7 @@ class PrefixCaching:
         req.block_table.blocks = blocks
         req.num_computed = len(blocks) * bs
         self.hashes[req.req_id] = hashes[:len(blocks)]
+        self.hits[req.req_id] = req.num_computed
         c = self.counts
         c["requests"] += 1
         c["prompt_tokens"] += len(prompt)
