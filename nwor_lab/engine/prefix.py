@@ -147,7 +147,7 @@ class KeepBoundary(Lookahead):
             return []
         h = len(hits) * caching.block_size
         last = hits[-1]
-        if int(caching.boundary_token[last]) == req.prompt[h]:
+        if int(caching.boundary_token[last]) == req.tokens[h]:
             return caching.share_blocks(hits)
         blocks = caching.share_blocks(hits)
         return blocks[:-1] + [caching.recompute_boundary(req, blocks, h)]
@@ -213,10 +213,11 @@ class PrefixCaching:
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req) -> None:
-        """Match `req`'s prompt, share its hit blocks and start its prefill after them (the scheduler
-        calls this before it allocates the rest of the prompt)."""
-        bs, prompt = self.block_size, req.prompt
-        hashes = chain_hashes(prompt[:len(prompt) - 1], bs)        # the last prompt token always runs
+        """Match `req`'s tokens (its prompt; a request admitted again after giving up its blocks, its
+        prompt and output), share the hit blocks and start its prefill after them (the scheduler calls
+        this before it allocates the rest of the prompt)."""
+        bs, tokens = self.block_size, req.tokens
+        hashes = chain_hashes(tokens[:len(tokens) - 1], bs)        # the last token always runs
         hits = self.allocator.lookup(hashes)
         blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
         req.block_table.blocks = blocks
@@ -225,7 +226,7 @@ class PrefixCaching:
         self.hits[req.req_id] = req.num_computed
         c = self.counts
         c["requests"] += 1
-        c["prompt_tokens"] += len(prompt)
+        c["prompt_tokens"] += len(tokens)
         c["hit_tokens"] += req.num_computed
         c["hit_requests"] += bool(blocks)
         c["recomputed_tokens"] += (len(hits) - len(blocks)) * bs
@@ -245,7 +246,8 @@ class PrefixCaching:
         cache.key[:, new].copy_(cache.key[:, last])
         cache.value[:, new].copy_(cache.value[:, last])
         self.boundary_feature[new].copy_(self.boundary_feature[last])
-        self.boundary_token[new] = req.prompt[h]
+        token = req.tokens[h]
+        self.boundary_token[new] = token
         table = blocks[:-1] + [new]
         slot = new * self.block_size + self.block_size - 1
         window = Window.from_counts([1], [0], torch.tensor([slot], dtype=torch.long, device=cache.device))
@@ -254,8 +256,7 @@ class PrefixCaching:
         try:
             md = AttentionMetadata.build(cache, pol, [h - 1], [1], [table], [h - 1], attention=e.config.attention,
                                          slot_mapping=window.slot_mapping)
-            token = torch.tensor([req.prompt[h]], dtype=torch.long, device=cache.device)
-            e.head(token, self.boundary_feature[new][None], md)
+            e.head(torch.tensor([token], dtype=torch.long, device=cache.device), self.boundary_feature[new][None], md)
             pol.commit(None)
         except BaseException:
             pol.cancel()
