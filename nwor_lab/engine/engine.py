@@ -31,6 +31,7 @@ from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
+from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
 from nwor_lab.engine.scheduler import Scheduler
@@ -57,7 +58,8 @@ class SpecEngine:
                  num_blocks: int = 256, block_size: int = 16, max_num_seqs: int = 8,
                  max_num_batched_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
                  eos_token_id: int | None = None, cache_dtype: str = "auto",
-                 max_cache_memory: int | None = None, acceptance: ForcedAcceptance | None = None):
+                 max_cache_memory: int | None = None, acceptance: ForcedAcceptance | None = None,
+                 prefix_cache: PrefixCacheConfig | None = None):
         # Every limit is checked here, before the cache is allocated (its size is checked against
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
@@ -136,6 +138,12 @@ class SpecEngine:
             draft_policy = policy_cls(self.cache, self.config, self.draft_metrics, observers=self.observers)
             self.drafter = Drafter(head, draft_policy, self.k, self.temperature, self.generator)
         self.eos_token_id = eos_token_id
+        # prefix caching (off when None): committed blocks outlive their request (nwor_lab.engine.prefix)
+        self.prefix = None
+        if prefix_cache is not None:
+            self.prefix = PrefixCaching(self, prefix_cache)
+            self.scheduler.allocator = self.prefix.allocator
+            self.scheduler.on_admit = self.prefix.admit
         # optional (engine, requests) -> drafts 0..k per request for the next window (None: k each),
         # asked before each step, whose draft chain drafts that window (nwor_lab.serve.AdaptiveK)
         self.draft_counts = None
@@ -169,6 +177,11 @@ class SpecEngine:
             # alike in every run and engine (a benchmark's repeats replay the same steps)
             req.acceptance_key = zlib.crc32(array("q", ids).tobytes()) & 0x7FFFFFFF
         return req
+
+    def prefix_stats(self) -> dict | None:
+        """Prefix caching's counters (`PrefixCaching.stats`: hit tokens, hit rate, recomputed rows...),
+        None when prefix caching is off."""
+        return None if self.prefix is None else self.prefix.stats()
 
     def run(self) -> None:
         """Step until every request finished."""
@@ -252,8 +265,12 @@ class SpecEngine:
             self._hand_out_tree(requests, result, live)
         elif result.drafts is not None:
             self._hand_out(requests, result, live)
+        if self.prefix is not None:             # the blocks this window completed, now committed
+            self.prefix.commit(requests)
         for r in requests:
             if r.remaining <= 0:
+                if self.prefix is not None:
+                    self.prefix.forget(r)
                 self.scheduler.finish(r)
                 if r.state_slot is not None:
                     self.free_state_slots.append(r.state_slot)

@@ -88,7 +88,10 @@ class Request:
 
     @property
     def is_prefill(self) -> bool:
-        return self.num_computed == 0
+        """More than t_last is still to compute: a new request, one whose prompt prefix came from the
+        prefix cache (num_computed = the hit length, a whole number of blocks), or one whose computed
+        positions were given up (num_computed set back)."""
+        return self.num_computed < max(len(self.prompt), len(self.tokens) - 1)
 
     @property
     def remaining(self) -> int:
@@ -104,8 +107,9 @@ class Request:
             self.draft_probs = self.draft_probs[:n]
 
     def scheduled(self) -> tuple[list[int], int, int]:
-        """(token ids, first position, number of drafts) of this request's next window:
-        the prompt for a prefill, else `[t_last, d_1 .. d_n]` at positions num_computed.."""
+        """(token ids, first position, number of drafts) of this request's next window: the tokens
+        not yet computed, from position num_computed on, then the drafts. A prefill's is the prompt
+        past its prefix-cache hit (all of it without one; no drafts), a decode's `[t_last, d_1 .. d_n]`."""
         if self.is_prefill:
-            return list(self.prompt), 0, 0
+            return self.tokens[self.num_computed:], self.num_computed, 0
         return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)

@@ -34,6 +34,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished: list[Request] = []
         self._next_id = 0
+        # prefix caching (nwor_lab.engine.prefix): called with each request as it is admitted, before its
+        # prompt's blocks are allocated; it may hand it shared blocks and a computed prefix
+        self.on_admit = None
 
     def blocks_for(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size)
@@ -88,6 +91,8 @@ class Scheduler:
             if len(req.prompt) > budget or req.worst_case_blocks > free:
                 break
             self.waiting.popleft()
+            if self.on_admit is not None:
+                self.on_admit(req)
             req.block_table.ensure(len(req.prompt))
             self.running.append(req)
             batch.append(req)

@@ -348,8 +348,11 @@ def run_step(engine, inp: StepInputs):
             # path's next node, the bonus after its last); rows off the path read whatever, and are
             # rejected with the window (their head K/V never commits)
             next_ids = sampled[w.token_req.long(), w.token_depth.long()].clamp(min=0)
-        g = e.head(next_ids, e.head.features_from_target(hidden, aux), md)
+        feats = e.head.features_from_target(hidden, aux)
+        g = e.head(next_ids, feats, md)
         features = g[kept]
+        if e.prefix is not None:    # what the head's row at a committed block's end read, kept beside it
+            e.prefix.keep_boundary(w, feats, next_ids, acceptance.commit_mask)
     e.policy.commit(acceptance)
     if e.states is not None:
         e.states.commit(acceptance)

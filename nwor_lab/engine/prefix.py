@@ -1,0 +1,312 @@
+"""Prefix caching in the engine: committed blocks outlive their request, and a new request's prompt
+reuses them (`SpecEngine(prefix_cache=PrefixCacheConfig(...))`; off when None).
+
+What is hashed and when: after every window's commit, each request's *committed* full blocks (every
+row below `num_computed`: an accepted token's K/V in every layer, the head's included) get their
+chained hash (`kv.prefix.block_hash`) and are registered, once. A partial block is never
+registered: under write-all (`off`) its rows past `num_computed` can hold rejected drafts' K/V.
+Rows below `num_computed` are never written again by their request, nor by anyone sharing them.
+
+At admission the prompt is matched block by block; the hit blocks are shared (reference-counted,
+never written) and the prefill starts at the hit length (`Request.num_computed`), which stops one
+block short of the prompt's last token at least: the request needs one token to run (vLLM keeps
+the last prompt token uncomputed).
+
+The draft head's cache is a store of its own, and its rows need more than their block's tokens:
+the head's row at position p reads the target's feature f[p] and the NEXT token x[p + 1]
+(model/eagle.py). So the head's row at the last position of a hit (the *boundary* row) read the
+token that followed in the request that registered the block, which a new prompt may not share.
+Two families of strategies, each a class in a registry (names from the registry):
+
+- `HEAD_CACHES` (what the head's K/V of a hit holds): `cached` (it rides in layer N of the target's
+  block: exact), `missing` (the field's failure, SGLang #31600: the head's rows of a cached block
+  are dropped when no request holds it, so a later hit reads zeros; tokens stay exact, the target
+  verifies, acceptance falls), `recompute` (registered and refused: see the class).
+- `LOOKAHEADS` (the boundary row): `drop_last` (vLLM #53670: the last hit block is dropped and
+  prefilled again, every hit recomputes a block) and `boundary` (exact at target-only's hit rate:
+  the feature f[p] at each committed block's last row and the token its head row read are kept
+  beside the block, written in the step body for committed rows only; on a hit whose next prompt
+  token differs, the last hit block is copied to a private block and only the head's boundary row
+  is recomputed there, one head row, no target row).
+
+Refused, by name: draft trees, hybrid targets (recurrent state has no checkpoints here), sliding
+windows and rings (`check_supported`).
+
+The step body's part (`keep_boundary`) is device code with no host sync, so a captured step runs
+it as the eager one does; the lab's CUDA-graph path could not be run where this was written (no
+GPU): the captured path is untested here. The boundary fix-up at admission is an eager head pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nwor_lab.kv.prefix import CachingAllocator, block_hash, chain_hashes
+from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.window import Window
+
+HEAD_CACHES: dict[str, type] = {}
+LOOKAHEADS: dict[str, type] = {}
+
+
+def _register(table: dict):
+    def add(cls):
+        table[cls.name] = cls
+        return cls
+    return add
+
+
+# -- the head's cache -------------------------------------------------------------------------------
+class HeadCache:
+    """What the head's K/V of a hit prefix holds. Declares `exact` (the head's rows of a hit equal
+    what decoding the prefix wrote) and acts when a registered block goes idle (nobody holds it)."""
+    name = ""
+    exact = True
+
+    def check(self, engine) -> None:
+        """Refuse an engine this strategy cannot serve (ValueError)."""
+
+    def on_idle(self, engine, block: int) -> None:
+        """A registered block's last holder left (it stays cached, evictable)."""
+
+
+@_register(HEAD_CACHES)
+class CachedHead(HeadCache):
+    """The head's K/V is layer N of the same stacked cache: it rides with the target's block."""
+    name = "cached"
+
+
+@_register(HEAD_CACHES)
+class MissingHead(HeadCache):
+    """The field's failure kept as a strategy (SGLang #31600: the draft model's K/V is not kept with
+    the target's): once no request holds a cached block, its head rows are gone (zeroed here), so a
+    hit reads a head cache that does not match the prefix. Tokens stay the target's; acceptance drops."""
+    name = "missing"
+    exact = False
+
+    def on_idle(self, engine, block: int) -> None:
+        layer = engine.head.layer_index
+        key, value = engine.cache.layer(layer)
+        key[block].zero_()
+        value[block].zero_()
+
+
+@_register(HEAD_CACHES)
+class RecomputeHead(HeadCache):
+    """Recompute the head's K/V of the hit prefix. Not built, refused at engine build: the head's rows
+    at positions p < h need the target's feature f[p] at every hit position, which only a target
+    forward over the hit produces (the prefill the hit saved) or a store of one hidden-size row per
+    cached token (as large as one more layer of K and V) keeps; and here the head's K/V lives in layer
+    N of the target's shared blocks, so recomputed rows would be written into shared blocks, which
+    are never written. `cached` is exact at no cost in this layout."""
+    name = "recompute"
+
+    def check(self, engine) -> None:
+        raise ValueError("prefix_cache head_cache='recompute' is not built: the head's K/V shares the target's "
+                         "blocks (layer N of one stacked cache), so recomputing it would write shared blocks, and "
+                         "it needs the target's hidden state at every hit position (a target forward over the "
+                         "hit). Use head_cache='cached' (exact) or 'missing' (the field's failure)")
+
+
+# -- the lookahead ----------------------------------------------------------------------------------
+class Lookahead:
+    """How the head's boundary row of a hit is made right. Declares `keeps_boundary` (the step keeps
+    each committed block's last feature and next token) and `drops_blocks` (hit blocks given up per hit)."""
+    name = ""
+    keeps_boundary = False
+    drops_blocks = 0
+
+    def share(self, caching: "PrefixCaching", req, hits: list[int]) -> list[int]:
+        """The blocks `req` starts with, out of the prompt's `hits` (nothing shared yet)."""
+        raise NotImplementedError
+
+
+@_register(LOOKAHEADS)
+class DropLast(Lookahead):
+    """vLLM's choice (#53670): drop the last hit block and prefill it again, so the head's row at
+    the boundary is computed from a fresh target feature and this prompt's next token."""
+    name = "drop_last"
+    drops_blocks = 1
+
+    def share(self, caching, req, hits):
+        return caching.share_blocks(hits[:-1])
+
+
+@_register(LOOKAHEADS)
+class KeepBoundary(Lookahead):
+    """Exact at target-only's hit rate: the feature and next token at each committed block's last row
+    are kept beside the block; a hit whose next prompt token is the kept one is exact as it is, any
+    other gets a private copy of its last block with the head's boundary row recomputed there (one
+    head row from the kept feature; costs a block copy and hidden-size floats kept per cached block)."""
+    name = "boundary"
+    keeps_boundary = True
+
+    def share(self, caching, req, hits):
+        if not hits:
+            return []
+        h = len(hits) * caching.block_size
+        last = hits[-1]
+        if int(caching.boundary_token[last]) == req.tokens[h]:
+            return caching.share_blocks(hits)
+        blocks = caching.share_blocks(hits)
+        return blocks[:-1] + [caching.recompute_boundary(req, blocks, h)]
+
+
+# -- settings and the engine's part ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefixCacheConfig:
+    """Prefix caching's settings: `head_cache` one of HEAD_CACHES, `lookahead` one of LOOKAHEADS."""
+    head_cache: str = "cached"
+    lookahead: str = "boundary"
+
+    def __post_init__(self):
+        for field, table in (("head_cache", HEAD_CACHES), ("lookahead", LOOKAHEADS)):
+            value = getattr(self, field)
+            if value not in table:
+                raise ValueError(f"PrefixCacheConfig.{field}={value!r}: choose one of {', '.join(table)}")
+
+
+def check_supported(engine) -> None:
+    """Refuse what prefix caching does not cover here, by name (ValueError)."""
+    if engine.tree is not None:
+        raise ValueError(f"prefix_cache with LabConfig.tree={engine.config.tree!r}: not built for draft trees "
+                         f"(a tree's head draft window and path compaction are not covered); use tree='' (chains)")
+    if hasattr(engine.target, "state_spec"):
+        raise ValueError("prefix_cache with a hybrid target: not built; a hit would need the recurrent and conv "
+                         "state at the hit's block boundary (state checkpoints of committed blocks), which the "
+                         "state store does not keep; run a hybrid target without prefix_cache")
+    if engine.config.sliding_window:
+        raise ValueError(f"prefix_cache with sliding_window={engine.config.sliding_window}: not built; a ring "
+                         f"overwrites its blocks as positions advance, so a block is not final at commit, and "
+                         f"even a whole-context sliding cache would share blocks whose keys later queries never "
+                         f"read; use sliding_window=0")
+
+
+class PrefixCaching:
+    """The engine's prefix cache: the caching allocator, each running request's chain of block hashes,
+    the strategies, the boundary store and the counters (`stats()`)."""
+
+    def __init__(self, engine, config: PrefixCacheConfig):
+        if not isinstance(config, PrefixCacheConfig):
+            raise TypeError(f"prefix_cache: expected a PrefixCacheConfig (nwor_lab.engine.prefix) or None, "
+                            f"got {type(config).__name__}")
+        check_supported(engine)
+        self.engine, self.config = engine, config
+        self.head_cache = HEAD_CACHES[config.head_cache]()
+        self.lookahead = LOOKAHEADS[config.lookahead]()
+        if engine.head is not None:
+            self.head_cache.check(engine)
+        self.block_size = engine.cache.spec.block_size
+        nb = engine.cache.spec.num_blocks
+        self.allocator = CachingAllocator(nb, on_idle=self._on_idle)
+        self.hashes: dict[int, list[bytes]] = {}      # request id -> hashes of its leading full blocks
+        self.hits: dict[int, int] = {}                 # request id -> its hit tokens (what a bench splits by)
+        self.boundary_feature = self.boundary_token = None
+        if engine.drafting and self.lookahead.keeps_boundary:
+            # row NB is a scratch row: the step writes every row there that is not a committed block end
+            h = engine.target.config.hidden_size
+            self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
+            self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
+        self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
+                           head_rows_recomputed=0, blocks_copied=0, registered=0)
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, req) -> None:
+        """Match `req`'s tokens (its prompt; a request admitted again after giving up its blocks, its
+        prompt and output), share the hit blocks and start its prefill after them (the scheduler calls
+        this before it allocates the rest of the prompt)."""
+        bs, tokens = self.block_size, req.tokens
+        hashes = chain_hashes(tokens[:len(tokens) - 1], bs)        # the last token always runs
+        hits = self.allocator.lookup(hashes)
+        blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
+        req.block_table.blocks = blocks
+        req.num_computed = len(blocks) * bs
+        self.hashes[req.req_id] = hashes[:len(blocks)]
+        self.hits[req.req_id] = req.num_computed
+        c = self.counts
+        c["requests"] += 1
+        c["prompt_tokens"] += len(tokens)
+        c["hit_tokens"] += req.num_computed
+        c["hit_requests"] += bool(blocks)
+        c["recomputed_tokens"] += (len(hits) - len(blocks)) * bs
+
+    def share_blocks(self, blocks: list[int]) -> list[int]:
+        for b in blocks:
+            self.allocator.share(b)
+        return list(blocks)
+
+    def recompute_boundary(self, req, blocks: list[int], h: int) -> int:
+        """A private copy of the last hit block (all layers) whose head row at h - 1 is recomputed from
+        the kept feature f[h - 1] and this prompt's token x[h]; the shared block is released. -> the copy."""
+        e, al = self.engine, self.allocator
+        last = blocks[-1]
+        new = al.allocate(1)[0]
+        cache = e.cache
+        cache.key[:, new].copy_(cache.key[:, last])
+        cache.value[:, new].copy_(cache.value[:, last])
+        self.boundary_feature[new].copy_(self.boundary_feature[last])
+        token = req.tokens[h]
+        self.boundary_token[new] = token
+        table = blocks[:-1] + [new]
+        slot = new * self.block_size + self.block_size - 1
+        window = Window.from_counts([1], [0], torch.tensor([slot], dtype=torch.long, device=cache.device))
+        pol, layer = e.drafter.policy, e.head.layer_index
+        pol.begin(window, layers=range(layer, layer + 1), kind="boundary")
+        try:
+            md = AttentionMetadata.build(cache, pol, [h - 1], [1], [table], [h - 1], attention=e.config.attention,
+                                         slot_mapping=window.slot_mapping)
+            e.head(torch.tensor([token], dtype=torch.long, device=cache.device), self.boundary_feature[new][None], md)
+            pol.commit(None)
+        except BaseException:
+            pol.cancel()
+            raise
+        al.free([last])
+        self.counts["head_rows_recomputed"] += 1
+        self.counts["blocks_copied"] += 1
+        return new
+
+    # -- after a window --------------------------------------------------------------------------
+    def keep_boundary(self, window, features: torch.Tensor, next_ids: torch.Tensor, commit_mask: torch.Tensor):
+        """In the step body, after the head pass: each committed row at a block's last offset keeps
+        its feature f[p] [h] and the token its head row read x[p + 1] beside its block (device code,
+        no sync; rows that are not committed block ends go to the scratch row)."""
+        if self.boundary_feature is None:
+            return
+        bs, scratch = self.block_size, self.boundary_token.shape[0] - 1
+        slots = window.slot_mapping
+        end = (slots >= 0) & (slots.remainder(bs) == bs - 1) & commit_mask.bool()
+        idx = torch.where(end, slots // bs, scratch)
+        self.boundary_feature.index_copy_(0, idx, features.to(self.boundary_feature.dtype))
+        self.boundary_token.index_copy_(0, idx, next_ids.long())
+
+    def commit(self, requests) -> None:
+        """Register every request's newly committed full blocks (rows below num_computed), once."""
+        bs, al = self.block_size, self.allocator
+        for r in requests:
+            hashes = self.hashes.setdefault(r.req_id, [])
+            tokens = r.tokens
+            for b in range(len(hashes), r.num_computed // bs):
+                h = block_hash(hashes[-1] if hashes else None, tokens[b * bs:(b + 1) * bs])
+                hashes.append(h)
+                self.counts["registered"] += al.register(r.block_table.blocks[b], h)
+
+    def forget(self, req) -> None:
+        self.hashes.pop(req.req_id, None)
+
+    def _on_idle(self, block: int) -> None:
+        if self.engine.head is not None:
+            self.head_cache.on_idle(self.engine, block)
+
+    def stats(self) -> dict:
+        """Counters: prompt tokens seen, hit tokens (served from cached blocks), prefill tokens run,
+        recomputed tokens (cached, matched, and prefilled again: drop_last's dropped block), head
+        rows recomputed and blocks copied (boundary),
+        blocks registered and evicted, and the hit rate (hit tokens / prompt tokens)."""
+        c = dict(self.counts)
+        c["prefill_tokens"] = c["prompt_tokens"] - c["hit_tokens"]
+        c["evictions"] = self.allocator.evictions
+        c["cached_blocks"] = self.allocator.num_cached
+        c["hit_rate"] = c["hit_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
+        c["head_cache"], c["lookahead"] = self.config.head_cache, self.config.lookahead
+        return c
