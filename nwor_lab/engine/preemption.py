@@ -1,0 +1,137 @@
+"""Preemption and abort: what the engine does with a request whose blocks it takes away.
+
+Admission no longer reserves a request's worst case: a request is admitted while its prompt's
+blocks plus one step's lookahead fit. When a step cannot get the blocks its requests need, the
+scheduler preempts the newest running request (vLLM's order) in one of two modes:
+
+    recompute  its blocks (and a hybrid target's state slot) are freed, its drafts dropped; it goes
+               back to the front of the waiting queue and, when scheduled again, re-prefills its
+               prompt + the output so far (one step; the head's K/V is recomputed with it)
+    swap       its blocks' bytes (every layer: the target's and the head's layer N, which shares the
+               block ids) and its state slot are copied to host memory (pinned on CUDA), then
+               freed; when it is scheduled again they are copied into freshly allocated blocks and
+               it continues with its drafts, as if it had never been preempted
+
+A request whose re-prefill would exceed `max_num_batched_tokens` (the lab does not chunk prefills)
+is swapped even under `recompute` (counted in `PreemptionStats.swapped_for_budget`).
+
+`engine.preempt(req_id)` and `engine.abort(req_id)` may also be called from outside the scheduler,
+between steps or while a step runs (an observer's `on_phase`). A request dropped while its verify
+window is open keeps no draft of that window: before the policies commit, its drafts are all
+rejected (`drop_requests`: `stage` never copies their staged rows, `cow` restores their slots from
+its log, `off` leaves them past the committed positions, where nothing reads them). Its t_last row
+is no draft (the token was sampled and emitted): it lands at the request's first uncommitted
+position, in its own block, which the host does not count as committed (`num_computed` stays), and
+the resumed request writes the same token there again. The dropped request drafts nothing for the
+next window, the host does not advance it, and at the end of the step it is aborted (its blocks
+and state slot freed) or preempted (a hybrid target's by recompute: its state slot went past
+t_last with the window). The other requests of the step are unaffected. Dropped after the commit
+(the `acceptance` or `commit` phase), the window's accepted rows reached the request's own blocks
+past `num_computed`: they are freed, or swapped out and overwritten when the request re-verifies.
+A captured step (CUDA graph) cannot read the host's drops: there the host alone drops the request
+after the step, as after a commit (observers keep steps eager, so an observer's drop never meets a
+captured step; not verified on a GPU here).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """How the engine preempts (`SpecEngine(..., preemption=Preemption("swap"))`)."""
+
+    mode: str = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.mode not in PREEMPTION_MODES:
+            raise ValueError(f"Preemption(mode={self.mode!r}): choose one of {', '.join(PREEMPTION_MODES)}")
+
+
+@dataclass
+class PreemptionStats:
+    """What the engine's preemptions and aborts cost (a bench reads these)."""
+
+    preemptions: int = 0            # requests preempted (either mode)
+    recomputed_tokens: int = 0      # positions re-prefilled after a recompute preemption
+    swapped_out_bytes: int = 0      # bytes copied to host memory (K/V of every layer, state slot)
+    swapped_in_bytes: int = 0       # bytes copied back
+    swapped_for_budget: int = 0     # recompute preemptions swapped instead (re-prefill over the budget)
+    dropped_windows: int = 0        # open windows of preempted or aborted requests, committed as nothing
+    aborted: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class SwappedOut:
+    """A request's stores in host memory: per cache layer the key and value of its blocks
+    `[n, BS, H, D]` (storage dtype, raw bytes), and a hybrid target's state slot (recurrent
+    `[L, P, H, K, V]`, conv `[L, P, W-1, C]`, current row) or None."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    num_blocks: int
+    state: tuple | None = None
+    nbytes: int = field(default=0)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of `t` (pinned when it lives on CUDA, so the copy back can be asynchronous)."""
+    if t.device.type == "cuda":
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t)
+        return out
+    return t.clone()
+
+
+def swap_out(cache, blocks: list[int], store=None, slot: int | None = None) -> SwappedOut:
+    """Copy the bytes of `blocks` (every layer of `cache`) and, with a state `store`, its `slot`
+    to host memory. The caller frees them."""
+    idx = torch.tensor(blocks, dtype=torch.long, device=cache.device)
+    keys, values, nbytes = [], [], 0
+    for layer in range(cache.num_layers):
+        k, v = cache.layer(layer)
+        keys.append(_host(k[idx]))
+        values.append(_host(v[idx]))
+        nbytes += keys[-1].nbytes + values[-1].nbytes
+    state = None
+    if store is not None and slot is not None:
+        state = (_host(store.recurrent[:, slot]), _host(store.conv[:, slot]), int(store.current[slot]))
+        nbytes += state[0].nbytes + state[1].nbytes
+    return SwappedOut(keys, values, len(blocks), state, nbytes)
+
+
+def swap_in(cache, saved: SwappedOut, blocks: list[int], store=None, slot: int | None = None) -> None:
+    """Copy `saved` into `blocks` (freshly allocated, `saved.num_blocks` of them) and its state
+    into `slot` of `store`."""
+    if len(blocks) != saved.num_blocks:
+        raise ValueError(f"blocks: {len(blocks)} given for {saved.num_blocks} swapped-out blocks (engine bug)")
+    idx = torch.tensor(blocks, dtype=torch.long, device=cache.device)
+    for layer in range(cache.num_layers):
+        k, v = cache.layer(layer)
+        k[idx] = saved.keys[layer].to(cache.device, non_blocking=True)
+        v[idx] = saved.values[layer].to(cache.device, non_blocking=True)
+    if saved.state is not None:
+        if store is None or slot is None:
+            raise ValueError("swap_in: the request has a swapped state but no state slot was given (engine bug)")
+        rec, conv, current = saved.state
+        store.recurrent[:, slot] = rec.to(store.device, non_blocking=True)
+        store.conv[:, slot] = conv.to(store.device, non_blocking=True)
+        store.current[slot] = current
+
+
+def drop_requests(window, acceptance, dropped: torch.Tensor):
+    """`acceptance` with every draft of the requests in `dropped` (`[R]` bool, on the acceptance's
+    device) rejected: what the policies then commit of those requests is t_last's row alone (not a
+    draft: `cow` logs no old contents for it), at the request's first uncommitted position, which
+    the host does not count as committed (`num_computed` stays)."""
+    from nwor_lab.window import Acceptance
+    acc = torch.where(dropped, torch.zeros_like(acceptance.accepted_len), acceptance.accepted_len)
+    draft_mask = acceptance.draft_mask & ~dropped[window.draft_req.long()]
+    return Acceptance(draft_mask, acc, window.commit_mask_for(draft_mask, acc))

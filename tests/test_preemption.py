@@ -1,0 +1,226 @@
+"""Preemption (recompute, swap) and abort in the engine (nwor_lab.engine.preemption), CPU, toy pair:
+
+- a cache too small for the batch decodes by preempting, and every request's tokens equal the run
+  with a big cache (and target-only's), greedy, under every write policy, with and without a head;
+- swap copies a request's blocks (every layer) out and back bit for bit;
+- T > 0: the engine has one generator, so a preempted run draws in another order than an unpreempted
+  one; what is exact is the same seed and schedule giving the same tokens under every write policy;
+- abort of a waiting or running request, between steps and at every phase of a verify window;
+  after it every live request's committed K/V (target layers and the head's) is target-only's.
+"""
+import pytest
+import torch
+
+from nwor_lab.config import NWOR_MODES, LabConfig
+from nwor_lab.engine import SpecEngine
+from nwor_lab.engine.preemption import Preemption
+from nwor_lab.model.toy import toy_pair
+from test_engine import dense_kv
+
+VOCAB = 16
+SMALL, BIG = 12, 96        # blocks of 4 positions: the longest request needs 9 on its own
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair(0)
+
+
+def prompts(n=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lens = [3, 9, 1, 14, 6, 2, 11, 5][:n]
+    return [torch.randint(0, VOCAB, (m,), generator=g).tolist() for m in lens]
+
+
+def build(pair, *, mode="off", k=4, head=True, num_blocks=BIG, preemption=None, temperature=0.0, seed=0,
+          max_new=14, n=6, observers=()):
+    target, h = pair
+    e = SpecEngine(target, h if head and k else None, LabConfig(nwor_mode=mode, debug=True), k=k,
+                   num_blocks=num_blocks, block_size=4, max_num_seqs=4, temperature=temperature, seed=seed,
+                   preemption=preemption)
+    e.observers.extend(observers)          # the policies share this list
+    reqs = [e.add_request(p, max_new) for p in prompts(n)]
+    return e, reqs
+
+
+def decode(pair, **kw):
+    e, reqs = build(pair, **kw)
+    e.run()
+    assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_blocks
+    return e, [r.output for r in reqs]
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    return decode(pair, k=0)[1]
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("head", [True, False])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_small_cache_preempts_and_decodes_the_big_cache_tokens(pair, reference, mode, head, how):
+    _, big = decode(pair, mode=mode, head=head)
+    e, small = decode(pair, mode=mode, head=head, num_blocks=SMALL, preemption=Preemption(how))
+    stats = e.preemption_stats
+    assert stats.preemptions > 0
+    assert small == big == reference
+    if how == "swap":
+        assert stats.swapped_out_bytes > 0 and stats.swapped_in_bytes == stats.swapped_out_bytes
+        assert stats.recomputed_tokens == 0
+    else:
+        assert stats.recomputed_tokens > 0 and stats.swapped_out_bytes == 0
+
+
+def test_swap_copies_every_layer_back_bit_for_bit(pair, reference):
+    e, reqs = build(pair, mode="stage", num_blocks=SMALL, preemption=Preemption("swap"))
+    saved, checked = {}, []
+    out_hook, in_hook = e.scheduler.on_preempt, e.scheduler.on_resume
+
+    def rows(r):
+        slots = torch.tensor(r.block_table.slots(range(r.num_computed)))
+        return [e.cache.gather(layer, slots) for layer in range(e.cache.num_layers)]
+
+    def on_preempt(r):
+        saved[r.req_id] = (r.num_computed, rows(r), list(r.block_table.blocks))
+        out_hook(r)
+
+    def on_resume(r):
+        in_hook(r)
+        n, before, blocks = saved.pop(r.req_id)
+        assert r.num_computed == n
+        for (k0, v0), (k1, v1) in zip(before, rows(r)):
+            assert torch.equal(k0, k1) and torch.equal(v0, v1)
+        checked.append(blocks != r.block_table.blocks)
+
+    e.scheduler.on_preempt, e.scheduler.on_resume = on_preempt, on_resume
+    e.run()
+    assert checked and any(checked), "a swapped-in request should land in other blocks"
+    assert [r.output for r in reqs] == reference
+    assert e.cache.num_layers == pair[0].num_layers + 1          # the head's layer was swapped too
+
+
+def test_a_request_that_alone_cannot_fit_is_refused(pair):
+    e, _ = build(pair, num_blocks=SMALL, n=0)
+    with pytest.raises(ValueError, match="num_blocks"):
+        e.add_request([1] * 30, 20)
+    with pytest.raises(ValueError, match="Preemption"):
+        Preemption("evict")
+    with pytest.raises(TypeError, match="preemption"):
+        SpecEngine(*pair, k=2, preemption="swap")
+
+
+def test_seeded_sampling_under_preemption(pair):
+    """One engine generator: preemption changes who is in a step, so the draws' order (and the
+    tokens) differ from an unpreempted run. Exact: the same seed and schedule -> the same tokens,
+    whatever the write policy."""
+    kw = dict(num_blocks=SMALL, temperature=0.8, seed=5, preemption=Preemption("recompute"))
+    runs = [decode(pair, mode=m, **kw) for m in NWOR_MODES]
+    assert all(r[0].preemption_stats.preemptions > 0 for r in runs)
+    assert all(r[1] == runs[0][1] for r in runs[1:])
+    assert decode(pair, mode="stage", **{**kw, "seed": 6})[1] != runs[0][1]
+
+
+def test_abort_waiting_and_running_between_steps(pair, reference):
+    e, reqs = build(pair, mode="cow")
+    e.step()
+    e.step()
+    running, waiting = e.scheduler.running[1], e.scheduler.waiting[0]
+    got = list(running.output)
+    assert got and not waiting.output
+    assert e.abort(running.req_id) and e.abort(waiting.req_id)
+    assert running.aborted and waiting.aborted and running.output == got and not running.block_table.blocks
+    e.run()
+    assert not e.abort(running.req_id)                           # already gone
+    for r, ref in zip(reqs, reference):
+        assert r.output == (ref[:len(r.output)] if r.aborted else ref)
+    assert e.preemption_stats.aborted == 2
+    assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_blocks
+
+
+class DropAt:
+    """Aborts or preempts request `rid` in the first verify window it is in from step `step` on, at
+    `phase` (for `write`, once the window's first layer is written). When that is before the commit,
+    checks at the commit that the request kept no draft: none accepted, and under a policy that
+    preserves rejected slots every draft slot of it holds its bytes from before the window."""
+
+    def __init__(self, engine, rid: int, phase: str, what: str, step: int):
+        self.engine, self.rid, self.phase, self.what, self.step = engine, rid, phase, what, step
+        self.done = self.checked = False
+        self.before = self.open = None
+
+    def on_phase(self, ev):
+        e = self.engine
+        if ev.kind != "verify":
+            return
+        if ev.phase == "begin":
+            self.open = e.cache.snapshot()
+        if self.done and ev.phase == "commit" and not self.checked and self.phase in ("begin", "write"):
+            self.check_commit(ev)
+        if self.done or ev.phase != self.phase or e.step_index < self.step:
+            return
+        self.index = next((j for j, r in enumerate(e._stepping()) if r.req_id == self.rid), None)
+        if self.index is None:
+            return
+        r = e._stepping()[self.index]
+        self.before = (r.num_computed, len(r.output), len(r.drafts))
+        getattr(e, self.what)(self.rid)
+        self.done = True
+
+    def check_commit(self, ev):
+        self.checked = True
+        j, w = self.index, ev.window
+        assert int(ev.acceptance.accepted_len[j]) == 0
+        mine = (w.token_req.long() == j) & (w.token_draft_pos > 0) & (w.slot_mapping >= 0)
+        assert int(mine.sum()) == self.before[2] > 0
+        if ev.policy.preserves_rejected_slots:
+            slots = w.slot_mapping[mine]
+            bs = self.engine.cache.spec.block_size
+            key, value = self.engine.cache.snapshot()
+            for now, then in ((key, self.open[0]), (value, self.open[1])):
+                assert torch.equal(now[:, slots // bs, slots % bs], then[:, slots // bs, slots % bs])
+
+
+def check_live_stores(e):
+    """Every running request's committed positions hold target-only's K/V (target layers and the head's)."""
+    for r in e.scheduler.running:
+        n = r.num_computed
+        slots = torch.tensor(r.block_table.slots(range(n)))
+        for layer, (k, v) in enumerate(dense_kv(e.target, e.head, r.tokens, n)):
+            ck, cv = e.cache.gather(layer, slots)
+            torch.testing.assert_close(ck, k, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(cv, v, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("phase", ["begin", "write", "acceptance", "commit"])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_abort_at_every_phase_of_a_verify_window(pair, reference, mode, phase):
+    e, reqs = build(pair, mode=mode)
+    drop = DropAt(e, rid=1, phase=phase, what="abort", step=3)
+    e.observers.append(drop)
+    while e.scheduler.has_work:
+        e.step_with_progress()
+        check_live_stores(e)
+    r = reqs[1]
+    assert drop.done and drop.checked == (phase in ("begin", "write")) and r.aborted and not r.block_table.blocks
+    assert len(r.output) == drop.before[1]                   # the dropped window emitted nothing
+    assert r.output == reference[1][:len(r.output)]
+    assert [q.output for q in reqs if q is not r] == [x for i, x in enumerate(reference) if i != 1]
+    assert e.preemption_stats.dropped_windows == 1
+    assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_blocks
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_preempt_mid_window_continues_with_the_same_tokens(pair, reference, mode, phase, how):
+    e, reqs = build(pair, mode=mode, preemption=Preemption(how))
+    drop = DropAt(e, rid=0, phase=phase, what="preempt", step=3)
+    e.observers.append(drop)
+    while e.scheduler.has_work:
+        e.step_with_progress()
+        check_live_stores(e)
+    assert drop.done and drop.checked == (phase in ("begin", "write")) and reqs[0].preemptions == 1
+    assert [r.output for r in reqs] == reference
+    stats = e.preemption_stats
+    assert stats.preemptions == stats.dropped_windows == 1
+    assert (stats.swapped_out_bytes > 0) == (how == "swap")
