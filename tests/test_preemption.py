@@ -33,9 +33,9 @@ def prompts(n=6, seed=1):
 
 
 def build(pair, *, mode="off", k=4, head=True, num_blocks=BIG, preemption=None, temperature=0.0, seed=0,
-          max_new=14, n=6, observers=()):
+          max_new=14, n=6, observers=(), **cfg):
     target, h = pair
-    e = SpecEngine(target, h if head and k else None, LabConfig(nwor_mode=mode, debug=True), k=k,
+    e = SpecEngine(target, h if head and k else None, LabConfig(nwor_mode=mode, debug=True, **cfg), k=k,
                    num_blocks=num_blocks, block_size=4, max_num_seqs=4, temperature=temperature, seed=seed,
                    preemption=preemption)
     e.observers.extend(observers)          # the policies share this list
@@ -71,30 +71,39 @@ def test_small_cache_preempts_and_decodes_the_big_cache_tokens(pair, reference, 
         assert stats.recomputed_tokens > 0 and stats.swapped_out_bytes == 0
 
 
-def test_swap_copies_every_layer_back_bit_for_bit(pair, reference):
-    e, reqs = build(pair, mode="stage", num_blocks=SMALL, preemption=Preemption("swap"))
-    saved, checked = {}, []
+def watch_swaps(e) -> list:
+    """Checks every swap-in against what was swapped out: the request's committed K/V (every cache
+    layer) and a hybrid target's committed state slot, bit for bit. -> per swap-in, whether it landed
+    in other blocks."""
+    saved, moved = {}, []
     out_hook, in_hook = e.scheduler.on_preempt, e.scheduler.on_resume
 
-    def rows(r):
+    def stores(r):
         slots = torch.tensor(r.block_table.slots(range(r.num_computed)))
-        return [e.cache.gather(layer, slots) for layer in range(e.cache.num_layers)]
+        kv = [t for layer in range(e.cache.num_layers) for t in e.cache.gather(layer, slots)]
+        state = [t.clone() for t in e.states.committed(r.state_slot)] if e.states is not None else []
+        return kv + state
 
     def on_preempt(r):
-        saved[r.req_id] = (r.num_computed, rows(r), list(r.block_table.blocks))
+        saved[r.req_id] = (r.num_computed, stores(r), list(r.block_table.blocks))
         out_hook(r)
 
     def on_resume(r):
         in_hook(r)
         n, before, blocks = saved.pop(r.req_id)
         assert r.num_computed == n
-        for (k0, v0), (k1, v1) in zip(before, rows(r)):
-            assert torch.equal(k0, k1) and torch.equal(v0, v1)
-        checked.append(blocks != r.block_table.blocks)
+        assert all(torch.equal(a, b) for a, b in zip(before, stores(r)))
+        moved.append(blocks != r.block_table.blocks)
 
     e.scheduler.on_preempt, e.scheduler.on_resume = on_preempt, on_resume
+    return moved
+
+
+def test_swap_copies_every_layer_back_bit_for_bit(pair, reference):
+    e, reqs = build(pair, mode="stage", num_blocks=SMALL, preemption=Preemption("swap"))
+    moved = watch_swaps(e)
     e.run()
-    assert checked and any(checked), "a swapped-in request should land in other blocks"
+    assert moved and any(moved), "a swapped-in request should land in other blocks"
     assert [r.output for r in reqs] == reference
     assert e.cache.num_layers == pair[0].num_layers + 1          # the head's layer was swapped too
 
@@ -138,7 +147,7 @@ def test_abort_waiting_and_running_between_steps(pair, reference):
 
 
 class DropAt:
-    """Aborts or preempts request `rid` in the first verify window it is in from step `step` on, at
+    """Aborts or preempts request `rid` in its first verify window with drafts from step `step` on, at
     `phase` (for `write`, once the window's first layer is written). When that is before the commit,
     checks at the commit that the request kept no draft: none accepted, and under a policy that
     preserves rejected slots every draft slot of it holds its bytes from before the window."""
@@ -162,6 +171,8 @@ class DropAt:
         if self.index is None:
             return
         r = e._stepping()[self.index]
+        if not r.drafts:            # a prefill's window: wait for one with drafts
+            return
         self.before = (r.num_computed, len(r.output), len(r.drafts))
         getattr(e, self.what)(self.rid)
         self.done = True
@@ -224,3 +235,107 @@ def test_preempt_mid_window_continues_with_the_same_tokens(pair, reference, mode
     stats = e.preemption_stats
     assert stats.preemptions == stats.dropped_windows == 1
     assert (stats.swapped_out_bytes > 0) == (how == "swap")
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_draft_trees_preempt(pair, reference, mode, how):
+    e, out = decode(pair, mode=mode, num_blocks=SMALL, preemption=Preemption(how), tree="topk=2,depth=3,nodes=6")
+    assert e.preemption_stats.preemptions > 0 and out == reference
+
+
+@pytest.mark.parametrize("mode", ["cow", "stage"])
+def test_abort_mid_tree_window(pair, reference, mode):
+    e, reqs = build(pair, mode=mode, tree="topk=2,depth=3,nodes=6")
+    drop = DropAt(e, rid=1, phase="write", what="abort", step=3)
+    e.observers.append(drop)
+    while e.scheduler.has_work:
+        e.step_with_progress()
+        check_live_stores(e)
+    assert drop.checked and reqs[1].aborted
+    assert [q.output for q in reqs if q is not reqs[1]] == [x for i, x in enumerate(reference) if i != 1]
+
+
+@pytest.fixture(scope="module")
+def eagle3(pair):
+    from nwor_lab.model.toy import toy_config, toy_eagle3
+    target, _ = toy_pair(2, cfg=toy_config(num_hidden_layers=4))
+    return target, toy_eagle3(target, seed=3, draft_vocab_size=12)
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+def test_eagle3_preempts(eagle3, how):
+    ref = decode(eagle3, k=0)[1]
+    e, out = decode(eagle3, mode="stage", num_blocks=SMALL, preemption=Preemption(how))
+    assert e.preemption_stats.preemptions > 0 and out == ref
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_the_auditor_under_preemption_and_abort(pair, reference, mode, how):
+    """`nwor-lab audit`'s checks (nwor_lab.audit) over a run that preempts and aborts mid-window:
+    stage and cow leave no rejected row in any store, off is caught (the check is live)."""
+    from nwor_lab.audit.run import prepare_audit
+    target, head = pair
+    audit = prepare_audit(LabConfig(nwor_mode=mode), prompts(), 14, target=target, head=head, k=4,
+                          block_size=4, max_num_seqs=4, num_blocks=SMALL)
+    e = audit.engine
+    e.preemption = Preemption(how)
+    drop = DropAt(e, rid=2, phase="write", what="abort", step=4)
+    e.observers.append(drop)
+    ref = [list(r) for r in reference]
+    report = audit.run(reference=ref)
+    aborted = audit.gen.requests[2]
+    assert drop.checked and aborted.aborted and e.preemption_stats.preemptions > 0
+    outs = [r.output for r in audit.gen.requests]
+    assert outs[:2] + outs[3:] == ref[:2] + ref[3:] and outs[2] == ref[2][:len(outs[2])]
+    reached = report.reached
+    if mode == "off":
+        assert "kv" in reached
+    else:
+        assert reached == [], reached
+
+
+# -- a hybrid target (gated DeltaNet + attention): its recurrent and conv state slot goes with it --
+@pytest.fixture(scope="module")
+def hybrid():
+    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
+    target = toy_hybrid(2)
+    return target, toy_hybrid_head(target, 3)
+
+
+@pytest.fixture(scope="module")
+def hybrid_reference(hybrid):
+    return decode(hybrid, k=0, state_mode="auto")[1]
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("state_mode", ["stage", "snapshots"])
+def test_hybrid_target_preempts(hybrid, hybrid_reference, state_mode, how):
+    e, reqs = build(hybrid, mode="stage", state_mode=state_mode, num_blocks=SMALL, preemption=Preemption(how))
+    moved = watch_swaps(e)
+    e.run()
+    assert e.preemption_stats.preemptions > 0
+    assert [r.output for r in reqs] == hybrid_reference
+    assert bool(moved) == (how == "swap")
+    assert sorted(e.free_state_slots) == list(range(4))
+
+
+@pytest.mark.parametrize("what", ["abort", "preempt"])
+@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
+def test_hybrid_drop_mid_window(hybrid, hybrid_reference, phase, what):
+    """Dropped mid-window, a hybrid request's state slot went past t_last: it is freed (preempted:
+    recomputed even under swap); the other requests' states decode target-only's tokens."""
+    e, reqs = build(hybrid, mode="stage", state_mode="stage", preemption=Preemption("swap"))
+    drop = DropAt(e, rid=1, phase=phase, what=what, step=3)
+    e.observers.append(drop)
+    e.run()
+    r = reqs[1]
+    assert drop.done and drop.checked == (phase in ("begin", "write"))
+    assert e.preemption_stats.swapped_out_bytes == 0
+    if what == "abort":
+        assert r.aborted and r.output == hybrid_reference[1][:len(r.output)]
+        assert [q.output for q in reqs if q is not r] == [x for i, x in enumerate(hybrid_reference) if i != 1]
+    else:
+        assert [q.output for q in reqs] == hybrid_reference
+    assert sorted(e.free_state_slots) == list(range(4))
