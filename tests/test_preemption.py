@@ -35,7 +35,7 @@ def prompts(n=6, seed=1):
 def build(pair, *, mode="off", k=4, head=True, num_blocks=BIG, preemption=None, temperature=0.0, seed=0,
           max_new=14, n=6, observers=(), **cfg):
     target, h = pair
-    e = SpecEngine(target, h if head and k else None, LabConfig(nwor_mode=mode, debug=True, **cfg), k=k,
+    e = SpecEngine(target, h if head and k else None, LabConfig(**{"nwor_mode": mode, "debug": True, **cfg}), k=k,
                    num_blocks=num_blocks, block_size=4, max_num_seqs=4, temperature=temperature, seed=seed,
                    preemption=preemption)
     e.observers.extend(observers)          # the policies share this list
@@ -339,3 +339,33 @@ def test_hybrid_drop_mid_window(hybrid, hybrid_reference, phase, what):
     else:
         assert [q.output for q in reqs] == hybrid_reference
     assert sorted(e.free_state_slots) == list(range(4))
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_padded_steps_and_prelaunch_under_preemption(pair, reference, mode):
+    """Steps on bucket buffers (the captured path's inputs, eager on CPU; no CUDA graph here) with
+    pre-launch: a pre-launched step's blocks must fit without preempting (`_prelaunch_fits`)."""
+    from nwor_lab.engine.runner import StepRunner
+    e, reqs = build(pair, mode=mode, num_blocks=SMALL, preemption=Preemption("swap"), debug=False)
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    e.run()
+    assert e.runner.graphed_steps > 0 and e.preemption_stats.preemptions > 0
+    assert [r.output for r in reqs] == reference
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_sliding_window_rings_preempt(pair, mode, how):
+    """A ring holds at most ceil(S / BS) blocks; a request whose prompt + output outgrew its ring is
+    swapped even under recompute (a re-prefill would overwrite its own ring positions)."""
+    ref = decode(pair, k=0, mode=mode, sliding_window=16, max_new=24)[1]
+    e, out = decode(pair, mode=mode, sliding_window=16, max_new=24, num_blocks=10, preemption=Preemption(how))
+    assert e.preemption_stats.preemptions > 0 and out == ref
+    e, reqs = build(pair, mode=mode, sliding_window=16, max_new=24, n=2, preemption=Preemption(how))
+    while len(reqs[1].tokens) <= e.scheduler.ring_slots:
+        e.step_with_progress()
+    e.preempt(reqs[1].req_id)
+    assert reqs[1].swapped is not None
+    e.run()
+    assert [r.output for r in reqs] == ref[:2]
+    assert e.preemption_stats.swapped_for_budget == (how == "recompute")

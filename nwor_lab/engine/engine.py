@@ -35,7 +35,7 @@ import torch
 from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
 from nwor_lab.engine.drafter import Drafter
-from nwor_lab.engine.preemption import Preemption, PreemptionStats, swap_in, swap_out
+from nwor_lab.engine.preemption import Preemption, PreemptionStats, block_slots, swap_in, swap_out
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
 from nwor_lab.engine.scheduler import Scheduler
@@ -351,6 +351,9 @@ class SpecEngine:
                 stats.swapped_for_budget += 1
             store = self.states.store if self.states is not None else None
             r.swapped = swap_out(self.cache, r.block_table.blocks, store, r.state_slot)
+            if self.ledger is not None:      # debug: the ring ledger's positions move with the bytes
+                slots = block_slots(r.block_table.blocks, self.cache.spec.block_size)
+                r.swapped.ledger = self.ledger.holder[:, slots].clone()
             stats.swapped_out_bytes += r.swapped.nbytes
         else:
             r.num_computed = 0
@@ -366,6 +369,8 @@ class SpecEngine:
         if saved.state is not None:
             slot = r.state_slot = self.free_state_slots.pop()
         swap_in(self.cache, saved, r.block_table.blocks, self.states.store if self.states is not None else None, slot)
+        if saved.ledger is not None:
+            self.ledger.holder[:, block_slots(r.block_table.blocks, self.cache.spec.block_size)] = saved.ledger
         self.preemption_stats.swapped_in_bytes += saved.nbytes
 
     def _locate(self, err: BaseException, requests: list[Request]) -> None:

@@ -79,6 +79,13 @@ class SwappedOut:
     num_blocks: int
     state: tuple | None = None
     nbytes: int = field(default=0)
+    ledger: torch.Tensor | None = None   # debug on a ring: which position each of its slots held
+
+
+def block_slots(blocks: list[int], block_size: int) -> torch.Tensor:
+    """Every slot of `blocks`, block by block `[len(blocks) * block_size]` int64."""
+    b = torch.tensor(blocks, dtype=torch.long)
+    return (b[:, None] * block_size + torch.arange(block_size)).reshape(-1)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
