@@ -369,3 +369,26 @@ def test_sliding_window_rings_preempt(pair, mode, how):
     e.run()
     assert [r.output for r in reqs] == ref[:2]
     assert e.preemption_stats.swapped_for_budget == (how == "recompute")
+
+
+@pytest.mark.parametrize("what", ["abort", "preempt"])
+def test_drop_a_request_of_a_prelaunched_step(pair, what):
+    """Between steps, a pre-launched step (bucket buffers, eager on CPU) already holds the request:
+    the host drops it when it collects that step, and launches nothing more before."""
+    from nwor_lab.engine.runner import StepRunner
+    reference = decode(pair, k=0, n=3, max_new=24)[1]
+    e, reqs = build(pair, mode="stage", n=3, debug=False, max_new=24, preemption=Preemption("swap"))
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    while e.runner.pending is None:
+        e.step_with_progress()
+    victim = e.runner.pending_requests[1]
+    got = len(victim.output)
+    getattr(e, what)(victim.req_id)
+    e.step_with_progress()
+    assert len(victim.output) == got and e.runner.pending is None
+    e.run()
+    if what == "abort":
+        assert victim.aborted
+        assert [r.output for r in reqs if r is not victim] == [x for r, x in zip(reqs, reference) if r is not victim]
+    else:
+        assert victim.preemptions == 1 and [r.output for r in reqs] == reference

@@ -292,6 +292,11 @@ class SpecEngine:
         s = self.scheduler
         return len(r.tokens) > s.max_num_batched_tokens or (s.ring_slots is not None and len(r.tokens) > s.ring_slots)
 
+    @property
+    def dropping(self) -> bool:
+        """Whether a request of the step in flight was aborted or preempted (applied at its end)."""
+        return bool(self._dropped)
+
     def window_drops(self, inp) -> torch.Tensor | None:
         """`[size]` bool on the device: the step's requests dropped while it runs (aborted or
         preempted by an observer), whose window the body commits as nothing; None when none (and

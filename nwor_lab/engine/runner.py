@@ -240,13 +240,13 @@ class StepRunner:
         """The next step is this bucket again, on the inputs this step computed for it: every request
         runs on with k drafts (none can emit its last token now: 2k + 2 or more left; no end token is
         watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
-        graph exists."""
+        graph exists; no request of this step was aborted or preempted while it ran."""
         e = self.engine
         k = inp.k
         sched = e.scheduler
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
-        return (self.prelaunch and not guard and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+        return (self.prelaunch and not guard and not e.dropping and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
                 and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
