@@ -392,3 +392,39 @@ def test_drop_a_request_of_a_prelaunched_step(pair, what):
         assert [r.output for r in reqs if r is not victim] == [x for r, x in zip(reqs, reference) if r is not victim]
     else:
         assert victim.preemptions == 1 and [r.output for r in reqs] == reference
+
+
+def live_stores(e) -> dict:
+    """req_id -> (num_computed, output, its committed K/V of every layer and a hybrid state) of every
+    running request, as copies."""
+    out = {}
+    for r in e.scheduler.running:
+        slots = torch.tensor(r.block_table.slots(range(r.num_computed)))
+        kv = [t for layer in range(e.cache.num_layers) for t in e.cache.gather(layer, slots)]
+        state = [t.clone() for t in e.states.committed(r.state_slot)] if e.states is not None else []
+        out[r.req_id] = (r.num_computed, list(r.output), kv + state)
+    return out
+
+
+@pytest.mark.parametrize("what", ["abort", "preempt"])
+@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
+@pytest.mark.parametrize("model,mode", [("toy", m) for m in NWOR_MODES] + [("hybrid", "stage")])
+def test_the_other_requests_stores_are_those_of_a_run_without_the_drop(pair, hybrid, model, mode, phase, what):
+    """The step that drops a request mid-window runs the same batch as without the drop: every other
+    request's committed K/V (every layer) and state equal that run's, bit for bit, after it."""
+    kw = dict(mode=mode, preemption=Preemption("swap"))
+    if model == "hybrid":
+        kw["state_mode"] = "stage"
+    m = pair if model == "toy" else hybrid
+    a, _ = build(m, **kw)
+    b, _ = build(m, **kw)
+    drop = DropAt(a, rid=1, phase=phase, what=what, step=3)
+    a.observers.append(drop)
+    while not drop.done:
+        a.step_with_progress()
+        b.step_with_progress()
+    got, want = live_stores(a), live_stores(b)
+    assert 1 not in got and 1 in want and len(got) == len(want) - 1 >= 1
+    for rid, (n, out, stores) in got.items():
+        assert (n, out) == want[rid][:2]
+        assert all(torch.equal(x, y) for x, y in zip(stores, want[rid][2]))
