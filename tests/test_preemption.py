@@ -167,10 +167,10 @@ class DropAt:
             self.check_commit(ev)
         if self.done or ev.phase != self.phase or e.step_index < self.step:
             return
-        self.index = next((j for j, r in enumerate(e._stepping()) if r.req_id == self.rid), None)
+        self.index = next((j for j, r in enumerate(e.lifecycle.stepping()) if r.req_id == self.rid), None)
         if self.index is None:
             return
-        r = e._stepping()[self.index]
+        r = e.lifecycle.stepping()[self.index]
         if not r.drafts:            # a prefill's window: wait for one with drafts
             return
         self.before = (r.num_computed, len(r.output), len(r.drafts))

@@ -35,7 +35,7 @@ import torch
 from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_config, check_int, check_temperature
 from nwor_lab.engine.drafter import Drafter
-from nwor_lab.engine.preemption import Preemption, PreemptionStats, block_slots, swap_in, swap_out
+from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
 from nwor_lab.engine.scheduler import Scheduler
@@ -107,17 +107,7 @@ class SpecEngine:
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
                                    self.tree_plan.lookahead if self.tree is not None else self.k,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
-        if preemption is None:
-            preemption = Preemption()
-        if not isinstance(preemption, Preemption):
-            raise TypeError(f"preemption: expected a nwor_lab.engine.preemption.Preemption (e.g. "
-                            f"Preemption('swap')) or None, got {type(preemption).__name__}")
-        self.preemption = preemption
-        self.preemption_stats = PreemptionStats()
-        self.scheduler.on_preempt = self._on_preempt
-        self.scheduler.on_resume = self._on_resume
-        self._in_step: list[Request] | None = None     # the requests of the step running now
-        self._dropped: dict[int, str] = {}             # req_id -> "abort" / "preempt" during that step
+        self.lifecycle = Lifecycle(self, check_preemption(preemption))
         self.observers: list = []          # shared with both policies: see the module docstring
         # debug on a sliding window: which position each slot holds, every cache read checked
         self.ledger = RingLedger(self.cache, self.sliding) if self.sliding and self.config.debug else None
@@ -217,7 +207,8 @@ class SpecEngine:
                 if r.state_slot is None:           # a new request: a cleared state slot
                     r.state_slot = self.free_state_slots.pop()
                     self.states.store.clear(r.state_slot)
-        self._in_step = requests
+        life = self.lifecycle
+        life.in_step = requests
         try:
             result = self.runner.step(requests)
         except BaseException as err:
@@ -225,158 +216,46 @@ class SpecEngine:
                 if policy is not None and policy.window is not None:
                     policy.cancel()        # the cache ends as `off` would leave it
             self._locate(err, requests)
-            self._in_step = None
-            self._apply_drops(requests)
+            life.in_step = None
+            life.apply_drops(requests)
             raise
-        self._in_step = None
+        life.in_step = None
         self._advance(requests, result)
-        self._apply_drops(requests)
+        life.apply_drops(requests)
         self.step_index += 1
         return True
 
-    # -- preemption and abort (nwor_lab.engine.preemption) -----------------------------------------
-    def _find(self, req_id: int) -> Request:
-        sched = self.scheduler
-        for r in (*sched.running, *sched.waiting, *sched.finished):
-            if r.req_id == req_id:
-                return r
-        raise ValueError(f"req_id={req_id!r}: no such request in this engine (ids 0..{sched._next_id - 1})")
-
-    def _stepping(self) -> list[Request]:
-        """The requests of the step in flight: the one running, or the one pre-launched on the device."""
-        if self._in_step is not None:
-            return self._in_step
-        return self.runner.pending_requests or []
-
+    # -- preemption and abort (nwor_lab.engine.preemption.Lifecycle) ----------------------------
     def abort(self, req_id: int) -> bool:
-        """Drop request `req_id` for good: its blocks, its state slot and its swapped-out copies are
-        freed; its tokens so far stay on the request, marked `aborted` (and finished). Called while
-        a step runs (an observer), the request's open window commits nothing and the request leaves
-        at the end of the step. -> False when it had already finished."""
-        r = self._find(req_id)
-        if r.finished:
-            return False
-        if any(x is r for x in self._stepping()):
-            self._dropped[r.req_id] = "abort"
-            return True
-        if r in self.scheduler.waiting:
-            self.scheduler.waiting.remove(r)
-        else:
-            self._release(r)
-            r.block_table.release()
-            self.scheduler.running.remove(r)
-        self._mark_aborted(r)
-        return True
+        """Drop request `req_id` for good (`Lifecycle.abort`). -> False when it had already finished."""
+        return self.lifecycle.abort(req_id)
 
     def preempt(self, req_id: int) -> None:
-        """Preempt running request `req_id` now (the engine's mode, `self.preemption`), as the
-        scheduler does when blocks run out. Called while a step runs, its open window commits
-        nothing and it is preempted at the end of the step (a hybrid target's then by recompute:
-        its state went past the window's t_last)."""
-        r = self._find(req_id)
-        if not any(x is r for x in self.scheduler.running):
-            raise ValueError(f"req_id={req_id}: not running (waiting, finished or aborted); only a running "
-                             f"request can be preempted")
-        if any(x is r for x in self._stepping()):
-            if self.states is not None and self._recompute_too_long(r):
-                raise ValueError(f"req_id={req_id}: a hybrid target's request preempted mid-step is recomputed, "
-                                 f"but its {len(r.tokens)} tokens exceed max_num_batched_tokens="
-                                 f"{self.scheduler.max_num_batched_tokens} (no chunked prefill); preempt it between steps")
-            self._dropped[r.req_id] = "preempt"
-            return
-        self.scheduler.preempt(r)
+        """Preempt running request `req_id` now, as the scheduler does when blocks run out
+        (`Lifecycle.preempt`)."""
+        self.lifecycle.preempt(req_id)
 
-    def _recompute_too_long(self, r: Request) -> bool:
-        """A re-prefill of prompt + output would not fit one step (the lab does not chunk prefills)
-        or would overwrite its own ring positions."""
-        s = self.scheduler
-        return len(r.tokens) > s.max_num_batched_tokens or (s.ring_slots is not None and len(r.tokens) > s.ring_slots)
+    @property
+    def preemption(self) -> Preemption:
+        return self.lifecycle.preemption
+
+    @preemption.setter
+    def preemption(self, value: Preemption) -> None:
+        self.lifecycle.preemption = check_preemption(value)
+
+    @property
+    def preemption_stats(self) -> PreemptionStats:
+        return self.lifecycle.stats
 
     @property
     def dropping(self) -> bool:
         """Whether a request of the step in flight was aborted or preempted (applied at its end)."""
-        return bool(self._dropped)
+        return bool(self.lifecycle.dropped)
 
     def window_drops(self, inp) -> torch.Tensor | None:
-        """`[size]` bool on the device: the step's requests dropped while it runs (aborted or
-        preempted by an observer), whose window the body commits as nothing; None when none (and
-        in a static step: a captured body cannot read the host's drops, the host drops them alone)."""
-        if not self._dropped or inp.static:
-            return None
-        reqs = inp.host["requests"]
-        flags = [r.req_id in self._dropped for r in reqs] + [False] * (inp.size - len(reqs))
-        return torch.tensor(flags, dtype=torch.bool, device=self.device)
-
-    def _apply_drops(self, requests: list[Request]) -> None:
-        drops, self._dropped = self._dropped, {}
-        for r in requests:
-            what = drops.get(r.req_id)
-            if what is None or r.finished:
-                continue
-            self.preemption_stats.dropped_windows += 1
-            if what == "abort":
-                self._release(r)
-                r.block_table.release()
-                self.scheduler.running.remove(r)
-                self._mark_aborted(r)
-            else:
-                self._mid_window = True
-                try:
-                    self.scheduler.preempt(r)
-                finally:
-                    self._mid_window = False
-
-    def _mark_aborted(self, r: Request) -> None:
-        r.aborted = r.finished = True
-        r.swapped = None
-        r.drafts, r.draft_probs, r.draft_parents = [], None, None
-        self.scheduler.finished.append(r)
-        self.preemption_stats.aborted += 1
-
-    def _release(self, r: Request) -> None:
-        """Give back a hybrid target's state slot (the next owner clears it)."""
-        if r.state_slot is not None:
-            self.free_state_slots.append(r.state_slot)
-            r.state_slot = None
-
-    _mid_window = False
-
-    def _on_preempt(self, r: Request) -> None:
-        """The scheduler's hook before `r`'s blocks are freed: swap them out (and its state slot),
-        or reset it to re-prefill prompt + output (recompute; swapped instead when that prefill
-        would not fit one step)."""
-        stats = self.preemption_stats
-        stats.preemptions += 1
-        r.preemptions += 1
-        swap = self.preemption.mode == "swap" or self._recompute_too_long(r)
-        if self.states is not None and self._mid_window:
-            swap = False        # its state slot went past t_last with the dropped window
-        if swap and r.num_computed > 0:
-            if self.preemption.mode != "swap":
-                stats.swapped_for_budget += 1
-            store = self.states.store if self.states is not None else None
-            r.swapped = swap_out(self.cache, r.block_table.blocks, store, r.state_slot)
-            if self.ledger is not None:      # debug: the ring ledger's positions move with the bytes
-                slots = block_slots(r.block_table.blocks, self.cache.spec.block_size)
-                r.swapped.ledger = self.ledger.holder[:, slots].clone()
-            stats.swapped_out_bytes += r.swapped.nbytes
-        else:
-            r.num_computed = 0
-            r.drafts, r.draft_probs, r.draft_parents = [], None, None
-            stats.recomputed_tokens += len(r.tokens)
-        self._release(r)
-
-    def _on_resume(self, r: Request) -> None:
-        """The scheduler's hook once swapped-out `r` has its new blocks: copy its bytes back (and
-        its state into a free slot)."""
-        saved, r.swapped = r.swapped, None
-        slot = None
-        if saved.state is not None:
-            slot = r.state_slot = self.free_state_slots.pop()
-        swap_in(self.cache, saved, r.block_table.blocks, self.states.store if self.states is not None else None, slot)
-        if saved.ledger is not None:
-            self.ledger.holder[:, block_slots(r.block_table.blocks, self.cache.spec.block_size)] = saved.ledger
-        self.preemption_stats.swapped_in_bytes += saved.nbytes
+        """`[size]` bool on the device, the step's requests dropped while it runs, or None
+        (`Lifecycle.window_drops`)."""
+        return self.lifecycle.window_drops(inp)
 
     def _locate(self, err: BaseException, requests: list[Request]) -> None:
         """A RingCorruption names the step and the request id (the ledger knows window indices)."""
@@ -392,7 +271,7 @@ class SpecEngine:
         h = result.inputs.host
         tree = result.inputs.tree is not None
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
-        dropped = self._dropped        # aborted or preempted while the step ran: not advanced
+        dropped = self.lifecycle.dropped   # aborted or preempted while the step ran: not advanced
         live = [a + 1 < r.remaining and r.req_id not in dropped for r, a in zip(requests, result.accepted)]
         record = self.runner.records(result, requests)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
@@ -423,7 +302,7 @@ class SpecEngine:
         for r in requests:
             if r.remaining <= 0 and r.req_id not in dropped:
                 self.scheduler.finish(r)
-                self._release(r)
+                self.lifecycle.release_state(r)
 
     def _hand_out(self, requests: list[Request], result, live: list[bool]) -> None:
         """Give every request still running the drafts the body proposed for it; record the draft

@@ -142,3 +142,175 @@ def drop_requests(window, acceptance, dropped: torch.Tensor):
     acc = torch.where(dropped, torch.zeros_like(acceptance.accepted_len), acceptance.accepted_len)
     draft_mask = acceptance.draft_mask & ~dropped[window.draft_req.long()]
     return Acceptance(draft_mask, acc, window.commit_mask_for(draft_mask, acc))
+
+
+def check_preemption(preemption) -> Preemption:
+    """`preemption` as given (None: `Preemption()`, recompute); anything else is refused by name."""
+    if preemption is None:
+        return Preemption()
+    if not isinstance(preemption, Preemption):
+        raise TypeError(f"preemption: expected a nwor_lab.engine.preemption.Preemption (e.g. "
+                        f"Preemption('swap')) or None, got {type(preemption).__name__}")
+    return preemption
+
+
+class Lifecycle:
+    """The engine's preemption and abort (`engine.lifecycle`): the scheduler's `on_preempt` /
+    `on_resume` hooks, `abort` / `preempt` from outside, and the drops of the step in flight
+    (`in_step`: its requests; `dropped`: req_id -> "abort" / "preempt", applied at its end)."""
+
+    def __init__(self, engine, preemption: Preemption):
+        self.engine = engine
+        self.preemption = preemption
+        self.stats = PreemptionStats()
+        self.in_step: list | None = None
+        self.dropped: dict[int, str] = {}
+        self._mid_window = False
+        engine.scheduler.on_preempt = self.on_preempt
+        engine.scheduler.on_resume = self.on_resume
+
+    # -- from outside ----------------------------------------------------------------------------
+    def find(self, req_id: int):
+        sched = self.engine.scheduler
+        for r in (*sched.running, *sched.waiting, *sched.finished):
+            if r.req_id == req_id:
+                return r
+        raise ValueError(f"req_id={req_id!r}: no such request in this engine (ids 0..{sched._next_id - 1})")
+
+    def stepping(self) -> list:
+        """The requests of the step in flight: the one running, or the one pre-launched on the device."""
+        if self.in_step is not None:
+            return self.in_step
+        return self.engine.runner.pending_requests or []
+
+    def _in_flight(self, r) -> bool:
+        return any(x is r for x in self.stepping())
+
+    def abort(self, req_id: int) -> bool:
+        """Drop request `req_id` for good: its blocks, its state slot and its swapped-out copies are
+        freed; its tokens so far stay on the request, marked `aborted` (and finished). Called while
+        a step runs (an observer), the request's open window keeps no draft and the request leaves
+        at the end of the step. -> False when it had already finished."""
+        r = self.find(req_id)
+        if r.finished:
+            return False
+        if self._in_flight(r):
+            self.dropped[r.req_id] = "abort"
+            return True
+        sched = self.engine.scheduler
+        if any(x is r for x in sched.waiting):
+            sched.waiting.remove(r)
+        else:
+            self._leave(r)
+        self._mark_aborted(r)
+        return True
+
+    def preempt(self, req_id: int) -> None:
+        """Preempt running request `req_id` now (mode `self.preemption`), as the scheduler does when
+        blocks run out. Called while a step runs, its open window keeps no draft and it is preempted
+        at the end of the step (a hybrid target's then by recompute: its state went past t_last)."""
+        r = self.find(req_id)
+        sched = self.engine.scheduler
+        if not any(x is r for x in sched.running):
+            raise ValueError(f"req_id={req_id}: not running (waiting, finished or aborted); only a running "
+                             f"request can be preempted")
+        if self._in_flight(r):
+            if self.engine.states is not None and self.recompute_too_long(r):
+                raise ValueError(f"req_id={req_id}: a hybrid target's request preempted mid-step is recomputed, "
+                                 f"but its {len(r.tokens)} tokens do not fit one prefill (max_num_batched_tokens="
+                                 f"{sched.max_num_batched_tokens}, no chunked prefill); preempt it between steps")
+            self.dropped[r.req_id] = "preempt"
+            return
+        sched.preempt(r)
+
+    def recompute_too_long(self, r) -> bool:
+        """A re-prefill of prompt + output would not fit one step (the lab does not chunk prefills)
+        or would overwrite its own ring positions."""
+        s = self.engine.scheduler
+        return len(r.tokens) > s.max_num_batched_tokens or (s.ring_slots is not None and len(r.tokens) > s.ring_slots)
+
+    # -- the step in flight ----------------------------------------------------------------------
+    def window_drops(self, inp) -> torch.Tensor | None:
+        """`[size]` bool on the device: the step's requests dropped while it runs, whose drafts the
+        body rejects before the commit; None when none, and in a static step (a captured body
+        cannot read the host's drops: the host drops them alone, after the step)."""
+        if not self.dropped or inp.static:
+            return None
+        reqs = inp.host["requests"]
+        flags = [r.req_id in self.dropped for r in reqs] + [False] * (inp.size - len(reqs))
+        return torch.tensor(flags, dtype=torch.bool, device=self.engine.device)
+
+    def apply_drops(self, requests: list) -> None:
+        """At the end of a step (or its failure): abort or preempt what was dropped while it ran."""
+        drops, self.dropped = self.dropped, {}
+        for r in requests:
+            what = drops.get(r.req_id)
+            if what is None or r.finished:
+                continue
+            self.stats.dropped_windows += 1
+            if what == "abort":
+                self._leave(r)
+                self._mark_aborted(r)
+            else:
+                self._mid_window = True
+                try:
+                    self.engine.scheduler.preempt(r)
+                finally:
+                    self._mid_window = False
+
+    def _leave(self, r) -> None:
+        """A running request leaves: its state slot and blocks freed, off the running list."""
+        self.release_state(r)
+        r.block_table.release()
+        self.engine.scheduler.running.remove(r)
+
+    def _mark_aborted(self, r) -> None:
+        r.aborted = r.finished = True
+        r.swapped = None
+        r.drafts, r.draft_probs, r.draft_parents = [], None, None
+        self.engine.scheduler.finished.append(r)
+        self.stats.aborted += 1
+
+    def release_state(self, r) -> None:
+        """Give back a hybrid target's state slot (its next owner clears it)."""
+        if r.state_slot is not None:
+            self.engine.free_state_slots.append(r.state_slot)
+            r.state_slot = None
+
+    # -- the scheduler's hooks -------------------------------------------------------------------
+    def on_preempt(self, r) -> None:
+        """Before `r`'s blocks are freed: swap them out (and its state slot), or reset it to
+        re-prefill prompt + output (recompute; swapped instead when that prefill would not fit
+        one step)."""
+        e, stats = self.engine, self.stats
+        stats.preemptions += 1
+        r.preemptions += 1
+        swap = self.preemption.mode == "swap" or self.recompute_too_long(r)
+        if e.states is not None and self._mid_window:
+            swap = False        # its state slot went past t_last with the dropped window
+        if swap and r.num_computed > 0:
+            if self.preemption.mode != "swap":
+                stats.swapped_for_budget += 1
+            store = e.states.store if e.states is not None else None
+            r.swapped = swap_out(e.cache, r.block_table.blocks, store, r.state_slot)
+            if e.ledger is not None:        # debug: the ring ledger's positions move with the bytes
+                slots = block_slots(r.block_table.blocks, e.cache.spec.block_size)
+                r.swapped.ledger = e.ledger.holder[:, slots].clone()
+            stats.swapped_out_bytes += r.swapped.nbytes
+        else:
+            r.num_computed = 0
+            r.drafts, r.draft_probs, r.draft_parents = [], None, None
+            stats.recomputed_tokens += len(r.tokens)
+        self.release_state(r)
+
+    def on_resume(self, r) -> None:
+        """Once swapped-out `r` has its new blocks: copy its bytes back (its state into a free slot)."""
+        e = self.engine
+        saved, r.swapped = r.swapped, None
+        slot = None
+        if saved.state is not None:
+            slot = r.state_slot = e.free_state_slots.pop()
+        swap_in(e.cache, saved, r.block_table.blocks, e.states.store if e.states is not None else None, slot)
+        if saved.ledger is not None:
+            e.ledger.holder[:, block_slots(r.block_table.blocks, e.cache.spec.block_size)] = saved.ledger
+        self.stats.swapped_in_bytes += saved.nbytes
