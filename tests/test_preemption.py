@@ -428,3 +428,18 @@ def test_the_other_requests_stores_are_those_of_a_run_without_the_drop(pair, hyb
     for rid, (n, out, stores) in got.items():
         assert (n, out) == want[rid][:2]
         assert all(torch.equal(x, y) for x, y in zip(stores, want[rid][2]))
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_swap_an_fp8_cache(pair, cache_dtype):
+    """Swap copies the stored bytes (fp8 here; the scales are per layer and stay)."""
+    target, head = pair
+    outs = []
+    for num_blocks in (BIG, SMALL):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=4, num_blocks=num_blocks, block_size=4,
+                       max_num_seqs=4, cache_dtype=cache_dtype, preemption=Preemption("swap"))
+        reqs = [e.add_request(p, 14) for p in prompts()]
+        moved = watch_swaps(e)
+        e.run()
+        outs.append([r.output for r in reqs])
+    assert moved and outs[0] == outs[1]
