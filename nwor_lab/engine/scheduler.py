@@ -79,8 +79,7 @@ class Scheduler:
         prefill, t_last + drafts else), one more position and the lookahead of the next window's
         drafts (what the draft chain and the hand-out write), at most its worst case; a swapped-out
         request at least its saved blocks."""
-        toks, start, _ = req.scheduled()
-        need = min(self.blocks_for(start + len(toks) + 1 + self.k), req.worst_case_blocks)
+        need = min(self.blocks_for(self._positions(req)), req.worst_case_blocks)
         if req.swapped is not None:
             need = max(need, req.swapped.num_blocks)
         return need
@@ -97,6 +96,7 @@ class Scheduler:
         return True
 
     def _positions(self, req: Request) -> int:
+        """Positions `req`'s next step may write up to: its window, one more, the next lookahead."""
         toks, start, _ = req.scheduled()
         return start + len(toks) + 1 + self.k
 
