@@ -13,7 +13,9 @@ scheduler preempts the newest running request (vLLM's order) in one of two modes
                it continues with its drafts, as if it had never been preempted
 
 A request whose re-prefill would exceed `max_num_batched_tokens` (the lab does not chunk prefills)
-is swapped even under `recompute` (counted in `PreemptionStats.swapped_for_budget`).
+or its sliding-window ring is swapped even under `recompute` (`PreemptionStats.swapped_for_budget`).
+The engine's side of all this is `Lifecycle` (`engine.lifecycle`); the scheduler's is its
+`step_blocks` / `preempt` and the `on_preempt` / `on_resume` hooks.
 
 `engine.preempt(req_id)` and `engine.abort(req_id)` may also be called from outside the scheduler,
 between steps or while a step runs (an observer's `on_phase`). A request dropped while its verify
