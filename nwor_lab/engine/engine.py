@@ -15,6 +15,11 @@ Observers (`engine.observers`) see every phase of every window through the polic
 (`on_phase(PhaseEvent)`, nwor_lab.policies.observer); one that also has
 `on_window_end(engine, trace, window)` is called once the engine has advanced its requests.
 
+Preemption and abort (nwor_lab.engine.preemption): admission reserves no worst case; when a step's
+blocks do not fit, the scheduler preempts the newest running request by recompute or swap
+(`SpecEngine(..., preemption=Preemption("swap"))`, counted in `preemption_stats`);
+`engine.abort(req_id)` and `engine.preempt(req_id)` work between steps and while a window is open.
+
 Sliding windows (`LabConfig.sliding_window`, `kv_ring`; nwor_lab.engine.ring): every layer attends
 the last W positions, each request's cache is a ring of `sliding.ring_slots` slots (or the whole
 context), the guard cuts drafts that could evict a needed position, and debug mode checks every
@@ -32,6 +37,7 @@ from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
+from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
 from nwor_lab.engine.scheduler import Scheduler
@@ -59,7 +65,7 @@ class SpecEngine:
                  max_num_batched_tokens: int = 1024, temperature: float = 0.0, seed: int = 0,
                  eos_token_id: int | None = None, cache_dtype: str = "auto",
                  max_cache_memory: int | None = None, acceptance: ForcedAcceptance | None = None,
-                 prefix_cache: PrefixCacheConfig | None = None):
+                 prefix_cache: PrefixCacheConfig | None = None, preemption: Preemption | None = None):
         # Every limit is checked here, before the cache is allocated (its size is checked against
         # max_cache_memory and the device's free memory first): a bad value is one clear error.
         self.target, self.head = target, head
@@ -104,6 +110,7 @@ class SpecEngine:
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
                                    self.tree_plan.lookahead if self.tree is not None else self.k,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
+        self.lifecycle = Lifecycle(self, check_preemption(preemption))
         self.observers: list = []          # shared with both policies: see the module docstring
         # debug on a sliding window: which position each slot holds, every cache read checked
         self.ledger = RingLedger(self.cache, self.sliding) if self.sliding and self.config.debug else None
@@ -215,6 +222,8 @@ class SpecEngine:
                 if r.state_slot is None:           # a new request: a cleared state slot
                     r.state_slot = self.free_state_slots.pop()
                     self.states.store.clear(r.state_slot)
+        life = self.lifecycle
+        life.in_step = requests
         try:
             result = self.runner.step(requests)
         except BaseException as err:
@@ -222,10 +231,46 @@ class SpecEngine:
                 if policy is not None and policy.window is not None:
                     policy.cancel()        # the cache ends as `off` would leave it
             self._locate(err, requests)
+            life.in_step = None
+            life.apply_drops(requests)
             raise
+        life.in_step = None
         self._advance(requests, result)
+        life.apply_drops(requests)
         self.step_index += 1
         return True
+
+    # -- preemption and abort (nwor_lab.engine.preemption.Lifecycle) ----------------------------
+    def abort(self, req_id: int) -> bool:
+        """Drop request `req_id` for good (`Lifecycle.abort`). -> False when it had already finished."""
+        return self.lifecycle.abort(req_id)
+
+    def preempt(self, req_id: int) -> None:
+        """Preempt running request `req_id` now, as the scheduler does when blocks run out
+        (`Lifecycle.preempt`)."""
+        self.lifecycle.preempt(req_id)
+
+    @property
+    def preemption(self) -> Preemption:
+        return self.lifecycle.preemption
+
+    @preemption.setter
+    def preemption(self, value: Preemption) -> None:
+        self.lifecycle.preemption = check_preemption(value)
+
+    @property
+    def preemption_stats(self) -> PreemptionStats:
+        return self.lifecycle.stats
+
+    @property
+    def dropping(self) -> bool:
+        """Whether a request of the step in flight was aborted or preempted (applied at its end)."""
+        return bool(self.lifecycle.dropped)
+
+    def window_drops(self, inp) -> torch.Tensor | None:
+        """`[size]` bool on the device, the step's requests dropped while it runs, or None
+        (`Lifecycle.window_drops`)."""
+        return self.lifecycle.window_drops(inp)
 
     def _locate(self, err: BaseException, requests: list[Request]) -> None:
         """A RingCorruption names the step and the request id (the ledger knows window indices)."""
@@ -241,7 +286,8 @@ class SpecEngine:
         h = result.inputs.host
         tree = result.inputs.tree is not None
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
-        live = [a + 1 < r.remaining for r, a in zip(requests, result.accepted)]
+        dropped = self.lifecycle.dropped   # aborted or preempted while the step ran: not advanced
+        live = [a + 1 < r.remaining and r.req_id not in dropped for r, a in zip(requests, result.accepted)]
         record = self.runner.records(result, requests)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [], record)
@@ -249,6 +295,9 @@ class SpecEngine:
             host_window, acceptance = host_tree_window(h, result)
             entry.path_ranks = path_ranks(h, result)
         for i, r in enumerate(requests):
+            if r.req_id in dropped:
+                entry.emitted.append([])
+                continue
             a = result.accepted[i]
             r.num_computed = h["ctx"][i] + (h["qlens"][i] - h["ndrafts"][i]) + a
             # a tree's path tokens are the sampled ids (its nodes are no prefix of r.drafts)
@@ -268,12 +317,11 @@ class SpecEngine:
         if self.prefix is not None:             # the blocks this window completed, now committed
             self.prefix.commit(requests)
         for r in requests:
-            if r.remaining <= 0:
+            if r.remaining <= 0 and r.req_id not in dropped:
                 if self.prefix is not None:
                     self.prefix.forget(r)
                 self.scheduler.finish(r)
-                if r.state_slot is not None:
-                    self.free_state_slots.append(r.state_slot)
+                self.lifecycle.release_state(r)
 
     def _hand_out(self, requests: list[Request], result, live: list[bool]) -> None:
         """Give every request still running the drafts the body proposed for it; record the draft

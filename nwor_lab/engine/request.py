@@ -78,9 +78,12 @@ class Request:
     draft_probs: torch.Tensor | None = None              # [len(drafts), V] when sampling, else None
     draft_parents: list[int] | None = None                # with trees: node i+1's parent (0 = t_last)
     finished: bool = False
-    worst_case_blocks: int = 0                            # reserved at admission (no preemption)
+    worst_case_blocks: int = 0                            # the most blocks it can hold (checked at admission)
     acceptance_key: int = 0                               # forced acceptance: a hash of the prompt
     state_slot: int | None = None                         # a hybrid target's recurrent-state slot
+    swapped: object | None = None                         # its stores in host memory while swapped out
+    preemptions: int = 0                                  # times it was preempted
+    aborted: bool = False                                 # engine.abort(): its tokens so far stay
 
     @property
     def tokens(self) -> list[int]:
@@ -109,7 +112,9 @@ class Request:
     def scheduled(self) -> tuple[list[int], int, int]:
         """(token ids, first position, number of drafts) of this request's next window: the tokens
         not yet computed, from position num_computed on, then the drafts. A prefill's is the prompt
-        past its prefix-cache hit (all of it without one; no drafts), a decode's `[t_last, d_1 .. d_n]`."""
+        past its prefix-cache hit (all of it without one; no drafts; prompt + output so far after a
+        preemption by recompute: the prefill samples the token after them), a decode's
+        `[t_last, d_1 .. d_n]`."""
         if self.is_prefill:
             return self.tokens[self.num_computed:], self.num_computed, 0
         return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)

@@ -240,19 +240,33 @@ class StepRunner:
         """The next step is this bucket again, on the inputs this step computed for it: every request
         runs on with k drafts (none can emit its last token now: 2k + 2 or more left; no end token is
         watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
-        graph exists."""
+        graph exists; no request of this step was aborted or preempted while it ran."""
         e = self.engine
         k = inp.k
         sched = e.scheduler
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
-        return (self.prelaunch and not guard and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
+        return (self.prelaunch and not guard and not e.dropping and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
                 and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
                 and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
                 and all(r.remaining >= 2 * k + 2 for r in requests)
+                and self._prelaunch_fits(inp, requests)
                 and self._hook_keeps_k(inp, requests))
+
+    def _prelaunch_blocks(self, inp: StepInputs, r) -> int:
+        """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1)."""
+        k = inp.k
+        return r.num_computed + k + 1 + (2 * k if inp.chain is not None else k + 1)
+
+    def _prelaunch_fits(self, inp: StepInputs, requests) -> bool:
+        """The pre-launched step's blocks fit without preempting (admission reserves no worst case:
+        when they do not, the host schedules the next step and preempts there)."""
+        sched = self.engine.scheduler
+        need = sum(max(0, min(sched.blocks_for(self._prelaunch_blocks(inp, r)), r.worst_case_blocks)
+                       - len(r.block_table.blocks)) for r in requests)
+        return need <= sched.allocator.num_free
 
     def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
         """With a `draft_counts` hook, the pre-launched step's chain drafts with the limits already in
@@ -272,10 +286,9 @@ class StepRunner:
 
     def _prelaunch(self, inp: StepInputs, requests) -> None:
         """Launch the next step now. Its blocks are allocated for the most this step can accept (k):
-        positions up to s + k + 1 + 2k - 1, inside every request's reservation."""
-        k = inp.k
+        positions up to s + k + 1 + 2k - 1, inside every request's worst case (`_prelaunch_fits`)."""
         for r in requests:
-            r.block_table.ensure(r.num_computed + k + 1 + (2 * k if inp.chain is not None else k + 1))
+            r.block_table.ensure(self._prelaunch_blocks(inp, r))
         h = inp.inputs.host
         h["tables"].fill(0)
         for j, r in enumerate(requests):

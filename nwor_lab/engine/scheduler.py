@@ -1,16 +1,21 @@
 """Continuous batching: requests join as others finish; blocks are allocated as positions grow.
 
-Admission reserves each request's worst case (prompt + max_new_tokens + k positions, or its ring:
-`ring_slots` positions, for sliding-window rings), so a running request never runs out of blocks
-(the lab has no preemption). Blocks are *allocated*
-lazily: the prompt at admission, then `num_computed + 1 + num_drafts` before each draft chain
-(the lookahead the next verify window needs).
+Admission does not reserve a request's worst case: a waiting request is admitted while the blocks
+of its first step fit (its prompt, or prompt + output for one preempted by recompute, or its
+swapped-out blocks, plus one step's lookahead). Before a running request's step, the blocks that
+step can write are allocated (`step_blocks`: t_last + drafts, the draft chain's rows and the next
+window's lookahead, never more than the request's worst case); when they do not fit, the newest
+running request is preempted (vLLM's order; `preempt`, the engine's `on_preempt` decides recompute
+or swap: nwor_lab.engine.preemption), its blocks freed and it is requeued at the front of the
+waiting queue. No request is admitted in a step that preempted. A request that alone cannot fit
+the cache (prompt + max_new_tokens + k positions, or its ring) is refused at `add`.
 
 A verify window holds at most `max_num_batched_tokens` tokens: running requests come first, each
 `1 + drafts` tokens, with its drafts cut to what is left of the budget (verifying a prefix of the
 drafts is still exact); a running request for which not one token is left waits for the next
 step and goes first then. Every step schedules at least one request while there is work (counts
-are >= 1 and an admitted prompt always fits an empty batch), so `run()` always ends.
+are >= 1, the oldest running request always fits the cache once the newer ones are preempted, and
+an admitted prompt always fits an empty batch), so `run()` always ends.
 """
 from __future__ import annotations
 
@@ -37,6 +42,12 @@ class Scheduler:
         # prefix caching (nwor_lab.engine.prefix): called with each request as it is admitted, before its
         # prompt's blocks are allocated; it may hand it shared blocks and a computed prefix
         self.on_admit = None
+        # the engine's: on_preempt(request) before a preempted request's blocks are freed (swap
+        # them out, free its state slot, reset it for recompute); on_resume(request) once a swapped
+        # request has its new blocks (copy them back)
+        self.on_preempt = None
+        self.on_resume = None
+        self.preempted_this_step = 0
 
     def blocks_for(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size)
@@ -66,37 +77,83 @@ class Scheduler:
         self.waiting.append(req)
         return req
 
-    def _reserved(self) -> int:
-        return sum(r.worst_case_blocks - len(r.block_table.blocks) for r in self.running)
+    def step_blocks(self, req: Request) -> int:
+        """Blocks `req` must hold before its next step: the window's rows (prompt + output for a
+        prefill, t_last + drafts else), one more position and the lookahead of the next window's
+        drafts (what the draft chain and the hand-out write), at most its worst case; a swapped-out
+        request at least its saved blocks."""
+        need = min(self.blocks_for(self._positions(req)), req.worst_case_blocks)
+        if req.swapped is not None:
+            need = max(need, req.swapped.num_blocks)
+        return need
+
+    def _make_room(self, req: Request) -> bool:
+        """Allocate `req`'s step blocks, preempting the newest running requests while they do not
+        fit. -> False when `req` itself was preempted (it was the newest)."""
+        while self.step_blocks(req) - len(req.block_table.blocks) > self.allocator.num_free:
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is req:
+                return False
+        req.block_table.ensure(min(self.step_blocks(req) * self.block_size, self._positions(req)))
+        return True
+
+    def _positions(self, req: Request) -> int:
+        """Positions `req`'s next step may write up to: its window, one more, the next lookahead."""
+        toks, start, _ = req.scheduled()
+        return start + len(toks) + 1 + self.k
+
+    def preempt(self, req: Request) -> None:
+        """Take `req` off the running list: the engine's `on_preempt` (swap out or reset), its blocks
+        freed, requeued at the front of the waiting queue."""
+        if self.on_preempt is not None:
+            self.on_preempt(req)
+        req.block_table.release()
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+        self.preempted_this_step += 1
 
     def schedule(self) -> list[Request]:
-        """Running requests first (1 + drafts tokens each, drafts cut to the budget), then waiting
-        prefills while they fit. Never empty while there is work (see the module docstring)."""
+        """Running requests first (1 + drafts tokens each, drafts cut to the budget, their step's
+        blocks allocated, preempting the newest when they do not fit), then waiting requests while
+        they fit (none in a step that preempted). Never empty while there is work (see the module
+        docstring)."""
         batch, waiting_turn = [], []
         budget = self.max_num_batched_tokens
-        for r in self.running:
+        self.preempted_this_step = 0
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            i += 1
             if budget < 1:
                 waiting_turn.append(r)
                 continue
             if len(r.drafts) > budget - 1:
                 r.keep_drafts(budget - 1)
+            if not self._make_room(r):      # r was the newest: preempted, nothing after it
+                break
             batch.append(r)
             budget -= 1 + len(r.drafts)
         if waiting_turn:                 # who waited goes first next step: nobody starves
             self.running = waiting_turn + batch
             return batch
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting and len(self.running) < self.max_num_seqs and not self.preempted_this_step:
             req = self.waiting[0]
-            free = self.allocator.num_free - self._reserved()
-            if len(req.prompt) > budget or req.worst_case_blocks > free:
+            if req.swapped is not None and 0 < budget < 1 + len(req.drafts):
+                req.keep_drafts(budget - 1)
+            if len(req.scheduled()[0]) > budget or self.step_blocks(req) > self.allocator.num_free:
                 break
             self.waiting.popleft()
-            if self.on_admit is not None:
+            if req.swapped is not None:
+                req.block_table.blocks = self.allocator.allocate(req.swapped.num_blocks)
+                if self.on_resume is not None:
+                    self.on_resume(req)
+            elif self.on_admit is not None:        # prefix caching: shared hit blocks, a computed prefix
                 self.on_admit(req)
-            req.block_table.ensure(len(req.prompt))
+            req.block_table.ensure(min(self.step_blocks(req) * self.block_size, self._positions(req)))
             self.running.append(req)
             batch.append(req)
-            budget -= len(req.prompt)
+            budget -= len(req.scheduled()[0])
         return batch
 
     def finish(self, req: Request) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
+from nwor_lab.engine.preemption import drop_requests
 from nwor_lab.engine.tree_inputs import DeviceHeadTreeStep, TreeInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
@@ -351,21 +352,30 @@ def run_step(engine, inp: StepInputs):
         feats = e.head.features_from_target(hidden, aux)
         g = e.head(next_ids, feats, md)
         features = g[kept]
-        if e.prefix is not None:    # what the head's row at a committed block's end read, kept beside it
-            e.prefix.keep_boundary(w, feats, next_ids, acceptance.commit_mask)
+    drop = e.window_drops(inp)
+    if drop is not None:        # requests aborted or preempted while the window was open: nothing kept
+        acceptance = drop_requests(w, acceptance, drop)
+        accepted = acceptance.accepted_len.long()
+    if e.drafting and e.prefix is not None:    # what the head's row at a committed block's end read, kept beside it
+        e.prefix.keep_boundary(w, feats, next_ids, acceptance.commit_mask)
     e.policy.commit(acceptance)
     if e.states is not None:
         e.states.commit(acceptance)
     packed = [sampled.long(), accepted[:, None]]
     probs = None
+    drop = e.window_drops(inp)  # (again: one dropped at the commit drafts nothing either)
     if inp.chain is not None:
         live = accepted + 1 < inp.remaining                           # still running after this step
+        if drop is not None:
+            live = live & ~drop
         base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
         counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
         drafts, probs = draft_chain(e, inp.chain, base, counts, features)
         packed.append(drafts)
     elif inp.tree_draft:
         live = accepted + 1 < inp.remaining                           # still running after this step
+        if drop is not None:
+            live = live & ~drop
         base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)
         packed += draft_tree(e, inp, base, live, features)
     if inp.feeds_itself:
