@@ -15,7 +15,6 @@ from pathlib import Path
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
 from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names, interrupted_exit_code, run
 from nwor_lab.commandline.generate_flags import FLAGS, SEPARATOR, parser, stats_line
-from nwor_lab.engine.trace import first_divergence
 
 
 def add_parsers(subparsers) -> None:
@@ -136,6 +135,7 @@ def cli_generate(argv=None) -> int:
                       stop_at_eos=args.stop_at_eos, cache_dtype=args.cache_dtype, block_size=args.block_size,
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                       truncate_prompts=args.truncate_prompt).run().result()
+        from nwor_lab.engine.trace import first_divergence      # (imports torch: not at the CLI's import)
         d = first_divergence(res.token_ids, ref.token_ids)
         check = {"equals_target_only": d is None, "first_divergence": None if d is None else
                  {"prompt": d.prompt, "token": d.token, "got": d.got, "target_only": d.want}}
