@@ -105,8 +105,9 @@ class LabConfig:
 
     nwor_mode: `off` (write every scheduled token, vLLM today), `cow` (log draft slots, write,
         restore rejected), `stage` (keep the window in a staging buffer, commit accepted only).
-    scv_mode:  `off` (per-request host loop), `graph` / `adaptive` (vectorised; on CUDA captured
-        in a CUDA graph, `adaptive` falling back to eager when capture is impossible).
+    scv_mode:  `graph` (default) / `adaptive` (vectorised; on CUDA captured in a CUDA graph, `adaptive`
+        falling back to eager when capture is impossible), `off` (per-request host loop: the same
+        acceptance, but a step with drafts can then not be captured, so it runs eagerly).
     backend:   `auto` (CUDA extension for CUDA tensors when it builds, else torch reference),
         `cuda` (extension required: a build failure is an error), `torch` (reference only).
     attention: `auto` (the Triton paged verify-window kernel for CUDA tensors when Triton imports,
@@ -142,7 +143,7 @@ class LabConfig:
     """
 
     nwor_mode: str = "off"
-    scv_mode: str = "off"
+    scv_mode: str = "graph"
     backend: str = "auto"
     attention: str = "auto"
     cuda_graph: bool = True

@@ -17,6 +17,27 @@ def test_doctor_reports_backend_and_reason(capsys):
     assert report["torch"] == torch.__version__
 
 
+def test_doctor_names_the_settings_that_keep_steps_eager():
+    from nwor_lab.cli.doctor import eager_settings
+    assert eager_settings({}) == []
+    lines = eager_settings({"NWOR_LAB_SCV_MODE": "off", "NWOR_LAB_DEBUG": "1", "NWOR_LAB_CUDA_GRAPH": "0"})
+    assert [x.split("=")[0] for x in lines] == ["NWOR_LAB_CUDA_GRAPH", "NWOR_LAB_SCV_MODE", "NWOR_LAB_DEBUG"]
+
+
+def test_engine_names_why_its_steps_stay_eager():
+    """SpecEngine.graphed_off is the one line (checked on CPU through the reason function: capture
+    itself needs CUDA, tests/gpu/test_gpu_engine.py checks the defaults replay graphs)."""
+    from nwor_lab.config import LabConfig
+    from nwor_lab.engine import SpecEngine
+    from nwor_lab.engine.engine import eager_reason
+    from nwor_lab.model.toy import toy_pair
+    target, head = toy_pair(0)
+    assert eager_reason(SpecEngine(target, head, LabConfig(), k=2)) is None             # the defaults
+    assert "scv_mode='off'" in eager_reason(SpecEngine(target, head, LabConfig(scv_mode="off"), k=2))
+    assert eager_reason(SpecEngine(target, None, LabConfig(scv_mode="off"))) is None    # no drafts: nothing to loop over
+    assert "temperature > 0" in eager_reason(SpecEngine(target, head, LabConfig(), k=2, temperature=0.8))
+
+
 def test_doctor_answers_when_torch_cannot_be_imported(tmp_path):
     """The README promises doctor works whatever the environment holds: a torch that fails to import
     is a problem in the report (exit 0), not a traceback."""

@@ -1,5 +1,6 @@
 """`nwor-lab doctor`: python, torch, CUDA, nvcc, which backend runs and why, and every setting.
 
+`eager_steps` names each setting that keeps the engine's steps out of CUDA graphs.
 Works whatever the environment holds: a bad value is reported (under `problems`), never raised.
 A setting that was asked for but has no effect here (NWOR_LAB_BACKEND=cuda without CUDA, an
 NWOR_LAB_* name nothing reads, TORCH_CUDA_ARCH_LIST while a GPU decides the arch) is listed
@@ -134,7 +135,25 @@ def report(cli_backend: str | None = None) -> dict:
     if cuda and os.environ.get("TORCH_CUDA_ARCH_LIST"):
         ignored.append(f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}: the extension is built for "
                        f"the visible GPU's architecture instead")
-    out.update(settings=settings, ignored=ignored, problems=problems)
+    out.update(settings=settings, ignored=ignored, eager_steps=eager_settings(), problems=problems)
+    return out
+
+
+def eager_settings(environ=None) -> list[str]:
+    """The NWOR_LAB_* settings that keep the engine's steps out of CUDA graphs, one line each (what
+    `SpecEngine.graphed_off` would name; an invalid value is a problem elsewhere, not listed here)."""
+    from nwor_lab.config import LabConfig
+    try:
+        cfg = LabConfig.from_env(environ=os.environ if environ is None else environ)
+    except (ValueError, TypeError):
+        return []
+    out = []
+    if not cfg.cuda_graph:
+        out.append("NWOR_LAB_CUDA_GRAPH=0: every step runs eagerly")
+    if cfg.scv_mode == "off":
+        out.append("NWOR_LAB_SCV_MODE=off: acceptance in a host loop, every step with drafts runs eagerly")
+    if cfg.debug:
+        out.append("NWOR_LAB_DEBUG=1: every step is checked on the host and runs eagerly")
     return out
 
 

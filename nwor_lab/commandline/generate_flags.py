@@ -50,7 +50,7 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                    help="with --sliding-window, how each request's cache is kept: ring (W slots), slack "
                         "(W + k), full (no ring), guard (W slots, no draft that could evict a needed "
                         "position), auto (ring when the write policy keeps it exact, else slack; default)")
-    p.add_argument("--scv", choices=SCV_MODES, default="off", help="acceptance-mask mode")
+    p.add_argument("--scv", choices=SCV_MODES, default="graph", help="acceptance-mask mode (off: a host loop, steps eager)")
     p.add_argument("--tree", type=types.tree, default=None, metavar="SPEC",
                    help='draft a tree per window instead of a chain: "topk=4,depth=5,nodes=32" (EAGLE-2: top-k '
                         'children of the frontier for depth levels, the best nodes kept) or "paths=0|1|0.0" (a static '

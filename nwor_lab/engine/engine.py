@@ -118,7 +118,9 @@ class SpecEngine:
             self.observers.append(self.ledger)
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
         self.policy = policy_cls(self.cache, self.config, self.metrics, observers=self.observers)
-        self.scv = ScvRunner(self.config.scv_mode)
+        # without drafts every row commits whatever the mode: the host loop of scv_mode='off' would only keep
+        # the steps out of CUDA graphs, so such an engine takes the vectorised form (same acceptance)
+        self.scv = ScvRunner(self.config.scv_mode if head is not None and self.k else "graph")
         # a hybrid target's recurrent and conv states: a store of their own, one slot per running
         # request (the last one a scratch slot), under the state strategy the config selects
         self.states, self.free_state_slots = None, []
@@ -154,14 +156,8 @@ class SpecEngine:
         # optional (engine, requests) -> drafts 0..k per request for the next window (None: k each),
         # asked before each step, whose draft chain drafts that window (nwor_lab.serve.AdaptiveK)
         self.draft_counts = None
-        self.graphed_off = None      # why steps stay eager although CUDA graphs were asked for
         capture = can_capture(self)
-        if capture and self.sliding is not None and self.sliding.ring_slots is not None \
-                and self.policy.evicted_in_log:
-            self.graphed_off = ("a ring whose policy reads evicted rows from its log runs every step "
-                                "eagerly: captured steps read no log")
-        if capture and self.tree is not None and self.tree.is_static:
-            self.graphed_off = ("a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)")
+        self.graphed_off = eager_reason(self) if capture else None   # why steps stay eager although graphs were asked for
         self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
         self.trace: list[WindowTrace] = []
         self.step_index = 0
@@ -389,6 +385,24 @@ class SpecEngine:
             end = getattr(o, "on_window_end", None)
             if end is not None:
                 end(self, entry, window)
+
+
+def eager_reason(e) -> str | None:
+    """The one line that says why an engine that asked for CUDA graphs runs its steps eagerly (the
+    first that applies; None: its steps replay graphs). `StepRunner.capturable` decides per step;
+    these are the settings that decide it for every step."""
+    if e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log:
+        return "a ring whose policy reads evicted rows from its log runs every step eagerly: captured steps read no log"
+    if e.tree is not None and e.tree.is_static:
+        return "a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)"
+    if e.scv.mode == "off":
+        return ("scv_mode='off' computes each window's acceptance in a host loop, which a CUDA graph cannot hold: "
+                "every step with drafts runs eagerly (scv_mode='graph' computes the same acceptance on the device)")
+    if e.temperature != 0:
+        return "temperature > 0 samples eagerly (the sampler's random draws are not captured yet): every step runs eagerly"
+    if e.config.debug:
+        return "debug=True checks every step on the host: every step runs eagerly (debug=False replays graphs)"
+    return None
 
 
 def path_ranks(h: dict, result) -> list[list[int]]:

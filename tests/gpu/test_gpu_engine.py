@@ -45,6 +45,22 @@ def test_gpu_bf16_modes_agree_bit_for_bit_with_the_kernel():
     assert outs["off"] == outs["cow"] == outs["stage"]
 
 
+@pytest.mark.parametrize("k", [0, 4])
+def test_gpu_default_config_replays_graphs(k):
+    """`SpecEngine(target, head, LabConfig())` on CUDA replays CUDA graphs with nothing set: the defaults
+    (SCV graph, cuda_graph) leave no step eager, and `graphed_off` names nothing."""
+    from nwor_lab.engine import SpecEngine
+    from nwor_lab.model.shipped import load_tiny
+
+    target, head, tok = load_tiny(device="cuda")
+    engine = SpecEngine(target, head, LabConfig(), k=k, max_num_seqs=4)
+    reqs = [engine.add_request(tok.encode(p).ids, 24) for p in PROMPTS]
+    engine.run()
+    assert engine.graphed_off is None
+    assert engine.runner.graphed_steps > 0 and engine.runner.replays > 0
+    assert all(len(r.output) == 24 for r in reqs)
+
+
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
 @pytest.mark.parametrize("k", [0, 4])
 def test_gpu_graphed_steps_decode_what_eager_steps_do(mode, k):
