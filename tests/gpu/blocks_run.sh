@@ -16,10 +16,10 @@ gpu_install "pip_blocks_$PART.log"
 gpu_build "build_blocks_$PART.log"
 if [ "$PART" != bench ]; then
   stage tests
-  timeout $(lim 330) python3 -m pytest -q -x -p no:cacheprovider -m gpu \
-    tests/gpu/test_gpu_engine.py -k "default_config or graphed_steps" \
-    tests/gpu/test_gpu_prefix.py tests/gpu/test_gpu_preemption.py \
-    2>&1 | tail -40 | tee "$OUT/tests_blocks.txt"
+  timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_engine.py \
+    -k "default_config or graphed_steps" 2>&1 | tail -15 | tee "$OUT/tests_blocks.txt"
+  timeout $(lim 240) python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_gpu_prefix.py \
+    tests/gpu/test_gpu_preemption.py 2>&1 | tail -40 | tee -a "$OUT/tests_blocks.txt"
   for t in tests/gpu/test_gpu_prefix_*.py tests/gpu/test_gpu_handoff*.py; do
     [ -f "$t" ] || continue
     timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider -m gpu "$t" 2>&1 | tail -15 | tee -a "$OUT/tests_blocks.txt"
