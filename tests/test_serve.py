@@ -278,3 +278,25 @@ def test_adaptive_k_reads_measured_counts_as_measured_and_shrugs_off_stalls():
         feed(ctl, 1, 2, 0.5, accepted=2, times=1)             # stalls of 500 ms
     assert ctl.step_time(1, 2) == pytest.approx(0.0085)
     assert ctl.choose(1) == 4
+
+
+def test_bench_serve_rows_carry_every_repeat_and_ratios_are_paired():
+    """`bench serve --repeats N`: a row is the median run's with every repeat's throughput and TPOT; the
+    crossover ratio is the median of per-repeat ratios (repeat i against target-only's repeat i), with
+    its min–max, so one drifting repeat cannot tip it."""
+    from nwor_lab.bench.serve import crossover, parser, with_spread
+
+    def run(config, tput, tpot):
+        return {"config": config, "mode": "closed", "concurrency": 8, "output_throughput": tput,
+                "p50_tpot_ms": tpot, "occupancy": {"mean_batch": 8.0}, "marker": (config, tput)}
+    base = with_spread([run("target-only", t, 10.0) for t in (100.0, 50.0, 104.0)])
+    eagle = with_spread([run("eagle", t, 5.0) for t in (200.0, 100.0, 212.0)])
+    assert base["repeats"] == 3 and base["output_throughput"] == 100.0
+    assert (base["output_throughput_min"], base["output_throughput_max"]) == (50.0, 104.0)
+    assert base["marker"] == ("target-only", 100.0)                  # the median run's own row
+    assert eagle["output_throughput_reps"] == [200.0, 100.0, 212.0]     # run order kept
+    (c,) = crossover([base, eagle])
+    assert c["output_throughput_ratio_reps"] == [2.0, 2.0, 2.038]      # the slow repeat hit both configs alike
+    assert c["output_throughput_ratio"] == 2.0 and c["output_throughput_ratio_max"] == 2.038
+    args = parser().parse_args(["--concurrency", "8", "--temperature", "0.8"])
+    assert args.repeats == 3 and args.temperature == 0.8

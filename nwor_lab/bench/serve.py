@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 
@@ -41,7 +42,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.commandline import args as types
-from nwor_lab.bench.timing import bench_device, device_name, free_device
+from nwor_lab.bench.timing import bench_device, device_name, free_device, in_turn
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import SCV_MODES, nwor_modes
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
@@ -110,6 +111,11 @@ def parser() -> LabArgumentParser:
                    help="untimed requests before the first load point (default: 2 x max-num-seqs)")
     p.add_argument("--acceptance", default="shipped", help="8B shape: forced acceptance profile (bench engine's)")
     p.add_argument("--seed", type=types.integer(0), default=0)
+    p.add_argument("--repeats", type=types.integer(1, 100), default=3,
+                   help="runs of every config at every load point, the configs' runs in turn (ABBA); rows give the "
+                        "median run with every repeat's throughput and TPOT, ratios the median of per-repeat ratios")
+    p.add_argument("--temperature", type=types.temperature, default=0.0,
+                   help="sampling temperature of every engine (0: greedy)")
     p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
     p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
     p.add_argument("--components", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(),
@@ -158,7 +164,8 @@ def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs
     longest_prompt = max(len(s.prompt) for s in specs)
     longest_output = max(s.output_len for s in specs)
     return build_engine(target, head, k, mode, args.scv, max_num_seqs, longest_prompt, longest_output,
-                        acceptance if k else None, args.attention, not args.no_cuda_graph)
+                        acceptance if k else None, args.attention, not args.no_cuda_graph,
+                        temperature=args.temperature, seed=args.seed)
 
 
 def warm_up(engine, name: str, k_auto, warmup, args) -> None:
@@ -198,9 +205,28 @@ def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> di
     return row
 
 
+SPREAD = ("output_throughput", "p50_tpot_ms")      # every repeat's value kept in the row
+
+
+def with_spread(runs: list[dict]) -> dict:
+    """One row for a config at a load point from its repeats: the median run's row (its percentiles and
+    occupancy belong together), with `repeats`, and for each of SPREAD the value of every repeat (in run
+    order, `<name>_reps`), their median (the row's value) and min–max."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i]["output_throughput"])
+    row = dict(runs[order[len(order) // 2]])
+    row["repeats"] = len(runs)
+    for key in SPREAD:
+        vals = [r[key] for r in runs]
+        row[key + "_reps"] = vals
+        row[key] = statistics.median(vals)
+        row[key + "_min"], row[key + "_max"] = min(vals), max(vals)
+    return row
+
+
 def crossover(rows: list[dict]) -> list[dict]:
     """Per load point and config: TPOT p50 and output throughput against target-only's at that point
-    (> 1: the config is faster)."""
+    (> 1: the config is faster); with repeats, each the median of the per-repeat ratios (repeat i of the
+    config against repeat i of target-only, run next to each other) with their min–max."""
     def key(r):
         return (r["mode"], r.get("rate"), r.get("concurrency"))
     base = {key(r): r for r in rows if r["config"] == "target-only"}
@@ -210,9 +236,14 @@ def crossover(rows: list[dict]) -> list[dict]:
         if b is None or r["config"] == "target-only":
             continue
         tpot, btpot = r["p50_tpot_ms"], b["p50_tpot_ms"]
+        ratios = [x / max(y, 1e-9) for x, y in zip(r.get("output_throughput_reps", [r["output_throughput"]]),
+                                                   b.get("output_throughput_reps", [b["output_throughput"]]))]
         out.append({"config": r["config"], "mode": r["mode"], "rate": r.get("rate"), "concurrency": r.get("concurrency"),
                     "tpot_p50_speedup": round(btpot / tpot, 3) if tpot and btpot else None,
-                    "output_throughput_ratio": round(r["output_throughput"] / max(b["output_throughput"], 1e-9), 3),
+                    "output_throughput_ratio": round(statistics.median(ratios), 3),
+                    "output_throughput_ratio_min": round(min(ratios), 3),
+                    "output_throughput_ratio_max": round(max(ratios), 3),
+                    "output_throughput_ratio_reps": [round(x, 3) for x in ratios],
                     "mean_batch": r["occupancy"]["mean_batch"], "target_mean_batch": b["occupancy"]["mean_batch"],
                     "accept_length": r.get("accept_length")})
     return out
@@ -258,11 +289,14 @@ def main(argv=None) -> dict:
             engine.draft_counts = k_auto
         warm_up(engine, name, k_auto, warmup, args)
         engines.append((engine, name, k_auto))
-    # configs interleaved at each load point: a drift of the machine (a neighbour's load, clocks)
-    # hits every config of a point alike, not one config's whole sweep
+    # configs interleaved at each load point, repeat by repeat in ABBA order: a drift of the machine (a
+    # neighbour's load, clocks) hits every config of a point alike, not one config's whole sweep
     for point in points:
-        for engine, name, k_auto in engines:
-            rows.append(run_point(engine, name, k_auto, point, specs, args, device))
+        runs: dict[str, list] = {}
+        for rep in range(args.repeats):
+            for engine, name, k_auto in in_turn(engines, rep):
+                runs.setdefault(name, []).append(run_point(engine, name, k_auto, point, specs, args, device))
+        rows.extend(with_spread(runs[name]) for _, name, _ in engines)
         if args.out:                              # what is measured so far survives a timeout
             write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=False)
     del engines
@@ -280,7 +314,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
                         "range_ratio": args.range_ratio, "seed": args.seed, "warmup_requests": args.warmup,
                         "prompts": "held-out corpus text" if args.model == "shipped" else "random ids"},
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},
-           "scv": args.scv, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
+           "scv": args.scv, "temperature": args.temperature, "repeats": args.repeats, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
            "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
     if args.out:
