@@ -1,0 +1,184 @@
+"""One request's hand-off from a prefill engine to a decode engine: export, wire format, install.
+
+    export_request(engine, request, strategy, rejected=None) -> Shipment     (the prefill side)
+    shipment.encode() -> frame [N] uint8;  Shipment.decode(frame) -> Shipment  (the wire)
+    install(engine, shipment) -> Request | None                              (the decode side)
+
+A `Shipment` is a JSON header and raw-byte tensors (docs/handoff.md is the protocol). The K/V rows
+are the cache's storage bytes (fp8 included), positions 0 .. `rows` - 1 of every shipped layer, in
+position order, read through the prefill engine's block table; the decode engine knows nothing of
+the prefill side's block ids. It admits the request the way the preemption path admits a
+swapped-out one (`Request.swapped`, nwor_lab.engine.preemption): the scheduler allocates
+`ceil(num_computed / BS)` fresh blocks, `Lifecycle.on_resume` copies the rows in (positions the
+strategy did not ship, and layers it did not ship, are zeros), the block table is those blocks in
+position order, and the request continues with its drafts as if it had never left.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from nwor_lab.disagg.strategies import HandoffStrategy, handoff_strategy
+from nwor_lab.engine.preemption import SwappedOut
+
+PROTOCOL = 1
+_DTYPES = {str(d): d for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+                               torch.float8_e5m2, torch.uint8, torch.int64, torch.int32)}
+
+
+@dataclass
+class Shipment:
+    """`header`: the request (prompt, output, num_computed, drafts, max_new_tokens, finished), the
+    cache's shape, what was shipped (`layers`, `rows`), the junk rows; `tensors`: name -> tensor,
+    in the order the header's `tensors` list gives (the wire's order)."""
+
+    header: dict
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K/V rows and state shipped (what the strategy decides)."""
+        return sum(t.nbytes for n, t in self.tensors.items() if n.startswith(("key.", "value.", "state.")))
+
+    @property
+    def nbytes(self) -> int:
+        """Every byte of the frame: header, K/V, state, draft probabilities, the sampler's stream."""
+        return 8 + len(self._header_bytes()) + sum(t.nbytes for t in self.tensors.values())
+
+    def _header_bytes(self) -> bytes:
+        h = dict(self.header)
+        h["tensors"] = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in self.tensors.items()]
+        return json.dumps(h, separators=(",", ":")).encode()
+
+    def encode(self) -> torch.Tensor:
+        """The frame: header length (8 bytes, little-endian), the header (JSON), then each tensor's raw
+        bytes in the header's order. -> `[nbytes]` uint8 on the CPU."""
+        head = self._header_bytes()
+        parts = [torch.tensor(list(len(head).to_bytes(8, "little")), dtype=torch.uint8),
+                 torch.frombuffer(bytearray(head), dtype=torch.uint8)]
+        parts += [t.detach().cpu().contiguous().reshape(-1).view(torch.uint8) for t in self.tensors.values()]
+        return torch.cat(parts)
+
+    @classmethod
+    def decode(cls, frame: torch.Tensor) -> "Shipment":
+        frame = frame.cpu()
+        if frame.dtype != torch.uint8 or frame.dim() != 1 or frame.numel() < 8:
+            raise ValueError(f"frame: expected a 1-d uint8 tensor from Shipment.encode, got {frame.dtype} "
+                             f"{tuple(frame.shape)}")
+        n = int.from_bytes(bytes(frame[:8].tolist()), "little")
+        header = json.loads(bytes(frame[8:8 + n].tolist()).decode())
+        if header.get("protocol") != PROTOCOL:
+            raise ValueError(f"frame: protocol {header.get('protocol')!r}, this lab speaks {PROTOCOL}")
+        tensors, at = {}, 8 + n
+        for spec in header.pop("tensors"):
+            dtype = _DTYPES[spec["dtype"]]
+            size = torch.Size(spec["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
+            raw = frame[at:at + size].clone()
+            tensors[spec["name"]] = raw.view(dtype).reshape(spec["shape"])
+            at += size
+        if at != frame.numel():
+            raise ValueError(f"frame: {frame.numel()} bytes, the header accounts for {at}")
+        return cls(header, tensors)
+
+
+def check_exportable(engine) -> None:
+    """The hand-off covers chains on whole-context caches; the rest is refused by name."""
+    if engine.tree is not None:
+        raise ValueError("hand-off with LabConfig.tree: a tree's drafts (parents) are not in the protocol; use chains")
+    if engine.sliding is not None and engine.sliding.ring_slots is not None:
+        raise ValueError("hand-off on a sliding-window ring: a ring's block table is not in position order; "
+                         "use kv_ring='full' or sliding_window=0")
+
+
+def export_request(engine, request, strategy="nwor", rejected: dict | None = None) -> Shipment:
+    """The shipment of `request` (after its prefill step on `engine`) under `strategy`.
+    `rejected`: slot -> cache layers holding a rejected row there (`RejectedRows.slots`), to name the
+    shipped junk rows that hold one."""
+    check_exportable(engine)
+    s: HandoffStrategy = handoff_strategy(strategy)
+    cache, r = engine.cache, request
+    bs = cache.spec.block_size
+    finished = r.finished or r.remaining <= 0
+    n = 0 if finished else s.shipped_positions(r.num_computed, bs)
+    layers = s.shipped_layers(engine.target.num_layers, cache.num_layers) if n else []
+    slots = torch.tensor(r.block_table.slots(range(n)), dtype=torch.long, device=cache.device)
+    b, o = slots // bs, slots % bs
+    tensors = {}
+    for layer in layers:
+        k, v = cache.layer(layer)
+        tensors[f"key.{layer}"], tensors[f"value.{layer}"] = k[b, o].cpu(), v[b, o].cpu()
+    current = None
+    if n and engine.states is not None and s.ships_state and r.state_slot is not None:
+        store = engine.states.store
+        tensors["state.recurrent"] = store.recurrent[:, r.state_slot].cpu()
+        tensors["state.conv"] = store.conv[:, r.state_slot].cpu()
+        current = int(store.current[r.state_slot])
+    if r.draft_probs is not None and not finished:
+        tensors["draft_probs"] = r.draft_probs.cpu()
+    tensors["generator"] = engine.generator.get_state().cpu()
+    junk = list(range(r.num_computed, n))
+    named = []
+    if rejected:
+        for p, slot in zip(junk, slots[r.num_computed:].tolist()):
+            if slot in rejected:
+                named.append({"position": p, "block": r.block_table.blocks[p // bs],
+                              "layers": sorted(l for l in rejected[slot] if l in layers)})
+        named = [x for x in named if x["layers"]]
+    spec = cache.spec
+    header = {"protocol": PROTOCOL, "strategy": s.name, "prompt": list(r.prompt), "output": list(r.output),
+              "num_computed": r.num_computed if not finished else len(r.tokens), "max_new_tokens": r.max_new_tokens,
+              "drafts": [] if finished else list(r.drafts), "finished": finished, "block_size": bs,
+              "cache_layers": cache.num_layers, "target_layers": engine.target.num_layers,
+              "kv_heads": spec.num_kv_heads, "head_size": spec.head_size, "storage_dtype": str(spec.storage_dtype),
+              "layers": layers, "rows": n, "state_current": current, "junk_rows": len(junk),
+              "rejected_rows_shipped": named}
+    return Shipment(header, tensors)
+
+
+def check_compatible(engine, header: dict) -> None:
+    """The decode engine's cache must be the prefill engine's shape (block size may differ)."""
+    spec = engine.cache.spec
+    want = {"cache_layers": engine.cache.num_layers, "target_layers": engine.target.num_layers,
+            "kv_heads": spec.num_kv_heads, "head_size": spec.head_size, "storage_dtype": str(spec.storage_dtype)}
+    bad = [f"{k}: shipped {header[k]}, decode engine {v}" for k, v in want.items() if header[k] != v]
+    if bad:
+        raise ValueError("the shipment does not fit the decode engine's cache (" + "; ".join(bad) +
+                         "); build both engines on the same target, head and cache_dtype")
+    check_exportable(engine)
+
+
+def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> object:
+    """Queue the shipped request on the decode `engine` -> its Request (None for a request that
+    finished in its prefill step: nothing to decode). `sampler_stream`: continue the prefill engine's
+    random stream (T > 0 exactness needs it; see docs/handoff.md)."""
+    h, t = shipment.header, shipment.tensors
+    check_compatible(engine, h)
+    if sampler_stream:
+        engine.generator.set_state(t["generator"].to(engine.generator.get_state().device))
+    if h["finished"]:
+        return None
+    r = engine.add_request(h["prompt"], h["max_new_tokens"])
+    r.output, r.num_computed, r.drafts = list(h["output"]), h["num_computed"], list(h["drafts"])
+    probs = t.get("draft_probs")
+    r.draft_probs = None if probs is None else probs.to(engine.device)
+    bs = engine.cache.spec.block_size
+    num_blocks = -(-h["num_computed"] // bs)
+    spec = engine.cache.spec
+    keys, values = [], []
+    for layer in range(engine.cache.num_layers):
+        k = torch.zeros(num_blocks * bs, spec.num_kv_heads, spec.head_size, dtype=spec.storage_dtype)
+        v = torch.zeros_like(k)
+        if f"key.{layer}" in t:       # rows past the block's end (another block size) cannot be shipped
+            rows = min(h["rows"], num_blocks * bs)
+            k[:rows], v[:rows] = t[f"key.{layer}"][:rows], t[f"value.{layer}"][:rows]
+        keys.append(k.view(num_blocks, bs, spec.num_kv_heads, spec.head_size))
+        values.append(v.view(num_blocks, bs, spec.num_kv_heads, spec.head_size))
+    state = None
+    if "state.recurrent" in t:
+        if engine.states is None:
+            raise ValueError("the shipment carries a hybrid target's state; the decode engine's target has none")
+        state = (t["state.recurrent"], t["state.conv"], h["state_current"])
+    r.swapped = SwappedOut(keys, values, num_blocks, state, shipment.kv_bytes)
+    return r
