@@ -1,0 +1,152 @@
+"""Prefill-to-decode hand-off (nwor_lab.disagg), CPU:
+
+- every strategy that declares itself exact: the decode engine's tokens (and acceptance, where the
+  strategy keeps it) equal one engine's, greedy and seeded T > 0, under write-all (`off`) and `stage`;
+- write_all ships rows past num_computed; under `off` the ones holding a rejected row are named (the
+  head's layer, the draft chain's rows), under `stage` none holds one; nwor ships no junk row;
+- bytes per strategy, from the cache's shape; the frame round-trips and a mismatched engine is refused;
+- no_head on the shipped pair: the same greedy tokens, lower acceptance; no_state on the shipped
+  hybrid: other tokens (the state is the prompt);
+- two processes over gloo decode one engine's tokens at T > 0 (the sampler's stream travels).
+"""
+import pytest
+import torch
+
+from nwor_lab.config import LabConfig
+from nwor_lab.disagg import (HANDOFF_STRATEGIES, EnginePair, InProcess, Shipment, handoff, handoff_strategy,
+                             prefill, run_handoff)
+from nwor_lab.engine import SpecEngine
+from nwor_lab.engine.generate import acceptance_stats
+from nwor_lab.model.toy import toy_pair
+
+BS, K, NEW = 4, 3, 12
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair(0)
+
+
+def prompts(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 16, (m,), generator=g).tolist() for m in (5, 9, 2)]
+
+
+def engine(pair, mode="off", temperature=0.0, head=True):
+    t, h = pair
+    return SpecEngine(t, h if head else None, LabConfig(nwor_mode=mode, debug=True), k=K, num_blocks=64, block_size=BS,
+                      max_num_seqs=4, temperature=temperature, seed=3)
+
+
+def one_engine(e, ps, new=NEW):
+    reqs = [e.add_request(p, new) for p in ps]
+    e.run()
+    return [r.output for r in reqs], acceptance_stats(e.trace, e.k)[0]
+
+
+EXACT = [(name, t) for name, cls in HANDOFF_STRATEGIES.items() for t in (0.0, 0.8)
+         if (cls.exact_sampled if t else cls.exact_greedy)]
+
+
+@pytest.mark.parametrize("mode", ["off", "stage"])
+@pytest.mark.parametrize("strategy,temperature", EXACT)
+def test_exact_strategies_decode_one_engines_tokens(pair, mode, strategy, temperature):
+    ref, ref_acc = one_engine(engine(pair, mode, temperature), prompts())
+    res = handoff(engine(pair, mode, temperature), engine(pair, mode, temperature), prompts(), NEW, strategy)
+    assert res.token_ids == ref
+    if handoff_strategy(strategy).keeps_acceptance:
+        assert res.mean_acceptance_length == ref_acc
+
+
+def test_write_all_ships_junk_rows_and_names_the_rejected_ones(pair):
+    head_layer = pair[0].num_layers
+    written = handoff(engine(pair, "off"), engine(pair, "off"), prompts(), NEW, "write_all")
+    assert sum(written.junk_rows) > 0
+    named = [x for per in written.rejected_rows_shipped for x in per]
+    assert named, "under write-all the partial block carries the draft chain's rejected rows"
+    assert all(head_layer in x["layers"] for x in named)
+    staged = handoff(engine(pair, "stage"), engine(pair, "stage"), prompts(), NEW, "write_all")
+    assert staged.junk_rows == written.junk_rows and not any(staged.rejected_rows_shipped)
+    nwor = handoff(engine(pair, "off"), engine(pair, "off"), prompts(), NEW, "nwor")
+    assert sum(nwor.junk_rows) == 0 and not any(nwor.rejected_rows_shipped)
+
+
+def test_bytes_per_strategy(pair):
+    ps = prompts()
+    e = engine(pair)
+    row = 2 * e.cache.spec.num_kv_heads * e.cache.spec.head_size * 4      # key + value, float32
+    layers, target_layers = e.cache.num_layers, pair[0].num_layers
+    committed = [len(p) for p in ps]                                        # after the prefill step
+    whole = [-(-n // BS) * BS for n in committed]
+    got = {s: handoff(engine(pair), engine(pair), ps, NEW, s).kv_bytes for s in ("nwor", "write_all", "no_head")}
+    assert got["nwor"] == [n * row * layers for n in committed]
+    assert got["write_all"] == [n * row * layers for n in whole]
+    assert got["no_head"] == [n * row * target_layers for n in committed]
+
+
+def test_frame_round_trips_and_a_mismatch_is_refused(pair):
+    shipped = prefill(engine(pair), prompts()[:1], NEW, "nwor")[0]
+    back = Shipment.decode(shipped.encode())
+    assert back.header == shipped.header
+    assert back.tensors.keys() == shipped.tensors.keys()
+    assert all(torch.equal(back.tensors[n], t) for n, t in shipped.tensors.items())
+    assert shipped.encode().numel() == shipped.nbytes
+    with pytest.raises(ValueError, match="cache_layers"):
+        from nwor_lab.disagg import install
+        install(engine(pair, head=False), back)
+    bad = shipped.encode().clone()
+    bad[8 + bad[8:].tolist().index(ord("1"))] = ord("9")    # the protocol number (the header's first digit)
+    with pytest.raises(ValueError, match="protocol"):
+        Shipment.decode(bad)
+    with pytest.raises(ValueError, match="strategy='bogus'"):
+        handoff_strategy("bogus")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from nwor_lab.model.shipped import load_tiny
+    return load_tiny()
+
+
+def test_no_head_keeps_greedy_tokens_and_loses_acceptance_on_the_shipped_pair(tiny):
+    target, head, tok = tiny
+    ps = [tok.encode("Once upon a time, there was a little girl named Lily. She").ids, tok.encode("The cat sat").ids]
+
+    def make():
+        return SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=4, num_blocks=64, block_size=16)
+    ref, ref_acc = one_engine(make(), ps, 24)
+    nwor = handoff(make(), make(), ps, 24, "nwor")
+    no_head = handoff(make(), make(), ps, 24, "no_head")
+    assert nwor.token_ids == ref == no_head.token_ids
+    assert nwor.mean_acceptance_length == ref_acc
+    assert no_head.mean_acceptance_length < ref_acc
+
+
+def test_no_state_forgets_the_prompt_on_the_shipped_hybrid():
+    from nwor_lab.model.shipped import load_hybrid
+    target, head, tok = load_hybrid()
+    ps = [tok.encode("Once upon a time, there was a little girl named Lily. She").ids]
+
+    def make():
+        return SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, num_blocks=32, block_size=16)
+    ref, _ = one_engine(make(), ps, 12)
+    assert handoff(make(), make(), ps, 12, "nwor").token_ids == ref
+    no_state = handoff(make(), make(), ps, 12, "no_state")
+    assert no_state.token_ids != ref
+    assert sum(no_state.kv_bytes) < sum(handoff(make(), make(), ps, 12, "nwor").kv_bytes)
+
+
+def test_in_process_transport_counts_its_frames(pair):
+    link = InProcess()
+    res = handoff(engine(pair), engine(pair), prompts(), NEW, "nwor", transport=link)
+    assert link.bytes_sent == sum(res.frame_bytes) and not link.frames
+
+
+def test_two_processes_over_gloo_decode_one_engines_tokens(pair):
+    spec = EnginePair("toy", 0, LabConfig(nwor_mode="off"),
+                      (("k", K), ("num_blocks", 64), ("block_size", BS), ("temperature", 0.8), ("seed", 3)))
+    ref, ref_acc = one_engine(spec.build(), prompts())
+    res = run_handoff(spec, prompts(), NEW, "nwor", transport="gloo")
+    assert res.transport == "gloo"
+    assert res.token_ids == ref and res.mean_acceptance_length == ref_acc
+    assert sum(res.kv_bytes) > 0 and res.prefill_s > 0
