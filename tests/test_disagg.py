@@ -150,3 +150,12 @@ def test_two_processes_over_gloo_decode_one_engines_tokens(pair):
     assert res.transport == "gloo"
     assert res.token_ids == ref and res.mean_acceptance_length == ref_acc
     assert sum(res.kv_bytes) > 0 and res.prefill_s > 0
+
+
+def test_bench_disagg_reports_bytes_and_acceptance():
+    from nwor_lab.bench.disagg import main
+    out = main(["--strategies", "nwor,no_head", "--nwor", "stage", "--max-new-tokens", "8"])
+    rows = {r["strategy"]: r for r in out["rows"]}
+    assert rows["nwor"]["tokens_equal_one_engine"] and rows["no_head"]["tokens_equal_one_engine"]
+    assert rows["nwor"]["mean_acceptance_length"] == rows["one engine"]["mean_acceptance_length"]
+    assert 0 < rows["no_head"]["kv_bytes"] < rows["nwor"]["kv_bytes"]
