@@ -29,13 +29,13 @@ def pair():
 
 def prompts(seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 16, (m,), generator=g).tolist() for m in (5, 9, 2)]
+    return [torch.randint(0, 16, (m,), generator=g).tolist() for m in (5, 9, 2, 8)]   # 8: no partial block
 
 
-def engine(pair, mode="off", temperature=0.0, head=True):
+def engine(pair, mode="off", temperature=0.0, head=True, seed=3, block_size=BS):
     t, h = pair
-    return SpecEngine(t, h if head else None, LabConfig(nwor_mode=mode, debug=True), k=K, num_blocks=64, block_size=BS,
-                      max_num_seqs=4, temperature=temperature, seed=3)
+    return SpecEngine(t, h if head else None, LabConfig(nwor_mode=mode, debug=True), k=K, num_blocks=64,
+                      block_size=block_size, max_num_seqs=4, temperature=temperature, seed=seed)
 
 
 def one_engine(e, ps, new=NEW):
@@ -52,7 +52,8 @@ EXACT = [(name, t) for name, cls in HANDOFF_STRATEGIES.items() for t in (0.0, 0.
 @pytest.mark.parametrize("strategy,temperature", EXACT)
 def test_exact_strategies_decode_one_engines_tokens(pair, mode, strategy, temperature):
     ref, ref_acc = one_engine(engine(pair, mode, temperature), prompts())
-    res = handoff(engine(pair, mode, temperature), engine(pair, mode, temperature), prompts(), NEW, strategy)
+    # the decode engine's own seed is another: at T > 0 the shipped sampler stream is what it draws from
+    res = handoff(engine(pair, mode, temperature), engine(pair, mode, temperature, seed=99), prompts(), NEW, strategy)
     assert res.token_ids == ref
     if handoff_strategy(strategy).keeps_acceptance:
         assert res.mean_acceptance_length == ref_acc
@@ -159,3 +160,34 @@ def test_bench_disagg_reports_bytes_and_acceptance():
     assert rows["nwor"]["tokens_equal_one_engine"] and rows["no_head"]["tokens_equal_one_engine"]
     assert rows["nwor"]["mean_acceptance_length"] == rows["one engine"]["mean_acceptance_length"]
     assert 0 < rows["no_head"]["kv_bytes"] < rows["nwor"]["kv_bytes"]
+
+
+def test_shipped_rows_arrive_in_fresh_blocks_bit_for_bit(pair):
+    """After admission the decode cache holds, at the request's positions, the prefill cache's committed
+    rows in every shipped layer; a layer not shipped (no_head's layer N) holds zeros there."""
+    src = engine(pair, "off")
+    ps = prompts()[:2]
+    reqs = [src.add_request(p, NEW) for p in ps]
+    src.step_with_progress()
+    expect = {}
+    for r in reqs:
+        slots = torch.tensor(r.block_table.slots(range(r.num_computed)))
+        expect[r.req_id] = [src.cache.layer(l)[0][slots // BS, slots % BS] for l in range(src.cache.num_layers)]
+    from nwor_lab.disagg import export_request, install
+    for strategy in ("nwor", "no_head"):
+        dst = engine(pair, "off", block_size=8)          # another block size: rows are placed by position
+        got = [install(dst, Shipment.decode(export_request(src, r, strategy).encode())) for r in reqs]
+        dst.scheduler.schedule()                          # admission: fresh blocks, the bytes copied in
+        for r, g in zip(reqs, got):
+            assert g.block_table.blocks and g.drafts == r.drafts and g.num_computed == r.num_computed
+            slots = torch.tensor(g.block_table.slots(range(g.num_computed)))
+            for layer, want in enumerate(expect[r.req_id]):
+                have = dst.cache.layer(layer)[0][slots // 8, slots % 8]
+                shipped = handoff_strategy(strategy).ships_head or layer < pair[0].num_layers
+                assert torch.equal(have, want if shipped else torch.zeros_like(want)), (strategy, layer)
+
+
+def test_a_request_that_ends_in_its_prefill_step_is_not_decoded(pair):
+    ref, _ = one_engine(engine(pair), prompts(), 1)
+    res = handoff(engine(pair), engine(pair), prompts(), 1, "nwor")
+    assert res.token_ids == ref and res.kv_bytes == [0] * len(ref) and res.decode_windows == 0
