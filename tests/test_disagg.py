@@ -191,3 +191,18 @@ def test_a_request_that_ends_in_its_prefill_step_is_not_decoded(pair):
     ref, _ = one_engine(engine(pair), prompts(), 1)
     res = handoff(engine(pair), engine(pair), prompts(), 1, "nwor")
     assert res.token_ids == ref and res.kv_bytes == [0] * len(ref) and res.decode_windows == 0
+
+
+def test_refusals_name_the_setting(pair):
+    t, h = pair
+    few = SpecEngine(t, h, LabConfig(), k=K, num_blocks=64, block_size=BS, max_num_seqs=2)
+    with pytest.raises(ValueError, match="max_num_seqs=2"):
+        prefill(few, prompts(), NEW)
+    assert not few.scheduler.has_work and few.scheduler.allocator.num_free == 64
+    tree = SpecEngine(t, h, LabConfig(tree="topk=2,depth=3,nodes=6"), k=K, num_blocks=64, block_size=BS)
+    with pytest.raises(ValueError, match="tree"):
+        prefill(tree, prompts()[:1], NEW)
+    assert not tree.trace and not tree.scheduler.has_work
+    ring = SpecEngine(t, h, LabConfig(sliding_window=8, kv_ring="ring"), k=K, num_blocks=64, block_size=BS)
+    with pytest.raises(ValueError, match="ring"):
+        prefill(ring, prompts()[:1], NEW)

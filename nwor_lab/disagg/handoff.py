@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from nwor_lab.config import LabConfig
 from nwor_lab.disagg.observer import RejectedRows
-from nwor_lab.disagg.shipment import Shipment, export_request, install
+from nwor_lab.disagg.shipment import Shipment, check_exportable, export_request, install
 from nwor_lab.disagg.strategies import handoff_strategy
 from nwor_lab.disagg.transport import InProcess, TorchDistributed, check_transport
 from nwor_lab.engine import SpecEngine
@@ -42,6 +42,7 @@ def watch_rejected(engine) -> RejectedRows:
 def prefill(engine, prompts: list[list[int]], max_new_tokens: int, strategy="nwor") -> list[Shipment]:
     """Prefill every prompt in one step of `engine`; -> one shipment per prompt, in order."""
     strategy = handoff_strategy(strategy)
+    check_exportable(engine)              # before anything runs: a refused engine is left as it was
     rejected = watch_rejected(engine)
     if engine.scheduler.has_work:
         raise ValueError("prefill: the prefill engine has requests of its own queued; give it only the hand-off's")
