@@ -206,3 +206,18 @@ def test_refusals_name_the_setting(pair):
     ring = SpecEngine(t, h, LabConfig(sliding_window=8, kv_ring="ring"), k=K, num_blocks=64, block_size=BS)
     with pytest.raises(ValueError, match="ring"):
         prefill(ring, prompts()[:1], NEW)
+
+
+@pytest.mark.parametrize("mode", ["off", "stage"])
+def test_shipped_target_rows_are_target_onlys(pair, mode):
+    """The auditor's question for a shipped block: did its committed rows arrive as target-only's? Every
+    strategy's target layers do; a corrupted row is named by layer, position and block."""
+    from nwor_lab.disagg import differing_rows
+    ps = prompts()
+    ref = prefill(engine(pair, mode, head=False), ps, NEW, "nwor")
+    for strategy in ("nwor", "write_all", "no_head"):
+        shipped = prefill(engine(pair, mode), ps, NEW, strategy)
+        assert all(not differing_rows(s, r) for s, r in zip(shipped, ref)), strategy
+    bad = prefill(engine(pair, mode), ps[:1], NEW, "nwor")[0]
+    bad.tensors["value.1"][4] += 1
+    assert differing_rows(bad, ref[0]) == [{"layer": 1, "position": 4, "block": 4 // BS, "store": "value"}]

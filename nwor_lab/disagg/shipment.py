@@ -182,3 +182,21 @@ def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> objec
         state = (t["state.recurrent"], t["state.conv"], h["state_current"])
     r.swapped = SwappedOut(keys, values, num_blocks, state, shipment.kv_bytes)
     return r
+
+
+def differing_rows(shipment: Shipment, reference: Shipment) -> list[dict]:
+    """The committed rows of `shipment` that are not `reference`'s bytes (e.g. target-only's: an
+    engine without a head, k = 0, prefilling the same prompt): `[{layer, position, block}]` over the
+    layers and committed positions both shipped, `block` the prefill side's block index in the
+    request (position // block_size). Empty when every shared committed row arrived as the reference's."""
+    n = min(shipment.header["num_computed"], reference.header["num_computed"],
+            shipment.header["rows"], reference.header["rows"])
+    bs = shipment.header["block_size"]
+    out = []
+    for layer in sorted(set(shipment.header["layers"]) & set(reference.header["layers"])):
+        for kind in ("key", "value"):
+            a, b = shipment.tensors[f"{kind}.{layer}"][:n], reference.tensors[f"{kind}.{layer}"][:n]
+            diff = (a.view(torch.uint8) != b.view(torch.uint8)).reshape(n, -1).any(-1)
+            for p in diff.nonzero().flatten().tolist():
+                out.append({"layer": layer, "position": p, "block": p // bs, "store": kind})
+    return out
