@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
                    help="inprocess, or gloo (two processes); nccl is not run by this bench")
     p.add_argument("--k", type=types.integer(1, 16), default=4)
     p.add_argument("--max-new-tokens", type=types.integer(2, 512), default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=types.temperature, default=0.0, help="0: greedy; > 0: seeded sampling")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     from nwor_lab.model.shipped import load_tiny

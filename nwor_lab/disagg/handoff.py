@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from nwor_lab.config import LabConfig
 from nwor_lab.disagg.observer import RejectedRows
 from nwor_lab.disagg.shipment import Shipment, check_exportable, export_request, install
@@ -147,7 +149,6 @@ def _rank(group, pair: EnginePair, prompts, max_new_tokens, strategy, sampler_st
     """Rank 0 prefills and sends, rank 1 receives and decodes (nwor_lab.distributed.launch's fn)."""
     engine = pair.build(group.device)
     link = TorchDistributed(group, peer=1 - group.rank)
-    import torch
     if group.rank == 0:
         t0 = time.perf_counter()
         shipped = prefill(engine, prompts, max_new_tokens, strategy)
