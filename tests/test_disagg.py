@@ -221,3 +221,20 @@ def test_shipped_target_rows_are_target_onlys(pair, mode):
     bad = prefill(engine(pair, mode), ps[:1], NEW, "nwor")[0]
     bad.tensors["value.1"][4] += 1
     assert differing_rows(bad, ref[0]) == [{"layer": 1, "position": 4, "block": 4 // BS, "store": "value"}]
+
+
+def test_junk_rows_make_equal_blocks_look_different(pair):
+    """What trusts a whole shipped block's bytes (a content hash, a dedup) sees write-all's junk: the
+    same prompt's partial blocks shipped from `off` and from `stage` hold the same committed rows and
+    differ in the head's layer past num_computed (the draft chain's rejected rows)."""
+    from nwor_lab.disagg import differing_rows
+    ps = prompts()
+    off = prefill(engine(pair, "off"), ps, NEW, "write_all")
+    stage = prefill(engine(pair, "stage"), ps, NEW, "write_all")
+    head_layer = pair[0].num_layers
+    for a, b in zip(off, stage):
+        assert not differing_rows(a, b)
+        junk = differing_rows(a, b, junk=True)
+        assert {x["layer"] for x in junk} <= {head_layer}
+        assert {x["position"] for x in junk} == {x["position"] for x in a.header["rejected_rows_shipped"]}
+    assert any(differing_rows(a, b, junk=True) for a, b in zip(off, stage))

@@ -124,8 +124,9 @@ def handoff(prefill_engine, decode_engine, prompts, max_new_tokens: int, strateg
 
 @dataclass(frozen=True)
 class EnginePair:
-    """How each rank builds its engine (picklable): `model` "toy" (nwor_lab.model.toy.toy_pair(seed))
-    or "tiny" (the shipped pair, nwor_lab.model.shipped.load_tiny), `config` a LabConfig, `engine`
+    """How each rank builds its engine (picklable): `model` "toy" (nwor_lab.model.toy.toy_pair(seed)),
+    "tiny" (the shipped pair, nwor_lab.model.shipped.load_tiny) or "hybrid" (the shipped hybrid),
+    `config` a LabConfig, `engine`
     the SpecEngine keyword arguments (k, num_blocks, block_size, temperature, seed, ...)."""
 
     model: str = "toy"
@@ -140,8 +141,11 @@ class EnginePair:
         elif self.model == "tiny":
             from nwor_lab.model.shipped import load_tiny
             target, head, _ = load_tiny(device=device)
+        elif self.model == "hybrid":
+            from nwor_lab.model.shipped import load_hybrid
+            target, head, _ = load_hybrid(device=device)
         else:
-            raise ValueError(f"EnginePair(model={self.model!r}): choose toy or tiny")
+            raise ValueError(f"EnginePair(model={self.model!r}): choose toy, tiny or hybrid")
         return SpecEngine(target.to(device), head.to(device), self.config, **dict(self.engine))
 
 

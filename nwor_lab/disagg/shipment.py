@@ -184,13 +184,16 @@ def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> objec
     return r
 
 
-def differing_rows(shipment: Shipment, reference: Shipment) -> list[dict]:
+def differing_rows(shipment: Shipment, reference: Shipment, *, junk: bool = False) -> list[dict]:
     """The committed rows of `shipment` that are not `reference`'s bytes (e.g. target-only's: an
-    engine without a head, k = 0, prefilling the same prompt): `[{layer, position, block}]` over the
-    layers and committed positions both shipped, `block` the prefill side's block index in the
-    request (position // block_size). Empty when every shared committed row arrived as the reference's."""
-    n = min(shipment.header["num_computed"], reference.header["num_computed"],
-            shipment.header["rows"], reference.header["rows"])
+    engine without a head, k = 0, prefilling the same prompt): `[{layer, position, block, store}]`
+    over the layers and committed positions both shipped, `block` the block's index in the request
+    (position // block_size). Empty when every shared committed row arrived as the reference's.
+    `junk`: compare every row both shipped, the rows past num_computed too (what a content hash or
+    a dedup of whole shipped blocks would see)."""
+    n = min(shipment.header["rows"], reference.header["rows"])
+    if not junk:
+        n = min(n, shipment.header["num_computed"], reference.header["num_computed"])
     bs = shipment.header["block_size"]
     out = []
     for layer in sorted(set(shipment.header["layers"]) & set(reference.header["layers"])):
