@@ -238,3 +238,21 @@ def test_junk_rows_make_equal_blocks_look_different(pair):
         assert {x["layer"] for x in junk} <= {head_layer}
         assert {x["position"] for x in junk} == {x["position"] for x in a.header["rejected_rows_shipped"]}
     assert any(differing_rows(a, b, junk=True) for a, b in zip(off, stage))
+
+
+def test_fp8_rows_travel_with_their_scales(pair):
+    t, h = pair
+
+    def make():
+        return SpecEngine(t, h, LabConfig(nwor_mode="stage"), k=K, num_blocks=64, block_size=BS,
+                          cache_dtype="fp8_e4m3")
+    ref, _ = one_engine(make(), prompts())
+    res = handoff(make(), make(), prompts(), NEW, "nwor")
+    assert res.token_ids == ref
+    fp32 = handoff(engine(pair), engine(pair), prompts(), NEW, "nwor").kv_bytes
+    assert res.kv_bytes == [b // 4 for b in fp32]            # a stored element is 1 byte, not 4
+    other = make()
+    other.cache.set_scales(1, 2.0)
+    from nwor_lab.disagg import install
+    with pytest.raises(ValueError, match=r"k_scale differs .* layers \[1\]"):
+        install(other, prefill(make(), prompts()[:1], NEW)[0])

@@ -87,6 +87,9 @@ def check_exportable(engine) -> None:
     """The hand-off covers chains on whole-context caches; the rest is refused by name."""
     if engine.tree is not None:
         raise ValueError("hand-off with LabConfig.tree: a tree's drafts (parents) are not in the protocol; use chains")
+    if engine.prefix is not None:
+        raise ValueError("hand-off with prefix caching: shared (cached) blocks are not in the protocol yet; "
+                         "build the engines with prefix_cache=None")
     if engine.sliding is not None and engine.sliding.ring_slots is not None:
         raise ValueError("hand-off on a sliding-window ring: a ring's block table is not in position order; "
                          "use kv_ring='full' or sliding_window=0")
@@ -118,12 +121,14 @@ def export_request(engine, request, strategy="nwor", rejected: dict | None = Non
     if r.draft_probs is not None and not finished:
         tensors["draft_probs"] = r.draft_probs.cpu()
     tensors["generator"] = engine.generator.get_state().cpu()
+    if cache.is_fp8:          # the bytes mean values only under their scales: the decode side must hold the same
+        tensors["k_scale"], tensors["v_scale"] = cache.k_scale.cpu(), cache.v_scale.cpu()
     junk = list(range(r.num_computed, n))
     named = []
     if rejected:
         for p, slot in zip(junk, slots[r.num_computed:].tolist()):
             if slot in rejected:
-                named.append({"position": p, "block": r.block_table.blocks[p // bs],
+                named.append({"position": p, "block": p // bs, "block_id": r.block_table.blocks[p // bs],
                               "layers": sorted(l for l in rejected[slot] if l in layers)})
         named = [x for x in named if x["layers"]]
     spec = cache.spec
@@ -149,12 +154,27 @@ def check_compatible(engine, header: dict) -> None:
     check_exportable(engine)
 
 
+def check_scales(engine, tensors: dict) -> None:
+    """An fp8 shipment's rows are read under the prefill cache's scales: the decode cache's must be
+    the same, layer by layer (nwor_lab.kv.PagedKVCache.set_scales), or the rows mean other values."""
+    if "k_scale" not in tensors:
+        return
+    cache = engine.cache
+    for name, mine in (("k_scale", cache.k_scale), ("v_scale", cache.v_scale)):
+        bad = (tensors[name].to(mine.device) != mine).any(-1).nonzero().flatten().tolist()
+        if bad:
+            raise ValueError(f"the shipment's {name} differs from the decode cache's in layers {bad}: fp8 rows "
+                             f"are values only under their scales; set the decode cache's scales "
+                             f"(cache.set_scales) to the prefill cache's")
+
+
 def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> object:
     """Queue the shipped request on the decode `engine` -> its Request (None for a request that
     finished in its prefill step: nothing to decode). `sampler_stream`: continue the prefill engine's
     random stream (T > 0 exactness needs it; see docs/handoff.md)."""
     h, t = shipment.header, shipment.tensors
     check_compatible(engine, h)
+    check_scales(engine, t)
     if sampler_stream:
         engine.generator.set_state(t["generator"].to(engine.generator.get_state().device))
     if h["finished"]:
