@@ -203,6 +203,10 @@ def test_refusals_name_the_setting(pair):
     with pytest.raises(ValueError, match="tree"):
         prefill(tree, prompts()[:1], NEW)
     assert not tree.trace and not tree.scheduler.has_work
+    from nwor_lab.engine.prefix import PrefixCacheConfig
+    cached = SpecEngine(t, h, LabConfig(), k=K, num_blocks=64, block_size=BS, prefix_cache=PrefixCacheConfig())
+    with pytest.raises(ValueError, match="prefix caching"):
+        prefill(cached, prompts()[:1], NEW)
     ring = SpecEngine(t, h, LabConfig(sliding_window=8, kv_ring="ring"), k=K, num_blocks=64, block_size=BS)
     with pytest.raises(ValueError, match="ring"):
         prefill(ring, prompts()[:1], NEW)
