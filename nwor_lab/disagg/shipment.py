@@ -176,7 +176,12 @@ def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> objec
     check_compatible(engine, h)
     check_scales(engine, t)
     if sampler_stream:
-        engine.generator.set_state(t["generator"].to(engine.generator.get_state().device))
+        try:
+            engine.generator.set_state(t["generator"])
+        except RuntimeError as err:     # a CPU generator's state in a CUDA generator, or the reverse
+            raise ValueError(f"the shipped sampler state does not fit the decode engine's generator on "
+                             f"{engine.device} ({err}); hand off between engines on the same kind of device, "
+                             f"or install(..., sampler_stream=False) (T > 0 is then not one engine's tokens)") from err
     if h["finished"]:
         return None
     r = engine.add_request(h["prompt"], h["max_new_tokens"])
