@@ -1,0 +1,20 @@
+"""Prefill-to-decode hand-off (disaggregated serving): a prefill engine runs a request's prompt and
+ships its committed blocks (target layers and the head's layer N), its state, tokens and drafts to
+a decode engine, which decodes with EAGLE (docs/handoff.md: the protocol).
+
+  HANDOFF_STRATEGIES, handoff_strategy   what is shipped: nwor, write_all, no_head, no_state
+  Shipment, export_request, install      one request's frame: export, wire format, install
+  differing_rows                         committed rows that arrived other than a reference's (target-only)
+  InProcess, TorchDistributed            transports (inprocess, gloo; nccl behind the same calls)
+  prefill, decode, handoff, run_handoff, EnginePair, HandoffResult
+                                         the two halves, in one process or two
+"""
+from nwor_lab.disagg.handoff import EnginePair, HandoffResult, decode, handoff, prefill, run_handoff
+from nwor_lab.disagg.observer import RejectedRows
+from nwor_lab.disagg.shipment import PROTOCOL, Shipment, differing_rows, export_request, install
+from nwor_lab.disagg.strategies import HANDOFF_STRATEGIES, HandoffStrategy, handoff_strategy
+from nwor_lab.disagg.transport import TRANSPORTS, InProcess, TorchDistributed
+
+__all__ = ["HANDOFF_STRATEGIES", "HandoffStrategy", "handoff_strategy", "Shipment", "export_request", "install",
+           "PROTOCOL", "differing_rows", "InProcess", "TorchDistributed", "TRANSPORTS", "prefill", "decode", "handoff", "run_handoff",
+           "EnginePair", "HandoffResult", "RejectedRows"]
