@@ -3,13 +3,15 @@ of a section on the deck is on a slide (not only in the speaker notes), the titl
 chapter's "You will learn" list, the deck is titled after the chapter, and the Discuss notes carry the
 run's expected outputs. In headless Chromium (one launch for every deck), every slide of every deck
 fits its 1280 x 720 slide (`nwor_lab.workshop.fit`); a deck with one slide made to overflow shows the
-check fails. The browser tests skip without Chromium (`apt-get install -y chromium`) or Playwright.
+check fails. Those decks carry stand-in figures, not the run's printed output: with NWOR_LAB_KIT set
+to a built kit, its real decks are checked too (the builder moves long output to the notes). The browser tests skip without Chromium (`apt-get install -y chromium`) or Playwright.
 
 Cheap by design: the decks are built from the chapters as committed (no kernel runs). A code cell
 authored onto the deck gets a stand-in output (a small figure, which every deck shows), as running it
 would give it a figure or printed text; a code cell left off the deck gets nothing. The real decks, of
 executed chapters, are built by `nwor-lab workshop build` (tests/test_workshop_kit.py builds one).
 """
+import os
 import re
 from pathlib import Path
 
@@ -167,6 +169,18 @@ def write_deck(nb, folder, name, path=None):
 def test_every_slide_fits(path, browser, deck_folder):
     deck = write_deck(as_if_run(ch.read(path)), deck_folder, path.stem, path)
     bad = fit.overflows(browser, deck)
+    assert not bad, "\n".join(map(str, bad))
+
+
+KIT = os.environ.get("NWOR_LAB_KIT")      # a built kit (`nwor-lab workshop build`): its real decks, run outputs and all
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not KIT, reason="set NWOR_LAB_KIT=runs/workshop (after `nwor-lab workshop build`) to check a built kit's decks")
+def test_every_slide_of_a_built_kit_fits(browser):
+    decks = sorted(Path(KIT).glob("*.slides.html"))
+    assert decks, f"{KIT}: no *.slides.html (build the kit first: nwor-lab workshop build --out {KIT})"
+    bad = [o for deck in decks for o in fit.overflows(browser, deck)]
     assert not bad, "\n".join(map(str, bad))
 
 
