@@ -37,10 +37,14 @@ TITLE_PX = 16                 # the panel titles
 CHAR_PX = 0.62 * LABEL_PX     # a monospace character of the cell text
 
 
+SPACING = 0.07                # between the three panels, a share of the figure's width
+
+
 def _mark_chars(columns: int) -> int:
     """How many characters of cell text a cell holds at `LABEL_PX` when `columns` cells share the
-    narrow (sidebar open) notebook width."""
-    return max(1, int((NARROW_PX - 100) / max(columns, 1) / CHAR_PX))
+    narrow (sidebar open) notebook width, less the spacing between panels and the gap between cells."""
+    cell_px = (NARROW_PX - 100) * (1 - 2 * SPACING) / max(columns, 1) - 2
+    return max(1, int(cell_px / CHAR_PX))
 
 
 def followed_layer(frame, shown: int | None) -> int:
@@ -98,7 +102,7 @@ def frame_figure(frame, layer: int | None = None, *, blocks: Sequence[int] | Non
     else the first recorded) beside that layer's staging buffer and CoW log, titled with mode,
     window and phase, the caption as subtitle."""
     panels = frame_panels(frame, layer, blocks=blocks)
-    fig = make_subplots(rows=1, cols=3, column_widths=panels["widths"], horizontal_spacing=0.07,
+    fig = make_subplots(rows=1, cols=3, column_widths=panels["widths"], horizontal_spacing=SPACING,
                         subplot_titles=panels["titles"])
     for col, cells in enumerate(panels["cells"], start=1):
         fig.add_trace(go.Heatmap(**(cells or _blank()), **heatmap_style(col > 1)), row=1, col=col)
