@@ -130,6 +130,16 @@ def kernel_manager_class():
             kw.setdefault("preexec_fn", lambda: die_with_parent(parent))
             return await super()._async_launch_kernel(kernel_cmd, **kw)
 
+        async def _async_interrupt_kernel(self):
+            # jupyter_client (8.x) sends SIGINT before every shutdown request. When the notebook is done,
+            # that signal can land while ipykernel is still finishing the last cell's reply, which it
+            # logs to the terminal as "KeyboardInterrupt caught in kernel." at the end of a clean run.
+            # A kernel still running a cell when it is shut down gets the shutdown request, and after
+            # jupyter_client's wait, SIGKILL: nothing needs the interrupt.
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
     return KernelDiesWithParent
 
 

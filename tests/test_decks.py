@@ -1,12 +1,17 @@
 """Every chapter's deck carries the chapter: each `##` section has a slide, no slide is blank, every table
-of a section on the deck is on a slide (not only in the speaker notes), and the Discuss notes carry the
-run's expected outputs.
+of a section on the deck is on a slide (not only in the speaker notes), the title slide keeps the
+chapter's "You will learn" list, the deck is titled after the chapter, and the Discuss notes carry the
+run's expected outputs. In headless Chromium (one launch for every deck), every slide of every deck
+fits its 1280 x 720 slide (`nwor_lab.workshop.fit`); a deck with one slide made to overflow shows the
+check fails. Those decks carry stand-in figures, not the run's printed output: with NWOR_LAB_KIT set
+to a built kit, its real decks are checked too (the builder moves long output to the notes). The browser tests skip without Chromium (`apt-get install -y chromium`) or Playwright.
 
 Cheap by design: the decks are built from the chapters as committed (no kernel runs). A code cell
 authored onto the deck gets a stand-in output (a small figure, which every deck shows), as running it
 would give it a figure or printed text; a code cell left off the deck gets nothing. The real decks, of
 executed chapters, are built by `nwor-lab workshop build` (tests/test_workshop_kit.py builds one).
 """
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +20,7 @@ import pytest
 
 from nwor_lab import exercises
 from nwor_lab.workshop import chapters as ch
-from nwor_lab.workshop import figures, notes, slides
+from nwor_lab.workshop import figures, fit, notes, slides, vendor
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -104,3 +109,90 @@ def test_a_table_under_a_slide_heading_stays_on_the_slide_and_sections_inside_a_
     assert kinds == [("slide", "# T"), ("slide", "## 1 · Hooks"), ("notes", "Prose for the notes."),
                      ("slide", "## 2 · Next section"), ("notes", "Its prose.")]
     assert "| 1 | 2 |" in deck.cells[1].source and "| 1 | 2 |" not in deck.cells[2].source
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_the_title_slide_keeps_the_chapters_intro_and_the_deck_its_title(path):
+    nb, deck = built(path)
+    title = ch.title(nb)
+    assert deck.metadata["title"] == re.sub(r"[*_`]", "", title)
+    if "you will learn" in nb.cells[0].source.lower():
+        title_slide = slides_of(deck)[0][0]
+        assert any("you will learn" in c.source.lower() for c in title_slide), \
+            f"{path.name}: the title slide dropped the chapter's 'You will learn' list"
+
+
+def test_long_printed_output_goes_to_the_notes_and_a_table_output_keeps_only_its_table():
+    long_text = "".join(f"line {i}\n" for i in range(80))
+    table = nbformat.v4.new_output("display_data", data={
+        "text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |\n\nA note the room does not need to read.", "text/plain": "x"})
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# T", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_code_cell("print()", metadata={"slideshow": {"slide_type": "slide"}, "tags": ["slide-text"]},
+                                  outputs=[nbformat.v4.new_output("stream", name="stdout", text=long_text), table])])
+    deck = slides.deck(nb)
+    shown = [o for c in deck.cells if c.cell_type == "code" for o in c.outputs]
+    assert "line 3" in shown[0]["text"] and "line 79" not in shown[0]["text"] and "speaker notes" in shown[0]["text"]
+    assert shown[1]["data"]["text/markdown"].startswith("| a | b |") and "A note" not in shown[1]["data"]["text/markdown"]
+    notes_text = "\n".join(c.source for c in deck.cells if c.metadata["slideshow"]["slide_type"] == "notes")
+    assert "line 79" in notes_text and "A note the room" in notes_text
+
+
+# --- in a browser: every slide fits ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    if not fit.chromium():
+        pytest.skip(f"chromium not found: {fit.INSTALL}")
+    pytest.importorskip("playwright.sync_api", reason="playwright missing: pip install playwright (dev extra)")
+    with fit.open_browser() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def deck_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("decks")
+    vendor.install(out)
+    return out
+
+
+def write_deck(nb, folder, name, path=None):
+    html = slides.export(nb, plotly_js=vendor.PLOTLY_JS, reveal_prefix=vendor.REVEAL_DIR,
+                         chapter_notes=notes.for_chapter(path.stem) if path else None,
+                         exercises_here=exercises.by_chapter().get(path.stem, []) if path else ())
+    (folder / f"{name}.slides.html").write_text(html)
+    return folder / f"{name}.slides.html"
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_slide_fits(path, browser, deck_folder):
+    deck = write_deck(as_if_run(ch.read(path)), deck_folder, path.stem, path)
+    bad = fit.overflows(browser, deck)
+    assert not bad, "\n".join(map(str, bad))
+
+
+KIT = os.environ.get("NWOR_LAB_KIT")      # a built kit (`nwor-lab workshop build`): its real decks, run outputs and all
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not KIT, reason="set NWOR_LAB_KIT=runs/workshop (after `nwor-lab workshop build`) to check a built kit's decks")
+def test_every_slide_of_a_built_kit_fits(browser):
+    decks = sorted(Path(KIT).glob("*.slides.html"))
+    assert decks, f"{KIT}: no *.slides.html (build the kit first: nwor-lab workshop build --out {KIT})"
+    bad = [o for deck in decks for o in fit.overflows(browser, deck)]
+    assert not bad, "\n".join(map(str, bad))
+
+
+@pytest.mark.browser
+def test_the_fit_check_fails_on_a_slide_that_overflows(browser, deck_folder):
+    prose = "\n".join(f"- point {i}: a sentence long enough to take a line of the slide" for i in range(30))
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# A deck", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_markdown_cell("## Fits\n\nOne line.", metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_markdown_cell("## Too long\n\n" + prose, metadata={"slideshow": {"slide_type": "slide"}}),
+        nbformat.v4.new_markdown_cell("| " + " | ".join(f"column {i}" for i in range(40)) + " |\n|" + "---|" * 40,
+                                      metadata={"slideshow": {"slide_type": "slide"}})])
+    bad = fit.overflows(browser, write_deck(nb, deck_folder, "planted"))
+    assert [(o.slide, o.heading) for o in bad] == [(3, "Too long"), (4, "")]
+    assert bad[0].past_bottom > 100 and bad[1].past_right > 100

@@ -218,6 +218,26 @@ def test_sweep_medians_catches_the_mean_failed_runs_and_zero_for_missing():
     failed(exercises.check_sweep_medians(medians_zero_for_missing), "sweep_medians", "no rows")
 
 
+def medians_numpy(rows, metric, policies, ks, dtype="float64"):
+    """A correct answer written with numpy: np.median over each cell's values, NaN where none."""
+    import numpy as np
+    out = np.full((len(policies), len(ks)), np.nan, dtype=dtype)
+    for i, p in enumerate(policies):
+        for j, k in enumerate(ks):
+            v = [r["metrics"][metric] for r in rows if r["status"] == "ok" and r["params"]["nwor_mode"] == p
+                 and r["params"]["k"] == k and r["metrics"].get(metric) is not None]
+            if v:
+                out[i, j] = np.median(v)
+    return out
+
+
+def test_sweep_medians_accepts_a_correct_numpy_answer_and_still_names_a_wrong_dtype():
+    assert exercises.check_sweep_medians(medians_numpy, show=False).passed
+    assert exercises.check_sweep_medians(lambda **kw: medians_numpy(**kw).tolist(), show=False).passed
+    r = failed(exercises.check_sweep_medians(lambda **kw: medians_numpy(**kw, dtype="float32")), "sweep_medians", "")
+    assert "dtype float32" in r.message
+
+
 def test_sweep_medians_reads_rows_as_the_results_log_stores_them(tmp_path):
     """The rows the exercise reads are the ones `nwor_lab.sweep.results` writes and reads back."""
     from nwor_lab.exercises.sweep_medians import row

@@ -168,3 +168,24 @@ def test_relative_output_folder_still_stores_figures_as_data(tmp_path, monkeypat
     kinds = [set(o.get("data", {})) for c in ran.cells if c.cell_type == "code" for o in c.outputs]
     assert any("application/vnd.plotly.v1+json" in k for k in kinds)
     assert not any("cdn" in json.dumps(c.outputs) for c in ran.cells if c.cell_type == "code")
+
+
+def test_the_kits_kernels_are_not_interrupted_when_shut_down(monkeypatch):
+    """jupyter_client interrupts a kernel before shutting it down; at the end of a chapter that SIGINT
+    can land in ipykernel's reply to the last cell and print "KeyboardInterrupt caught in kernel".
+    The kit's kernel manager skips it while shutting down and still interrupts on request."""
+    import asyncio
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from nwor_lab.lifeline import kernel_manager_class
+    sent = []
+
+    async def interrupt(self):
+        sent.append(self.shutting_down)
+    monkeypatch.setattr(AsyncKernelManager, "_async_interrupt_kernel", interrupt)
+    km = kernel_manager_class()(kernel_name="python3")
+    asyncio.run(km._async_interrupt_kernel())          # a cell timed out: interrupt it
+    km.shutting_down = True
+    asyncio.run(km._async_interrupt_kernel())          # shutting down: no SIGINT
+    assert sent == [False]

@@ -55,7 +55,23 @@ def cases(seed: int, n: int):
         yield _case(rows, ks=ks)
 
 
+def _as_tensor(got):
+    """The spec asks for [P, K] float64 values, not a library: a numpy array (its own dtype kept, so a
+    float32 answer is still named) or nested lists of numbers answer as well as a torch tensor."""
+    if isinstance(got, torch.Tensor):
+        return got
+    if type(got).__module__ == "numpy" and hasattr(got, "dtype") and hasattr(got, "shape"):
+        return torch.from_numpy(got) if got.dtype.kind in "fiub" else got
+    if isinstance(got, (list, tuple)):
+        try:
+            return torch.tensor(got, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            return got
+    return got
+
+
 def compare(expected, got, case) -> str | None:
+    got = _as_tensor(got)
     problem = tensor_problem(expected, got, "medians")
     if problem:
         return problem
@@ -105,7 +121,8 @@ HINTS = (
     "For each (policy, k) cell collect the metric of the rows with status \"ok\" whose params match and whose "
     "metrics hold a value; the cell is NaN when that list is empty.",
     "Sort the values; the median is the middle one, or the mean of the two middle ones for an even count. "
-    "Fill a torch.full((len(policies), len(ks)), float('nan'), dtype=torch.float64).",
+    "Fill a torch.full((len(policies), len(ks)), float('nan'), dtype=torch.float64) (a numpy float64 array "
+    "answers as well).",
 )
 
 EXERCISE = Exercise("sweep_medians", solutions.sweep_medians, cases, compare, draw, letter="(p)",

@@ -6,7 +6,12 @@ The recording is package code (`Recorder`, `demo_frames`); this module only draw
 same pictures as a list of static figures for non-interactive runs (papermill, nbval, HTML export).
 Each picture has three panels: the cache (one layer), the staging buffer and the CoW log of that
 layer (a policy that keeps no such buffer says so in its panel). A write phase shows the layer it
-wrote.
+wrote; a begin phase opens a new window, which has written no layer yet, and shows the window's
+first recorded layer (not the layer the previous window wrote last).
+
+Every label is at least `LABEL_PX` (14 px): the stepper is projected in a workshop, where the
+10 px of a notebook figure's cell text reads as a smudge. Cell marks are shortened to what a cell
+holds at that size (`fit_marks`).
 
 For a browser test, every control carries a stable CSS class (`nwor-next`, `nwor-prev`,
 `nwor-next-window`, `nwor-reset`, `nwor-mode`, `nwor-layer`, `nwor-position`, `nwor-caption`,
@@ -21,11 +26,33 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.buffers import BUFFER_TITLES, BUFFERS, buffer_cells, buffer_note
-from nwor_lab.viz.cache import (add_state_legend, fit_marks, grid_cells, grid_height, heatmap_style, mark_chars)
+from nwor_lab.viz.cache import NARROW_PX, add_state_legend, fit_marks, grid_cells, grid_height, heatmap_style
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import base_layout
 
 __all__ = ["Stepper", "frame_figure", "frame_panels", "show_frames", "used_blocks"]
+
+LABEL_PX = 14                 # every label: cell text, axis titles and ticks, panel notes, legend
+TITLE_PX = 16                 # the panel titles
+CHAR_PX = 0.62 * LABEL_PX     # a monospace character of the cell text
+
+
+SPACING = 0.07                # between the three panels, a share of the figure's width
+
+
+def _mark_chars(columns: int) -> int:
+    """How many characters of cell text a cell holds at `LABEL_PX` when `columns` cells share the
+    narrow (sidebar open) notebook width, less the spacing between panels and the gap between cells."""
+    cell_px = (NARROW_PX - 100) * (1 - 2 * SPACING) / max(columns, 1) - 2
+    return max(1, int(cell_px / CHAR_PX))
+
+
+def followed_layer(frame, shown: int | None) -> int:
+    """The layer to show for `frame` after `shown` was shown: a write shows the layer it wrote, a
+    begin the new window's first layer; any other phase keeps `shown` (if the frame records it)."""
+    if frame.phase in ("write", "begin") or shown not in frame.layers:
+        return frame.shown_layer
+    return shown
 
 def used_blocks(frames: Sequence) -> list[int]:
     """Blocks that hold anything (non-EMPTY in any layer) in any of `frames`: the rows worth
@@ -53,9 +80,9 @@ def frame_panels(frame, layer: int | None = None, *, blocks: Sequence[int] | Non
     widths = [frame.block_size] + [max(width, 3, 0.3 * frame.block_size)] * len(BUFFERS)
     share = frame.block_size / sum(widths)
     cache = grid_cells(grid, rows, frame.block_size, frame.labels,
-                       fit_marks(frame.marks, mark_chars(int(frame.block_size / share))))
+                       fit_marks(frame.marks, _mark_chars(int(frame.block_size / share))))
     cache["x"] = list(range(frame.block_size))
-    chars = mark_chars(int(width * sum(widths) / widths[1]))
+    chars = _mark_chars(int(width * sum(widths) / widths[1]))
     for b, cells in bufs.items():
         if cells is not None:
             cells["text"] = [[_fit(t, chars) for t in row] for row in cells["text"]]
@@ -75,13 +102,15 @@ def frame_figure(frame, layer: int | None = None, *, blocks: Sequence[int] | Non
     else the first recorded) beside that layer's staging buffer and CoW log, titled with mode,
     window and phase, the caption as subtitle."""
     panels = frame_panels(frame, layer, blocks=blocks)
-    fig = make_subplots(rows=1, cols=3, column_widths=panels["widths"], horizontal_spacing=0.07,
+    fig = make_subplots(rows=1, cols=3, column_widths=panels["widths"], horizontal_spacing=SPACING,
                         subplot_titles=panels["titles"])
     for col, cells in enumerate(panels["cells"], start=1):
         fig.add_trace(go.Heatmap(**(cells or _blank()), **heatmap_style(col > 1)), row=1, col=col)
+    fig.update_traces(textfont_size=LABEL_PX, selector=dict(type="heatmap"))
     add_state_legend(fig)
     subtitle = frame.caption if with_caption else None
     fig.update_layout(**base_layout(frame.title_for(panels["layer"]), subtitle))
+    fig.update_layout(font_size=LABEL_PX, legend_font_size=LABEL_PX)
     fig.layout.margin.t += 22   # room for the panel titles
     _place(fig, frame, panels, subtitle)
     return fig
@@ -102,9 +131,9 @@ def _place(fig, frame, panels, subtitle=None) -> None:
         x.showgrid = y.showgrid = x.zeroline = y.zeroline = False
         y.autorange, y.type = "reversed", "category"
         if col == 1:
-            x.update(title_text="offset in block", title_font_size=12, range=[-0.5, frame.block_size - 0.5],
+            x.update(title_text="offset in block", title_font_size=LABEL_PX, tickfont_size=LABEL_PX, range=[-0.5, frame.block_size - 0.5],
                      dtick=1 if frame.block_size <= 16 else 4, tickmode="linear")
-            y.update(title_text="block", domain=[1 - n_rows / tall, 1])
+            y.update(title_text="block", title_font_size=LABEL_PX, tickfont_size=LABEL_PX, domain=[1 - n_rows / tall, 1])
         else:
             # columns are the request's window tokens (t, d1, d2, ...): the cells name them
             x.update(range=[-0.5, max(width, 3) - 0.5], showticklabels=False, ticks="")
@@ -114,11 +143,11 @@ def _place(fig, frame, panels, subtitle=None) -> None:
     for col, (title, note) in enumerate(zip(panels["titles"], panels["notes"]), start=1):
         x0, x1 = fig.layout[f"xaxis{'' if col == 1 else col}"].domain
         annotations.append(dict(text=f"<b>{title}</b>", x=(x0 + x1) / 2, y=1.0, xref="paper", yref="paper",
-                                xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=12)))
+                                xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=TITLE_PX)))
         if note:
             annotations.append(dict(text=note, x=(x0 + x1) / 2, y=1 - b_rows / tall / 2, xref="paper", yref="paper",
                                     xanchor="center", yanchor="middle", showarrow=False,
-                                    font=dict(size=11, color="#666666")))
+                                    font=dict(size=LABEL_PX, color="#666666")))
     fig.layout.annotations = annotations
 
 
@@ -132,7 +161,7 @@ def show_frames(frames: Sequence, layer: int | None = None, *, blocks="used", le
     figs, shown = [], layer
     for i, f in enumerate(frames):
         if layer is None:
-            shown = f.shown_layer if f.phase == "write" or shown not in f.layers else shown
+            shown = followed_layer(f, shown)
         fig = frame_figure(f, shown, blocks=rows)
         if i and legend == "first":
             fig.update_layout(showlegend=False, height=fig.layout.height - fig.layout.margin.b + 50, margin_b=50)
@@ -149,7 +178,8 @@ class Stepper:
             `modes` (frames recorded lazily, e.g. `lambda m: demo_frames(m, seed=3)`).
     mode:   the mode shown first (a chapter's own `nwor_mode`); default the first of `modes`.
     Switching mode keeps the position, so the same phase of the same window compares across modes.
-    A write phase shows the layer it wrote (the layer dropdown follows it).
+    A write phase shows the layer it wrote, a begin phase the new window's first layer (the layer
+    dropdown follows both).
     """
 
     def __init__(self, frames: Mapping[str, Sequence] | Sequence | Callable[[str], Sequence], *,
@@ -254,9 +284,10 @@ class Stepper:
 
     def _draw(self) -> None:
         f, n = self.frame, len(self.frames)
-        if f.phase == "write" and f.layer in f.layers and f.layer != self.layer_dropdown.value:
-            self._quiet = True      # follow the write: show the layer it wrote
-            self.layer_dropdown.value = f.layer
+        follow = followed_layer(f, self.layer_dropdown.value)
+        if follow != self.layer_dropdown.value:
+            self._quiet = True      # follow the write (the layer it wrote) or the new window (its first layer)
+            self.layer_dropdown.value = follow
             self._quiet = False
         layer = self.layer_dropdown.value
         panels = frame_panels(f, layer, blocks=self._blocks)

@@ -113,7 +113,7 @@ def export_page(nb, out: Path, name: str) -> str:
     from nbconvert import HTMLExporter
 
     from nwor_lab.workshop import figures, offline, slides, vendor
-    nb = copy.deepcopy(nb)
+    nb = slides.titled(copy.deepcopy(nb))
     figures.render(nb, "page")
     exporter = HTMLExporter(template_name="nwor_page", extra_template_basedirs=[str(slides.TEMPLATES)],
                             embed_images=True)

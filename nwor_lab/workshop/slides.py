@@ -37,9 +37,12 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 HEADING_PX = {1: 72, 2: 60, 3: 44}
 LINE_PX = 31                      # one line of slide prose (22 px font, 1.35 line height)
 CHARS_PER_LINE = 95
+TABLE_ROW_PX = 44                 # one table row, at least (padding and rule)
 TEXT_LINE_PX = 25                 # one line of printed output (19 px monospace)
+TEXT_CHARS_PER_LINE = 95          # where printed output wraps on a slide
 MIN_FIGURE_HEIGHT = 260
 USABLE_HEIGHT = figures.SLIDE[1] - 50   # reveal's margin and the slide's padding
+INTRO = "you will learn"          # how every chapter's intro list starts (kept on its title slide)
 
 
 def _type(cell) -> str | None:
@@ -69,13 +72,25 @@ def tables(markdown: str) -> list[str]:
 
 def heading_slide(source: str) -> tuple[str, str]:
     """What a `slide-heading` cell puts on its slide and in the speaker notes: the heading and any
-    table stay on the slide (a table read aloud is lost), the prose goes to the notes."""
+    table stay on the slide (a table read aloud is lost), and on a title slide (`# `) the chapter's
+    "You will learn" list; the rest of the prose goes to the notes."""
     heading, rest = split_heading(source)
     kept = tables(rest)
+    if heading.startswith("# "):          # a title slide keeps what the chapter promises: its intro list
+        kept = [p for p in re.split(r"\n\s*\n", rest) if p.strip().lower().startswith(INTRO)] + kept
     for t in kept:
         rest = rest.replace(t, "")
     on_slide = "\n\n".join([heading or ""] + kept).strip()
     return (on_slide or source), re.sub(r"\n{3,}", "\n\n", rest).strip()
+
+
+def titled(nb):
+    """Name the page after the chapter (in place): nbconvert titles a page `nb.metadata.title`, else
+    the file's name, which an in-memory notebook lacks ("Notebook")."""
+    from nwor_lab.workshop import chapters
+    if not nb.metadata.get("title"):
+        nb.metadata["title"] = re.sub(r"[*_`]", "", chapters.title(nb, "nwor_lab chapter"))
+    return nb
 
 
 def split_sections(nb) -> None:
@@ -138,16 +153,26 @@ def _short_text(cell, most: int = 14) -> bool:
         o.get("output_type") == "stream" for o in cell.get("outputs", []))
 
 
-def _lines(text: str) -> int:
-    return sum(max(1, math.ceil(len(line) / CHARS_PER_LINE)) for line in text.splitlines() if line.strip())
+def _row_px(row: str) -> int:
+    """A table row's height: its longest cell wrapped in a column of about its share of the width
+    (columns size to their content, so a share is taken a little wider than even)."""
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    width = 1.3 * CHARS_PER_LINE / max(1, len(cells))
+    return max(TABLE_ROW_PX, 12 + LINE_PX * max(math.ceil(len(c) / width) for c in cells))
 
 
 def _markdown_px(source: str) -> int:
+    """About how tall markdown is on a slide: headings, wrapped prose lines, table rows (which wrap
+    in narrow columns, so a row is counted taller than a line)."""
     px = 0
     for line in source.splitlines():
         m = re.match(r"^(#{1,6})\s", line)
         if m:
             px += HEADING_PX.get(len(m.group(1)), 40)
+        elif re.match(r"^\|[\s:|-]+\|\s*$", line):
+            continue                                          # a table's rule: no height of its own
+        elif line.lstrip().startswith("|"):
+            px += _row_px(line)
         elif line.strip():
             px += LINE_PX * max(1, math.ceil(len(line) / CHARS_PER_LINE))
     return px + 10
@@ -165,15 +190,80 @@ def _kept(output, tags) -> bool:
     return "slide-text" in tags and bool(data)
 
 
+def _text_lines_px(text: str) -> int:
+    """Printed output on a slide: monospace lines, wrapped at the slide's width."""
+    return TEXT_LINE_PX * sum(max(1, math.ceil(len(line) / TEXT_CHARS_PER_LINE)) for line in text.splitlines()) + 16
+
+
 def _output_px(output) -> int:
     if output.output_type == "stream":
-        return TEXT_LINE_PX * len(output.get("text", "").splitlines()) + 16
+        return _text_lines_px(output.get("text", ""))
     if output.output_type == "error":
         return TEXT_LINE_PX * 12
     data = output.get("data", {})
-    if "text/plain" in data and not figures.is_figure(output):
-        return TEXT_LINE_PX * len(str(data["text/plain"]).splitlines()) + 16
+    if figures.is_figure(output) or any(k.startswith("image/") for k in data):
+        return 0
+    if "text/markdown" in data:
+        return _markdown_px(str(data["text/markdown"]))
+    if "text/html" in data:
+        html = str(data["text/html"])
+        return TABLE_ROW_PX * html.count("<tr") + LINE_PX * html.count("<p") + LINE_PX
+    if "text/plain" in data:
+        return _text_lines_px(str(data["text/plain"]))
     return 0
+
+
+def _fit_output(output, room: int):
+    """(what of a text output a slide shows, what goes to the speaker notes): a markdown output that
+    holds a table keeps the table on the slide and gives its prose to the notes (as a `slide-heading`
+    cell does); printed output taller than a whole slide keeps its first lines, the rest to the notes."""
+    data = output.get("data", {})
+    if output.output_type == "display_data" and "text/markdown" in data:
+        text = str(data["text/markdown"])
+        kept = tables(text)
+        prose = text
+        for t in kept:
+            prose = prose.replace(t, "")
+        prose = re.sub(r"\n{3,}", "\n\n", prose).strip()
+        if kept and prose:
+            output = copy.deepcopy(output)
+            output["data"] = {"text/markdown": "\n\n".join(kept), "text/plain": "\n\n".join(kept)}
+            return output, prose
+        return output, ""
+    if output.output_type == "stream" and _output_px(output) > room:
+        lines = output.get("text", "").splitlines()
+        shown = []
+        while lines and _text_lines_px("\n".join(shown + lines[:1] + ["…"])) <= room:
+            shown.append(lines.pop(0))
+        output = copy.deepcopy(output)
+        output["text"] = "\n".join(shown + [f"… {len(lines)} more lines in the speaker notes (press S)"]) + "\n"
+        return output, "```text\n" + "\n".join(lines) + "\n```"
+    return output, ""
+
+
+def _pieces(kept, room: int) -> list[tuple[list, list[str]]]:
+    """A code cell's shown outputs laid out on slides: [(outputs, notes)], the first piece under what
+    the slide already holds (`room` px left), each next one a sub-slide of its own. A figure takes at
+    least `MIN_FIGURE_HEIGHT`; a second figure, or text that does not fit the room left, starts the
+    next sub-slide. The first piece is empty when nothing fits under the slide's heading."""
+    pieces, piece, notes, left = [], [], [], room
+    for o in kept:
+        note = ""
+        if figures.is_figure(o):
+            need = MIN_FIGURE_HEIGHT
+            new = any(figures.is_figure(p) for p in piece) or left < need
+        else:
+            o, note = _fit_output(o, USABLE_HEIGHT - 20)
+            need = _output_px(o)
+            new = left < need
+        if new and (piece or (not pieces and left < USABLE_HEIGHT)):
+            pieces.append((piece, notes))
+            piece, notes, left = [], [], USABLE_HEIGHT
+        piece.append(o)
+        notes += [note] if note else []
+        left -= need
+    pieces.append((piece, notes))
+    return pieces
 
 
 def notes_cell(text: str):
@@ -186,6 +276,7 @@ def deck(nb, chapter_notes=None, exercises_here=(), metrics=None):
     `notes.ChapterNotes` (or None); `exercises_here`: its `Exercise`s (for the exercise slides' notes);
     `metrics`: what the run recorded (`record_metrics`), which fills the Discuss slide's expected outputs."""
     nb = copy.deepcopy(nb)
+    titled(nb)
     split_sections(nb)
     if not any(_type(c) for c in nb.cells):
         generated(nb)
@@ -235,14 +326,9 @@ def deck(nb, chapter_notes=None, exercises_here=(), metrics=None):
         kept = [o for o in cell.get("outputs", []) if _kept(o, tags)]
         if not kept:
             continue
-        pieces, piece = [], []
-        for o in kept:                        # one figure per (sub)slide
-            if figures.is_figure(o) and any(figures.is_figure(p) for p in piece):
-                pieces.append(piece)
-                piece = []
-            piece.append(o)
-        pieces.append(piece)
-        for n, piece in enumerate(pieces):
+        for n, (piece, piece_notes) in enumerate(_pieces(kept, USABLE_HEIGHT - (0 if st in ("slide", "subslide") else used))):
+            if not piece:
+                continue
             kind = st if n == 0 else "subslide"
             start(kind)
             text_px = sum(_output_px(o) for o in piece)
@@ -260,6 +346,8 @@ def deck(nb, chapter_notes=None, exercises_here=(), metrics=None):
             piece_cell = nbformat.v4.new_code_cell("", metadata={"slideshow": {"slide_type": kind}})
             piece_cell.outputs = rendered
             out.append(piece_cell)
+            if piece_notes:
+                out.append(notes_cell("\n\n".join(piece_notes)))
     if out and chapter_notes is not None:
         out.insert(1, notes_cell(chapter_notes.title_slide_notes()))
         out.append(_set(nbformat.v4.new_markdown_cell(chapter_notes.discuss_markdown()), "slide"))
