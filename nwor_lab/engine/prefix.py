@@ -44,6 +44,7 @@ import torch
 
 from nwor_lab.kv.prefix import CachingAllocator, block_hash, chain_hashes
 from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.state.checkpoints import BlockStates
 from nwor_lab.window import Window
 
 HEAD_CACHES: dict[str, type] = {}
@@ -172,10 +173,11 @@ def check_supported(engine) -> None:
     if engine.tree is not None:
         raise ValueError(f"prefix_cache with LabConfig.tree={engine.config.tree!r}: not built for draft trees "
                          f"(a tree's head draft window and path compaction are not covered); use tree='' (chains)")
-    if hasattr(engine.target, "state_spec"):
-        raise ValueError("prefix_cache with a hybrid target: not built; a hit would need the recurrent and conv "
-                         "state at the hit's block boundary (state checkpoints of committed blocks), which the "
-                         "state store does not keep; run a hybrid target without prefix_cache")
+    if engine.states is not None and engine.drafting and not engine.states.commits_accepted_only:
+        raise ValueError(f"prefix_cache with a hybrid target under state_mode={engine.config.state_mode!r}: its live "
+                         f"state keeps rejected drafts' rows, so the state at a block end holds them once any "
+                         f"window has rejected (only blocks before the first rejection could be checkpointed); "
+                         f"use a strategy that commits accepted rows only (stage, snapshots, cow, replay)")
     if engine.config.sliding_window:
         raise ValueError(f"prefix_cache with sliding_window={engine.config.sliding_window}: not built; a ring "
                          f"overwrites its blocks as positions advance, so a block is not final at commit, and "
@@ -208,6 +210,11 @@ class PrefixCaching:
             h = engine.target.config.hidden_size
             self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
             self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
+        self.block_states = None
+        if engine.states is not None:
+            # a hybrid target: the recurrent and conv state at each committed block end, kept beside it
+            self.block_states = BlockStates(engine.states.spec, nb, self.block_size, engine.device)
+            engine.states.block_states = self.block_states
         self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
                            head_rows_recomputed=0, blocks_copied=0, registered=0)
 
@@ -231,6 +238,13 @@ class PrefixCaching:
         c["hit_requests"] += bool(blocks)
         c["recomputed_tokens"] += (len(hits) - len(blocks)) * bs
 
+    def start_state(self, req) -> None:
+        """A hybrid target's request that was just given a cleared state slot: after a hit, the slot
+        starts from the state after the hit's last block (its checkpoint), not an empty prefix."""
+        if self.block_states is not None and req.num_computed:
+            last = req.block_table.blocks[req.num_computed // self.block_size - 1]
+            self.block_states.restore(self.engine.states.store, req.state_slot, last)
+
     def share_blocks(self, blocks: list[int]) -> list[int]:
         for b in blocks:
             self.allocator.share(b)
@@ -248,6 +262,8 @@ class PrefixCaching:
         self.boundary_feature[new].copy_(self.boundary_feature[last])
         token = req.tokens[h]
         self.boundary_token[new] = token
+        if self.block_states is not None:
+            self.block_states.copy(last, new)
         table = blocks[:-1] + [new]
         slot = new * self.block_size + self.block_size - 1
         window = Window.from_counts([1], [0], torch.tensor([slot], dtype=torch.long, device=cache.device))
