@@ -85,6 +85,25 @@ def test_a_hit_restores_the_state_it_would_have(pair, target_only):
         BlockStates.restore = restore
 
 
+@pytest.mark.parametrize("state_mode", EXACT)
+def test_padded_bucket_steps_with_hits(pair, target_only, state_mode):
+    """The decode steps on their bucket's padded buffers (the body a CUDA graph captures, run here
+    without one): the state window in the device layout, its checkpoints gathered on the device."""
+    from nwor_lab.engine.runner import StepRunner
+    target, head = pair
+    e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode), k=3, block_size=BS,
+                   num_blocks=64, max_num_seqs=1, prefix_cache=PrefixCacheConfig())
+    e.runner = StepRunner(e, 1, 1024, capture=False, pad=True)
+    prompts, _ = workload()
+    outs = []
+    for p in prompts:
+        req = e.add_request(p, 12)
+        e.run()
+        outs.append(req.output)
+    assert outs == target_only[:len(prompts)] and e.prefix_stats()["hit_tokens"] >= 30
+    assert e.runner.buckets                                          # the decode steps ran on buckets
+
+
 def test_seeded_sampling_unchanged_by_prefix_caching(pair):
     kw = dict(temperature=0.9, seed=5)
     off = run(pair, 3, "stage", **kw)[0]
