@@ -170,9 +170,6 @@ class PrefixCacheConfig:
 
 def check_supported(engine) -> None:
     """Refuse what prefix caching does not cover here, by name (ValueError)."""
-    if engine.tree is not None:
-        raise ValueError(f"prefix_cache with LabConfig.tree={engine.config.tree!r}: not built for draft trees "
-                         f"(a tree's head draft window and path compaction are not covered); use tree='' (chains)")
     if engine.states is not None and engine.drafting and not engine.states.commits_accepted_only:
         raise ValueError(f"prefix_cache with a hybrid target under state_mode={engine.config.state_mode!r}: its live "
                          f"state keeps rejected drafts' rows, so the state at a block end holds them once any "
@@ -290,7 +287,7 @@ class PrefixCaching:
         if self.boundary_feature is None:
             return
         bs, scratch = self.block_size, self.boundary_token.shape[0] - 1
-        slots = window.slot_mapping
+        slots = window.commit_slots               # where each row lands once accepted (a tree's path: n + depth)
         end = (slots >= 0) & (slots.remainder(bs) == bs - 1) & commit_mask.bool()
         idx = torch.where(end, slots // bs, scratch)
         self.boundary_feature.index_copy_(0, idx, features.to(self.boundary_feature.dtype))
