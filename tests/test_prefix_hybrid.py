@@ -167,3 +167,28 @@ def run_one(pair, state_mode, prompt):
 def test_off_is_refused_while_drafting(pair):
     with pytest.raises(ValueError, match="rejected drafts"):
         run(pair, 3, "off", PrefixCacheConfig())
+
+
+@pytest.mark.parametrize("how", ["recompute", "swap"])
+@pytest.mark.parametrize("state_mode", ["stage", "snapshots"])
+def test_hits_beside_preemption(pair, state_mode, how):
+    """Requests that share a prefix on a cache too small for all of them: a request preempted by
+    recompute is admitted again with hits (its slot restored from the checkpoint), a swapped one gets
+    its own slot back; every request decodes target-only's tokens."""
+    from nwor_lab.engine.preemption import Preemption
+    from test_prefix_preemption import prompts
+
+    def go(k, state_mode, num_blocks, prefix=None, preemption=None):
+        target, head = pair
+        e = SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage", state_mode=state_mode), k=k,
+                       block_size=BS, num_blocks=num_blocks, max_num_seqs=3, prefix_cache=prefix,
+                       preemption=preemption)
+        reqs = [e.add_request(p, 12) for p in prompts()]
+        e.run()
+        return e, [r.output for r in reqs]
+
+    reference = go(0, "auto", 96)[1]
+    e, out = go(3, state_mode, 14, PrefixCacheConfig(), Preemption(how))
+    assert out == reference
+    assert e.preemption_stats.preemptions > 0 and e.prefix_stats()["hit_tokens"] > 0
+    assert sorted(e.free_state_slots) == list(range(3))
