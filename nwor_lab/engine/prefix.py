@@ -29,8 +29,13 @@ Two families of strategies, each a class in a registry (names from the registry)
   token differs, the last hit block is copied to a private block and only the head's boundary row
   is recomputed there, one head row, no target row).
 
-Refused, by name: draft trees, hybrid targets (recurrent state has no checkpoints here), sliding
-windows and rings (`check_supported`).
+Draft trees: the accepted path is compacted to n+1 .. n+a at the commit, so the registered blocks
+hold it; the boundary is kept at each row's committed slot (`window.commit_slots`). Hybrid targets:
+the recurrent and conv state after each committed block end is kept beside the block
+(`state.checkpoints.BlockStates`) and a hit's slot starts from it (`start_state`).
+
+Refused, by name (`check_supported`): sliding windows and rings, and a hybrid target under a state
+strategy whose live state keeps rejected drafts (`off`) while drafting.
 
 The step body's part (`keep_boundary`) is device code with no host sync, so a captured step runs
 it as the eager one does; the lab's CUDA-graph path could not be run where this was written (no
