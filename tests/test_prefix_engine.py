@@ -177,8 +177,6 @@ def _engine(pair, config=LabConfig(), **kw):
 
 
 def test_refused_by_name(pair):
-    with pytest.raises(ValueError, match="recompute"):
-        _engine(pair, prefix_cache=PrefixCacheConfig(head_cache="recompute"))
     with pytest.raises(ValueError, match="sliding_window"):
         _engine(pair, LabConfig(sliding_window=8), prefix_cache=PrefixCacheConfig())
     with pytest.raises(TypeError, match="PrefixCacheConfig"):

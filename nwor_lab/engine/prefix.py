@@ -21,7 +21,8 @@ Two families of strategies, each a class in a registry (names from the registry)
 - `HEAD_CACHES` (what the head's K/V of a hit holds): `cached` (it rides in layer N of the target's
   block: exact), `missing` (the field's failure, SGLang #31600: the head's rows of a cached block
   are dropped when no request holds it, so a later hit reads zeros; tokens stay exact, the target
-  verifies, acceptance falls), `recompute` (registered and refused: see the class).
+  verifies, acceptance falls), `recompute` (private copies of the hit blocks, the head's rows
+  recomputed from a target forward over the hit: exact, costs the forward; refused on hybrids).
 - `LOOKAHEADS` (the boundary row): `drop_last` (vLLM #53670: the last hit block is dropped and
   prefilled again, every hit recomputes a block) and `boundary` (exact at target-only's hit rate:
   the feature f[p] at each committed block's last row and the token its head row read are kept
@@ -76,6 +77,10 @@ class HeadCache:
     def on_idle(self, engine, block: int) -> None:
         """A registered block's last holder left (it stays cached, evictable)."""
 
+    def share(self, caching: "PrefixCaching", req, hits: list[int]) -> list[int] | None:
+        """The blocks `req` starts with when this strategy decides (None: the lookahead decides)."""
+        return None
+
 
 @_register(HEAD_CACHES)
 class CachedHead(HeadCache):
@@ -100,19 +105,23 @@ class MissingHead(HeadCache):
 
 @_register(HEAD_CACHES)
 class RecomputeHead(HeadCache):
-    """Recompute the head's K/V of the hit prefix. Not built, refused at engine build: the head's rows
-    at positions p < h need the target's feature f[p] at every hit position, which only a target
-    forward over the hit produces (the prefill the hit saved) or a store of one hidden-size row per
-    cached token (as large as one more layer of K and V) keeps; and here the head's K/V lives in layer
-    N of the target's shared blocks, so recomputed rows would be written into shared blocks, which
-    are never written. `cached` is exact at no cost in this layout."""
+    """Recompute the head's K/V of the hit: the request gets private copies of its hit blocks, a
+    target forward over the hit prefix gives the features the head reads (its own K/V writes land in
+    those private copies only and are then replaced by the cached blocks' target layers, bit for bit),
+    and the head's rows 0 .. h-1 are written there from them and this prompt's next tokens (its
+    boundary row included, so no lookahead strategy is needed). What a hit saves is then the target's
+    K/V and nothing else: every hit token is a recomputed token, and the hit blocks are not shared
+    (the head's K/V lives in layer N of the same stacked block). Refused on a hybrid target (the
+    forward would advance its recurrent state)."""
     name = "recompute"
 
     def check(self, engine) -> None:
-        raise ValueError("prefix_cache head_cache='recompute' is not built: the head's K/V shares the target's "
-                         "blocks (layer N of one stacked cache), so recomputing it would write shared blocks, and "
-                         "it needs the target's hidden state at every hit position (a target forward over the "
-                         "hit). Use head_cache='cached' (exact) or 'missing' (the field's failure)")
+        if engine.states is not None:
+            raise ValueError("prefix_cache head_cache='recompute' with a hybrid target: the target forward over "
+                             "the hit would advance the recurrent state; use head_cache='cached'")
+
+    def share(self, caching, req, hits):
+        return caching.recompute_head(req, hits) if hits else []
 
 
 # -- the lookahead ----------------------------------------------------------------------------------
@@ -228,7 +237,9 @@ class PrefixCaching:
         bs, tokens = self.block_size, req.tokens
         hashes = chain_hashes(tokens[:len(tokens) - 1], bs)        # the last token always runs
         hits = self.allocator.lookup(hashes)
-        blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
+        blocks = self.head_cache.share(self, req, hits) if self.engine.drafting else None
+        if blocks is None:
+            blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
         req.block_table.blocks = blocks
         req.num_computed = len(blocks) * bs
         self.hashes[req.req_id] = hashes[:len(blocks)]
@@ -282,6 +293,42 @@ class PrefixCaching:
         al.free([last])
         self.counts["head_rows_recomputed"] += 1
         self.counts["blocks_copied"] += 1
+        return new
+
+    def recompute_head(self, req, hits: list[int]) -> list[int]:
+        """Private copies of the hit blocks whose head rows 0 .. h-1 are recomputed (RecomputeHead):
+        one target forward over the hit (features only), one head pass. -> the copies."""
+        e, al, cache, bs = self.engine, self.allocator, self.engine.cache, self.block_size
+        self.share_blocks(hits)                       # held while copied (never evicted for the copies)
+        new = al.allocate(len(hits))
+        h, layer, dev = len(hits) * bs, e.head.layer_index, cache.device
+        positions = list(range(h))
+        slots = torch.tensor([new[p // bs] * bs + p % bs for p in positions], dtype=torch.long, device=dev)
+        window = Window.from_counts([h], [0], slots)
+        hidden = aux = None
+        for pol, layers in ((e.policy, range(0, layer)), (e.drafter.policy, range(layer, layer + 1))):
+            pol.begin(window, layers=layers, kind="recompute")
+            try:
+                md = AttentionMetadata.build(cache, pol, positions, [h], [new], [0], attention=e.config.attention,
+                                             slot_mapping=slots)
+                if hidden is None:                    # the target: the features the head reads
+                    ids = torch.tensor(req.tokens[:h], dtype=torch.long, device=dev)
+                    hidden, aux = e.target.forward_with_aux(ids, md, e.head.aux_layers)
+                else:                                 # the head: row p reads f[p] and this prompt's x[p + 1]
+                    feats = e.head.features_from_target(hidden, aux)
+                    e.head(torch.tensor(req.tokens[1:h + 1], dtype=torch.long, device=dev), feats, md)
+                pol.commit(None)
+            except BaseException:
+                pol.cancel()
+                raise
+        for old, b in zip(hits, new):                 # the target's K/V: the cached blocks' own bits
+            cache.key[:layer, b].copy_(cache.key[:layer, old])
+            cache.value[:layer, b].copy_(cache.value[:layer, old])
+        al.free(hits)
+        c = self.counts
+        c["recomputed_tokens"] += h
+        c["head_rows_recomputed"] += h
+        c["blocks_copied"] += len(hits)
         return new
 
     # -- after a window --------------------------------------------------------------------------
