@@ -70,3 +70,14 @@ def test_recompute_refused_on_a_hybrid_target():
     with pytest.raises(ValueError, match="recompute.*hybrid"):
         SpecEngine(target, toy_hybrid_head(target, 3), LabConfig(nwor_mode="stage", state_mode="stage"), k=3,
                    block_size=4, num_blocks=32, prefix_cache=RECOMPUTE)
+
+
+def test_recompute_with_an_eagle3_head():
+    """EAGLE-3 reads the target's auxiliary layers: the recomputing forward hands them to the head."""
+    from nwor_lab.model.toy import toy_config, toy_eagle3
+    target, _ = toy_pair(2, cfg=toy_config(num_hidden_layers=4))
+    pair3 = (target, toy_eagle3(target, seed=3, draft_vocab_size=12))
+    ref = run(pair3, workload(), k=0)[0]
+    plain = accepted(run(pair3, workload())[1])
+    out, e, _ = run(pair3, workload(), prefix=RECOMPUTE)
+    assert out == ref and accepted(e) == plain and e.prefix_stats()["recomputed_tokens"] > 0

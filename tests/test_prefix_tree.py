@@ -110,3 +110,12 @@ def test_the_boundary_kept_after_a_tree_commit_is_the_path_s(tiny, tree):
     assert st["head_rows_recomputed"] >= 1 and p.hits[1] >= len(prompt) + 2 * BS
     _, _, again_plain, acc_plain = go(None)
     assert again.output == again_plain.output and acc_on == acc_plain
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_trees_with_the_head_recomputed(tiny, target_only, tree):
+    ref, _, only = target_only
+    accepted = run(tiny, 4, "stage", tree)[1]
+    outs, acc, e = run(tiny, 4, "stage", tree, PrefixCacheConfig(head_cache="recompute"))
+    assert outs == ref and acc == accepted
+    assert e.prefix_stats()["recomputed_tokens"] == only.prefix_stats()["hit_tokens"]
