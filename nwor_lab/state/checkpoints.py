@@ -81,8 +81,8 @@ class BlockStates:
         return out
 
     def tap_recur(self, policy, layer: int, grp, state: torch.Tensor, rows: tuple, options: dict):
-        """In place of `policy._run` for the group (same results): stages the state after each of
-        its block-end rows."""
+        """In place of `policy._run` for the group (the same shapes; a prefill runs in segments that
+        end at its block ends, see the module docstring): stages the state after each block-end row."""
         blocks = self.block_ends(policy, grp)
         if grp.keep_from == 0:                   # the recurrence keeps every row's state anyway
             o, kept = policy._run(state, rows, options, keep_from=0)
