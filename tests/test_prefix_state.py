@@ -64,7 +64,8 @@ def test_checkpoints_hold_committed_rows_only(mode, device_layout):
                     st = state.get((layer, slot), torch.zeros(SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim))
                     cv = conv.get((layer, slot), torch.zeros(SPEC.conv_width - 1, SPEC.conv_dim))
                     state[layer, slot] = gated_delta_recurrent_reference(*(c[n][t:t + 1] for n in NAMES), st)[1][0]
-                    conv[layer, slot] = causal_conv_reference(c["x"][t:t + 1], c["weight"], cv)[1][-(SPEC.conv_width - 1):]
+                    history = causal_conv_reference(c["x"][t:t + 1], c["weight"], cv)[1]
+                    conv[layer, slot] = history[-(SPEC.conv_width - 1):]
                 if p % BS == BS - 1:
                     expected[block_of(slot, p)] = [(state[l, slot].clone(), conv[l, slot].clone())
                                                    for l in range(SPEC.num_layers)]

@@ -86,7 +86,7 @@ class BlockStates:
         blocks = self.block_ends(policy, grp)
         if grp.keep_from == 0:                   # the recurrence keeps every row's state anyway
             o, kept = policy._run(state, rows, options, keep_from=0)
-            self._stage_all(policy, "recurrent", layer, grp, blocks, kept)
+            self._stage_all("recurrent", layer, grp, blocks, kept)
             return o, kept
         host = blocks.tolist()
         outs, keeps = [], []
@@ -97,7 +97,7 @@ class BlockStates:
             outs.append(o)
             keeps.append(kept)
             if ends:
-                self._stage_rows(policy, "recurrent", layer, grp, g, [host[g][e] for e in ends], ends,
+                self._stage_rows("recurrent", layer, grp, g, [host[g][e] for e in ends], ends,
                                  torch.cat(at_ends))
         return torch.cat(outs), torch.cat(keeps)
 
@@ -108,14 +108,14 @@ class BlockStates:
         W, s = self.spec.conv_width, blocks.shape[1]
         if grp.keep_from == 0:
             after = history.unfold(1, W - 1, 1)[:, 1:s + 1].transpose(-1, -2)      # [G, s, W-1, C]
-            self._stage_all(policy, "conv", layer, grp, blocks, after)
+            self._stage_all("conv", layer, grp, blocks, after)
             return
         host = blocks.tolist()
         for g in range(grp.count):
             ends = [j for j, b in enumerate(host[g]) if b != self.scratch]
             if ends:
                 after = torch.stack([history[g, e + 1:e + W] for e in ends])
-                self._stage_rows(policy, "conv", layer, grp, g, [host[g][e] for e in ends], ends, after)
+                self._stage_rows("conv", layer, grp, g, [host[g][e] for e in ends], ends, after)
 
     def commit(self, accepted: torch.Tensor) -> None:
         """accepted `[R]` (device): keep each staged row j of request r with j <= first candidate + a_r."""
@@ -165,7 +165,7 @@ class BlockStates:
             start = stop
         return torch.cat(outs, 1), torch.cat(keeps, 1), [after[e] for e in ends]
 
-    def _stage_all(self, policy, table, layer, grp, blocks, values):
+    def _stage_all(self, table, layer, grp, blocks, values):
         """Every row of the group (blocks `[G, s]`, values `[G, s, ...]`)."""
         G, s = blocks.shape
         dev = blocks.device
@@ -175,7 +175,7 @@ class BlockStates:
         self._staged.append((table, layer, blocks.reshape(-1), req.reshape(-1), row.reshape(-1),
                              limit.reshape(-1), values.reshape(G * s, *values.shape[2:])))
 
-    def _stage_rows(self, policy, table, layer, grp, g, blocks, rows, values):
+    def _stage_rows(self, table, layer, grp, g, blocks, rows, values):
         """Request g of the group: `blocks`, `rows` host lists, values `[n, ...]`."""
         dev = values.device
         n = len(rows)

@@ -287,7 +287,7 @@ class StatePolicy:
                 rows = rec.masked(rows, grp.valid)
             if self.block_states is None:
                 og, kept = self._run(self._state_in(layer, grp), rows, options, keep_from=grp.keep_from)
-            else:                                # block ends' states staged; a prefill runs in segments (checkpoints.py)
+            else:                                # block ends staged, a prefill in segments (checkpoints.py)
                 og, kept = self.block_states.tap_recur(self, layer, grp, self._state_in(layer, grp), rows, options)
             self._put_rows(grp, o, og)
             self._state_out(layer, grp, kept, rows, options)
