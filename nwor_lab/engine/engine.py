@@ -218,6 +218,8 @@ class SpecEngine:
                 if r.state_slot is None:           # a new request: a cleared state slot
                     r.state_slot = self.free_state_slots.pop()
                     self.states.store.clear(r.state_slot)
+                    if self.prefix is not None:    # after a prefix hit: the hit's state checkpoint
+                        self.prefix.start_state(r)
         life = self.lifecycle
         life.in_step = requests
         try:

@@ -21,7 +21,8 @@ Two families of strategies, each a class in a registry (names from the registry)
 - `HEAD_CACHES` (what the head's K/V of a hit holds): `cached` (it rides in layer N of the target's
   block: exact), `missing` (the field's failure, SGLang #31600: the head's rows of a cached block
   are dropped when no request holds it, so a later hit reads zeros; tokens stay exact, the target
-  verifies, acceptance falls), `recompute` (registered and refused: see the class).
+  verifies, acceptance falls), `recompute` (private copies of the hit blocks, the head's rows
+  recomputed from a target forward over the hit: exact, costs the forward; refused on hybrids).
 - `LOOKAHEADS` (the boundary row): `drop_last` (vLLM #53670: the last hit block is dropped and
   prefilled again, every hit recomputes a block) and `boundary` (exact at target-only's hit rate:
   the feature f[p] at each committed block's last row and the token its head row read are kept
@@ -29,8 +30,13 @@ Two families of strategies, each a class in a registry (names from the registry)
   token differs, the last hit block is copied to a private block and only the head's boundary row
   is recomputed there, one head row, no target row).
 
-Refused, by name: draft trees, hybrid targets (recurrent state has no checkpoints here), sliding
-windows and rings (`check_supported`).
+Draft trees: the accepted path is compacted to n+1 .. n+a at the commit, so the registered blocks
+hold it; the boundary is kept at each row's committed slot (`window.commit_slots`). Hybrid targets:
+the recurrent and conv state after each committed block end is kept beside the block
+(`state.checkpoints.BlockStates`) and a hit's slot starts from it (`start_state`).
+
+Refused, by name (`check_supported`): sliding windows and rings, and a hybrid target under a state
+strategy whose live state keeps rejected drafts (`off`) while drafting.
 
 The step body's part (`keep_boundary`) is device code with no host sync, so a captured step runs
 it as the eager one does; the lab's CUDA-graph path could not be run where this was written (no
@@ -44,6 +50,7 @@ import torch
 
 from nwor_lab.kv.prefix import CachingAllocator, block_hash, chain_hashes
 from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.state.checkpoints import BlockStates
 from nwor_lab.window import Window
 
 HEAD_CACHES: dict[str, type] = {}
@@ -70,6 +77,10 @@ class HeadCache:
     def on_idle(self, engine, block: int) -> None:
         """A registered block's last holder left (it stays cached, evictable)."""
 
+    def share(self, caching: "PrefixCaching", req, hits: list[int]) -> list[int] | None:
+        """The blocks `req` starts with when this strategy decides (None: the lookahead decides)."""
+        return None
+
 
 @_register(HEAD_CACHES)
 class CachedHead(HeadCache):
@@ -94,19 +105,23 @@ class MissingHead(HeadCache):
 
 @_register(HEAD_CACHES)
 class RecomputeHead(HeadCache):
-    """Recompute the head's K/V of the hit prefix. Not built, refused at engine build: the head's rows
-    at positions p < h need the target's feature f[p] at every hit position, which only a target
-    forward over the hit produces (the prefill the hit saved) or a store of one hidden-size row per
-    cached token (as large as one more layer of K and V) keeps; and here the head's K/V lives in layer
-    N of the target's shared blocks, so recomputed rows would be written into shared blocks, which
-    are never written. `cached` is exact at no cost in this layout."""
+    """Recompute the head's K/V of the hit: the request gets private copies of its hit blocks, a
+    target forward over the hit prefix gives the features the head reads (its own K/V writes land in
+    those private copies only and are then replaced by the cached blocks' target layers, bit for bit),
+    and the head's rows 0 .. h-1 are written there from them and this prompt's next tokens (its
+    boundary row included, so no lookahead strategy is needed). What a hit saves is then the target's
+    K/V and nothing else: every hit token is a recomputed token, and the hit blocks are not shared
+    (the head's K/V lives in layer N of the same stacked block). Refused on a hybrid target (the
+    forward would advance its recurrent state)."""
     name = "recompute"
 
     def check(self, engine) -> None:
-        raise ValueError("prefix_cache head_cache='recompute' is not built: the head's K/V shares the target's "
-                         "blocks (layer N of one stacked cache), so recomputing it would write shared blocks, and "
-                         "it needs the target's hidden state at every hit position (a target forward over the "
-                         "hit). Use head_cache='cached' (exact) or 'missing' (the field's failure)")
+        if engine.states is not None:
+            raise ValueError("prefix_cache head_cache='recompute' with a hybrid target: the target forward over "
+                             "the hit would advance the recurrent state; use head_cache='cached'")
+
+    def share(self, caching, req, hits):
+        return caching.recompute_head(req, hits) if hits else []
 
 
 # -- the lookahead ----------------------------------------------------------------------------------
@@ -169,13 +184,11 @@ class PrefixCacheConfig:
 
 def check_supported(engine) -> None:
     """Refuse what prefix caching does not cover here, by name (ValueError)."""
-    if engine.tree is not None:
-        raise ValueError(f"prefix_cache with LabConfig.tree={engine.config.tree!r}: not built for draft trees "
-                         f"(a tree's head draft window and path compaction are not covered); use tree='' (chains)")
-    if hasattr(engine.target, "state_spec"):
-        raise ValueError("prefix_cache with a hybrid target: not built; a hit would need the recurrent and conv "
-                         "state at the hit's block boundary (state checkpoints of committed blocks), which the "
-                         "state store does not keep; run a hybrid target without prefix_cache")
+    if engine.states is not None and engine.drafting and not engine.states.commits_accepted_only:
+        raise ValueError(f"prefix_cache with a hybrid target under state_mode={engine.config.state_mode!r}: its live "
+                         f"state keeps rejected drafts' rows, so the state at a block end holds them once any "
+                         f"window has rejected (only blocks before the first rejection could be checkpointed); "
+                         f"use a strategy that commits accepted rows only (stage, snapshots, cow, replay)")
     if engine.config.sliding_window:
         raise ValueError(f"prefix_cache with sliding_window={engine.config.sliding_window}: not built; a ring "
                          f"overwrites its blocks as positions advance, so a block is not final at commit, and "
@@ -208,6 +221,11 @@ class PrefixCaching:
             h = engine.target.config.hidden_size
             self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
             self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
+        self.block_states = None
+        if engine.states is not None:
+            # a hybrid target: the recurrent and conv state at each committed block end, kept beside it
+            self.block_states = BlockStates(engine.states.spec, nb, self.block_size, engine.device)
+            engine.states.block_states = self.block_states
         self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
                            head_rows_recomputed=0, blocks_copied=0, registered=0)
 
@@ -219,7 +237,9 @@ class PrefixCaching:
         bs, tokens = self.block_size, req.tokens
         hashes = chain_hashes(tokens[:len(tokens) - 1], bs)        # the last token always runs
         hits = self.allocator.lookup(hashes)
-        blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
+        blocks = self.head_cache.share(self, req, hits) if self.engine.drafting else None
+        if blocks is None:
+            blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
         req.block_table.blocks = blocks
         req.num_computed = len(blocks) * bs
         self.hashes[req.req_id] = hashes[:len(blocks)]
@@ -230,6 +250,13 @@ class PrefixCaching:
         c["hit_tokens"] += req.num_computed
         c["hit_requests"] += bool(blocks)
         c["recomputed_tokens"] += (len(hits) - len(blocks)) * bs
+
+    def start_state(self, req) -> None:
+        """A hybrid target's request that was just given a cleared state slot: after a hit, the slot
+        starts from the state after the hit's last block (its checkpoint), not an empty prefix."""
+        if self.block_states is not None and req.num_computed:
+            last = req.block_table.blocks[req.num_computed // self.block_size - 1]
+            self.block_states.restore(self.engine.states.store, req.state_slot, last)
 
     def share_blocks(self, blocks: list[int]) -> list[int]:
         for b in blocks:
@@ -248,6 +275,8 @@ class PrefixCaching:
         self.boundary_feature[new].copy_(self.boundary_feature[last])
         token = req.tokens[h]
         self.boundary_token[new] = token
+        if self.block_states is not None:
+            self.block_states.copy(last, new)
         table = blocks[:-1] + [new]
         slot = new * self.block_size + self.block_size - 1
         window = Window.from_counts([1], [0], torch.tensor([slot], dtype=torch.long, device=cache.device))
@@ -266,6 +295,42 @@ class PrefixCaching:
         self.counts["blocks_copied"] += 1
         return new
 
+    def recompute_head(self, req, hits: list[int]) -> list[int]:
+        """Private copies of the hit blocks whose head rows 0 .. h-1 are recomputed (RecomputeHead):
+        one target forward over the hit (features only), one head pass. -> the copies."""
+        e, al, cache, bs = self.engine, self.allocator, self.engine.cache, self.block_size
+        self.share_blocks(hits)                       # held while copied (never evicted for the copies)
+        new = al.allocate(len(hits))
+        h, layer, dev = len(hits) * bs, e.head.layer_index, cache.device
+        positions = list(range(h))
+        slots = torch.tensor([new[p // bs] * bs + p % bs for p in positions], dtype=torch.long, device=dev)
+        window = Window.from_counts([h], [0], slots)
+        hidden = aux = None
+        for pol, layers in ((e.policy, range(0, layer)), (e.drafter.policy, range(layer, layer + 1))):
+            pol.begin(window, layers=layers, kind="recompute")
+            try:
+                md = AttentionMetadata.build(cache, pol, positions, [h], [new], [0], attention=e.config.attention,
+                                             slot_mapping=slots)
+                if hidden is None:                    # the target: the features the head reads
+                    ids = torch.tensor(req.tokens[:h], dtype=torch.long, device=dev)
+                    hidden, aux = e.target.forward_with_aux(ids, md, e.head.aux_layers)
+                else:                                 # the head: row p reads f[p] and this prompt's x[p + 1]
+                    feats = e.head.features_from_target(hidden, aux)
+                    e.head(torch.tensor(req.tokens[1:h + 1], dtype=torch.long, device=dev), feats, md)
+                pol.commit(None)
+            except BaseException:
+                pol.cancel()
+                raise
+        for old, b in zip(hits, new):                 # the target's K/V: the cached blocks' own bits
+            cache.key[:layer, b].copy_(cache.key[:layer, old])
+            cache.value[:layer, b].copy_(cache.value[:layer, old])
+        al.free(hits)
+        c = self.counts
+        c["recomputed_tokens"] += h
+        c["head_rows_recomputed"] += h
+        c["blocks_copied"] += len(hits)
+        return new
+
     # -- after a window --------------------------------------------------------------------------
     def keep_boundary(self, window, features: torch.Tensor, next_ids: torch.Tensor, commit_mask: torch.Tensor):
         """In the step body, after the head pass: each committed row at a block's last offset keeps
@@ -274,7 +339,7 @@ class PrefixCaching:
         if self.boundary_feature is None:
             return
         bs, scratch = self.block_size, self.boundary_token.shape[0] - 1
-        slots = window.slot_mapping
+        slots = window.commit_slots               # where each row lands once accepted (a tree's path: n + depth)
         end = (slots >= 0) & (slots.remainder(bs) == bs - 1) & commit_mask.bool()
         idx = torch.where(end, slots // bs, scratch)
         self.boundary_feature.index_copy_(0, idx, features.to(self.boundary_feature.dtype))

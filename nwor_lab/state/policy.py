@@ -177,6 +177,9 @@ class StatePolicy:
         self._conv_done: set[int] = set()
         self._recur_done: set[int] = set()
         self.windows_done = 0
+        # prefix caching on a hybrid target: the states at committed block ends are kept beside the
+        # blocks (a state.checkpoints.BlockStates, set by the engine; None: no checkpoints)
+        self.block_states = None
         # host counters: what the strategy cost (rows recomputed at commit, bytes copied, peak kept)
         self.stats = {"rows_recomputed": 0, "bytes_copied": 0, "bytes_kept_peak": 0}
 
@@ -264,6 +267,8 @@ class StatePolicy:
         for grp in self.groups:
             yg, history = causal_conv_reference(self._rows(grp, x), weight, self._conv_in(layer, grp))
             self._put_rows(grp, y, yg)
+            if self.block_states is not None:
+                self.block_states.tap_conv(self, layer, grp, history)
             self._conv_out(layer, grp, history)
         return y[:x.shape[0]]
 
@@ -280,7 +285,10 @@ class StatePolicy:
             rows = tuple(self._rows(grp, t) for t in inputs)
             if grp.valid is not None:            # rows a request does not have pass its state unchanged
                 rows = rec.masked(rows, grp.valid)
-            og, kept = self._run(self._state_in(layer, grp), rows, options, keep_from=grp.keep_from)
+            if self.block_states is None:
+                og, kept = self._run(self._state_in(layer, grp), rows, options, keep_from=grp.keep_from)
+            else:                                # block ends staged, a prefill in segments (checkpoints.py)
+                og, kept = self.block_states.tap_recur(self, layer, grp, self._state_in(layer, grp), rows, options)
             self._put_rows(grp, o, og)
             self._state_out(layer, grp, kept, rows, options)
         return o[:w.num_tokens]
@@ -294,12 +302,17 @@ class StatePolicy:
         if missing:
             raise StateWindowError(f"commit: layers {missing} were not advanced over the window (conv and "
                                    f"recur); advance them or cancel()")
-        self._commit(self._accepted(w, acceptance))
+        accepted = self._accepted(w, acceptance)
+        if self.block_states is not None:
+            self.block_states.commit(accepted)
+        self._commit(accepted)
         self._finish()
 
     def cancel(self) -> None:
         """Abandon the window: the store ends as `off` would have left it (every row advanced)."""
         w = self._need_window("cancel")
+        if self.block_states is not None:
+            self.block_states.cancel()
         self._cancel(torch.tensor(w.num_draft_tokens, dtype=torch.long, device=self.store.device))
         self._finish()
 

@@ -44,3 +44,36 @@ def test_gpu_prefix_hits_from_graphs_decode_what_eager_does(shipped, mode):
     assert s["hit_requests"] >= 4 and s["hit_tokens"] == e0.prefix_stats()["hit_tokens"]
     g = engine.runner
     assert g.graphed_steps > 0 and g.replays > 0 and (g.prefill_steps + g.mixed_steps) > 0, vars(g)
+
+
+@pytest.mark.parametrize("state_mode", ["stage", "snapshots", "cow", "replay"])
+def test_gpu_hybrid_hits_from_graphs_decode_what_eager_does(state_mode):
+    """A hybrid target (gated DeltaNet + attention): the decode steps replayed from CUDA graphs tap
+    their state window's block ends on the device (state.checkpoints); prompts that share a prefix hit
+    it and start from its state checkpoint. Tokens must be the eager engine's without prefix caching.
+    (Written without a GPU at hand: not run where it was written.)"""
+    from nwor_lab.bench.state import toy_pair
+    from nwor_lab.engine import SpecEngine
+    from nwor_lab.engine.prefix import PrefixCacheConfig
+    target, head = toy_pair(wide=True)
+    target, head = target.cuda(), head.cuda()
+    shared = [(7 * i + 3) % 32 for i in range(33)]                 # the toy's vocabulary is 32
+    prompts = [shared + [i, 10 + i] for i in range(4)] + [shared[:20] + [30, 31, 29]]
+
+    def run(graphs, prefix):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode, scv_mode="graph",
+                                               cuda_graph=graphs), k=3, block_size=16, max_num_seqs=2,
+                       num_blocks=64, prefix_cache=PrefixCacheConfig() if prefix else None)
+        outs = []
+        for p in prompts:                   # one after another: each finds the earlier ones' blocks
+            req = e.add_request(p, 24)
+            e.run()
+            outs.append(req.output)
+        return outs, e
+
+    eager, _ = run(False, False)
+    graphed, e = run(True, True)
+    assert graphed == eager
+    assert e.prefix_stats()["hit_tokens"] == 3 * 32 + 16 and e.prefix.block_states.stats["restored"] == 4
+    if not e.states.capture_off:
+        assert e.runner.graphed_steps > 0
