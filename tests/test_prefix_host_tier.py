@@ -28,11 +28,12 @@ def prompts():
     return first + [list(p) for p in first]
 
 
-def run(pair, *, k=4, mode="stage", prefix=None, temperature=0.0, seed=0, debug=True, num_blocks=SMALL, hook=None):
+def run(pair, *, k=4, mode="stage", prefix=None, temperature=0.0, seed=0, debug=True, num_blocks=SMALL, hook=None,
+        cache_dtype="auto"):
     target, head = pair
     e = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, scv_mode="graph", debug=debug), k=k,
                    block_size=BS, num_blocks=num_blocks, max_num_seqs=1, temperature=temperature, seed=seed,
-                   prefix_cache=prefix)
+                   prefix_cache=prefix, cache_dtype=cache_dtype)
     if hook is not None:
         hook(e)
     reqs = [e.add_request(p, 10) for p in prompts()]
@@ -69,6 +70,15 @@ def test_every_offload_keeps_tokens_target_only_too(pair, reference, offload):
     assert run(pair, prefix=host(offload))[0] == reference
     out, e = run(pair, k=0, prefix=host(offload))
     assert out == reference and e.prefix_stats()["host_hit_tokens"] == 4 * 12
+
+
+@pytest.mark.parametrize("offload", ["target_head", "target_only"])
+def test_an_fp8_cache_travels_as_its_bytes(pair, offload):
+    """fp8 storage goes to the host and back as it is (the per-layer scales stay on the device)."""
+    ref = run(pair, k=0, cache_dtype="fp8_e4m3")[0]
+    out, e = run(pair, prefix=host(offload), cache_dtype="fp8_e4m3")
+    assert out == ref and e.prefix.host.pool.key.dtype == torch.float8_e4m3fn
+    assert e.prefix_stats()["host_hit_requests"] == 4
 
 
 def test_seeded_sampling_unchanged_by_the_host_tier(pair):

@@ -49,7 +49,6 @@ class HostBlockPool:
                      for name, (rshape, rdtype) in (rows or {}).items()}
         self.num_slots = num_slots
         self.slot_of: OrderedDict[bytes, int] = OrderedDict()
-        self._hash_in: dict[int, bytes] = {}
         self._free = list(range(num_slots - 1, -1, -1))
         self.held: set[int] = set()
         self.on_drop = on_drop
@@ -90,7 +89,6 @@ class HostBlockPool:
             if self.on_drop is not None:
                 self.on_drop(old)
         self.slot_of[h] = slot
-        self._hash_in[slot] = h
         return slot
 
     def hold(self, slots: Iterable[int]) -> None:
