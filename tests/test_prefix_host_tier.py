@@ -96,7 +96,7 @@ def record_round_trips(e, seen):
     """Wrap the tier: every evicted block's bytes (all layers, boundary rows) as they were on the
     device, and every restored block's bytes once it is back, by hash."""
     tier, cache = e.prefix.host, e.cache
-    rows = lambda b: [t[b].clone() for t, _ in tier.all_rows.values()]              # noqa: E731
+    rows = lambda b: [t.select(d, b).clone() for t, d, _ in tier.all_rows.values()]  # noqa: E731
     whole = lambda b: [cache.key[:, b].clone(), cache.value[:, b].clone()] + rows(b)  # noqa: E731
     evict, restore = tier.on_evict, tier._restore
 

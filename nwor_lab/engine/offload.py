@@ -70,7 +70,7 @@ class Offload:
 
     def rows(self, caching) -> list[str]:
         """Names of the per-block row stores kept (`HostTier.block_rows`)."""
-        return list(caching_rows(caching)) if self.keeps_head else []
+        return list(caching_rows(caching)) if self.keeps_head else []     # (the hook: state rows by keeps_state)
 
 
 @_register
@@ -89,19 +89,30 @@ class TargetHead(Offload):
 
 @_register
 class TargetHeadState(TargetHead):
-    """`target_head` plus a hybrid target's state checkpoint at the block's end. The hook: once state
-    checkpoints indexed by block id exist, `rows` names them and `caching_rows` returns them, and
-    `check` stops refusing hybrid targets."""
+    """`target_head` plus a hybrid target's state checkpoint at the block's end. The hook, once state
+    checkpoints at block ends land (`state.checkpoints.BlockStates` on the prefix cache: `recurrent`
+    and `conv`, `[L, NB + 1, ...]`): `caching_rows` adds them as `(tensor, 1, 0.0)` row stores,
+    `Offload.rows` keeps them only when `keeps_state`, and `check` refuses hybrid targets for the
+    strategies that do not keep the state (a hybrid's state is the target's: without it the tokens
+    change, not only the acceptance) and lets this one through."""
     name = "target_head_state"
     keeps_state = True
 
 
-def caching_rows(caching) -> dict[str, tuple[torch.Tensor, float]]:
-    """The per-block row stores prefix caching keeps beside its blocks (device tensors indexed by
-    block id) with the value a row holds when unknown: the boundary lookahead's feature and token."""
+def caching_rows(caching) -> dict[str, tuple[torch.Tensor, int, float]]:
+    """The per-block row stores prefix caching keeps beside its blocks: name -> (device tensor, the
+    dimension indexed by block id, the value a row holds when unknown). Here the boundary lookahead's
+    feature and token; a hybrid's state checkpoints (`[L, NB + 1, ...]`, block dim 1) join them
+    through the hook in `TargetHeadState`."""
     if caching.boundary_feature is None:
         return {}
-    return {"boundary_feature": (caching.boundary_feature, 0.0), "boundary_token": (caching.boundary_token, -1)}
+    return {"boundary_feature": (caching.boundary_feature, 0, 0.0), "boundary_token": (caching.boundary_token, 0, -1)}
+
+
+def _row(store: tuple[torch.Tensor, int, float], block: int) -> torch.Tensor:
+    """`block`'s row of a row store (a view)."""
+    t, dim, _ = store
+    return t.select(dim, block)
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -126,7 +137,7 @@ class HostTier:
         self.kept_rows = self.strategy.rows(caching)
         self.pool = HostBlockPool(host_blocks, (self.num_layers, spec.block_size, spec.num_kv_heads, spec.head_size),
                                   spec.storage_dtype,
-                                  {n: (tuple(self.all_rows[n][0].shape[1:]), self.all_rows[n][0].dtype)
+                                  {n: (tuple(_row(self.all_rows[n], 0).shape), self.all_rows[n][0].dtype)
                                    for n in self.kept_rows},
                                   pin=cache.device.type == "cuda", on_drop=self._on_drop)
         self.copier = BlockCopier(cache.device)
@@ -148,7 +159,7 @@ class HostTier:
             return
         cache, n = self.engine.cache, self.num_layers
         pairs = [(pool.key[slot], cache.key[:n, block]), (pool.value[slot], cache.value[:n, block])]
-        pairs += [(pool.rows[name][slot], self.all_rows[name][0][block]) for name in self.kept_rows]
+        pairs += [(pool.rows[name][slot], _row(self.all_rows[name], block)) for name in self.kept_rows]
         if self.debug:
             self.digests[h] = self._stores(block)
         self.copier.copy(pairs)
@@ -206,10 +217,10 @@ class HostTier:
         pairs, fills = [], []
         for (slot, _), b in zip(slots, blocks):
             pairs += [(cache.key[:n, b], pool.key[slot]), (cache.value[:n, b], pool.value[slot])]
-            pairs += [(self.all_rows[name][0][b], pool.rows[name][slot]) for name in self.kept_rows]
+            pairs += [(_row(self.all_rows[name], b), pool.rows[name][slot]) for name in self.kept_rows]
             if n < cache.spec.num_layers:              # dropped layers: zeros, not a stale holder's rows
                 fills += [(cache.key[n:, b], 0.0), (cache.value[n:, b], 0.0)]
-            fills += [(t[b], value) for name, (t, value) in self.all_rows.items() if name not in self.kept_rows]
+            fills += [(_row(store, b), store[2]) for name, store in self.all_rows.items() if name not in self.kept_rows]
         self.copier.copy(pairs, fills)
         if self.debug:
             for (slot, h), b in zip(slots, blocks):
@@ -234,7 +245,7 @@ class HostTier:
         if n > nt:
             out["head layers"] = _digest(torch.stack([cache.key[nt:n, block], cache.value[nt:n, block]]))
         for name in self.kept_rows:
-            out[name] = _digest(self.all_rows[name][0][block])
+            out[name] = _digest(_row(self.all_rows[name], block))
         return out
 
     def count_hit(self, restored: list[int], kept: int, block_size: int) -> None:
