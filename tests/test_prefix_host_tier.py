@@ -182,3 +182,18 @@ def test_hybrid_target_refused_with_the_host_tier():
     from nwor_lab.model.toy import toy_hybrid
     with pytest.raises(ValueError, match="hybrid"):
         TargetHeadState().check(type("E", (), {"target": toy_hybrid(0)})())
+
+
+@pytest.mark.parametrize("preempt", ["recompute", "swap"])
+@pytest.mark.parametrize("mode", ["off", "stage"])
+def test_host_tier_beside_preemption(pair, mode, preempt):
+    """Requests sharing a system prompt preempted in a cache too small for the batch: blocks go to the
+    host and come back while others are preempted and resumed; tokens stay target-only's, and every
+    block is free again at the end."""
+    from nwor_lab.engine.preemption import Preemption
+    from test_prefix_preemption import SMALL as NB, decode
+    ref = decode(pair, k=0)[1]
+    e, out = decode(pair, mode=mode, num_blocks=NB, prefix=host(n=32), preemption=Preemption(preempt))
+    s = e.prefix_stats()
+    assert out == ref and e.preemption_stats.preemptions > 0 and s["host_offloads"] > 0
+    assert e.scheduler.allocator.num_free == NB and not e.prefix.host.pool.held
