@@ -17,6 +17,7 @@ def tiny():
     return load_tiny()
 
 
+@pytest.mark.slow
 def test_offload_strategies_after_a_host_hit(tiny):
     texts = PROMPTS + PROMPTS
     n = len(PROMPTS)

@@ -116,7 +116,8 @@ def _row(store: tuple[torch.Tensor, int, float], block: int) -> torch.Tensor:
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.blake2b(t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes(), digest_size=8).hexdigest()
+    raw = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 class HostTier:
