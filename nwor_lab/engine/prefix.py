@@ -29,15 +29,15 @@ Two families of strategies, each a class in a registry (names from the registry)
   token differs, the last hit block is copied to a private block and only the head's boundary row
   is recomputed there, one head row, no target row).
 
-A host tier (`host_blocks`, `offload`: nwor_lab.engine.offload) keeps evicted cached blocks in host
-memory and brings them back on a hit.
-
 Refused, by name: draft trees, hybrid targets (recurrent state has no checkpoints here), sliding
 windows and rings (`check_supported`).
 
 The step body's part (`keep_boundary`) is device code with no host sync, so a captured step runs
 it as the eager one does; the lab's CUDA-graph path could not be run where this was written (no
 GPU): the captured path is untested here. The boundary fix-up at admission is an eager head pass.
+
+A host tier (`host_blocks`, `offload`: nwor_lab.engine.offload) keeps evicted cached blocks in host
+memory and brings them back on a hit.
 """
 from __future__ import annotations
 
@@ -219,10 +219,10 @@ class PrefixCaching:
             h = engine.target.config.hidden_size
             self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
             self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
-        # the host tier (off when host_blocks is 0): evicted cached blocks go to host memory (engine.offload)
-        self.host = HostTier(self, config.host_blocks, config.offload) if config.host_blocks else None
         self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
                            head_rows_recomputed=0, blocks_copied=0, registered=0)
+        # the host tier (off when host_blocks is 0): evicted cached blocks go to host memory (engine.offload)
+        self.host = HostTier(self, config.host_blocks, config.offload) if config.host_blocks else None
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req) -> None:
