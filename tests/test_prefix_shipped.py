@@ -19,12 +19,12 @@ def tiny():
     return load_tiny()
 
 
-def run(tiny, texts, prefix=None, k=4, new=32):
+def run(tiny, texts, prefix=None, k=4, new=32, num_blocks=256):
     """Requests one after another (each finds the ones before it cached, and idle).
     -> (outputs, per-request acceptance length, engine)."""
     target, head, tok = tiny
     e = SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage", scv_mode="graph"), k=k,
-                   block_size=BS, num_blocks=256, max_num_seqs=1, prefix_cache=prefix)
+                   block_size=BS, num_blocks=num_blocks, max_num_seqs=1, prefix_cache=prefix)
     reqs = [e.add_request(tok.encode(t).ids, new) for t in texts]
     e.run()
     acc = {r.req_id: [] for r in reqs}

@@ -41,6 +41,9 @@ strategy whose live state keeps rejected drafts (`off`) while drafting.
 The step body's part (`keep_boundary`) is device code with no host sync, so a captured step runs
 it as the eager one does; the lab's CUDA-graph path could not be run where this was written (no
 GPU): the captured path is untested here. The boundary fix-up at admission is an eager head pass.
+
+A host tier (`host_blocks`, `offload`: nwor_lab.engine.offload) keeps evicted cached blocks in host
+memory and brings them back on a hit.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nwor_lab.engine.offload import OFFLOADS, HostTier
 from nwor_lab.kv.prefix import CachingAllocator, block_hash, chain_hashes
 from nwor_lab.model.attention import AttentionMetadata
 from nwor_lab.state.checkpoints import BlockStates
@@ -171,15 +175,22 @@ class KeepBoundary(Lookahead):
 # -- settings and the engine's part ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrefixCacheConfig:
-    """Prefix caching's settings: `head_cache` one of HEAD_CACHES, `lookahead` one of LOOKAHEADS."""
+    """Prefix caching's settings: `head_cache` one of HEAD_CACHES, `lookahead` one of LOOKAHEADS;
+    `host_blocks` block slots of host memory that evicted cached blocks go to (0: no host tier) and
+    `offload` what goes with them, one of engine.offload.OFFLOADS."""
     head_cache: str = "cached"
     lookahead: str = "boundary"
+    host_blocks: int = 0
+    offload: str = "target_head"
 
     def __post_init__(self):
-        for field, table in (("head_cache", HEAD_CACHES), ("lookahead", LOOKAHEADS)):
+        for field, table in (("head_cache", HEAD_CACHES), ("lookahead", LOOKAHEADS), ("offload", OFFLOADS)):
             value = getattr(self, field)
             if value not in table:
                 raise ValueError(f"PrefixCacheConfig.{field}={value!r}: choose one of {', '.join(table)}")
+        if isinstance(self.host_blocks, bool) or not isinstance(self.host_blocks, int) or self.host_blocks < 0:
+            raise ValueError(f"PrefixCacheConfig.host_blocks={self.host_blocks!r}: a number of host block slots, "
+                             f">= 0 (0: no host tier)")
 
 
 def check_supported(engine) -> None:
@@ -212,7 +223,7 @@ class PrefixCaching:
             self.head_cache.check(engine)
         self.block_size = engine.cache.spec.block_size
         nb = engine.cache.spec.num_blocks
-        self.allocator = CachingAllocator(nb, on_idle=self._on_idle)
+        self.allocator = CachingAllocator(nb, on_idle=self._on_idle, on_evict=self._on_evict)
         self.hashes: dict[int, list[bytes]] = {}      # request id -> hashes of its leading full blocks
         self.hits: dict[int, int] = {}                 # request id -> its hit tokens (what a bench splits by)
         self.boundary_feature = self.boundary_token = None
@@ -228,6 +239,8 @@ class PrefixCaching:
             engine.states.block_states = self.block_states
         self.counts = dict(prompt_tokens=0, hit_tokens=0, requests=0, hit_requests=0, recomputed_tokens=0,
                            head_rows_recomputed=0, blocks_copied=0, registered=0)
+        # the host tier (off when host_blocks is 0): evicted cached blocks go to host memory (engine.offload)
+        self.host = HostTier(self, config.host_blocks, config.offload) if config.host_blocks else None
 
     # -- admission ------------------------------------------------------------------------------
     def admit(self, req) -> None:
@@ -237,9 +250,15 @@ class PrefixCaching:
         bs, tokens = self.block_size, req.tokens
         hashes = chain_hashes(tokens[:len(tokens) - 1], bs)        # the last token always runs
         hits = self.allocator.lookup(hashes)
+        restored = []
+        if self.host is not None:       # hits past the device's from host memory, held until shared below
+            hits, restored = self.host.extend_hits(hashes, hits)
         blocks = self.head_cache.share(self, req, hits) if self.engine.drafting else None
         if blocks is None:
             blocks = self.lookahead.share(self, req, hits) if self.engine.drafting else self.share_blocks(hits)
+        if self.host is not None:
+            self.allocator.free(hits)
+            self.host.count_hit(restored, len(blocks), bs)
         req.block_table.blocks = blocks
         req.num_computed = len(blocks) * bs
         self.hashes[req.req_id] = hashes[:len(blocks)]
@@ -359,6 +378,10 @@ class PrefixCaching:
     def forget(self, req) -> None:
         self.hashes.pop(req.req_id, None)
 
+    def _on_evict(self, block: int, h: bytes) -> None:
+        if self.host is not None:
+            self.host.on_evict(block, h)
+
     def _on_idle(self, block: int) -> None:
         if self.engine.head is not None:
             self.head_cache.on_idle(self.engine, block)
@@ -374,4 +397,6 @@ class PrefixCaching:
         c["cached_blocks"] = self.allocator.num_cached
         c["hit_rate"] = c["hit_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
         c["head_cache"], c["lookahead"] = self.config.head_cache, self.config.lookahead
+        if self.host is not None:
+            c.update(self.host.stats())
         return c

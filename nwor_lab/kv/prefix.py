@@ -61,11 +61,12 @@ class CachingAllocator(BlockAllocator):
     - `idle`: registered blocks nobody holds, least recently released first (evicted first). A
       request frees its blocks last-first, so its tail leaves before its head (vLLM's order).
     - `num_free` counts idle blocks: they are free space that happens to remember something.
-    `on_idle(block)` is called when a registered block's last holder frees it, `on_evict(block)` when
-    an idle block is taken back (its hash already forgotten).
+    `on_idle(block)` is called when a registered block's last holder frees it, `on_evict(block, h)`
+    when an idle block is taken back (its hash `h` already forgotten, its bytes not yet overwritten:
+    a host tier copies them out here).
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[int], None] | None = None,
+    def __init__(self, num_blocks: int, on_evict: Callable[[int, bytes], None] | None = None,
                  on_idle: Callable[[int], None] | None = None):
         super().__init__(num_blocks)
         self.refs: dict[int, int] = {}
@@ -98,10 +99,10 @@ class CachingAllocator(BlockAllocator):
                 self._used.add(b)
             else:
                 b, _ = self.idle.popitem(last=False)       # least recently released first
-                self._forget(b)
+                h = self._forget(b)
                 self.evictions += 1
                 if self.on_evict is not None:
-                    self.on_evict(b)
+                    self.on_evict(b, h)
             self.refs[b] = 1
             out.append(b)
         return out
@@ -156,5 +157,7 @@ class CachingAllocator(BlockAllocator):
             out.append(b)
         return out
 
-    def _forget(self, block: int) -> None:
-        del self.block_of[self.hash_of.pop(block)]
+    def _forget(self, block: int) -> bytes:
+        h = self.hash_of.pop(block)
+        del self.block_of[h]
+        return h
