@@ -287,7 +287,11 @@ class SpecEngine:
         tree = result.inputs.tree is not None
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
         dropped = self.lifecycle.dropped   # aborted or preempted while the step ran: not advanced
-        live = [a + 1 < r.remaining and r.req_id not in dropped for r, a in zip(requests, result.accepted)]
+        # a chunk of a chunked prefill that is not the prompt's last: its rows are committed, it emits
+        # nothing and gets no drafts (the body drafted none: its draft limit was 0)
+        chunked = [c >= 0 for c in h.get("chunk_next", [-1] * len(requests))]
+        live = [a + 1 < r.remaining and r.req_id not in dropped and not c
+                for r, a, c in zip(requests, result.accepted, chunked)]
         record = self.runner.records(result, requests)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [], record)
@@ -295,7 +299,12 @@ class SpecEngine:
             host_window, acceptance = host_tree_window(h, result)
             entry.path_ranks = path_ranks(h, result)
         for i, r in enumerate(requests):
+            r.chunk = None                 # the scheduler sets the next step's
             if r.req_id in dropped:
+                entry.emitted.append([])
+                continue
+            if chunked[i]:
+                r.num_computed = h["ctx"][i] + h["qlens"][i]
                 entry.emitted.append([])
                 continue
             a = result.accepted[i]
