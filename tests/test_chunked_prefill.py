@@ -161,6 +161,21 @@ def test_recompute_of_a_request_over_the_budget_rechunks(pair, reference, mode):
     assert stats.recomputed_tokens == sum(p + n for p, n in seen)
 
 
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_a_request_swapped_between_its_chunks_resumes_them(pair, reference, mode):
+    seen = []
+
+    def watch(e):
+        hook = e.scheduler.on_preempt
+        e.scheduler.on_preempt = lambda r: (seen.append((r.is_prefill, r.num_computed)), hook(r))
+
+    out, e = decode(pair, mode=mode, budget=3, num_blocks=11, preemption=Preemption("swap"), setup=watch)
+    stats = e.preemption_stats
+    assert out == reference and stats.recomputed_tokens == 0
+    assert any(prefill and n > 0 for prefill, n in seen)        # preempted with part of its prompt computed
+    assert stats.swapped_in_bytes == stats.swapped_out_bytes > 0
+
+
 @pytest.mark.parametrize("state_mode", ["snapshots", "cow", "replay", "stage"])
 def test_a_hybrid_target_carries_its_state_across_chunks(state_mode):
     """Gated DeltaNet + attention: each chunk starts from the state the previous chunk committed.

@@ -20,6 +20,10 @@ blocks do not fit, the scheduler preempts the newest running request by recomput
 (`SpecEngine(..., preemption=Preemption("swap"))`, counted in `preemption_stats`);
 `engine.abort(req_id)` and `engine.preempt(req_id)` work between steps and while a window is open.
 
+Chunked prefill (nwor_lab.engine.scheduler): a prefill gets what is left of the step's token budget,
+so a prompt longer than `max_num_batched_tokens` runs in chunks beside the others' windows; a chunk
+that is not the prompt's last commits its rows and emits nothing (`Request.chunk_next`).
+
 Sliding windows (`LabConfig.sliding_window`, `kv_ring`; nwor_lab.engine.ring): every layer attends
 the last W positions, each request's cache is a ring of `sliding.ring_slots` slots (or the whole
 context), the guard cuts drafts that could evict a needed position, and debug mode checks every
