@@ -95,8 +95,8 @@ class Request:
     @property
     def is_prefill(self) -> bool:
         """More than t_last is still to compute: a new request, one whose prompt prefix came from the
-        prefix cache (num_computed = the hit length, a whole number of blocks), or one whose computed
-        positions were given up (num_computed set back)."""
+        prefix cache (num_computed = the hit length, a whole number of blocks), one whose computed
+        positions were given up (num_computed set back), or one part way through a chunked prefill."""
         return self.num_computed < max(len(self.prompt), len(self.tokens) - 1)
 
     @property
