@@ -216,3 +216,34 @@ def test_tree_windows_after_chunked_prefills(pair):
     ref, _ = decode(pair, k=0)
     out, e = decode(pair, budget=8, cfg=dict(tree="topk=2,depth=2,nodes=4"))
     assert out == ref and chunks(e) > 0
+
+
+class DropChunk:
+    """Preempts or aborts request `rid` while one of its chunks (not the last) is open, at `phase`."""
+
+    def __init__(self, engine, rid: int, phase: str, what: str):
+        self.engine, self.rid, self.phase, self.what, self.done = engine, rid, phase, what, False
+
+    def on_phase(self, ev):
+        e = self.engine
+        if self.done or ev.kind != "verify" or ev.phase != self.phase:
+            return
+        r = next((r for r in e.lifecycle.stepping() if r.req_id == self.rid), None)
+        if r is not None and r.num_computed > 0 and r.chunk_next() >= 0:
+            self.done = True
+            (e.preempt if self.what == "preempt" else e.abort)(self.rid)
+
+
+@pytest.mark.parametrize("what", ["preempt", "abort"])
+@pytest.mark.parametrize("phase", ["begin", "commit"])
+def test_a_chunk_dropped_while_its_window_is_open(pair, reference, what, phase):
+    """Preempted (recompute) or aborted mid-chunk, before or at the commit: the others decode their
+    tokens, a preempted request re-prefills and decodes its own, an aborted one emitted nothing."""
+    drop = []
+    out, e = decode(pair, budget=BUDGET, preemption=Preemption("recompute"),
+                    setup=lambda e: (drop.append(DropChunk(e, 1, phase, what)), e.observers.append(drop[0])))
+    assert drop[0].done
+    if what == "preempt":
+        assert out == reference and e.preemption_stats.dropped_windows == 1
+    else:
+        assert out[1] == [] and out[:1] + out[2:] == reference[:1] + reference[2:]
