@@ -247,3 +247,23 @@ def test_a_chunk_dropped_while_its_window_is_open(pair, reference, what, phase):
         assert out == reference and e.preemption_stats.dropped_windows == 1
     else:
         assert out[1] == [] and out[:1] + out[2:] == reference[:1] + reference[2:]
+
+
+def test_generate_takes_prefix_caching_and_preemption(pair):
+    """`generate(..., prefix_cache=, preemption=)` (engine keywords): `summary()` reports both; a long
+    prompt is chunked under a small budget; a wrong type is refused before anything is built."""
+    from nwor_lab.engine import generate
+    target, head = pair
+    ps = prompts(lens=(22, 3))
+    ps[1] = ps[0][:16] + ps[1]
+    kw = dict(target=target, head=head, k=4, block_size=4, max_num_seqs=1, max_num_batched_tokens=5)
+    plain = generate(ps, 8, **kw).summary()
+    assert plain["prefix_cache"] is None and plain["preemption"]["mode"] == "recompute"
+    res = generate(ps, 8, **kw, prefix_cache=PrefixCacheConfig(lookahead="drop_last"), preemption=Preemption("swap"))
+    s = res.summary()
+    assert s["prefix_cache"]["hit_tokens"] > 0 and s["prefix_cache"]["lookahead"] == "drop_last"
+    assert s["preemption"]["mode"] == "swap" and res.token_ids == generate(ps, 8, **{**kw, "k": 0}).token_ids
+    with pytest.raises(TypeError, match="prefix_cache: expected a PrefixCacheConfig"):
+        generate(ps, 8, **kw, prefix_cache="cached")
+    with pytest.raises(TypeError, match="preemption: expected"):
+        generate(ps, 8, **kw, preemption="swap")
