@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from nwor_lab.commandline import args as types
-from nwor_lab.commandline.errors import PROG, LabArgumentParser
+from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError
 from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, SCV_MODES, nwor_modes, state_modes
 
 SEPARATOR = "-" * 60
@@ -119,7 +119,6 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
 def block_options(args) -> dict:
     """`prefix_cache` and `preemption` for the engine from the flags (absent ones: the engine's
     defaults); --head-cache / --lookahead without --prefix-cache are refused (UsageError)."""
-    from nwor_lab.commandline.errors import UsageError
     from nwor_lab.engine.preemption import Preemption
     from nwor_lab.engine.prefix import PrefixCacheConfig
     strategies = {f: v for f, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v is not None}
