@@ -169,3 +169,30 @@ def test_generate_engine_limits_are_flags(capsys):
 def test_generate_truncate_prompt(capsys):
     assert main(["generate", "abc " * 600, "--max-new-tokens", "4", "--truncate-prompt", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == 4
+
+
+def test_generate_a_small_cache_preempts_and_says_so(capsys):
+    """A cache too small for the batch used to be refused at admission: now the newest request is
+    preempted (recompute by default; a 4-token budget also chunks every prompt) and the summary says so."""
+    argv = ["generate", "def f(x):", "import os", "class A:", "--k", "2", "--max-new-tokens", "24",
+            "--num-blocks", "6", "--block-size", "8", "--max-num-batched-tokens", "4", "--no-stream"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("-" * 60) == 3 and "preemption (recompute): " in out and " 0 preempted" not in out
+    assert main(argv + ["--preemption", "swap", "--json"]) == 0
+    pre = json.loads(capsys.readouterr().out)["preemption"]
+    assert pre["mode"] == "swap" and pre["preemptions"] > 0 and pre["swapped_in_bytes"] == pre["swapped_out_bytes"] > 0
+
+
+def test_generate_prefix_cache_flags(capsys):
+    prompts = ["def fibonacci(n): return n", "def fibonacci(n): return n"]
+    base = ["generate", *prompts, "--k", "2", "--max-new-tokens", "6", "--block-size", "4", "--max-num-seqs", "1"]
+    assert main(base + ["--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["prefix_cache"] is None
+    assert main(base + ["--prefix-cache", "--lookahead", "drop_last", "--json"]) == 0
+    cached = json.loads(capsys.readouterr().out)
+    pc = cached["prefix_cache"]
+    assert cached["token_ids"] == plain["token_ids"] and pc["lookahead"] == "drop_last" and pc["hit_tokens"] > 0
+    assert main(base + ["--prefix-cache", "--no-stream"]) == 0
+    assert "prefix cache (cached, boundary): " in capsys.readouterr().out

@@ -7,7 +7,13 @@ policy cancels it; nothing of it is emitted), prints what was generated and the 
 far, and exits 130.
 Every engine limit it enforces is a flag: --max-num-seqs, --max-num-batched-tokens, --num-blocks,
 --block-size, --max-cache-memory; prompt + --max-new-tokens must fit the model's positions
-(--truncate-prompt keeps each prompt's last tokens that fit instead).
+(--truncate-prompt keeps each prompt's last tokens that fit instead). A prompt longer than
+--max-num-batched-tokens is prefilled in chunks beside the other requests' windows.
+
+Blocks that outlive a request: --prefix-cache shares committed blocks across the prompts (with
+--head-cache and --lookahead, the strategies of nwor_lab.engine.prefix); when the cache runs out
+the newest request is preempted (--preemption recompute or swap) instead of refused. The summary
+prints both (`prefix_cache`, `preemption` in --json).
 
 Sliding windows: --sliding-window W (every layer attends the last W positions) with --kv-ring
 (how each request's cache is kept: ring / slack / full / guard / auto, see LabConfig) and --nwor
@@ -20,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from nwor_lab.commandline import args as types
-from nwor_lab.commandline.errors import PROG, LabArgumentParser
+from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError
 from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, SCV_MODES, nwor_modes, state_modes
 
 SEPARATOR = "-" * 60
@@ -30,10 +36,13 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
          "max_num_batched_tokens": "--max-num-batched-tokens", "num_blocks": "--num-blocks",
          "block_size": "--block-size", "max_cache_memory": "--max-cache-memory", "cache_dtype": "--cache-dtype",
          "truncate_prompts=True": "--truncate-prompt", "k=": "--k=", "temperature=": "--temperature=",
-         "seed=": "--seed=", "prompts[": "prompt[", "kv_ring='full'": "--kv-ring full"}
+         "seed=": "--seed=", "prompts[": "prompt[", "kv_ring='full'": "--kv-ring full",
+         "prefix_cache": "--prefix-cache", "head_cache=": "--head-cache=", "lookahead=": "--lookahead="}
 
 
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    from nwor_lab.engine.preemption import PREEMPTION_MODES
+    from nwor_lab.engine.prefix import HEAD_CACHES, LOOKAHEADS
     p = p or LabArgumentParser(prog=prog, description="Speculative decoding with the shipped tiny Llama + EAGLE "
                                                       "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("prompts", nargs="+", type=types.prompt, help="one or more prompts (batched together)")
@@ -79,7 +88,7 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     limits.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8,
                         help="requests in one window (default 8)")
     limits.add_argument("--max-num-batched-tokens", type=types.int_at_least(1), default=1024,
-                        help="tokens in one verify window; a prompt must fit (prefills are not chunked)")
+                        help="tokens in one verify window; a longer prompt is prefilled in chunks")
     limits.add_argument("--num-blocks", type=types.int_at_least(1), default=None,
                         help="KV cache blocks (default: what the prompts need)")
     limits.add_argument("--block-size", type=types.int_at_least(1), default=16, help="tokens per KV block")
@@ -87,12 +96,56 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         help="refuse a KV cache larger than this, e.g. 512M, 2GiB (always: the free memory)")
     limits.add_argument("--truncate-prompt", action="store_true",
                         help="keep each prompt's last tokens that fit the model's positions instead of failing")
+    blocks = p.add_argument_group("blocks that outlive a request")
+    blocks.add_argument("--prefix-cache", action="store_true",
+                        help="share committed blocks across requests (a prompt's cached prefix is not prefilled again)")
+    blocks.add_argument("--head-cache", choices=tuple(HEAD_CACHES), default=None, metavar="NAME",
+                        help=f"with --prefix-cache, what the draft head's K/V of a hit holds: {', '.join(HEAD_CACHES)} "
+                             f"(default cached)")
+    blocks.add_argument("--lookahead", choices=tuple(LOOKAHEADS), default=None, metavar="NAME",
+                        help=f"with --prefix-cache, the head's row at a hit's boundary: {', '.join(LOOKAHEADS)} "
+                             f"(default boundary)")
+    blocks.add_argument("--preemption", choices=PREEMPTION_MODES, default=None,
+                        help="when the KV cache runs out, preempt the newest request: recompute (free its blocks, "
+                             "prefill again; default) or swap (copy its blocks to host memory and back)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     out.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
                      help="print text as it is produced (default: on when stdout is a terminal)")
     out.add_argument("--traceback", action="store_true", help="on an error, show the Python stack too")
     return p
+
+
+def block_options(args) -> dict:
+    """`prefix_cache` and `preemption` for the engine from the flags (absent ones: the engine's
+    defaults); --head-cache / --lookahead without --prefix-cache are refused (UsageError)."""
+    from nwor_lab.engine.preemption import Preemption
+    from nwor_lab.engine.prefix import PrefixCacheConfig
+    strategies = {f: v for f, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v is not None}
+    if strategies and not args.prefix_cache:
+        flag = "--" + next(iter(strategies)).replace("_", "-")
+        raise UsageError(f"{flag}: a prefix-caching strategy; add --prefix-cache")
+    out = {}
+    if args.prefix_cache:
+        out["prefix_cache"] = PrefixCacheConfig(**strategies)
+    if args.preemption is not None:
+        out["preemption"] = Preemption(args.preemption)
+    return out
+
+
+def blocks_line(summary: dict) -> str | None:
+    """One line on prefix caching and preemption (from `GenerationResult.summary()`), or None when
+    prefix caching is off and nothing was preempted or aborted."""
+    pc, pre = summary.get("prefix_cache"), summary.get("preemption")
+    parts = []
+    if pc is not None:
+        parts.append(f"prefix cache ({pc['head_cache']}, {pc['lookahead']}): {pc['hit_tokens']} of "
+                     f"{pc['prompt_tokens']} prompt tokens hit ({pc['hit_rate']:.0%}), {pc['recomputed_tokens']} "
+                     f"recomputed, {pc['registered']} blocks registered, {pc['evictions']} evicted")
+    if pre is not None and (pre["preemptions"] or pre["aborted"]):
+        parts.append(f"preemption ({pre['mode']}): {pre['preemptions']} preempted, {pre['recomputed_tokens']} "
+                     f"tokens recomputed, {pre['swapped_out_bytes'] / 2**10:.1f} KiB swapped out")
+    return "; ".join(parts) or None
 
 
 def stats_line(res, args, cfg) -> str:

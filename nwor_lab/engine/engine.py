@@ -20,6 +20,10 @@ blocks do not fit, the scheduler preempts the newest running request by recomput
 (`SpecEngine(..., preemption=Preemption("swap"))`, counted in `preemption_stats`);
 `engine.abort(req_id)` and `engine.preempt(req_id)` work between steps and while a window is open.
 
+Chunked prefill (nwor_lab.engine.scheduler): a prefill gets what is left of the step's token budget,
+so a prompt longer than `max_num_batched_tokens` runs in chunks beside the others' windows; a chunk
+that is not the prompt's last commits its rows and emits nothing (`Request.chunk_next`).
+
 Sliding windows (`LabConfig.sliding_window`, `kv_ring`; nwor_lab.engine.ring): every layer attends
 the last W positions, each request's cache is a ring of `sliding.ring_slots` slots (or the whole
 context), the guard cuts drafts that could evict a needed position, and debug mode checks every
@@ -285,7 +289,11 @@ class SpecEngine:
         tree = result.inputs.tree is not None
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
         dropped = self.lifecycle.dropped   # aborted or preempted while the step ran: not advanced
-        live = [a + 1 < r.remaining and r.req_id not in dropped for r, a in zip(requests, result.accepted)]
+        # a chunk of a chunked prefill that is not the prompt's last: its rows are committed, it emits
+        # nothing and gets no drafts (the body drafted none: its draft limit was 0)
+        chunked = [c >= 0 for c in h.get("chunk_next", [-1] * len(requests))]
+        live = [a + 1 < r.remaining and r.req_id not in dropped and not c
+                for r, a, c in zip(requests, result.accepted, chunked)]
         record = self.runner.records(result, requests)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [], record)
@@ -293,7 +301,12 @@ class SpecEngine:
             host_window, acceptance = host_tree_window(h, result)
             entry.path_ranks = path_ranks(h, result)
         for i, r in enumerate(requests):
+            r.chunk = None                 # the scheduler sets the next step's
             if r.req_id in dropped:
+                entry.emitted.append([])
+                continue
+            if chunked[i]:
+                r.num_computed = h["ctx"][i] + h["qlens"][i]
                 entry.emitted.append([])
                 continue
             a = result.accepted[i]

@@ -15,6 +15,8 @@ from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.tree_plan import tree_plan
 from nwor_lab.engine.engine import SpecEngine
+from nwor_lab.engine.preemption import Preemption, check_preemption
+from nwor_lab.engine.prefix import PrefixCacheConfig
 from nwor_lab.engine.ring import sliding_window_for
 from nwor_lab.engine.request import Request, check_prompt, fit_context
 from nwor_lab.engine.trace import WindowTrace
@@ -41,12 +43,22 @@ class GenerationResult:
     engine: SpecEngine = field(repr=False)
     complete: bool = True          # False: taken before every request finished (e.g. interrupted)
     kv: dict = field(default_factory=dict)   # the strategy and the KV memory per request (`kv_summary`)
+    blocks: dict = field(default_factory=dict)   # prefix caching and preemption (`block_summary`)
 
     def summary(self) -> dict:
         return {"mean_acceptance_length": self.mean_acceptance_length,
                 "acceptance_by_position": self.acceptance_by_position,
                 "target_forwards": self.target_forwards,
-                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete, **self.kv}
+                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete, **self.kv,
+                **self.blocks}
+
+
+def block_summary(engine: SpecEngine) -> dict:
+    """Blocks that outlive a request: `prefix_cache` (the engine's `prefix_stats()`: hit tokens, hit
+    rate, strategies...; None when prefix caching is off) and `preemption` (its mode and
+    `preemption_stats`: preemptions, recomputed tokens, swapped bytes, aborts)."""
+    return {"prefix_cache": engine.prefix_stats(),
+            "preemption": {"mode": engine.preemption.mode, **engine.preemption_stats.as_dict()}}
 
 
 def kv_summary(engine: SpecEngine, requests: list[Request]) -> dict:
@@ -121,7 +133,8 @@ class Generation:
         texts = [self.tokenizer.decode(o) for o in out] if self.tokenizer is not None else None
         mean, by_pos = acceptance_stats(self.engine.trace, max(self.k, 1))
         return GenerationResult(out, texts, list(self.engine.trace), mean, by_pos, self.engine.target_forwards,
-                                self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests))
+                                self.engine, complete=self.done, kv=kv_summary(self.engine, self.requests),
+                                blocks=block_summary(self.engine))
 
 
 def check_window_limits(k: int, max_new_tokens: int, max_model_len: int) -> None:
@@ -129,7 +142,7 @@ def check_window_limits(k: int, max_new_tokens: int, max_model_len: int) -> None
     tensor parallelism, before a rank starts): a window of t_last + k drafts fits the model's
     positions (a huge k would otherwise size the cache for it, and be blamed on num_blocks), and
     so do max_new_tokens after a one-token prompt. (A window larger than max_num_batched_tokens
-    is fine: its drafts are cut to the budget.)"""
+    is fine: its drafts are cut to the budget, and a longer prompt is prefilled in chunks.)"""
     if k >= max_model_len:
         raise ValueError(f"k={k}: a verify window of 1 + k tokens needs as many positions; the model has "
                          f"{max_model_len}; lower k")
@@ -142,7 +155,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
             max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
             stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
             truncate_prompts: bool = False, max_cache_memory: int | None = None,
-            acceptance=None) -> Generation:
+            acceptance=None, prefix_cache: PrefixCacheConfig | None = None,
+            preemption: Preemption | None = None) -> Generation:
     """`generate`'s set-up: every argument checked (before the shipped model is loaded and before
     the cache is allocated), the engine built, every prompt queued. Arguments as `generate`."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
@@ -161,6 +175,10 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
     max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
     check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
     check_int("seed", seed, 0)
+    check_preemption(preemption)
+    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCacheConfig):
+        raise TypeError(f"prefix_cache: expected a PrefixCacheConfig (nwor_lab.engine.prefix) or None, got "
+                        f"{type(prefix_cache).__name__}")
     if target is None:
         from nwor_lab.model.shipped import load_tiny
         target, shipped_head, shipped_tok = load_tiny(device=check_device("device", device), dtype=dtype)
@@ -195,7 +213,7 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
                         block_size=block_size, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, temperature=temperature, seed=seed,
                         eos_token_id=eos, cache_dtype=cache_dtype, max_cache_memory=max_cache_memory,
-                        acceptance=acceptance)
+                        acceptance=acceptance, prefix_cache=prefix_cache, preemption=preemption)
     engine.observers.extend(observers)
     reqs = [engine.add_request(p, max_new_tokens, name=f"prompts[{i}]") for i, p in enumerate(ids)]
     # with trees, acceptance by position is by depth (the accepted path's nodes)
@@ -208,7 +226,8 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
              max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
              stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
              truncate_prompts: bool = False, max_cache_memory: int | None = None,
-             acceptance=None) -> GenerationResult:
+             acceptance=None, prefix_cache: PrefixCacheConfig | None = None,
+             preemption: Preemption | None = None) -> GenerationResult:
     """Generate for every prompt (a list: each a str with a tokenizer, or a list of token ids) with
     EAGLE drafts.
 
@@ -221,10 +240,14 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
     and the cache's size within `max_cache_memory` bytes (if given) and the device's free memory.
     `acceptance`: a `ForcedAcceptance` (benchmarks): drafts accepted by its profile, not by the
     target (nwor_lab.speculative.synthetic); the tokens are then not the target's.
+    `prefix_cache`: a `PrefixCacheConfig` (nwor_lab.engine.prefix) shares committed blocks across
+    requests (None: off); `preemption`: a `Preemption` ("recompute", the default, or "swap") for when
+    the cache runs out (nwor_lab.engine.preemption); the result's `summary()` reports both
+    (`block_summary`). A prompt longer than `max_num_batched_tokens` is prefilled in chunks.
     """
     return prepare(prompts, max_new_tokens, k, config, target=target, head=head, tokenizer=tokenizer,
                    temperature=temperature, seed=seed, num_blocks=num_blocks, block_size=block_size,
                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, device=device,
                    dtype=dtype, stop_at_eos=stop_at_eos, cache_dtype=cache_dtype, observers=observers,
                    truncate_prompts=truncate_prompts, max_cache_memory=max_cache_memory,
-                   acceptance=acceptance).run().result()
+                   acceptance=acceptance, prefix_cache=prefix_cache, preemption=preemption).run().result()

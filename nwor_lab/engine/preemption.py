@@ -6,14 +6,15 @@ scheduler preempts the newest running request (vLLM's order) in one of two modes
 
     recompute  its blocks (and a hybrid target's state slot) are freed, its drafts dropped; it goes
                back to the front of the waiting queue and, when scheduled again, re-prefills its
-               prompt + the output so far (one step; the head's K/V is recomputed with it)
+               prompt + the output so far (in chunks when longer than `max_num_batched_tokens`:
+               chunked prefill, nwor_lab.engine.scheduler; the head's K/V is recomputed with it)
     swap       its blocks' bytes (every layer: the target's and the head's layer N, which shares the
                block ids) and its state slot are copied to host memory (pinned on CUDA), then
                freed; when it is scheduled again they are copied into freshly allocated blocks and
                it continues with its drafts, as if it had never been preempted
 
-A request whose re-prefill would exceed `max_num_batched_tokens` (the lab does not chunk prefills)
-or its sliding-window ring is swapped even under `recompute` (`PreemptionStats.swapped_for_budget`).
+A request whose re-prefill would overwrite its own sliding-window ring positions (prompt + output
+longer than the ring) is swapped even under `recompute` (`PreemptionStats.swapped_for_budget`).
 The engine's side of all this is `Lifecycle` (`engine.lifecycle`); the scheduler's is its
 `step_blocks` / `preempt` and the `on_preempt` / `on_resume` hooks.
 
@@ -62,7 +63,7 @@ class PreemptionStats:
     recomputed_tokens: int = 0      # positions re-prefilled after a recompute preemption
     swapped_out_bytes: int = 0      # bytes copied to host memory (K/V of every layer, state slot)
     swapped_in_bytes: int = 0       # bytes copied back
-    swapped_for_budget: int = 0     # recompute preemptions swapped instead (re-prefill over the budget)
+    swapped_for_budget: int = 0     # recompute preemptions swapped instead (re-prefill longer than its ring)
     dropped_windows: int = 0        # open windows of preempted or aborted requests, committed as nothing
     aborted: int = 0
 
@@ -219,17 +220,17 @@ class Lifecycle:
         if self._in_flight(r):
             if self.engine.states is not None and self.recompute_too_long(r):
                 raise ValueError(f"req_id={req_id}: a hybrid target's request preempted mid-step is recomputed, "
-                                 f"but its {len(r.tokens)} tokens do not fit one prefill (max_num_batched_tokens="
-                                 f"{sched.max_num_batched_tokens}, no chunked prefill); preempt it between steps")
+                                 f"but its {len(r.tokens)} tokens outgrew its ring of {sched.ring_slots} slots "
+                                 f"(a re-prefill would overwrite its own positions); preempt it between steps")
             self.dropped[r.req_id] = "preempt"
             return
         sched.preempt(r)
 
     def recompute_too_long(self, r) -> bool:
-        """A re-prefill of prompt + output would not fit one step (the lab does not chunk prefills)
-        or would overwrite its own ring positions."""
+        """A re-prefill of prompt + output would overwrite its own ring positions (one longer than the
+        step's token budget is prefilled in chunks)."""
         s = self.engine.scheduler
-        return len(r.tokens) > s.max_num_batched_tokens or (s.ring_slots is not None and len(r.tokens) > s.ring_slots)
+        return s.ring_slots is not None and len(r.tokens) > s.ring_slots
 
     # -- the step in flight ----------------------------------------------------------------------
     def window_drops(self, inp) -> torch.Tensor | None:
@@ -282,8 +283,8 @@ class Lifecycle:
     # -- the scheduler's hooks -------------------------------------------------------------------
     def on_preempt(self, r) -> None:
         """Before `r`'s blocks are freed: swap them out (and its state slot), or reset it to
-        re-prefill prompt + output (recompute; swapped instead when that prefill would not fit
-        one step)."""
+        re-prefill prompt + output (recompute, in chunks where it is longer than the step's budget;
+        swapped instead when that prefill would overwrite its own ring positions)."""
         e, stats = self.engine, self.stats
         stats.preemptions += 1
         r.preemptions += 1

@@ -2,7 +2,9 @@
 
 `tokens = prompt + output`; the LAST token (`t_last`) was sampled but not yet run, so its K/V is
 not in the cache. `num_computed` positions (target and EAGLE-head layers alike) hold committed
-K/V; after every window `num_computed == len(tokens) - 1`. Rejected drafts roll nothing back in
+K/V; after every window `num_computed == len(tokens) - 1`, except after a chunk of a chunked
+prefill (`chunk`: the scheduler's token budget for this step cut the prefill), which leaves
+`num_computed` short of the prompt and samples nothing. Rejected drafts roll nothing back in
 the cache's bookkeeping but `num_computed`: it only advances by the committed tokens.
 """
 from __future__ import annotations
@@ -84,6 +86,7 @@ class Request:
     swapped: object | None = None                         # its stores in host memory while swapped out
     preemptions: int = 0                                  # times it was preempted
     aborted: bool = False                                 # engine.abort(): its tokens so far stay
+    chunk: int | None = None                              # the most prefill tokens this step (the scheduler's)
 
     @property
     def tokens(self) -> list[int]:
@@ -92,8 +95,8 @@ class Request:
     @property
     def is_prefill(self) -> bool:
         """More than t_last is still to compute: a new request, one whose prompt prefix came from the
-        prefix cache (num_computed = the hit length, a whole number of blocks), or one whose computed
-        positions were given up (num_computed set back)."""
+        prefix cache (num_computed = the hit length, a whole number of blocks), one whose computed
+        positions were given up (num_computed set back), or one part way through a chunked prefill."""
         return self.num_computed < max(len(self.prompt), len(self.tokens) - 1)
 
     @property
@@ -113,8 +116,18 @@ class Request:
         """(token ids, first position, number of drafts) of this request's next window: the tokens
         not yet computed, from position num_computed on, then the drafts. A prefill's is the prompt
         past its prefix-cache hit (all of it without one; no drafts; prompt + output so far after a
-        preemption by recompute: the prefill samples the token after them), a decode's
-        `[t_last, d_1 .. d_n]`."""
+        preemption by recompute: the prefill samples the token after them), at most `chunk` of them
+        (chunked prefill); a decode's `[t_last, d_1 .. d_n]`."""
         if self.is_prefill:
-            return self.tokens[self.num_computed:], self.num_computed, 0
+            todo = self.tokens[self.num_computed:]
+            return (todo if self.chunk is None else todo[:self.chunk]), self.num_computed, 0
         return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)
+
+    def chunk_next(self) -> int:
+        """The token after this step's rows when they end before the request's last token (a chunk
+        of a chunked prefill that is not its last: it samples nothing, and the head's row at its end
+        reads this prompt token), else -1 (the step samples the token after its rows)."""
+        toks, start, n = self.scheduled()
+        end = start + len(toks) - n
+        tokens = self.tokens
+        return tokens[end] if end < len(tokens) else -1

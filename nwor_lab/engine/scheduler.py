@@ -1,21 +1,27 @@
 """Continuous batching: requests join as others finish; blocks are allocated as positions grow.
 
 Admission does not reserve a request's worst case: a waiting request is admitted while the blocks
-of its first step fit (its prompt, or prompt + output for one preempted by recompute, or its
-swapped-out blocks, plus one step's lookahead). Before a running request's step, the blocks that
-step can write are allocated (`step_blocks`: t_last + drafts, the draft chain's rows and the next
-window's lookahead, never more than the request's worst case); when they do not fit, the newest
-running request is preempted (vLLM's order; `preempt`, the engine's `on_preempt` decides recompute
-or swap: nwor_lab.engine.preemption), its blocks freed and it is requeued at the front of the
-waiting queue. No request is admitted in a step that preempted. A request that alone cannot fit
-the cache (prompt + max_new_tokens + k positions, or its ring) is refused at `add`.
+of its first step fit (its prompt's first chunk, or prompt + output's for one preempted by
+recompute, or its swapped-out blocks, plus one step's lookahead). Before a running request's step,
+the blocks that step can write are allocated (`step_blocks`: t_last + drafts or the prefill's
+chunk, the draft chain's rows and the next window's lookahead, never more than the request's worst
+case); when they do not fit, the newest running request is preempted (vLLM's order; `preempt`, the
+engine's `on_preempt` decides recompute or swap: nwor_lab.engine.preemption), its blocks freed and
+it is requeued at the front of the waiting queue. No request is admitted in a step that preempted.
+A request that alone cannot fit the cache (prompt + max_new_tokens + k positions, or its ring) is
+refused at `add`.
 
 A verify window holds at most `max_num_batched_tokens` tokens: running requests come first, each
 `1 + drafts` tokens, with its drafts cut to what is left of the budget (verifying a prefix of the
 drafts is still exact); a running request for which not one token is left waits for the next
-step and goes first then. Every step schedules at least one request while there is work (counts
-are >= 1, the oldest running request always fits the cache once the newer ones are preempted, and
-an admitted prompt always fits an empty batch), so `run()` always ends.
+step and goes first then. Chunked prefill (vLLM's): a prefill gets what is left of the budget
+(`Request.chunk`), so a prompt longer than the budget is prefilled over several steps beside the
+others' verify windows (a running prefill in chunks is scheduled with the running requests; a
+waiting one is admitted while one token of budget is left). A chunk that ends before the
+request's last token samples nothing (the engine emits nothing and hands out no drafts). Every
+step schedules at least one request while there is work (counts are >= 1, the oldest running
+request always fits the cache once the newer ones are preempted, and a chunk of one token fits an
+empty batch), so `run()` always ends.
 """
 from __future__ import annotations
 
@@ -56,10 +62,6 @@ class Scheduler:
         if not prompt:
             raise ValueError("prompt: empty; give at least one token")
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
-        if len(prompt) > self.max_num_batched_tokens:
-            raise ValueError(f"prompt of {len(prompt)} tokens exceeds max_num_batched_tokens="
-                             f"{self.max_num_batched_tokens} (the lab does not chunk prefills); raise "
-                             f"max_num_batched_tokens or shorten the prompt")
         if self.ring_slots is not None and len(prompt) > self.ring_slots:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the ring of {self.ring_slots} slots "
                              f"(sliding_window + slack): its prefill would overwrite its own positions; "
@@ -128,20 +130,24 @@ class Scheduler:
             if budget < 1:
                 waiting_turn.append(r)
                 continue
+            r.chunk = budget if r.is_prefill else None     # a prefill in chunks: what is left of the budget
             if len(r.drafts) > budget - 1:
                 r.keep_drafts(budget - 1)
             if not self._make_room(r):      # r was the newest: preempted, nothing after it
                 break
             batch.append(r)
-            budget -= 1 + len(r.drafts)
+            budget -= len(r.scheduled()[0])
         if waiting_turn:                 # who waited goes first next step: nobody starves
             self.running = waiting_turn + batch
             return batch
         while self.waiting and len(self.running) < self.max_num_seqs and not self.preempted_this_step:
             req = self.waiting[0]
-            if req.swapped is not None and 0 < budget < 1 + len(req.drafts):
+            if budget < 1:
+                break
+            req.chunk = budget if req.is_prefill else None
+            if req.swapped is not None and budget < 1 + len(req.drafts):
                 req.keep_drafts(budget - 1)
-            if len(req.scheduled()[0]) > budget or self.step_blocks(req) > self.allocator.num_free:
+            if self.step_blocks(req) > self.allocator.num_free:
                 break
             self.waiting.popleft()
             if req.swapped is not None:

@@ -75,13 +75,17 @@ class StepInputs:
             last_rows=((size,), torch.long), num_drafts=((size,), torch.long), remaining=((size,), torch.long),
             start=((size,), torch.long), draft_limit=((size,), torch.long), token_req=((tokens,), torch.int32), draft_pos=((tokens,), torch.int32),
             drafts=((size * k,), torch.int32), qsl=((size + 1,), torch.int32), cache_lens=((size,), torch.int32),
-            tables=((size, max_blocks(e)), torch.int32), state_slots=((size,), torch.long))
+            tables=((size, max_blocks(e)), torch.int32), state_slots=((size,), torch.long),
+            chunk_next=((size,), torch.long))
         i = self.inputs.dev
         self.ids, self.positions, self.req_key, self.start = i["ids"], i["positions"], i["req_key"], i["start"]
         self.rows_logits, self.last_rows, self.num_drafts = i["rows_logits"], i["last_rows"], i["num_drafts"]
         self.remaining, self.qsl, self.tables, self.cache_lens = i["remaining"], i["qsl"], i["tables"], i["cache_lens"]
         self.draft_limit = i["draft_limit"]         # drafts each request may propose for the next window
         self.state_slots = i["state_slots"]         # a hybrid target's state slot per request (padding: scratch)
+        # a chunk of a chunked prefill that is not the prompt's last: the prompt token after its rows
+        # (what the head's last row reads; the step samples nothing for it); -1 for every other request
+        self.chunk_next = i["chunk_next"]
         # every request slot has k drafts in the sampler's layout: target rows then the bonus row
         cu = [(k + 1) * (r + 1) for r in range(size)]
         self.spec = SpecDecodeMetadata.build([k] * size, cu, i["drafts"], device=dev)
@@ -151,7 +155,11 @@ class StepInputs:
             h["state_slots"][:] = [r.state_slot for r in requests] + [engine.states.store.scratch_slot] * pad_reqs
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad_reqs
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad_reqs
-        h["draft_limit"][:] = (draft_limits(engine, requests) if limits is None else list(limits)) + [0] * pad_reqs
+        limits = draft_limits(engine, requests) if limits is None else list(limits)
+        chunk_next = self.host["chunk_next"]
+        h["chunk_next"][:] = chunk_next + [-1] * pad_reqs
+        # a chunk that is not the prompt's last drafts nothing: only the last chunk lets the head draft
+        h["draft_limit"][:] = [0 if c >= 0 else n for c, n in zip(chunk_next, limits)] + [0] * pad_reqs
         self.inputs.upload()
         if self.draft_probs is not None:
             self.draft_probs.zero_()
@@ -168,7 +176,7 @@ class StepInputs:
         pad_row = self.tokens - 1
         in_buffer = engine.policy.window_in_buffer
         ids, pos, token_req, draft_pos, slots = [], [], [], [], []
-        qsl, last, ndrafts, lens, ctx, qlens, kinds = [0], [], [], [], [], [], []
+        qsl, last, ndrafts, lens, ctx, qlens, kinds, chunk_next = [0], [], [], [], [], [], [], []
         rows_logits, draft_rows, drafts = [], [], []
         for r, req in enumerate(requests):
             toks, start, n = req.scheduled()
@@ -193,6 +201,7 @@ class StepInputs:
             ctx.append(start)
             qlens.append(q)
             kinds.append("prefill" if req.is_prefill else ("spec" if n else "decode"))
+            chunk_next.append(req.chunk_next())
             # t_last's row and the drafts' rows verify the drafts; drafts short of k (all k for a
             # prefill) are -1 at the padding row and read the request's last row, where the first
             # of them is rejected and the target's own token emitted
@@ -200,7 +209,8 @@ class StepInputs:
             draft_rows += list(range(row0 + q - n, row0 + q)) + [pad_row] * (k - n)
             drafts += list(req.drafts[:n]) + [-1] * (k - n)
         self.host = dict(requests=list(requests), ids=ids, slots=slots, qlens=qlens, ctx=ctx, ndrafts=ndrafts,
-                         kinds=kinds, positions=pos, tables=[list(r.block_table.blocks) for r in requests])
+                         kinds=kinds, positions=pos, tables=[list(r.block_table.blocks) for r in requests],
+                         chunk_next=chunk_next)
         return dict(token_req=token_req, draft_pos=draft_pos, qsl=qsl, last=last, lens=lens,
                     rows_logits=rows_logits, draft_rows=draft_rows, drafts=drafts)
 
@@ -341,6 +351,9 @@ def run_step(engine, inp: StepInputs):
         if tree is None:
             # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
             token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
+            # (a chunk's last row reads the prompt's next token instead: a chunk is a prefill whose
+            # rows end before the request's last token, and it samples nothing)
+            token = torch.where(inp.chunk_next >= 0, inp.chunk_next, token)
             next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
             next_ids[inp.last_rows] = token
             next_ids[kept] = token
@@ -365,7 +378,7 @@ def run_step(engine, inp: StepInputs):
     probs = None
     drop = e.window_drops(inp)  # (again: one dropped at the commit drafts nothing either)
     if inp.chain is not None:
-        live = accepted + 1 < inp.remaining                           # still running after this step
+        live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
         if drop is not None:
             live = live & ~drop
         base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
@@ -373,7 +386,7 @@ def run_step(engine, inp: StepInputs):
         drafts, probs = draft_chain(e, inp.chain, base, counts, features)
         packed.append(drafts)
     elif inp.tree_draft:
-        live = accepted + 1 < inp.remaining                           # still running after this step
+        live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
         if drop is not None:
             live = live & ~drop
         base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)

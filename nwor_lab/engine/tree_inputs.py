@@ -71,6 +71,7 @@ class TreeInputs:
             h["tables"][r, :len(req.block_table.blocks)] = req.block_table.blocks
         h["remaining"][:] = [r.remaining for r in requests] + [0] * pad
         h["req_key"][:] = [r.acceptance_key for r in requests] + [0] * pad
+        h["chunk_next"][:] = -1                  # a tree window is no chunk of a prefill
         t["ctx"][:] = ctx + [0] * pad
         inp.inputs.upload()
         self.inputs.upload()

@@ -38,7 +38,9 @@ def refuse_unsupported(args, argv: list[str]) -> None:
     bad = [("--tp-timeout" in given, "--tp-timeout"), (args.device != "cpu", "--device"), (args.cuda_graph is not None, "--cuda-graph"),
            (args.cache_dtype != "auto", "--cache-dtype"), (args.num_blocks is not None, "--num-blocks"),
            (args.max_cache_memory is not None, "--max-cache-memory"), (args.truncate_prompt, "--truncate-prompt"),
-           (args.state_mode is not None, "--state-mode")]
+           (args.state_mode is not None, "--state-mode"), (args.prefix_cache, "--prefix-cache"),
+           (args.head_cache is not None, "--head-cache"), (args.lookahead is not None, "--lookahead"),
+           (args.preemption is not None, "--preemption")]
     for is_bad, flag in bad:
         if is_bad:
             raise UsageError(f"{flag}: not with --engine vllm (vLLM's CPU engine; its cache is --kv-cache-memory, "
