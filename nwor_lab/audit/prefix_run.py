@@ -35,12 +35,13 @@ def default_num_blocks(conv: Conversations, max_new_tokens: int, k: int, block_s
 
 def audit_conversations(config: LabConfig | None, pair, conv: Conversations, max_new_tokens: int = 8, *, k: int = 3,
                         prefix_cache=None, preemption=None, num_blocks: int | None = None, block_size: int = 16,
-                        max_num_seqs: int = 8, tolerance: float | None = None) -> AuditReport:
+                        max_num_seqs: int = 8, tolerance: float | None = None, observers=()) -> AuditReport:
     """Run `conv` closed loop on `pair` (an audit Pair) under `config` with `prefix_cache` (a
     PrefixCacheConfig or None) and `preemption` (a Preemption or None: recompute), `num_blocks`
     (None: room for everything; small: preemptions), every store checked. `tolerance`: the least
     difference from target-only that names `prefix_cache` / `head_cache` (default 1e-5, raised to
-    the calibrated noise floor). -> AuditReport (`run` adds prefix and preemption counters, the
+    the calibrated noise floor). `observers`: engine observers run before the audit's own at each
+    window's end (a chapter's or a test's fault injection). -> AuditReport (`run` adds prefix and preemption counters, the
     tolerance and its floor)."""
     from nwor_lab.engine import SpecEngine
 
@@ -57,6 +58,7 @@ def audit_conversations(config: LabConfig | None, pair, conv: Conversations, max
     engine = SpecEngine(pair.target, pair.head, config, k=k, num_blocks=num_blocks, prefix_cache=prefix_cache,
                         preemption=preemption, **common)
     findings = {name: StoreFinding(name, present) for name, present in _present(engine).items()}
+    engine.observers.extend(observers)
     engine.observers.append(KVAudit(engine, findings))
     watch = PrefixAudit(engine, findings)
     engine.observers.append(watch)
