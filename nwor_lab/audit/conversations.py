@@ -70,9 +70,10 @@ def conversations(pair, num_conversations: int, turns: int, system_tokens: int, 
     return Conversations(system, qs, seed)
 
 
-def run_closed_loop(engine, conv: Conversations, max_new_tokens: int, on_wave=None) -> list[tuple]:
+def run_closed_loop(engine, conv: Conversations, max_new_tokens: int, run=None) -> list[tuple]:
     """Run `conv` on `engine` (closed loop, see the module) -> [(conversation, turn, Request)] in
-    submission order. `on_wave(requests)` is called after each wave ran (a bench's clock)."""
+    submission order. `run(engine, requests)` runs each wave to its end (default `engine.run()`; a
+    bench's clock steps it itself)."""
     out: list[tuple] = []
     last: dict[int, object] = {}
     waves = [[(0, 0)], [(c, 0) for c in range(1, conv.num_conversations)]]
@@ -88,7 +89,8 @@ def run_closed_loop(engine, conv: Conversations, max_new_tokens: int, on_wave=No
             last[c] = r
             reqs.append(r)
             out.append((c, t, r))
-        engine.run()
-        if on_wave is not None:
-            on_wave(reqs)
+        if run is None:
+            engine.run()
+        else:
+            run(engine, reqs)
     return out
