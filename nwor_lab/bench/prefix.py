@@ -30,7 +30,8 @@ head's run without prefix caching), then `--repeats` timed runs interleaved over
 `ttft_ms` and `tpot_ms` p50/p90/p99 over every request of the timed runs (TTFT from the turn's
 submission to the step that emitted its first token; TPOT the rest of its tokens' time per token;
 host clock after each engine step, the device synchronised on CUDA). Every run builds a fresh
-engine (a warm prefix cache would hit everything). Forced acceptance (8B shapes): drafts are
+engine (a warm prefix cache would hit everything), so steps run eagerly (a captured step would time
+its own capture in every run; CUDA graphs with a warm-up workload are a follow-up). Forced acceptance (8B shapes): drafts are
 accepted by a profile whatever the head's cache holds, so the `missing` head's acceptance loss does
 not show there; hit rate, recomputed tokens and timing do. Not run on a GPU where this was written.
 """
@@ -106,7 +107,7 @@ def build(cfg: dict, pairs, args, device, acceptance):
     target, head = pairs[cfg["head"]]
     prefix = None if cfg["prefix"] is None else PrefixCacheConfig(*cfg["prefix"])
     k = args.k if head is not None else 0
-    return SpecEngine(target, head, LabConfig(nwor_mode=cfg["policy"], cuda_graph=device.type == "cuda"), k=k,
+    return SpecEngine(target, head, LabConfig(nwor_mode=cfg["policy"], cuda_graph=False), k=k,
                       num_blocks=args.num_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                       max_num_batched_tokens=args.max_num_batched_tokens, prefix_cache=prefix,
                       preemption=Preemption(args.preemption), acceptance=acceptance if k else None)
@@ -271,6 +272,9 @@ def run(args, argv, device, acceptance) -> dict:
         free_device(device)
         done += 1
         progress.update(done)
+    header = dict(argv=argv, device=device, acceptance=acceptance, conv=conv, t_start=t_start)
+    if args.out:                                        # the counters survive a timeout
+        write(args, header, [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], complete=False)
     timed = {row["config"]: dict(times=[], ttft=[], tpot=[]) for _, row in live}
     for i in range(args.repeats):                        # timed runs, interleaved over the configs
         for cfg, row in in_turn(live, i):
@@ -288,8 +292,19 @@ def run(args, argv, device, acceptance) -> dict:
             progress.update(done)
     progress.update(done, force=True)
     finish_rows(rows, timed, args)
-    out = {"command": "nwor-lab bench prefix " + " ".join(argv), "device": device_name(device),
-           "torch": torch.__version__, "model": args.model, "dtype": args.dtype,
+    out = write(args, header, rows, complete=True)
+    if not args.quiet:
+        for r in rows:
+            print(json.dumps({k: v for k, v in r.items() if k in ("config", "hit_rate", "acceptance_length_after_hit",
+                                                                  "tokens_per_s", "preemptions", "refused")}),
+                  flush=True)
+    return out
+
+
+def write(args, h: dict, rows: list[dict], complete: bool) -> dict:
+    conv, acceptance = h["conv"], h["acceptance"]
+    out = {"command": "nwor-lab bench prefix " + " ".join(h["argv"]), "device": device_name(h["device"]),
+           "torch": torch.__version__, "model": args.model, "dtype": args.dtype, "k": args.k,
            "heads": list(args.heads), "heads_note": "tiny: nwor_lab/checkpoints/tiny ships EAGLE-1 (eagle.safetensors) "
            "and EAGLE-3 (eagle3.safetensors); 8B shapes: random heads of both shapes",
            "workload": {**conv.sizes(), "max_new_tokens": args.max_new_tokens, "closed_loop": True,
@@ -297,15 +312,12 @@ def run(args, argv, device, acceptance) -> dict:
                         "max_num_seqs": args.max_num_seqs, "preemption": args.preemption},
            "pruning": "target-only with and without prefix caching; per head: no prefix caching (--policy), "
                       "every write policy with cached+boundary, every head-cache x lookahead under --policy",
+           "cuda_graph": False,
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k)},
-           "repeats": args.repeats, "seconds_total": round(time.perf_counter() - t_start, 1), "results": rows}
+           "repeats": args.repeats, "complete": complete,
+           "seconds_total": round(time.perf_counter() - h["t_start"], 1), "results": rows}
     if args.out:
         atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
-    if not args.quiet:
-        for r in rows:
-            print(json.dumps({k: v for k, v in r.items() if k in ("config", "hit_rate", "acceptance_length_after_hit",
-                                                                  "tokens_per_s", "preemptions", "refused")}),
-                  flush=True)
     return out
 
 
