@@ -46,6 +46,7 @@ import torch
 
 from nwor_lab import atomic
 from nwor_lab.audit.conversations import conversations, run_closed_loop
+from nwor_lab.bench.engine8b import acceptance_text
 from nwor_lab.bench.timing import bench_device, device_name, free_device, in_turn
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
@@ -204,7 +205,7 @@ def parser() -> LabArgumentParser:
     p.add_argument("--num-blocks", type=types.integer(1, 1 << 24), default=None,
                    help="KV blocks (default: room for every conversation twice); small: preemptions")
     p.add_argument("--preemption", type=types.one_of(PREEMPTION_MODES), default="recompute")
-    p.add_argument("--acceptance", default="shipped", help="8B shapes: the forced acceptance profile "
+    p.add_argument("--acceptance", type=acceptance_text, default="shipped", help="8B shapes: the forced acceptance profile "
                                                            "(as bench engine --acceptance)")
     p.add_argument("--repeats", type=types.integer(1, 100), default=3)
     p.add_argument("--seed", type=types.seed, default=0)

@@ -22,6 +22,24 @@ from nwor_lab.commandline.errors import UsageError, flag_names
 from nwor_lab.config import KV_RINGS, nwor_modes, state_modes
 
 MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
+
+
+class Names:
+    """The names of a registry (`module.attribute`), read when a flag is parsed, not when the parser is
+    built (the parser stays torch-free): `types.one_of(Names(...))`."""
+
+    def __init__(self, module: str, attribute: str):
+        self.module, self.attribute = module, attribute
+
+    def _names(self) -> tuple:
+        import importlib
+        return tuple(getattr(importlib.import_module(self.module), self.attribute))
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
 FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
          "k=": "--k=", "prompts[": "prompt[", "sliding_window": "--sliding-window", "kv_ring='full'": "--kv-ring full"}
 
@@ -48,13 +66,16 @@ def add_parsers(subparsers) -> None:
     a.add_argument("--device", type=types.device, default="cpu")
     p = a.add_argument_group("blocks that outlive a request (the multi-turn workload)")
     p.add_argument("--prefix-cache", action="store_true", help="prefix caching on (committed blocks are shared)")
-    p.add_argument("--head-cache", default=None, metavar="NAME",
+    p.add_argument("--head-cache", type=types.one_of(Names("nwor_lab.engine.prefix", "HEAD_CACHES")), default=None,
+                   metavar="NAME",
                    help="with --prefix-cache: the head's cache strategy, a name of HEAD_CACHES "
                         "(nwor_lab.engine.prefix; default cached)")
-    p.add_argument("--lookahead", default=None, metavar="NAME",
+    p.add_argument("--lookahead", type=types.one_of(Names("nwor_lab.engine.prefix", "LOOKAHEADS")), default=None,
+                   metavar="NAME",
                    help="with --prefix-cache: the lookahead strategy, a name of LOOKAHEADS "
                         "(nwor_lab.engine.prefix; default boundary)")
-    p.add_argument("--preemption", default=None, metavar="MODE",
+    p.add_argument("--preemption", type=types.one_of(Names("nwor_lab.engine.preemption", "PREEMPTION_MODES")),
+                   default=None, metavar="MODE",
                    help="the workload with preemption in this mode, one of PREEMPTION_MODES (nwor_lab.engine."
                         "preemption: recompute, swap) (make it happen with a small --num-blocks)")
     p.add_argument("--num-blocks", type=types.int_at_least(1), default=None, metavar="N",
@@ -108,16 +129,10 @@ def conversation_mode(args) -> bool:
 def run_conversations(args, cfg, pair):
     from nwor_lab.audit.conversations import conversations
     from nwor_lab.audit.prefix_run import audit_conversations
-    from nwor_lab.engine.preemption import PREEMPTION_MODES, Preemption
-    from nwor_lab.engine.prefix import HEAD_CACHES, LOOKAHEADS, PrefixCacheConfig
-    if args.preemption is not None and args.preemption not in PREEMPTION_MODES:
-        raise UsageError(f"--preemption {args.preemption}: choose one of {', '.join(PREEMPTION_MODES)}")
+    from nwor_lab.engine.preemption import Preemption
+    from nwor_lab.engine.prefix import PrefixCacheConfig
     prefix = None
     if args.prefix_cache:
-        for flag, value, table in (("--head-cache", args.head_cache, HEAD_CACHES), ("--lookahead", args.lookahead,
-                                                                                  LOOKAHEADS)):
-            if value is not None and value not in table:
-                raise UsageError(f"{flag} {value}: choose one of {', '.join(table)}")
         given = {name: v for name, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v}
         prefix = PrefixCacheConfig(**given)
     conv = conversations(pair, args.conversations, args.turns, args.system_tokens)
