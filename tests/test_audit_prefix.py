@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nwor_lab.audit import load_pair
+from nwor_lab.audit import load_pair, toy_hybrid_pair
 from nwor_lab.audit.conversations import conversations, run_closed_loop
 from nwor_lab.audit.prefix import SwapAudit
 from nwor_lab.audit.prefix_run import audit_conversations
@@ -54,10 +54,10 @@ def test_returning_conversation_head_rows_equal_target_only(pair):
 
 def test_swap_is_checked_and_a_corrupted_swap_in_is_named(pair):
     conv = conversations(pair, 4, 1, 20)
-    report = audit_conversations(LabConfig(), pair, conv, 16, block_size=4, num_blocks=16,
-                                 preemption=Preemption("swap"))
+    report = audit_conversations(LabConfig(nwor_mode="cow"), pair, conv, 16, block_size=4, num_blocks=16,
+                                 preemption=Preemption("swap"), prefix_cache=PrefixCacheConfig())
     assert report.run["preemption"]["preemptions"] >= 1 and report.store("swap").status == "clean"
-    assert report.first_divergence is None
+    assert report.reached == [] and report.first_divergence is None     # hits beside a swap: every store clean
     # the same workload with the swapped-in bytes off by one in layer 0
     e = SpecEngine(pair.target, pair.head, LabConfig(), k=3, block_size=4, num_blocks=16, preemption=Preemption("swap"))
     resume = e.scheduler.on_resume
@@ -70,6 +70,15 @@ def test_swap_is_checked_and_a_corrupted_swap_in_is_named(pair):
     SwapAudit(e, findings)
     run_closed_loop(e, conv, 16)
     assert findings["swap"].status == "reached" and findings["swap"].detail["layer"] == 0
+
+
+def test_a_hybrid_targets_swapped_state_slot_is_checked():
+    pair = toy_hybrid_pair()
+    report = audit_conversations(LabConfig(nwor_mode="stage"), pair, conversations(pair, 6, 1, 12), 16, block_size=4,
+                                 num_blocks=12,
+                                 preemption=Preemption("swap"))
+    assert report.run["preemption"]["preemptions"] >= 1 and report.store("swap").status == "clean"
+    assert report.reached == [] and report.first_divergence is None
 
 
 class WriteRegistered:
