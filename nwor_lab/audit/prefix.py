@@ -20,7 +20,8 @@ is read).
   with no prefix caching (`head_reference`), within the same tolerance.
 - `swap`: a request swapped out (`engine.scheduler.on_preempt` with `request.swapped` set): the
   bytes of its blocks (every layer) and of a hybrid target's state slot as they left the device;
-  when it is swapped in (`on_resume`), its new blocks and slot are compared with them bit for bit.
+  when it is swapped in (`on_resume`), its new blocks and slot are compared with them bit for bit
+  (a finding's window is the step of the swap-in, its kind `swap_in`).
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ class PrefixAudit:
             seen = self.blocks.get((h, b))
             if seen is None:
                 tokens = self._tokens_of() if tokens is None else tokens
-                self.blocks[(h, b)] = dict(hash=h, block=b, tokens=tokens.get(h), step=step, keys=keys.clone(), values=values.clone())
+                self.blocks[(h, b)] = dict(hash=h, block=b, tokens=tokens.get(h), step=step, keys=keys.clone(),
+                                           values=values.clone())
                 finding.rows_checked += self.bs
             elif not (torch.equal(raw(keys), raw(seen["keys"])) and torch.equal(raw(values), raw(seen["values"]))):
                 finding.reach(step, "verify", {"why": "written_after_registration", "physical_block": b,
@@ -255,11 +257,14 @@ class SwapAudit:
         now_k, now_v, now_state = self._bytes(r.block_table.blocks, r.state_slot)
         self.finding.rows_checked += keys.shape[1] * keys.shape[2]
         for layer in range(keys.shape[0]):
-            if not (torch.equal(raw(keys[layer]), raw(now_k[layer])) and torch.equal(raw(values[layer]), raw(now_v[layer]))):
+            k0, v0, k1, v1 = keys[layer], values[layer], now_k[layer], now_v[layer]
+            if not (torch.equal(raw(k0), raw(k1)) and torch.equal(raw(v0), raw(v1))):
+                diff = max(_max_diff(k0, k1), _max_diff(v0, v1))
                 self.finding.reach(self.engine.step_index, "swap_in", {
-                    "request": r.req_id, "layer": layer, "swapped_out_in": step,
-                    "max_abs_diff": float(f"{max(_max_diff(keys[layer], now_k[layer]), _max_diff(values[layer], now_v[layer])):.6g}")})
+                    "request": r.req_id, "layer": layer, "swapped_out_in": step, "max_abs_diff": float(f"{diff:.6g}")})
                 return
-        if state is not None and (now_state is None or not all(torch.equal(raw(a), raw(b)) for a, b in zip(state, now_state))):
+        same = now_state is not None and state is not None and all(torch.equal(raw(a), raw(b))
+                                                                     for a, b in zip(state, now_state))
+        if state is not None and not same:
             self.finding.reach(self.engine.step_index, "swap_in", {"request": r.req_id, "state_slot": r.state_slot,
                                                                   "swapped_out_in": step})
