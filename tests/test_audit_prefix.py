@@ -38,8 +38,10 @@ def test_cli_names_the_head_cache_for_missing_and_nothing_for_the_exact_strategi
     assert missing["head_cache"]["detail"]["max_abs_diff"] > 1.0        # zeros, not rounding
     assert missing["summary"]["first_divergence"] is None              # the target verifies: tokens exact
     for lookahead in ("boundary", "drop_last"):
-        exact = cli(capsys, "--prefix-cache", "--head-cache", "cached", "--lookahead", lookahead, "--turns", "1")
+        exact = cli(capsys, "--prefix-cache", "--head-cache", "cached", "--lookahead", lookahead, "--turns", "1",
+                    "--nwor-mode", "stage")
         assert exact["prefix_cache"]["status"] == exact["head_cache"]["status"] == "clean"
+        assert exact["summary"]["stores_reached"] == []                  # stage: no store at all
         assert exact["summary"]["prefix"]["hit_requests"] >= 2 and exact["summary"]["first_divergence"] is None
 
 
