@@ -22,7 +22,7 @@ from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, run
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "tree", "state", "disagg")
+BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "tree", "state", "disagg", "prefix")
 
 # Flags whose value is free text by nature, and where their command checks it before any work.
 FREE_TEXT = {

@@ -3,7 +3,9 @@ target-only, and the run's counts; as JSON lines (one per store, then a summary)
 
 A store's `status`:
     absent         the model has no such store (a Llama has no recurrent state; no ring configured)
-    reached        a rejected draft's bytes are in the store after a window (`first_window` says which)
+    reached        a rejected draft's bytes are in the store after a window (`first_window` says which);
+                   for the stores that outlive a window (`prefix_cache`, `head_cache`, `swap`:
+                   nwor_lab.audit.prefix), the store holds what target-only would not
     clean          rejected rows were checked (`rows_checked` > 0) and none left a byte behind
     not exercised  the store exists but no rejected row could have reached it (nothing to check)
 """
@@ -13,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 # the stores, in the order they are reported (docs/audit.md says what each one is)
-STORES = ("kv", "kv_digests", "ring", "recurrent_state", "conv_state", "draft_kv")
+STORES = ("kv", "kv_digests", "ring", "recurrent_state", "conv_state", "draft_kv", "prefix_cache", "head_cache", "swap")
 STATUSES = ("absent", "reached", "clean", "not exercised")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from nwor_lab.audit.kv import KVAudit
+from nwor_lab.audit.prefix import SwapAudit
 from nwor_lab.audit.report import STORES, AuditReport, StoreFinding
 from nwor_lab.audit.state import StateAudit
 from nwor_lab.config import LabConfig, check_config
@@ -97,6 +98,7 @@ def prepare_audit(config: LabConfig | None, prompts, max_new_tokens: int, *, tar
     engine = gen.engine
     findings = {name: StoreFinding(name, present) for name, present in _present(engine).items()}
     engine.observers.append(KVAudit(engine, findings))
+    SwapAudit(engine, findings)
     if engine.states is not None:
         engine.states = StateAudit(engine.states, engine, findings, atol=state_atol)
     return Audit(gen, config, prompts, max_new_tokens, k, model, findings, options)
@@ -108,4 +110,5 @@ def _present(engine) -> dict[str, bool]:
     return {"kv": kv, "kv_digests": kv,
             "ring": engine.sliding is not None and engine.sliding.ring_slots is not None,
             "recurrent_state": engine.states is not None, "conv_state": engine.states is not None,
-            "draft_kv": engine.drafting}
+            "draft_kv": engine.drafting, "prefix_cache": engine.prefix is not None,
+            "head_cache": engine.prefix is not None and engine.drafting, "swap": True}

@@ -6,6 +6,11 @@ for a ring) with the EAGLE head drafting `--k` tokens greedily, checks every sto
 window, then decodes the same prompts target-only. `--json` prints one JSON line per store (`kv`,
 `kv_digests`, `ring`, `recurrent_state`, `conv_state`, `draft_kv`), then a summary line; without it,
 a table. Exit 0 whatever the audit finds (it reports, it does not judge); docs/audit.md.
+
+With `--prefix-cache` (strategies `--head-cache`, `--lookahead`) or `--preemption` (a small
+`--num-blocks` makes it preempt), it runs `--conversations N` conversations of `--turns` turns
+sharing a `--system-tokens`-token system prompt, closed loop (nwor_lab.audit.conversations),
+and reports three more stores: `prefix_cache`, `head_cache`, `swap` (nwor_lab.audit.prefix).
 """
 from __future__ import annotations
 
@@ -17,6 +22,24 @@ from nwor_lab.commandline.errors import UsageError, flag_names
 from nwor_lab.config import KV_RINGS, nwor_modes, state_modes
 
 MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
+
+
+class Names:
+    """The names of a registry (`module.attribute`), read when a flag is parsed, not when the parser is
+    built (the parser stays torch-free): `types.one_of(Names(...))`."""
+
+    def __init__(self, module: str, attribute: str):
+        self.module, self.attribute = module, attribute
+
+    def _names(self) -> tuple:
+        import importlib
+        return tuple(getattr(importlib.import_module(self.module), self.attribute))
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
 FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs", "block_size": "--block-size",
          "k=": "--k=", "prompts[": "prompt[", "sliding_window": "--sliding-window", "kv_ring='full'": "--kv-ring full"}
 
@@ -41,6 +64,26 @@ def add_parsers(subparsers) -> None:
     a.add_argument("--block-size", type=types.int_at_least(1), default=16, help="tokens per KV block")
     a.add_argument("--max-num-seqs", type=types.int_at_least(1), default=8, help="requests in one window")
     a.add_argument("--device", type=types.device, default="cpu")
+    p = a.add_argument_group("blocks that outlive a request (the multi-turn workload)")
+    p.add_argument("--prefix-cache", action="store_true", help="prefix caching on (committed blocks are shared)")
+    p.add_argument("--head-cache", type=types.one_of(Names("nwor_lab.engine.prefix", "HEAD_CACHES")), default=None,
+                   metavar="NAME",
+                   help="with --prefix-cache: the head's cache strategy, a name of HEAD_CACHES "
+                        "(nwor_lab.engine.prefix; default cached)")
+    p.add_argument("--lookahead", type=types.one_of(Names("nwor_lab.engine.prefix", "LOOKAHEADS")), default=None,
+                   metavar="NAME",
+                   help="with --prefix-cache: the lookahead strategy, a name of LOOKAHEADS "
+                        "(nwor_lab.engine.prefix; default boundary)")
+    p.add_argument("--preemption", type=types.one_of(Names("nwor_lab.engine.preemption", "PREEMPTION_MODES")),
+                   default=None, metavar="MODE",
+                   help="the workload with preemption in this mode, one of PREEMPTION_MODES (nwor_lab.engine."
+                        "preemption: recompute, swap) (make it happen with a small --num-blocks)")
+    p.add_argument("--num-blocks", type=types.int_at_least(1), default=None, metavar="N",
+                   help="KV blocks (default: room for every conversation); small: requests are preempted")
+    p.add_argument("--conversations", type=types.int_at_least(1), default=3, metavar="N")
+    p.add_argument("--turns", type=types.int_at_least(1), default=2, help="turns per conversation")
+    p.add_argument("--system-tokens", type=types.int_at_least(1), default=24, metavar="N",
+                   help="the shared system prompt's length")
     a.add_argument("--json", action="store_true", help="one JSON line per store, then a summary line")
     a.set_defaults(func=run)
 
@@ -51,19 +94,16 @@ def run(args) -> int:
     cfg = lab_config(nwor_mode=args.nwor_mode, state_mode=args.state_mode, sliding_window=args.sliding_window,
                      kv_ring=args.kv_ring)
     device = check_device_arg("--device", args.device)
-    from nwor_lab.audit import load_pair, prepare_audit, prompts_for, table_rows
+    from nwor_lab.audit import load_pair, table_rows
     from nwor_lab.audit.report import divergence_text
     pair = load_pair(args.model, device=device)
     if args.state_mode != "auto" and not hasattr(pair.target, "state_spec"):
         raise UsageError(f"--state-mode {args.state_mode}: --model {args.model} has no recurrent state; "
                          f"use --model hybrid (or leave --state-mode auto)")
-    prompts = prompts_for(pair, args.prompts)
-    try:
-        job = prepare_audit(cfg, prompts, args.max_new_tokens, target=pair.target, head=pair.head, k=args.k,
-                            model=pair.name, block_size=args.block_size, max_num_seqs=args.max_num_seqs)
-    except (ValueError, TypeError, MemoryError) as err:        # an engine limit: say it with the flags
-        raise UsageError(flag_names(str(err), FLAGS)) from err
-    report = job.run()
+    if conversation_mode(args):
+        report = run_conversations(args, cfg, pair)
+    else:
+        report = run_prompts(args, cfg, pair)
     if args.json:
         print("\n".join(report.json_lines()), flush=True)
         return 0
@@ -76,3 +116,41 @@ def run(args) -> int:
     for r in rows:
         print("  ".join(str(r[c]).ljust(width[c]) for c in cols))
     return 0
+
+
+def conversation_mode(args) -> bool:
+    """The multi-turn workload: prefix caching, preemption or a cache size asked for."""
+    if not args.prefix_cache and (args.head_cache or args.lookahead):
+        raise UsageError(f"--{'head-cache' if args.head_cache else 'lookahead'}: a prefix-cache strategy needs "
+                         f"--prefix-cache")
+    return bool(args.prefix_cache or args.preemption or args.num_blocks)
+
+
+def run_conversations(args, cfg, pair):
+    from nwor_lab.audit.conversations import conversations
+    from nwor_lab.audit.prefix_run import audit_conversations
+    from nwor_lab.engine.preemption import Preemption
+    from nwor_lab.engine.prefix import PrefixCacheConfig
+    prefix = None
+    if args.prefix_cache:
+        given = {name: v for name, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v}
+        prefix = PrefixCacheConfig(**given)
+    conv = conversations(pair, args.conversations, args.turns, args.system_tokens)
+    try:
+        return audit_conversations(cfg, pair, conv, args.max_new_tokens, k=args.k, prefix_cache=prefix,
+                                   preemption=Preemption(args.preemption) if args.preemption else None,
+                                   num_blocks=args.num_blocks, block_size=args.block_size,
+                                   max_num_seqs=args.max_num_seqs)
+    except (ValueError, TypeError, MemoryError) as err:        # an engine limit: say it with the flags
+        raise UsageError(flag_names(str(err), {**FLAGS, "num_blocks": "--num-blocks"})) from err
+
+
+def run_prompts(args, cfg, pair):
+    from nwor_lab.audit import prepare_audit, prompts_for
+    prompts = prompts_for(pair, args.prompts)
+    try:
+        job = prepare_audit(cfg, prompts, args.max_new_tokens, target=pair.target, head=pair.head, k=args.k,
+                            model=pair.name, block_size=args.block_size, max_num_seqs=args.max_num_seqs)
+    except (ValueError, TypeError, MemoryError) as err:        # an engine limit: say it with the flags
+        raise UsageError(flag_names(str(err), FLAGS)) from err
+    return job.run()

@@ -18,7 +18,7 @@ from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError, _de
 from nwor_lab.config import BACKENDS, CACHE_DTYPE_NAMES, KV_LAYOUTS, SCV_MODES
 
 BENCHMARKS = ("kernels", "policies", "engine", "step", "attention", "tp", "ring", "serve", "tree",
-              "state", "disagg")   # nwor_lab/bench/<name>.py, each with its own parser
+              "state", "disagg", "prefix")   # nwor_lab/bench/<name>.py, each with its own parser
 
 
 # -- selfcheck -------------------------------------------------------------------------------------
