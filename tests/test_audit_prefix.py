@@ -45,10 +45,8 @@ def test_cli_names_the_head_cache_for_missing_and_nothing_for_the_exact_strategi
         assert exact["summary"]["prefix"]["hit_requests"] >= 2 and exact["summary"]["first_divergence"] is None
 
 
-@pytest.mark.xfail(strict=True, reason="engine.prefix KeepBoundary fixes the head's boundary row of the LAST hit "
-                   "block only: a returning conversation's middle hit block (registered first by another "
-                   "conversation, whose next token differed) keeps that conversation's head row")
 def test_returning_conversation_head_rows_equal_target_only(pair):
+    """A middle hit block registered by a conversation that went on differently gets its head row fixed too."""
     report = audit_conversations(LabConfig(), pair, conversations(pair, 3, 2, 20), 6, block_size=4,
                                  prefix_cache=PrefixCacheConfig("cached", "boundary"))
     assert report.store("head_cache").status == "clean"

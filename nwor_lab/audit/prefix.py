@@ -54,11 +54,11 @@ class PrefixAudit:
             al = engine.prefix.allocator
             inner = al.on_evict
 
-            def on_evict(block):
+            def on_evict(block, h):
                 for key in [key for key in self.blocks if key[1] == block]:
                     self.retired.append(self.blocks.pop(key))
                 if inner is not None:
-                    inner(block)
+                    inner(block, h)
             al.on_evict = on_evict
 
     def on_phase(self, e) -> None:

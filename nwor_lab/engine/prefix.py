@@ -155,21 +155,25 @@ class DropLast(Lookahead):
 @_register(LOOKAHEADS)
 class KeepBoundary(Lookahead):
     """Exact at target-only's hit rate: the feature and next token at each committed block's last row
-    are kept beside the block; a hit whose next prompt token is the kept one is exact as it is, any
-    other gets a private copy of its last block with the head's boundary row recomputed there (one
-    head row from the kept feature; costs a block copy and hidden-size floats kept per cached block)."""
+    are kept beside the block. A hit block whose kept next token is this prompt's next token is exact as
+    it is; any other gets a private copy with the head's boundary row recomputed there (one head row from
+    the kept feature; costs a block copy and hidden-size floats kept per cached block). Every hit block
+    is checked, not only the last: a middle hit block may have been registered by a request that went on
+    differently (its successor block, with this prompt's tokens, registered by a third one)."""
     name = "boundary"
     keeps_boundary = True
 
     def share(self, caching, req, hits):
         if not hits:
             return []
-        h = len(hits) * caching.block_size
-        last = hits[-1]
-        if int(caching.boundary_token[last]) == req.tokens[h]:
-            return caching.share_blocks(hits)
+        bs = caching.block_size
         blocks = caching.share_blocks(hits)
-        return blocks[:-1] + [caching.recompute_boundary(req, blocks, h)]
+        kept = caching.boundary_token[torch.tensor(blocks, device=caching.boundary_token.device)].tolist()
+        for i in range(len(blocks)):
+            h = (i + 1) * bs
+            if kept[i] != req.tokens[h]:
+                blocks[i] = caching.recompute_boundary(req, blocks[:i + 1], h)
+        return blocks
 
 
 # -- settings and the engine's part ---------------------------------------------------------------------
@@ -283,8 +287,9 @@ class PrefixCaching:
         return list(blocks)
 
     def recompute_boundary(self, req, blocks: list[int], h: int) -> int:
-        """A private copy of the last hit block (all layers) whose head row at h - 1 is recomputed from
-        the kept feature f[h - 1] and this prompt's token x[h]; the shared block is released. -> the copy."""
+        """A private copy of `blocks[-1]` (all layers; the hit block that ends at position h - 1) whose
+        head row at h - 1 is recomputed from the kept feature f[h - 1] and this prompt's token x[h]; the
+        shared block is released. -> the copy."""
         e, al = self.engine, self.allocator
         last = blocks[-1]
         new = al.allocate(1)[0]
