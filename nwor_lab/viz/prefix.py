@@ -24,6 +24,11 @@ from nwor_lab.viz.theme import STATE_COLOURS, base_layout, discrete_colorscale, 
 # -- the workload --------------------------------------------------------------------------------
 SYSTEM = ("# Utilities for reading configuration files.\nimport os\nimport sys\n\n\n"
           "def read_lines(path):\n    with open(path) as f:\n        return f.read().splitlines()\n\n\n")
+# the conversations after it: the held-out prompts the shipped pair's tests decode (tests/test_engine_shipped.py)
+PROMPTS = ("def parse_header(line):\n    \"\"\"Split a header line into its name and value.\"\"\"\n",
+           "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+           "import os\n\n\ndef walk_sizes(root):\n    total = 0\n    for dirpath, dirnames, filenames in os.walk(root):\n",
+           "    if not isinstance(value, int):\n        raise TypeError(")
 
 
 def conversations(prompts, returning: int = 1, system: str = SYSTEM) -> list[str]:
