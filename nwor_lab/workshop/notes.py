@@ -31,6 +31,7 @@ class ChapterNotes:
     answers: tuple[str, ...] = ()                # the answer key: one per question, in order
     run_estimate_s: float = 30.0
     pending: str = ""                            # why these notes wait for their chapter
+    in_agenda: bool = True                       # False: self-paced after the day (the 3 hours have no room)
 
     def expected(self, metrics: dict | None) -> list[str]:
         """The expected outputs with this run's numbers; a line whose metric was not recorded says so."""
@@ -394,6 +395,7 @@ NOTES = {n.stem: n for n in [
                  "window is N + 1 rows per request, which costs more once the batch is compute-bound.",)),
     ChapterNotes(
         "15_prefix", "Blocks that outlive a request", talk_min=8, hands_on_min=8, run_estimate_s=75,
+        in_agenda=False,
         say=("A block is registered in the prefix cache when a commit makes it full of kept tokens' K/V, never when "
              "a window writes it: under write-all a written block can hold rejected drafts.",
              "Its key is a chained hash: the parent block's key and the block's token ids, so it names the whole "
