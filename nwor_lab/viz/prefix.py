@@ -190,7 +190,7 @@ FREE, HELD, SHARED, PARTIAL, IDLE, PRIVATE = range(6)
 BLOCK_STATES = [("free", STATE_COLOURS[SlotState.EMPTY]),
                 ("held: committed by its request, registered", STATE_COLOURS[SlotState.COMMITTED]),
                 ("held: shared from the cache (a hit)", STATE_COLOURS[SlotState.RESTORED]),
-                ("held: partial (the open block, never registered)", STATE_COLOURS[SlotState.WRITTEN]),
+                ("held: the open block, or one reserved for the next window (never registered)", STATE_COLOURS[SlotState.WRITTEN]),
                 ("idle: nobody holds it, still cached (evictable)", STATE_COLOURS[SlotState.OLD]),
                 ("held: full, not registered (a private copy)", STATE_COLOURS[SlotState.LOGGED])]
 

@@ -153,7 +153,7 @@ def _cell(f) -> tuple[int, str]:
     if f["phase"] == "begin":
         return UNTOUCHED, (f"cow logged {f['logged']} slots<br>" if f["logged"] else "") + bits
     if f["written"]:
-        return (UNTOUCHED if f["in_buffer"] else WRITTEN), f"{k} draft rows → {'staging buffer' if f['in_buffer'] else 'cache'}<br>{bits}"
+        return (UNTOUCHED if f["in_buffer"] else WRITTEN), f"{k} draft rows →<br>{'staging buffer' if f['in_buffer'] else 'the cache'}<br>{bits}"
     text = f"accepted {f['accepted']} of {k}<br>{bits}"
     if f["phase"] == "commit":
         state = UNTOUCHED if f["in_buffer"] else RESTORED if f["preserves"] and not n else LEFT
@@ -185,7 +185,7 @@ def drop_frames_figure(runs: list[dict], *, title=None, subtitle=None) -> go.Fig
                                  marker=dict(symbol="square", size=13, color=colour,
                                              line=dict(color="#999999", width=1))))
     fig.update_layout(**base_layout(title or f"A request {what}ed between verify and commit, frame by frame", subtitle),
-                      height=230 + 78 * len(runs) + 40, width=1100)
-    fig.update_xaxes(type="category", showgrid=False, side="top")
+                      height=260 + 84 * len(runs) + 40, width=1100)
+    fig.update_xaxes(type="category", showgrid=False, title_text="the window's phases, left to right")
     fig.update_yaxes(type="category", autorange="reversed", showgrid=False, title_text="write policy")
     return fig
