@@ -27,7 +27,8 @@ SYSTEM = ("# Utilities for reading configuration files.\nimport os\nimport sys\n
 # the conversations after it: the held-out prompts the shipped pair's tests decode (tests/test_engine_shipped.py)
 PROMPTS = ("def parse_header(line):\n    \"\"\"Split a header line into its name and value.\"\"\"\n",
            "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-           "import os\n\n\ndef walk_sizes(root):\n    total = 0\n    for dirpath, dirnames, filenames in os.walk(root):\n",
+           "import os\n\n\ndef walk_sizes(root):\n    total = 0\n"
+           "    for dirpath, dirnames, filenames in os.walk(root):\n",
            "    if not isinstance(value, int):\n        raise TypeError(")
 
 
@@ -190,7 +191,8 @@ FREE, HELD, SHARED, PARTIAL, IDLE, PRIVATE = range(6)
 BLOCK_STATES = [("free", STATE_COLOURS[SlotState.EMPTY]),
                 ("held: committed by its request, registered", STATE_COLOURS[SlotState.COMMITTED]),
                 ("held: shared from the cache (a hit)", STATE_COLOURS[SlotState.RESTORED]),
-                ("held: the open block, or one reserved for the next window (never registered)", STATE_COLOURS[SlotState.WRITTEN]),
+                ("held: the open block, or one reserved for the next window (never registered)",
+                 STATE_COLOURS[SlotState.WRITTEN]),
                 ("idle: nobody holds it, still cached (evictable)", STATE_COLOURS[SlotState.OLD]),
                 ("held: full, not registered (a private copy)", STATE_COLOURS[SlotState.LOGGED])]
 

@@ -127,7 +127,8 @@ def drop_frames(pair, prompts, *, nwor_mode: str = "stage", what: str = "abort",
         if dropper.done and after is None:
             r = reqs[rid]
             after = dict(phase="after the step", changed=None, drafts=len(dropper.slots), logged=dropper.logged,
-                         accepted=None, written=None, num_computed=r.num_computed, dropped=False, blocks=len(r.block_table.blocks),
+                         accepted=None, written=None, num_computed=r.num_computed, dropped=False,
+                         blocks=len(r.block_table.blocks),
                          aborted=r.aborted, waiting=any(x is r for x in e.scheduler.waiting),
                          swapped=r.swapped is not None)
             dropper.frames.append(after)
@@ -153,7 +154,8 @@ def _cell(f) -> tuple[int, str]:
     if f["phase"] == "begin":
         return UNTOUCHED, (f"cow logged {f['logged']} slots<br>" if f["logged"] else "") + bits
     if f["written"]:
-        return (UNTOUCHED if f["in_buffer"] else WRITTEN), f"{k} draft rows →<br>{'staging buffer' if f['in_buffer'] else 'the cache'}<br>{bits}"
+        where = "staging buffer" if f["in_buffer"] else "the cache"
+        return (UNTOUCHED if f["in_buffer"] else WRITTEN), f"{k} draft rows →<br>{where}<br>{bits}"
     text = f"accepted {f['accepted']} of {k}<br>{bits}"
     if f["phase"] == "commit":
         state = UNTOUCHED if f["in_buffer"] else RESTORED if f["preserves"] and not n else LEFT
