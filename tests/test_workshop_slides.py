@@ -209,3 +209,10 @@ def test_twelves_slot_fits_its_three_exercises():
     from nwor_lab import exercises
     assert len(exercises.by_chapter()["12_exercises"]) == 3
     assert twelve.hands_on_min >= 3 * 6, f"{twelve.hands_on_min} min of hands-on for three exercises"
+
+
+def test_a_self_paced_chapter_gets_no_slot_and_the_day_still_fills_three_hours():
+    self_paced = [n.stem for n in notes.NOTES.values() if not n.in_agenda]
+    assert self_paced, "no self-paced chapter to check"
+    slots = agenda.plan([built("00_tour", 30.0)] + [built(s, 60.0) for s in self_paced])
+    assert not {s.stem for s in slots} & set(self_paced) and sum(s.minutes for s in slots) == 180

@@ -456,3 +456,33 @@ def tree_commit_plan(parents: torch.Tensor, draft_tokens: torch.Tensor, target_a
         path.append(at)
     path = torch.tensor(path, dtype=torch.int64)
     return path, slots.long()[path], slots.long()[1:1 + len(path)]
+
+
+def prefix_blocks(block_size: int, block_table: torch.Tensor, num_computed: int, num_drafts: int,
+                  accepted_len: int, write_policy: str) -> torch.Tensor:
+    """Which of a request's blocks its prefix cache registers (hashes and may share) after one verify
+    window's commit.
+
+    block_size:   int, positions per block (BS); block b of the table holds positions b·BS .. b·BS + BS − 1
+    block_table:  [B] int64, the request's physical block ids in position order (enough for the window)
+    num_computed: int n, positions whose K/V was committed before the window (0 .. n − 1); t_last sits at n
+    num_drafts:   int k, drafts the window verified (positions n + 1 .. n + k)
+    accepted_len: int a (0 <= a <= k), drafts the target accepted
+    write_policy: "off" | "cow" | "stage", how the verify pass wrote (where rejected drafts' K/V went)
+    returns       [m] int64: the physical ids, in position order, of the blocks that this commit makes
+                  full of committed rows (every row the K/V of a kept token: t_last and d_1 .. d_a, so
+                  positions below n + 1 + a). Blocks full before the window were registered at an
+                  earlier commit and are not returned again; a partial block never is (under `off` its
+                  rows past n + a can hold rejected drafts' K/V). The write policy does not change the
+                  answer: what is registered follows from acceptance, never from what was written.
+    """
+    if write_policy not in ("off", "cow", "stage"):
+        raise ValueError(f"write_policy={write_policy!r}: choose off, cow or stage")
+    committed = num_computed + 1 + accepted_len         # t_last and the accepted drafts
+    out = []
+    for b in range(len(block_table)):
+        full_now = (b + 1) * block_size <= committed
+        full_before = (b + 1) * block_size <= num_computed
+        if full_now and not full_before:
+            out.append(int(block_table[b]))
+    return torch.tensor(out, dtype=torch.int64)

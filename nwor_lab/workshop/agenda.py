@@ -40,10 +40,16 @@ class Slot:
         return {**asdict(self), "clock": self.clock}
 
 
+def in_agenda(stem: str) -> bool:
+    """Whether chapter `stem` gets a slot of the day (its notes can keep it self-paced, after the day)."""
+    n = notes_mod.for_chapter(stem)
+    return n is None or n.in_agenda
+
+
 def plan(built, total_min: int = TOTAL_MIN) -> list[Slot]:
     """The agenda for the chapters of a build (`kit.Built`s, in order) and the notes' pending chapters."""
     by_stem = {b.name: b for b in built}
-    stems = sorted(set(by_stem) | set(notes_mod.NOTES))
+    stems = sorted(stem for stem in set(by_stem) | set(notes_mod.NOTES) if in_agenda(stem))
     sections = []
     for stem in stems:
         n, b = notes_mod.for_chapter(stem), by_stem.get(stem)

@@ -365,6 +365,9 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
             f'<td class="status">{status}</td><td class="time">{b.seconds:.1f} s</td>'
             f'<td>{_link(b.slides, "slides")}</td><td>{_link(b.notes, "notes")}</td>'
             f'<td><ul>{_exercise_items(b)}</ul></td></tr>')
+    self_paced = [b.name for b in kit if not agenda_mod.in_agenda(b.name)]
+    after_the_day = (f" Self-paced after the day (no slot in the three hours): {e(', '.join(self_paced))}."
+                     if self_paced else "")
     failed = sum(b.status == "failed" for b in kit)
     skipped = sum(b.status == "skipped" for b in kit)
     total_ex = sum(len(b.exercises) for b in kit)
@@ -381,7 +384,7 @@ Slides: arrow keys, <kbd>S</kbd> opens the speaker notes, <kbd>F</kbd> full scre
 {mistune.html(notes_mod.SETUP)}
 <h2>Agenda: 3 hours</h2>
 <p class="note">Each section: the chapter's run time measured by this build (the room waits while it runs live),
-plus the instructor's talk and hands-on minutes from the notes, scaled to fill three hours.</p>
+plus the instructor's talk and hands-on minutes from the notes, scaled to fill three hours.{after_the_day}</p>
 <table class="agenda"><thead><tr><th>time</th><th>section</th><th>run time</th><th>talk</th><th>hands-on</th>
 <th>material</th><th>slot</th></tr></thead>
 <tbody>

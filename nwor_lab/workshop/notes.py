@@ -31,6 +31,7 @@ class ChapterNotes:
     answers: tuple[str, ...] = ()                # the answer key: one per question, in order
     run_estimate_s: float = 30.0
     pending: str = ""                            # why these notes wait for their chapter
+    in_agenda: bool = True                       # False: self-paced after the day (the 3 hours have no room)
 
     def expected(self, metrics: dict | None) -> list[str]:
         """The expected outputs with this run's numbers; a line whose metric was not recorded says so."""
@@ -392,6 +393,39 @@ NOTES = {n.stem: n for n in [
                  "block-level prefix sharing.",
                  "Tokens per second end to end: the tree drafts topk times the head rows per level, and its verify "
                  "window is N + 1 rows per request, which costs more once the batch is compute-bound.",)),
+    ChapterNotes(
+        "15_prefix", "Blocks that outlive a request", talk_min=8, hands_on_min=8, run_estimate_s=75,
+        in_agenda=False,
+        say=("A block is registered in the prefix cache when a commit makes it full of kept tokens' K/V, never when "
+             "a window writes it: under write-all a written block can hold rejected drafts.",
+             "Its key is a chained hash: the parent block's key and the block's token ids, so it names the whole "
+             "prefix; hits are shared, never written, and idle blocks outlive their request until evicted.",
+             "The EAGLE head is a store of its own: its boundary row reads the next token, and its K/V must ride "
+             "with the target's block. The field's failures (vLLM's last-block drop, SGLang's lost head cache) are "
+             "strategies here, measured beside the exact ones.",
+             "A request aborted or preempted between verify and commit commits none of its drafts, under every "
+             "policy; the others in the step do not notice."),
+        misconception="\"Rejected drafts are harmless once the request moves on\": in a shared block they are handed "
+                      "to every later request with the same prefix, and a lost head cache costs acceptance while "
+                      "every token still looks right.",
+        questions=("Why may the block holding a request's last committed row not be registered, even under `stage`?",
+                   "What does `drop_last` pay per hit, and why does `boundary` not pay it?",
+                   "A request is preempted by swap after its verify pass wrote its drafts. What must not be "
+                   "swapped back, and why does the engine get that for free?"),
+        expect=("hit tokens: target-only {target_only_hit_tokens}, boundary {boundary_hit_tokens}, drop_last "
+                "{drop_last_hit_tokens} ({drop_last_recomputed_tokens} recomputed) of {prompt_tokens} prompt tokens",
+                "acceptance after a hit: cached {cached_acceptance_after_hit}, missing "
+                "{missing_acceptance_after_hit}, no prefix cache {no_cache_acceptance}",
+                "abort mid-window leaves the others' tokens: {abort_others_unchanged}; swap moved "
+                "{swapped_out_bytes:,} B, recompute re-prefilled {recomputed_tokens} tokens"),
+        answers=("It is partial: rows past the committed length are unwritten or (under write-all) hold rejected "
+                 "drafts, and its later rows will still be written by the request; a shared block is never written.",
+                 "One block of target tokens prefilled again per hit, to recompute the head's boundary row from a fresh "
+                 "hidden state; `boundary` keeps that hidden state and next token beside each committed block and "
+                 "recomputes one head row only when the next prompt token differs.",
+                 "The window's drafts as committed rows: the engine rejects all of a dropped request's drafts before "
+                 "the commit, so its committed length does not move; bytes past it (write-all's) travel with the "
+                 "blocks but are never read, never registered, and overwritten when the request verifies again.",)),
 ]}
 
 BREAK_MIN = 10
