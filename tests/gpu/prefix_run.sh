@@ -2,11 +2,11 @@
 # `nwor-lab bench prefix` on the Llama-3-8B shape (random bf16 weights, EAGLE-1- and EAGLE-3-shaped
 # heads, the shipped forced-acceptance profile at k = 3), one command of at most ~9 minutes (a deadline
 # cuts every stage; the JSON is written after the untimed pass and again at the end, `complete` says which):
-#   workload   32 conversations x 3 turns, a 512-token shared system prompt, 64 new tokens a turn,
-#              closed loop, block size 16 (the bench's 8B defaults; stated in the JSON)
-#   configs    target-only with and without prefix caching; per head: no prefix caching, stage with
-#              cached+boundary, and every head-cache x lookahead under stage (recompute: refused row)
-#   then       EAGLE-3 alone with a small cache (--num-blocks 160) under swap and recompute preemption
+#   workload   8 conversations x 2 turns, a 256-token shared system prompt, 32 new tokens a turn,
+#              closed loop, block size 16 (stated in the JSON)
+#   configs    target-only with and without prefix caching; EAGLE-3: no prefix caching, and every
+#              head-cache x lookahead under stage
+#   then       EAGLE-3 alone with a small cache (--num-blocks 48) under swap and recompute preemption
 # Steps run eagerly (every run builds a fresh engine: module docstring of nwor_lab/bench/prefix.py).
 # Writes $OUT/prefix_8b_<card>.json, prefix_8b_small_{swap,recompute}_<card>.json and their logs;
 # copy them to benchmarks/results/.
@@ -34,14 +34,17 @@ PY
 }
 
 stage "bench prefix --model 8b"
-timeout $(lim 330) python3 -m nwor_lab.bench.prefix --model 8b --device cuda --policies stage --repeats 2 \
-  --quiet --out "$OUT/prefix_8b_$TAG.json" > "$OUT/prefix_8b.log" 2>&1
+# the bench's 8B default workload (32 x 3 turns, 512-token system prompt) did not finish its untimed pass in
+# 320 s on an H200 (eager steps); this one ran in 98 s (benchmarks/results/prefix_8b_h200.json)
+SMALL_WORKLOAD="--conversations 8 --turns 2 --system-tokens 256 --max-new-tokens 32"
+timeout $(lim 330) python3 -m nwor_lab.bench.prefix --model 8b --device cuda --heads eagle3 --policies stage \
+  $SMALL_WORKLOAD --repeats 2 --quiet --out "$OUT/prefix_8b_$TAG.json" > "$OUT/prefix_8b.log" 2>&1
 echo "bench prefix exit $?"
 report "$OUT/prefix_8b_$TAG.json" "$OUT/prefix_8b.log"
 for mode in swap recompute; do
   stage "bench prefix --model 8b, small cache, $mode"
   timeout $(lim 80) python3 -m nwor_lab.bench.prefix --model 8b --device cuda --heads eagle3 --policies stage \
-    --head-caches cached --lookaheads boundary --num-blocks 160 --preemption $mode --repeats 1 --quiet \
+    --head-caches cached --lookaheads boundary $SMALL_WORKLOAD --num-blocks 48 --preemption $mode --repeats 1 --quiet \
     --out "$OUT/prefix_8b_small_${mode}_$TAG.json" > "$OUT/prefix_8b_small_$mode.log" 2>&1
   echo "bench prefix ($mode) exit $?"
   report "$OUT/prefix_8b_small_${mode}_$TAG.json" "$OUT/prefix_8b_small_$mode.log"
