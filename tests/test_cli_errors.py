@@ -76,8 +76,6 @@ def cases(sandbox: Path) -> list[Case]:
         Case("context-overflow", ["generate", LONG_PROMPT, "--max-new-tokens", "8"],
              r"prompt\[0\]: \d+ tokens \+ --max-new-tokens=8 exceed the model's 1024 positions .*--truncate-prompt"),
         Case("head-cache-alone", gen + ["--head-cache", "missing"], r"--head-cache: a prefix-caching strategy; add --prefix-cache"),
-        Case("head-cache-recompute", gen + ["--prefix-cache", "--head-cache", "recompute"],
-             r"--prefix-cache --head-cache='recompute' is not built.* Use --head-cache='cached'"),
         Case("head-cache-bad", gen + ["--prefix-cache", "--head-cache", "lru"], r"argument --head-cache: invalid choice"),
         Case("num-blocks-huge", gen + ["--num-blocks", "1000000000"],
              r"the KV cache needs .* more than the .* available on cpu; lower --num-blocks"),
