@@ -89,7 +89,7 @@ browser-deps:
 # One torch thread per process: the tests' tensors are tiny, and on a 2-core machine a second thread
 # busy-waits beside the tests' own subprocesses (measured: the same wall time, 40 % less CPU).
 test-unit: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q tests --ignore=tests/vllm_plugin
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 tests --ignore=tests/vllm_plugin
 
 # a separate pytest run: with --nbval-lax, `pytest tests` would also collect tests/data/*.ipynb
 test-notebooks: $(STAMP)
