@@ -42,7 +42,8 @@ def test_the_check_text_says_pass_or_an_identical_failure():
     doc = _doc()
     assert "they pass" in ss.check_text(doc, 32, EXACT)
     fail = ss.check_text(doc, 64, EXACT)
-    assert "fail it on 1 of 10" in fail and "identically" in fail and "0.0100" in fail
+    assert "miss it on 1 of 10" in fail and "identically" in fail and "0.0100" in fail
+    assert "**within noise**" in fail          # target-only's own gap moves 0.01 between the batches
     doc["results"][-1]["max_logit_gap"] = 0.5                # one strategy differs: no claim of shared arithmetic
     assert "differ" in ss.check_text(doc, 64, EXACT) and "identically" not in ss.check_text(doc, 64, EXACT)
 
@@ -50,7 +51,7 @@ def test_the_check_text_says_pass_or_an_identical_failure():
 def test_engine_rows_and_figures_render():
     doc = _doc()
     rows = ss.engine_rows(doc)
-    assert len(rows) == 10 and rows[0]["correct"] == "NO" and rows[1]["first divergence"] == "none"
+    assert len(rows) == 10 and rows[0]["verdict"] == "wrong" and rows[1]["first divergence"] == "none"
     table = ss.markdown_table(rows, ["batch", "strategy", "tok/s"]).splitlines()
     assert table[0] == "| batch | strategy | tok/s |" and len(table) == 12
     for fig in (ss.throughput_figure(doc, title="t"), ss.logit_gap_figure(doc, title="g")):
@@ -91,3 +92,27 @@ def test_the_calibration_text_names_a_prefill_token_and_the_batches_that_passed(
     assert "At batch 64 every exact strategy" in text and "stopped before batch 1" in text
     doc["results"][1]["correct"] = True                      # one strategy passed: no "all four"
     assert "three exact strategies were flagged" in ss.calibration_text(doc, EXACT)
+
+
+def test_three_verdicts_exact_within_the_targets_own_noise_and_wrong():
+    doc = _doc()                                  # target-only's own largest gap: 0.29 at 32, 0.30 at 64
+    assert ss.noise_band(doc) == pytest.approx(0.01)
+    verdicts = {(r["strategy"], r["batch"]): ss.verdict(doc, r) for r in doc["results"]}
+    assert verdicts[("stage", 32)] == "exact" and verdicts[("off", 32)] == "wrong"
+    assert verdicts[("stage", 64)] == "within noise"            # 0.31 against 0.30: the band's width, no more
+    far = _doc(exact_gap_64=0.33)                               # 0.03 over: three times the target's own spread
+    assert ss.verdict(far, ss.row(far, "stage", 64)) == "wrong"
+    assert "**wrong**" in ss.check_text(far, 64, EXACT)
+    one = {"k": 4, "results": [r for r in doc["results"] if r["batch"] == 64]}   # one batch: one bf16 step
+    assert ss.noise_band(one) == pytest.approx(0.30 * ss.BF16_EPS)
+    assert ss.verdict(one, ss.row(one, "stage", 64)) == "wrong"  # 0.01 is more than 0.0023
+    colours = set(ss.logit_gap_figure(doc, title="g").data[1].marker.color)
+    assert colours == {ss.VERDICT_COLOURS["wrong"], ss.VERDICT_COLOURS["within noise"]}     # batch 64's panel
+
+
+def test_the_stored_batch_64_row_reads_within_noise_not_wrong():
+    path = ss.results_dir() / "state8b_h200.json"
+    doc = ss.load(path)
+    got = {(r["strategy"], r["batch"]): ss.verdict(doc, r) for r in doc["results"]}
+    assert {got[(n, 64)] for n in EXACT} == {"within noise"} and got[("off", 64)] == "wrong"
+    assert {got[(n, 32)] for n in EXACT} == {"exact"}

@@ -17,6 +17,9 @@ from nwor_lab.viz.tables import records_table as markdown_table     # rows of di
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout
 
 MIB = 2 ** 20
+BF16_EPS = 2.0 ** -7      # bf16's relative spacing (7 stored mantissa bits): a gap this much above the
+                          # tolerance, relatively, is one rounding step of the arithmetic itself
+VERDICTS = ("exact", "within noise", "wrong")
 TICKS = (0.1, 0.2, 0.5, 1, 2, 5, 10)      # the logit-gap axis (log)
 
 
@@ -33,6 +36,31 @@ def load(path) -> dict:
     return doc
 
 
+def noise_band(doc: dict) -> float:
+    """How far target-only decoding's own largest logit gap moves in this document, in standard
+    deviations: the spread of `target_only_max_logit_gap` over the document's batches (bf16 rounds a
+    batch-32 and a batch-64 pass differently, with no drafts at all), and at least one bf16 rounding
+    step of the largest of them (`BF16_EPS`, so a one-batch document still has a band)."""
+    own = [r["target_only_max_logit_gap"] for r in doc["results"] if r.get("target_only_max_logit_gap") is not None]
+    if not own:
+        return 0.0
+    return max(max(own) - min(own), BF16_EPS * max(own))
+
+
+def verdict(doc: dict, r: dict) -> str:
+    """One row's verdict, one of `VERDICTS`: "exact" when the check passes (no target-emitted token
+    further from the target's own choice than target-only decoding's worst at that batch); "within
+    noise" when it misses the tolerance by no more than the target's own bf16 noise (`noise_band`);
+    "wrong" beyond that. A row without a logit gap (no forced acceptance) has only the greedy check:
+    "exact" or "wrong"."""
+    if r["correct"]:
+        return "exact"
+    gap, tol = r.get("max_logit_gap"), r.get("tolerance")
+    if gap is None or tol is None:
+        return "wrong"
+    return "within noise" if gap - tol <= noise_band(doc) else "wrong"
+
+
 def engine_rows(doc: dict) -> list[dict]:
     """Display rows of a `bench state` document, one per (batch, strategy), in the file's order.
     The logit-gap columns are empty for a run without forced acceptance (they are in units of the
@@ -43,7 +71,7 @@ def engine_rows(doc: dict) -> list[dict]:
             f"token {r['first_divergence']} (prompt {r['first_divergence_prompt']})"
         gap = r.get("max_logit_gap")
         out.append({
-            "batch": r["batch"], "strategy": r["strategy"], "correct": "yes" if r["correct"] else "NO",
+            "batch": r["batch"], "strategy": r["strategy"], "verdict": verdict(doc, r),
             "first divergence": div,
             "largest logit gap": "—" if gap is None else f"{gap:.4f}",
             "tolerance": "—" if r.get("tolerance") is None else f"{r['tolerance']:.4f}",
@@ -88,7 +116,7 @@ def check_text(doc: dict, batch: int, exact: list[str]) -> str:
     text = (f"**Batch {batch}:** `off` is {off['max_logit_gap']:.1f} standard deviations off at worst, over the "
             f"tolerance on {off['target_tokens_over_tolerance']} of {off['target_tokens_checked']} target-emitted "
             f"tokens, from token {off['first_divergence']} of prompt {off['first_divergence_prompt']}. The "
-            f"{_count(len(rows))} exact strategies {'give the same check, to the last digit' if same else 'differ'}: "
+            f"{_count(len(rows))} strategies that commit only accepted state {'give the same check, to the last digit' if same else 'differ'}: "
             f"largest gap {ex['max_logit_gap']:.4f} against a tolerance of {ex['tolerance']:.4f} (target-only's "
             f"own largest gap {ex['target_only_max_logit_gap']:.4f}). ")
     if all(r["correct"] for r in rows):
@@ -96,13 +124,17 @@ def check_text(doc: dict, batch: int, exact: list[str]) -> str:
                        "they pass." if ex["max_logit_gap"] <= ex["target_only_max_logit_gap"] else "They pass.")
     if not same:
         return text + "Not all of them pass: see the table."
-    return text + (f"They fail it on {ex['target_tokens_over_tolerance']} of {ex['target_tokens_checked']} tokens "
+    band = noise_band(doc)
+    miss = ex["max_logit_gap"] - ex["tolerance"]
+    within = verdict(doc, ex) == "within noise"
+    return text + (f"They miss it on {ex['target_tokens_over_tolerance']} of {ex['target_tokens_checked']} tokens "
                    f"(token {ex['first_divergence']} of prompt {ex['first_divergence_prompt']}), by "
-                   f"{ex['max_logit_gap'] - ex['tolerance']:.4f} standard deviations (`off`: "
-                   f"{off['max_logit_gap'] - off['tolerance']:.1f}), and all of them identically: different ways "
-                   f"of keeping the state would hardly miss on the same token by the same amount, while the bf16 "
-                   f"rounding of the verify window's arithmetic, which they share, does. That is arithmetic, not "
-                   f"state — but the check, as written, calls the row not correct, and so does the table.")
+                   f"{miss:.4f} standard deviations (`off`: {off['max_logit_gap'] - off['tolerance']:.1f}), and all of "
+                   f"them identically. Target-only decoding's own largest gap moves by {band:.4f} in this file "
+                   f"(across its batches, or one bf16 rounding step): "
+                   + (f"the miss is inside that, so the verdict is **within noise** — the verify window's bf16 "
+                      f"arithmetic, which they share, not the state (one file, one run per batch)."
+                      if within else "the miss is larger than that, so the verdict is **wrong**."))
 
 
 def _count(n: int) -> str:
@@ -163,17 +195,20 @@ def throughput_figure(doc: dict, *, title: str, subtitle: str | None = None) -> 
     return fig
 
 
+VERDICT_COLOURS = {"exact": TOKEN_COLOURS["kept"], "within noise": TOKEN_COLOURS["pending"],
+                   "wrong": TOKEN_COLOURS["rejected"]}
+
+
 def logit_gap_figure(doc: dict, *, title: str, subtitle: str | None = None) -> go.Figure:
     """The correctness check of a forced-acceptance run: per strategy the largest gap between the
     emitted token's logit and the best one (log scale, in logit standard deviations), one panel per
-    batch, the tolerance of that batch as a dashed line (its value in the panel's title); a bar over it
-    is coloured as wrong."""
+    batch, the tolerance of that batch as a dashed line (its value in the panel's title); each bar
+    coloured by its `verdict`: exact, within the target's own bf16 noise, or wrong."""
     batches, fig = _panels(doc)
     for c, b in enumerate(batches, start=1):
         mine = [r for r in doc["results"] if r["batch"] == b]
-        over = [r["max_logit_gap"] > r["tolerance"] for r in mine]
         fig.add_trace(go.Bar(x=[r["strategy"] for r in mine], y=[r["max_logit_gap"] for r in mine],
-                             marker_color=[TOKEN_COLOURS["rejected"] if o else TOKEN_COLOURS["kept"] for o in over],
+                             marker_color=[VERDICT_COLOURS[verdict(doc, r)] for r in mine],
                              showlegend=False, text=[f"{r['max_logit_gap']:.4f}" for r in mine], textposition="outside",
                              cliponaxis=False, hovertemplate="%{x}: %{y:.4f}<extra></extra>"), row=1, col=c)
         tol = mine[0]["tolerance"]
@@ -182,7 +217,7 @@ def logit_gap_figure(doc: dict, *, title: str, subtitle: str | None = None) -> g
         fig.update_yaxes(type="log", title_text="largest gap (std devs)" if c == 1 else None, range=[-1, 1.3],
                          tickvals=TICKS, ticktext=[f"{t:g}" for t in TICKS], row=1, col=c)
         fig.update_xaxes(title_text="state strategy", row=1, col=c)
-    for name, colour in (("within the tolerance", TOKEN_COLOURS["kept"]), ("over it", TOKEN_COLOURS["rejected"])):
+    for name, colour in VERDICT_COLOURS.items():
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
                                  marker=dict(symbol="square", size=13, color=colour)))
     fig.update_layout(**base_layout(title, subtitle), height=440 + LEGEND_PX, width=1000)
