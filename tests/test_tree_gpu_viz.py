@@ -107,9 +107,12 @@ def test_the_verdicts_are_built_from_the_rows():
     again = {"rows": [bench_row("write-all+move", 16, 8, 10.0, 2000.0, 0.4), bench_row("stage", 16, 8, 9.9, 2000.0, 0.2)]}
     text = stored_run_text(data, "tree_8b_x.json", {"again.json": again})
     # the one pair (N 16, batch 8): graphed 11 / 10 ms, attention 3000 / 2000 µs; the repeat had stage ahead
-    assert "Not at every point.** Replayed" in text and "1.100–1.100× write-all + move's" in text
+    assert "Not at every point.** Replayed" in text and "graphed step no slower everywhere" in text and "1.100–1.100× write-all + move's" in text
     assert "N = 16 batch 8 (1.100×)" in text and "1.50–1.50× move's attention kernels" in text
     assert "the 2 stored runs of this step put `stage` at 0.990–1.100× move: on both sides of 1" in text
+    assert "stores no eager comparison" in text           # no summary: the verdict is scoped to the graph
+    eager = dict(data, summary={"stage_over_move_step": {"N16_b1": 0.99, "N16_b8": 1.04}})
+    assert "slower at N = 16 batch 8: no claim of 'no slower' holds for eager steps" in stored_run_text(eager, "x.json")
     alone = stored_run_text(data, "x.json", {"same.json": data})
     assert "slower in every run, by at most 10.0% of the step" in alone
     tvc = [{"batch": 8, "nodes": 16, "nwor": "stage", "tree": "t", "tree_tok_s": 300.0, "chain_tok_s": 200.0,

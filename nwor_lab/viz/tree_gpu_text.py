@@ -19,6 +19,19 @@ def _kernel_ratios(data: Mapping, kernel: str) -> list[float]:
     return [a / b for a, b in pairs if a and b]
 
 
+def _eager_scope(data: Mapping) -> str:
+    """The same question for the eager step (host time included), from the run's summary: a verdict
+    about the graphed step says nothing about the eager one, so the text gives both."""
+    eager = (data.get("summary") or {}).get("stage_over_move_step") or {}
+    if not eager:
+        return "The run stores no eager comparison: the verdict above is the graphed step's only. "
+    ratios = list(eager.values())
+    over = [k.replace("_b", " batch ").replace("N", "N = ") for k, v in eager.items() if v > 1.0]
+    return (f"Eager (host time included, one strategy after the other) it is {_span(ratios, '.3f')}× move's"
+            + (f", slower at {', '.join(over)}: no claim of 'no slower' holds for eager steps. " if over
+               else ", no slower at any point. "))
+
+
 def stored_run_text(data: Mapping, name: str, repeats: Mapping[str, Mapping] | None = None) -> str:
     """`bench tree --model 8b --graphs --profile` JSON (`data`, stored as `name`) -> the section's verdict;
     `repeats` {name: JSON}: other runs of the same move/stage steps, whose spread says what a ratio near 1
@@ -38,10 +51,10 @@ def stored_run_text(data: Mapping, name: str, repeats: Mapping[str, Mapping] | N
     slower = [f"N = {r['nodes']} batch {r['batch']} ({r['graph_ratio']:.3f}×)" for r in sv if r["graph_ratio"] > 1.0]
     att = [r["attention_ratio"] for r in sv if r["attention_ratio"]]
     text += (
-        f"**Is `stage` no slower everywhere? {'Yes' if max(g) <= 1.0 else 'Not at every point'}.** Replayed from a CUDA "
-        f"graph, its step is {_span(g, '.3f')}× write-all + move's; slower than move at "
-        f"{', '.join(slower) if slower else 'no point'}. "
-        f"From each row's `kernels` (torch.profiler): the commit is cheaper under `stage` "
+        f"**Is `stage`'s graphed step no slower everywhere? {'Yes' if max(g) <= 1.0 else 'Not at every point'}.** "
+        f"Replayed from a CUDA graph, its step is {_span(g, '.3f')}× write-all + move's; slower than move at "
+        f"{', '.join(slower) if slower else 'no point'}. " + _eager_scope(data)
+        + f"From each row's `kernels` (torch.profiler): the commit is cheaper under `stage` "
         f"({_span([r['commit_ms_stage'] for r in sv])} ms against {_span([r['commit_ms_move'] for r in sv])} ms, "
         f"eager), and the tree verify attention now costs about the same under both")
     if att:
