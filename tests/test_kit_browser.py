@@ -95,8 +95,10 @@ def test_no_external_url_in_any_generated_html(kit_dir):
 def test_index_offline_lists_agenda_and_exercises(kit_dir, index, browser):
     page = open_page(browser, kit_dir / "index.html")
     try:
-        agenda = page.locator("table.agenda tbody tr")
+        agenda = page.locator('table.agenda[data-agenda="three-hour"] tbody tr')
         assert agenda.count() == len(index["agenda"])
+        day = index["agendas"]["full-day"]
+        assert page.locator('table.agenda[data-agenda="full-day"] tbody tr').count() == len(day["slots"])
         total = sum(s["minutes"] for s in index["agenda"])
         assert total == 180 and index["agenda"][-1]["clock"].endswith("3:00")
         for chapter in index["chapters"]:

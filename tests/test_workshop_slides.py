@@ -1,6 +1,7 @@
 """The kit's pieces without running a chapter: decks built from cell metadata, the agenda, the
 instructor notes, the offline check and the vendored reveal.js."""
 import json
+import math
 import re
 
 import nbformat
@@ -165,25 +166,85 @@ def built(name, seconds, status="ok"):
                      error=None if status == "ok" else "kernel 'nwor-lab-vllm' is not installed here")
 
 
-def test_agenda_fills_three_hours_from_measured_run_times():
-    kit_built = [built(s, 30.0) for s in ("00_tour", "02_paged_cache", "03_verify_window", "04_scv", "05_stage",
-                                          "06_cow", "07_sliding_window", "08_eagle", "10_sweep", "11_performance",
-                                          "12_exercises")] + [built("09_vllm", 0.0, "skipped")]
-    slots = agenda.plan(kit_built)
-    assert sum(s.minutes for s in slots) == 180 and slots[-1].clock.endswith("3:00")
-    assert [s.kind for s in slots].count("break") == 1 and slots[-1].kind == "wrap-up"
-    assert slots[[s.stem for s in slots].index("04_scv") + 1].kind == "break"
-    why = next(s for s in slots if s.stem == "01_why")
-    assert not why.run_measured and "not in this build" in why.note and why.minutes > 5   # a build without it
-    vllm = next(s for s in slots if s.stem == "09_vllm")
-    assert not vllm.run_measured and "skipped" in vllm.note
-    tour = next(s for s in slots if s.stem == "00_tour")
-    assert tour.run_measured and tour.run_s == 30.0
-    for a, b in zip(slots, slots[1:]):
+ALL = ("00_tour", "01_why", "02_paged_cache", "03_verify_window", "04_scv", "05_stage", "06_cow",
+       "07_sliding_window", "08_eagle", "10_sweep", "11_performance", "12_exercises", "13_state", "14_trees", "15_prefix")
+
+
+def measured_build(scale=1.0):
+    """A build whose every chapter ran, at its notes' run time (measured, or the estimate) times `scale`;
+    09 skipped (no vLLM kernel), as on a laptop."""
+    return [built(s, notes.for_chapter(s).run_estimate_s * scale) for s in ALL] + [built("09_vllm", 0.0, "skipped")]
+
+
+def adds_up(p):
+    """Every slot of a plan is its parts added up, the slots chain, and the day ends at its total."""
+    for s in p.slots:
+        if s.kind == "chapter":
+            parts = s.run_s / 60 + s.talk_min + s.hands_on_min
+            assert parts <= s.minutes < parts + 1, (s.stem, s.minutes, parts)
+            assert s.role == agenda.DEMO or s.hands_on_min > 0, s.stem
+            assert s.role == agenda.TAUGHT or s.hands_on_min == 0, s.stem
+    for a, b in zip(p.slots, p.slots[1:]):
         assert b.start_min == a.start_min + a.minutes
-    slower = agenda.plan([built(b.name, 600.0 if b.name == "08_eagle" else b.seconds, b.status) for b in kit_built])
-    eagle = lambda ss: next(s for s in ss if s.stem == "08_eagle")  # noqa: E731
-    assert eagle(slower).minutes > eagle(slots).minutes, "a longer measured run gets a longer slot"
+    assert sum(s.minutes for s in p.slots) == p.agenda.total_min and p.fits
+    assert p.slots[0].kind == "setup" and p.slots[-1].kind == "wrap-up"
+    assert p.slots[-1].minutes >= p.agenda.wrap_up_min
+
+
+def test_the_three_hour_path_adds_up_from_measured_run_times_with_two_breaks():
+    p = agenda.plan(measured_build(), agenda.THREE_HOUR)
+    adds_up(p)
+    assert p.slots[-1].clock.endswith("3:00")
+    assert [s.kind for s in p.slots].count("break") == 2
+    by = {s.stem: s for s in p.slots if s.kind == "chapter"}
+    assert 18 <= by["13_state"].minutes <= 22 and 18 <= by["14_trees"].minutes <= 22      # about 20 minutes each
+    roles = {s.role for s in by.values()}
+    assert roles == {agenda.TAUGHT, agenda.DEMO} and "15_prefix" in p.homework + p.self_paced
+    assert set(by) | set(p.homework) | set(p.self_paced) >= set(ALL) | {"09_vllm"}     # every chapter is placed
+    from nwor_lab import exercises
+    for stem, ex in exercises.by_chapter().items():       # a taught chapter has time for its exercises
+        if stem in by and by[stem].role == agenda.TAUGHT:
+            assert by[stem].hands_on_min >= 4 * len(ex), stem
+    vllm = agenda.plan(measured_build(), agenda.FULL_DAY)
+    nine = next(s for s in vllm.slots if s.stem == "09_vllm")
+    assert not nine.run_measured and "skipped" in nine.note
+
+
+def test_the_full_day_teaches_every_chapter_and_adds_up():
+    p = agenda.plan(measured_build(), agenda.FULL_DAY)
+    adds_up(p)
+    placed = [s.stem for s in p.slots if s.kind == "chapter"]
+    assert set(placed) == set(ALL) | {"09_vllm"} and placed == sorted(placed)
+    assert [s.title for s in p.slots if s.kind == "break"] == ["Break", "Lunch", "Break"]
+    twelve = next(s for s in p.slots if s.stem == "12_exercises")
+    assert twelve.hands_on_min >= 3 * 6, f"{twelve.hands_on_min} min of hands-on for three exercises"
+
+
+def test_a_longer_measured_run_gets_a_longer_slot_and_a_day_that_overflows_says_by_how_much():
+    base = agenda.plan(measured_build(), agenda.THREE_HOUR)
+    slower = agenda.plan([built(b.name, 600.0 if b.name == "08_eagle" else b.seconds, b.status)
+                          for b in measured_build()], agenda.THREE_HOUR)
+    eagle = lambda p: next(s for s in p.slots if s.stem == "08_eagle")  # noqa: E731
+    e = eagle(slower)
+    assert e.minutes == math.ceil(600 / 60 + e.talk_min + e.hands_on_min) > eagle(base).minutes
+    assert eagle(slower).run_measured and eagle(slower).run_s == 600.0
+    assert not slower.fits and slower.over_min == sum(s.minutes for s in slower.slots) - 180
+    assert slower.slots[-1].minutes == agenda.THREE_HOUR.wrap_up_min       # no slack left: nothing scaled away
+
+
+def test_a_chapter_the_build_lacks_keeps_its_slot_with_its_estimate():
+    p = agenda.plan([built("00_tour", 30.0)], agenda.THREE_HOUR)
+    why = next(s for s in p.slots if s.stem == "01_why")
+    assert not why.run_measured and "not in this build" in why.note and why.run_s == notes.for_chapter("01_why").run_estimate_s
+    tour = next(s for s in p.slots if s.stem == "00_tour")
+    assert tour.run_measured and tour.run_s == 30.0
+
+
+def test_an_agenda_line_refuses_a_role_it_cannot_have():
+    with pytest.raises(ValueError, match="role='homework'"):
+        agenda.Line("10_sweep", "homework", talk_min=5)
+    with pytest.raises(ValueError, match="a demo has no hands-on minutes"):
+        agenda.Line("10_sweep", agenda.DEMO, talk_min=5, hands_on_min=3)
 
 
 def test_every_discussion_question_has_an_answer_key_in_the_notes_and_the_deck():
@@ -194,25 +255,16 @@ def test_every_discussion_question_has_an_answer_key_in_the_notes_and_the_deck()
 
 
 def test_the_day_starts_with_a_setup_slot_and_the_kit_says_what_to_install():
-    slots = agenda.plan([built("00_tour", 30.0)])
-    assert slots[0].kind == "setup" and slots[0].minutes == notes.SETUP_MIN and slots[0].start_min == 0
-    assert sum(s.minutes for s in slots) == 180
+    p = agenda.plan([built("00_tour", 30.0)])
+    assert p.slots[0].kind == "setup" and p.slots[0].minutes == notes.SETUP_MIN and p.slots[0].start_min == 0
+    assert sum(s.minutes for s in p.slots) == 180
     for needed in ("make setup", "make setup-vllm", "Binder", "09", "environment.yml"):
         assert needed in notes.SETUP, needed
 
 
-def test_twelves_slot_fits_its_three_exercises():
-    kit_built = [built(s, 30.0) for s in ("00_tour", "01_why", "02_paged_cache", "03_verify_window", "04_scv",
-                                          "05_stage", "06_cow", "07_sliding_window", "08_eagle", "10_sweep",
-                                          "11_performance", "12_exercises")] + [built("09_vllm", 0.0, "skipped")]
-    twelve = next(s for s in agenda.plan(kit_built) if s.stem == "12_exercises")
-    from nwor_lab import exercises
-    assert len(exercises.by_chapter()["12_exercises"]) == 3
-    assert twelve.hands_on_min >= 3 * 6, f"{twelve.hands_on_min} min of hands-on for three exercises"
-
-
-def test_a_self_paced_chapter_gets_no_slot_and_the_day_still_fills_three_hours():
-    self_paced = [n.stem for n in notes.NOTES.values() if not n.in_agenda]
-    assert self_paced, "no self-paced chapter to check"
-    slots = agenda.plan([built("00_tour", 30.0)] + [built(s, 60.0) for s in self_paced])
-    assert not {s.stem for s in slots} & set(self_paced) and sum(s.minutes for s in slots) == 180
+def test_a_self_paced_chapter_gets_no_slot_in_either_agenda(monkeypatch):
+    import dataclasses
+    monkeypatch.setitem(notes.NOTES, "15_prefix", dataclasses.replace(notes.NOTES["15_prefix"], in_agenda=False))
+    for p in agenda.plans(measured_build()).values():
+        assert "15_prefix" not in {s.stem for s in p.slots} and p.self_paced == ["15_prefix"]
+        assert sum(s.minutes for s in p.slots) == p.agenda.total_min

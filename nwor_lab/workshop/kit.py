@@ -329,7 +329,8 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
     from nwor_lab.workshop import vendor
 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    slots = agenda_mod.plan(kit)
+    plans = agenda_mod.plans(kit)
+    slots = plans[agenda_mod.THREE_HOUR.name].slots
     for b in kit:
         write_notes_page(b, out, next((s for s in slots if s.stem == b.name), None))
     try:
@@ -339,23 +340,11 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
     meta = {"built": when, "python": platform.python_version(), "parameters": {"interactive": False},
             "build_seconds": None if build_seconds is None else round(build_seconds, 1), "reveal_js": reveal}
     atomic.write_json(out / "index.json", {**meta, "agenda": [s.as_dict() for s in slots],
+                                           "agendas": {k: p.as_dict() for k, p in plans.items()},
                                            "chapters": [asdict(b) for b in kit]}, indent=2, newline=True)
     e = html.escape
     by_stem = {b.name: b for b in kit}
-    agenda_rows = []
-    for s in slots:
-        if s.kind != "chapter":
-            agenda_rows.append(f'<tr class="break"><td class="clock">{s.clock}</td><td>{e(s.title)}</td>'
-                               f'<td colspan="4"></td><td>{s.minutes} min</td></tr>')
-            continue
-        b = by_stem.get(s.stem)
-        links = " · ".join(_link(h, t) for h, t in ((b.html, "page"), (b.slides, "slides"), (b.notes, "notes"))
-                           if h) if b else ""
-        run = f"{s.run_s:.0f} s" + ("" if s.run_measured else " (estimate)")
-        agenda_rows.append(
-            f'<tr><td class="clock">{s.clock}</td><td>{e(s.stem)} · {e(s.title)}'
-            + (f'<div class="note">{e(s.note)}</div>' if s.note else "") + f'</td><td>{run}</td>'
-            f'<td>{s.talk_min:.0f} min</td><td>{s.hands_on_min:.0f} min</td><td>{links}</td><td>{s.minutes} min</td></tr>')
+    agendas_html = "\n".join(_agenda_html(p, by_stem) for p in plans.values())
     rows = []
     for b in kit:
         status = {"ok": "ok", "failed": f'failed<pre class="error">{e(b.error or "")}</pre>',
@@ -365,9 +354,6 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
             f'<td class="status">{status}</td><td class="time">{b.seconds:.1f} s</td>'
             f'<td>{_link(b.slides, "slides")}</td><td>{_link(b.notes, "notes")}</td>'
             f'<td><ul>{_exercise_items(b)}</ul></td></tr>')
-    self_paced = [b.name for b in kit if not agenda_mod.in_agenda(b.name)]
-    after_the_day = (f" Self-paced after the day (no slot in the three hours): {e(', '.join(self_paced))}."
-                     if self_paced else "")
     failed = sum(b.status == "failed" for b in kit)
     skipped = sum(b.status == "skipped" for b in kit)
     total_ex = sum(len(b.exercises) for b in kit)
@@ -382,14 +368,7 @@ kernel's start. Everything here works offline: reveal.js {e(reveal)} and plotly.
 Slides: arrow keys, <kbd>S</kbd> opens the speaker notes, <kbd>F</kbd> full screen, <kbd>Esc</kbd> the overview.</p>
 <h2>Before the day</h2>
 {mistune.html(notes_mod.SETUP)}
-<h2>Agenda: 3 hours</h2>
-<p class="note">Each section: the chapter's run time measured by this build (the room waits while it runs live),
-plus the instructor's talk and hands-on minutes from the notes, scaled to fill three hours.{after_the_day}</p>
-<table class="agenda"><thead><tr><th>time</th><th>section</th><th>run time</th><th>talk</th><th>hands-on</th>
-<th>material</th><th>slot</th></tr></thead>
-<tbody>
-{chr(10).join(agenda_rows)}
-</tbody></table>
+{agendas_html}
 <h2>Chapters</h2>
 <table class="chapters"><thead><tr><th>chapter</th><th>status</th><th>run time</th><th>slides</th><th>notes</th>
 <th>exercises (state after this run)</th></tr></thead>
@@ -400,6 +379,42 @@ plus the instructor's talk and hands-on minutes from the notes, scaled to fill t
     index = out / "index.html"
     atomic.write_text(index, page)
     return index
+
+
+def _agenda_html(plan, by_stem: dict) -> str:
+    """One agenda as the index shows it: which chapters are taught, which are demos, which are homework."""
+    e = html.escape
+    rows = []
+    for s in plan.slots:
+        if s.kind != "chapter":
+            rows.append(f'<tr class="break"><td class="clock">{s.clock}</td><td>{e(s.title)}</td>'
+                        f'<td colspan="5"></td><td>{s.minutes} min</td></tr>')
+            continue
+        b = by_stem.get(s.stem)
+        links = " · ".join(_link(h, t) for h, t in ((b.html, "page"), (b.slides, "slides"), (b.notes, "notes"))
+                           if h) if b else ""
+        run = f"{s.run_s:.0f} s" + ("" if s.run_measured else " (estimate)")
+        rows.append(
+            f'<tr><td class="clock">{s.clock}</td><td>{e(s.stem)} · {e(s.title)}'
+            + (f'<div class="note">{e(s.note)}</div>' if s.note else "") + f'</td><td>{e(s.role)}</td><td>{run}</td>'
+            f'<td>{s.talk_min:.0f} min</td><td>{s.hands_on_min:.0f} min</td><td>{links}</td><td>{s.minutes} min</td></tr>')
+    a = plan.agenda
+    over = (f'<p class="error"><strong>Over {a.total_min // 60}:{a.total_min % 60:02d} by {plan.over_min} min</strong> '
+            f"with this build's run times: move a chapter to homework or shorten a line in "
+            f"<code>nwor_lab/workshop/agenda.py</code>.</p>" if not plan.fits else "")
+    after = "".join(f"<p><strong>{label}:</strong> {e(', '.join(stems))}.</p>" for label, stems in (
+        ("Homework (their exercises after the day; the demos' exercises too)", plan.homework),
+        ("Self-paced (in no day's agenda)", plan.self_paced)) if stems)
+    return f"""<h2 id="agenda-{e(a.name)}">Agenda: {e(a.title)} ({a.total_min // 60}:{a.total_min % 60:02d})</h2>
+<p class="note">Each slot adds up, unscaled: the chapter's run time measured by this build (the room waits while it
+runs live; an estimate where the build did not run it) plus the talk and hands-on minutes the agenda states,
+rounded up; what is left goes to the wrap-up's questions. <em>taught</em>: run, explained and exercised;
+<em>demo</em>: run and explained, its exercises are homework.</p>{over}
+<table class="agenda" data-agenda="{e(a.name)}"><thead><tr><th>time</th><th>section</th><th>role</th><th>run time</th>
+<th>talk</th><th>hands-on</th><th>material</th><th>slot</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table>{after}"""
 
 
 def write_notes_page(b: Built, out: Path, slot=None) -> str:
