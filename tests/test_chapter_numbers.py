@@ -79,3 +79,43 @@ def test_a_chapter_with_a_bare_number_fails_and_a_rendered_one_passes():
     nb.cells[0].source = "# T\n\nEager: the host's share per layer is printed below."
     assert numbers.scan(nb) == []
     json.dumps([str(f) for f in found])        # findings print as one line each
+
+
+# -- a verdict computed from a run carries its scope ---------------------------------------------
+# A code cell that renders a ranking or a crossover from a run (faster, slower, no slower, beats,
+# ahead of, crossover) must say, in the same sentence, what it was measured on: graphed or eager, the
+# device, the batch, the repeats or runs, a stored file, or that it is a demonstration
+# (`numbers.scan_verdicts`). "as fast or faster at every measured point" is no scope.
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_every_verdict_a_chapter_renders_says_what_it_was_measured_on(path):
+    found = numbers.scan_verdicts(nbformat.read(str(path), as_version=4))
+    assert not found, (f"{path.name}: verdict sentences rendered from a run without their scope (say graphed or "
+                       f"eager, the device, the batch, the repeats, the stored file, or 'demonstration'):\n"
+                       + "\n".join(map(str, found)))
+
+
+@pytest.mark.parametrize("source, bare", [
+    ('display(Markdown(f"`stage` is as fast or faster at every measured point ({r:.2f}×)."))',
+     ["`stage` is as fast or faster at every measured point ({r}×)."]),
+    ('print("EAGLE stops beating " + f"target-only at {c} clients" if c else "never")', []),      # clients: a load
+    ('print(f"EAGLE stops beating target-only at {c}")', ["EAGLE stops beating target-only at {c}"]),
+    ('x = f"Graphed, stage is faster than move at {n} points. Eager it is slower."', []),   # each names its regime
+    ('x = "Graphed, stage is faster. It is also slower than cow."', ["It is also slower than cow."]),
+    ('s = ("{} is faster than {}" if a else "x")', ["{} is faster than {}"]),
+    ('% timeit f()', []),                             # a magic: not Python, nothing to read
+    ('m = {"crossover": 1}', []),                     # a key, not a sentence
+])
+def test_the_verdict_rule_finds_unscoped_rankings_and_only_those(source, bare):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    assert [f.sentence for f in numbers.scan_verdicts(nb)] == bare
+
+
+def test_a_scoped_verdict_passes_and_the_finding_names_its_cell():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# T"),
+        nbformat.v4.new_code_cell('display(Markdown(f"stage is no slower than move at every point ({lo}–{hi}×)."))'),
+        nbformat.v4.new_code_cell('display(Markdown(f"stage\'s graphed step is no slower than move\'s at every point."))'),
+        nbformat.v4.new_code_cell('print(f"on {device}, one run: stage was faster (a demonstration)")')])
+    found = numbers.scan_verdicts(nb)
+    assert [f.cell for f in found] == [1] and str(found[0]).startswith("cell 1: stage is no slower")

@@ -19,6 +19,11 @@ tok/s tokens/s; a multiplier × or x). A × or x followed by a number or "(" is 
 "64× the bytes", "2.4×" and "0.66× `off`" are multipliers and do.
 `B` and `s` count only after a space ("57,344 B", "30 s"), so "Llama-3.2-3B" and "1990s" do not.
 
+A second rule covers what code cells render (`scan_verdicts`): a *verdict sentence* computed from a
+run (one thing faster, slower, no slower, ahead of, beating another, or a crossover) names its scope
+in the same sentence: graphed or eager, the device, the batch, the repeats, a stored file, or that it
+is a demonstration.
+
 A *paragraph* is a block of lines between blank lines, except that each item of a bulleted or
 numbered list is its own paragraph (a citation in one bullet does not cover the next); a table is one
 paragraph (cite its source in its header row, caption row or any cell). Fenced code blocks are
@@ -100,4 +105,80 @@ def scan(nb, results: Path = RESULTS) -> list[Finding]:
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             found += scan_markdown(cell.source, i, results)
+    return found
+
+
+# -- verdicts carry their scope ------------------------------------------------------------------
+# A *verdict sentence* is one a code cell renders from a run that ranks or crosses over: something is
+# faster, slower, wins, beats, or stops beating something else. One run on one machine under one
+# regime does not make such a sentence true in general, so the sentence must say what it was measured
+# on: the regime (graphed / eager / captured), the machine (CPU, GPU, a card, `device`), the batch,
+# the repeats (median, runs, range, spread, noise), or that it is a demonstration or a stored run
+# (a stored file's name). "at every measured point" alone is no scope: it says nothing of *which*.
+_VERDICT = re.compile(r"\b(?:faster|slower|fastest|slowest|no slower|as fast|beats?|beating|crossover|outperforms?|"
+                      r"ahead of)\b", re.I)
+_SCOPE = re.compile(r"graph|eager|captur|\bCPU\b|\bGPU\b|\bH\d00\b|device|batch|repeat|median|\bruns?\b|range|spread|"
+                    r"noise|demonstration|stored|\.json\b|\bN = |clients?\b|req/s|this machine", re.I)
+_SENTENCE = re.compile(r"(?<=[.!?;])\s+(?=[A-Z*`(])|\n\s*\n|\n-\s")
+
+
+@dataclass(frozen=True)
+class Unscoped:
+    cell: int                 # index of the code cell
+    sentence: str             # the verdict sentence, placeholders as {expression} (first 200 characters)
+
+    def __str__(self) -> str:
+        return f"cell {self.cell}: {self.sentence}"
+
+
+def _texts(source: str) -> list[str]:
+    """The text each string expression of a code cell renders: implicit and `+` concatenations joined,
+    f-string fields kept as `{expression}` (its source names what it holds: `{device}`, `{r['batch']}`);
+    each branch of a conditional expression read on its own."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:              # IPython magics: nothing this rule can read
+        return []
+
+    def text(node) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                           for v in node.values)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = text(node.left), text(node.right)
+            if left is not None or right is not None:
+                return (left or "{…}") + (right or "{…}")
+        return None
+
+    out, inside = [], set()
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        t = text(node)
+        if t is not None:
+            out.append(t)
+            inside.update(id(n) for n in ast.walk(node))
+    return out
+
+
+def verdict_sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s and _VERDICT.search(s) and len(s.split()) >= 4]
+
+
+def unscoped(text: str) -> list[str]:
+    """The verdict sentences of a rendered text that name no scope."""
+    return [s for s in verdict_sentences(text) if not _SCOPE.search(s)]
+
+
+def scan_verdicts(nb) -> list[Unscoped]:
+    """Every verdict sentence a chapter's code cells render that does not say what it was measured on."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            for t in _texts(cell.source):
+                found += [Unscoped(i, " ".join(s.split())[:200]) for s in unscoped(t)]
     return found
