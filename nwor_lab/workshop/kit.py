@@ -1,10 +1,12 @@
 """The workshop kit: every chapter executed (papermill, `interactive=False`), exported as a page and a
-slide deck, with instructor notes and a three-hour agenda computed from the measured run times.
+slide deck, with instructor notes and two agendas added up from the measured run times
+(`nwor_lab.workshop.agenda`: the three-hour path and the full day).
 
-    out/index.html                the kit: the agenda (start, end, run time, talk, hands-on per
-                                  section), then every chapter: status, run time, page, slides,
+    out/index.html                the kit: both agendas (start, end, role, run time, talk, hands-on
+                                  per section; homework), then every chapter: status, run time, page, slides,
                                   notes, and its exercises with the state the run left them in
-    out/index.json                the same, for scripts and tests
+    out/index.json                the same, for scripts and tests (`agenda`: the three-hour path's
+                                  slots; `agendas`: both plans, with homework and any overflow)
     out/<chapter>.html            the executed chapter (nbconvert's lab template, CSS and images
                                   inlined, figures responsive: as wide as their cell)
     out/<chapter>.slides.html     its reveal.js deck (authored per cell: `nwor_lab.workshop.slides`),
