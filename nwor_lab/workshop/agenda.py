@@ -177,7 +177,7 @@ def plan(built, agenda: Agenda = THREE_HOUR) -> Plan:
     used = sum(s.minutes for s in slots) + agenda.wrap_up_min
     left = agenda.total_min - used
     slots.append(Slot("wrap-up", "Wrap-up: what NWOR buys, where it matters, questions"
-                      + (f" ({left} min of it left by the slots)" if left > 0 else ""),
+                      + (f" (with {left} min to spare)" if left > 0 else ""),
                       minutes=agenda.wrap_up_min + max(0, left)))
     clock = 0
     for s in slots:

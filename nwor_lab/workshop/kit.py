@@ -334,7 +334,8 @@ def write_index(kit: list[Built], out: Path, build_seconds: float | None = None)
     plans = agenda_mod.plans(kit)
     slots = plans[agenda_mod.THREE_HOUR.name].slots
     for b in kit:
-        write_notes_page(b, out, next((s for s in slots if s.stem == b.name), None))
+        write_notes_page(b, out, next((s for s in slots if s.stem == b.name), None),
+                         homework=b.name in plans[agenda_mod.THREE_HOUR.name].homework)
     try:
         reveal = json.loads(vendor.RECORD.read_text())["version"]
     except (OSError, ValueError, KeyError):
@@ -419,7 +420,7 @@ rounded up; what is left goes to the wrap-up's questions. <em>taught</em>: run, 
 </tbody></table>{after}"""
 
 
-def write_notes_page(b: Built, out: Path, slot=None) -> str:
+def write_notes_page(b: Built, out: Path, slot=None, homework: bool = False) -> str:
     """`<chapter>.notes.html`: the instructor's page for one chapter, bound to this run's numbers."""
     import mistune
 
@@ -435,7 +436,10 @@ def write_notes_page(b: Built, out: Path, slot=None) -> str:
     if slot is not None:
         run = f"{slot.run_s:.0f} s" + ("" if slot.run_measured else " (estimate)")
         parts.append(f"<p><strong>In the agenda:</strong> {slot.clock}, {slot.minutes} min — run {run}, talk "
-                     f"{slot.talk_min:.0f} min, hands-on {slot.hands_on_min:.0f} min.</p>")
+                     f"{slot.talk_min:.0f} min, hands-on {slot.hands_on_min:.0f} min ({e(slot.role)}, "
+                     f"the three-hour path).</p>")
+    elif homework:
+        parts.append("<p><strong>In the three-hour path:</strong> homework (no slot; the full day teaches it).</p>")
     if b.status != "ok":
         parts.append(f'<p class="note"><strong>{e(b.status)}:</strong> {e(b.error or "")}</p>')
     if n is None:
