@@ -129,3 +129,30 @@ def test_no_state_is_named_for_the_state():
     nwor = audit_handoff(pair.target, pair.head, LabConfig(nwor_mode="stage", state_mode="stage"), prompts(), 8,
                          "nwor", k=3, block_size=4)
     assert nwor.store("handoff").status == "clean" and nwor.first_divergence is None
+
+
+# -- a hybrid's state checkpoints through the host tier ---------------------------------------------
+class CorruptTheCheckpoints(CorruptThePool):
+    """As CorruptThePool, in the state checkpoint that travels with each block."""
+
+    def on_window_end(self, engine, trace, window):
+        pool = engine.prefix.host.pool
+        for h, slot in pool.slot_of.items():
+            if h not in self.done:
+                pool.rows["state.recurrent"][slot] += 1.0
+                self.done.add(h)
+
+
+@pytest.mark.parametrize("fault", [None, CorruptTheCheckpoints])
+def test_a_hybrids_state_checkpoints_through_the_host_tier_are_audited(fault):
+    pair = toy_hybrid_pair()
+    report = audit_conversations(LabConfig(nwor_mode="stage", state_mode="stage"), pair, conversations(pair, 3, 2, 12),
+                                 6, block_size=4, num_blocks=10, max_num_seqs=1,
+                                 observers=[fault()] if fault else (),
+                                 prefix_cache=PrefixCacheConfig(host_blocks=64, offload="target_head_state"))
+    s = report.store("host_tier")
+    assert report.run["prefix"]["host_restores"] > 0 and s.rows_checked > 0
+    if fault is None:
+        assert report.reached == [] and report.first_divergence is None
+    else:
+        assert s.status == "reached" and s.detail["store"] == "state.recurrent"
