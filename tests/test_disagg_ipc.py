@@ -1,4 +1,4 @@
-"""The CUDA IPC transport's CPU side (the transport itself needs a GPU: tests/gpu/test_gpu_disagg_ipc.py):
+"""The CUDA IPC transport's CPU side (the transport itself needs a GPU: tests/gpu/test_gpu_handoff_ipc.py):
 what it sends is exported with its rows left on the engine's device and installed there, and that
 path decodes one engine's tokens; `cuda_ipc` is a transport setting, refused by name off CUDA (the
 function and the bench); `bench disagg --model 8b-mini` runs the 8B path at toy size."""

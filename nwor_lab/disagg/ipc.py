@@ -17,7 +17,7 @@ must outlive every consumer of a CUDA IPC allocation). `install` then assembles 
 and the swap-in path copies them into the decode engine's fresh blocks: device to device, no host
 copy of the K/V on the way.
 
-Unverified here: written on a machine without a GPU. tests/gpu/test_gpu_disagg_ipc.py runs it on
+Unverified here: written on a machine without a GPU. tests/gpu/test_gpu_handoff_ipc.py runs it on
 one card (tokens equal one engine's, greedy and seeded T > 0); tests/gpu/disagg_run.sh benches it
 on the Llama-3-8B shape. On the CPU `run_ipc_handoff` is refused by name (CUDA IPC needs CUDA).
 """

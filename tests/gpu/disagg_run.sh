@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prefill-to-decode hand-off on one GPU: the CUDA IPC tests (tests/gpu/test_gpu_disagg_ipc.py), then
+# The prefill-to-decode hand-off on one GPU: the CUDA IPC tests (tests/gpu/test_gpu_handoff_ipc.py), then
 # `nwor-lab bench disagg --model 8b --transport cuda_ipc` (Llama-3-8B shape, random bf16 weights, an
 # EAGLE-3-shaped head, forced acceptance: two processes, both engines on the one card, ~17 GB each),
 # 8 prompts x 512 tokens, 32 new tokens, k = 4, write policies off and stage, strategies nwor and
@@ -14,10 +14,10 @@ stage setup
 gpu_device device_disagg.txt
 gpu_install pip_disagg.log
 
-stage "pytest tests/gpu/test_gpu_disagg_ipc.py"
-timeout $(lim 180) python3 -m pytest -q -m gpu tests/gpu/test_gpu_disagg_ipc.py -p no:cacheprovider \
-  > "$OUT/test_gpu_disagg_ipc.log" 2>&1
-echo "pytest exit $?"; tail -3 "$OUT/test_gpu_disagg_ipc.log"
+stage "pytest tests/gpu/test_gpu_handoff_ipc.py"
+timeout $(lim 180) python3 -m pytest -q -m gpu tests/gpu/test_gpu_handoff_ipc.py -p no:cacheprovider \
+  > "$OUT/test_gpu_handoff_ipc.log" 2>&1
+echo "pytest exit $?"; tail -3 "$OUT/test_gpu_handoff_ipc.log"
 
 stage "bench disagg --model 8b --transport cuda_ipc"
 timeout $(lim 330) python3 -m nwor_lab.bench.disagg --model 8b --device cuda --transport cuda_ipc \
