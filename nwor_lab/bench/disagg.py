@@ -89,7 +89,7 @@ def main(argv=None) -> dict:
     p.add_argument("--model", type=types.one_of(("tiny", "8b", "8b-mini")), default="tiny",
                    help="tiny: the shipped pair (CPU); 8b: the Llama-3-8B shape, random bf16 weights (CUDA); "
                         "8b-mini: the same path at toy size")
-    p.add_argument("--device", default=None, help="default: cpu for tiny and 8b-mini, cuda for 8b")
+    p.add_argument("--device", type=types.device, default=None, help="default: cpu for tiny and 8b-mini, cuda for 8b")
     p.add_argument("--head", type=types.one_of(("eagle1", "eagle3")), default="eagle3", help="8B shapes: the head")
     p.add_argument("--acceptance", type=acceptance_text, default="shipped",
                    help="8B shapes: the forced acceptance profile (random weights accept nothing on their own)")
