@@ -177,11 +177,12 @@ def test_settings_and_registry(pair):
     assert e.prefix.host is None and not any(k.startswith("host_") for k in e.prefix_stats())
 
 
-def test_hybrid_target_refused_with_the_host_tier():
-    from nwor_lab.engine.offload import TargetHeadState
+def test_hybrid_target_refused_without_its_state():
+    """(target_head_state carries a hybrid's state: tests/test_host_tier_hybrid.py)"""
+    from nwor_lab.engine.offload import TargetHead
     from nwor_lab.model.toy import toy_hybrid
     with pytest.raises(ValueError, match="hybrid"):
-        TargetHeadState().check(type("E", (), {"target": toy_hybrid(0)})())
+        TargetHead().check(type("E", (), {"target": toy_hybrid(0)})())
 
 
 @pytest.mark.parametrize("preempt", ["recompute", "swap"])

@@ -1,6 +1,7 @@
 """`audit_conversations(...)`: the auditor on a multi-turn workload with a shared system prompt
 (`audit.conversations`), with prefix caching and/or a small cache that preempts: every store of
-`audit` plus `prefix_cache`, `head_cache` and `swap` (nwor_lab.audit.prefix).
+`audit` plus `prefix_cache`, `head_cache` and `swap` (nwor_lab.audit.prefix) and, with a host tier
+(`PrefixCacheConfig(host_blocks=N)`), `host_tier` (nwor_lab.audit.moved).
 
     report = audit_conversations(LabConfig(), pair, prefix_cache=PrefixCacheConfig(head_cache="missing"))
     report.reached                        # ["head_cache"]
@@ -17,6 +18,7 @@ import dataclasses
 
 from nwor_lab.audit.conversations import Conversations, run_closed_loop
 from nwor_lab.audit.kv import KVAudit
+from nwor_lab.audit.moved import HostTierAudit
 from nwor_lab.audit.prefix import PrefixAudit, ReferenceBlocks, SwapAudit, head_reference, noise_floor
 from nwor_lab.audit.report import STORES, AuditReport, StoreFinding
 from nwor_lab.audit.run import _present
@@ -63,6 +65,7 @@ def audit_conversations(config: LabConfig | None, pair, conv: Conversations, max
     watch = PrefixAudit(engine, findings)
     engine.observers.append(watch)
     SwapAudit(engine, findings)
+    host = HostTierAudit(engine, findings) if engine.prefix is not None and engine.prefix.host is not None else None
     if engine.states is not None:
         engine.states = StateAudit(engine.states, engine, findings)
     turns = run_closed_loop(engine, conv, max_new_tokens)
@@ -80,6 +83,8 @@ def audit_conversations(config: LabConfig | None, pair, conv: Conversations, max
         tol = max(tol, floor)
         head_rows = head_reference(pair.target, pair.head, config, k, watch.hits, block_size) if watch.hits else {}
         watch.finish(blocks, head_rows, tol)
+        if host is not None:
+            host.finish(blocks, tol)
     got, want = [r.output for _, _, r in turns], [r.output for _, _, r in ref_turns]
     d = first_divergence(got, want, trace=engine.trace, req_ids=[r.req_id for _, _, r in turns])
     divergence = None if d is None else {"request": d.prompt, "token": d.token, "expected": d.want, "got": d.got,

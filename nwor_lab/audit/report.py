@@ -5,7 +5,8 @@ A store's `status`:
     absent         the model has no such store (a Llama has no recurrent state; no ring configured)
     reached        a rejected draft's bytes are in the store after a window (`first_window` says which);
                    for the stores that outlive a window (`prefix_cache`, `head_cache`, `swap`:
-                   nwor_lab.audit.prefix), the store holds what target-only would not
+                   nwor_lab.audit.prefix; `host_tier`, `handoff`: nwor_lab.audit.moved), the store
+                   holds what target-only would not
     clean          rejected rows were checked (`rows_checked` > 0) and none left a byte behind
     not exercised  the store exists but no rejected row could have reached it (nothing to check)
 """
@@ -15,7 +16,8 @@ import json
 from dataclasses import dataclass, field
 
 # the stores, in the order they are reported (docs/audit.md says what each one is)
-STORES = ("kv", "kv_digests", "ring", "recurrent_state", "conv_state", "draft_kv", "prefix_cache", "head_cache", "swap")
+STORES = ("kv", "kv_digests", "ring", "recurrent_state", "conv_state", "draft_kv", "prefix_cache", "head_cache", "swap",
+          "host_tier", "handoff")
 STATUSES = ("absent", "reached", "clean", "not exercised")
 
 

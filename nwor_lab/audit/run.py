@@ -111,4 +111,6 @@ def _present(engine) -> dict[str, bool]:
             "ring": engine.sliding is not None and engine.sliding.ring_slots is not None,
             "recurrent_state": engine.states is not None, "conv_state": engine.states is not None,
             "draft_kv": engine.drafting, "prefix_cache": engine.prefix is not None,
-            "head_cache": engine.prefix is not None and engine.drafting, "swap": True}
+            "head_cache": engine.prefix is not None and engine.drafting, "swap": True,
+            "host_tier": engine.prefix is not None and engine.prefix.host is not None,
+            "handoff": False}     # one engine: nothing handed off (audit.moved.audit_handoff audits a hand-off)

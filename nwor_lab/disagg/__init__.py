@@ -6,10 +6,13 @@ a decode engine, which decodes with EAGLE (docs/handoff.md: the protocol).
   Shipment, export_request, install      one request's frame: export, wire format, install
   differing_rows                         committed rows that arrived other than a reference's (target-only)
   InProcess, TorchDistributed            transports (inprocess, gloo; nccl behind the same calls)
+  CudaIpc, run_ipc_handoff               cuda_ipc: two processes on one GPU (nwor_lab.disagg.ipc)
   prefill, decode, handoff, run_handoff, EnginePair, HandoffResult
                                          the two halves, in one process or two
 """
-from nwor_lab.disagg.handoff import EnginePair, HandoffResult, decode, handoff, prefill, run_handoff
+from nwor_lab.disagg.handoff import (EnginePair, HandoffResult, decode, handoff, prefill, run_handoff,
+                                     run_ipc_handoff)
+from nwor_lab.disagg.ipc import CudaIpc
 from nwor_lab.disagg.observer import RejectedRows
 from nwor_lab.disagg.shipment import PROTOCOL, Shipment, differing_rows, export_request, install
 from nwor_lab.disagg.strategies import HANDOFF_STRATEGIES, HandoffStrategy, handoff_strategy
@@ -17,4 +20,4 @@ from nwor_lab.disagg.transport import TRANSPORTS, InProcess, TorchDistributed
 
 __all__ = ["HANDOFF_STRATEGIES", "HandoffStrategy", "handoff_strategy", "Shipment", "export_request", "install",
            "PROTOCOL", "differing_rows", "InProcess", "TorchDistributed", "TRANSPORTS", "prefill", "decode", "handoff", "run_handoff",
-           "EnginePair", "HandoffResult", "RejectedRows"]
+           "EnginePair", "HandoffResult", "RejectedRows", "CudaIpc", "run_ipc_handoff"]

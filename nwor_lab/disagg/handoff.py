@@ -41,8 +41,10 @@ def watch_rejected(engine) -> RejectedRows:
     return o
 
 
-def prefill(engine, prompts: list[list[int]], max_new_tokens: int, strategy="nwor") -> list[Shipment]:
-    """Prefill every prompt in one step of `engine`; -> one shipment per prompt, in order."""
+def prefill(engine, prompts: list[list[int]], max_new_tokens: int, strategy="nwor", *,
+            on_device: bool = False) -> list[Shipment]:
+    """Prefill every prompt in one step of `engine`; -> one shipment per prompt, in order
+    (`on_device`: K/V rows and state left on the engine's device, for CUDA IPC)."""
     strategy = handoff_strategy(strategy)
     check_exportable(engine)              # before anything runs: a refused engine is left as it was
     rejected = watch_rejected(engine)
@@ -57,7 +59,7 @@ def prefill(engine, prompts: list[list[int]], max_new_tokens: int, strategy="nwo
         raise ValueError(f"prefill: prompts {late} did not fit the first step (max_num_seqs="
                          f"{engine.scheduler.max_num_seqs}, max_num_batched_tokens="
                          f"{engine.scheduler.max_num_batched_tokens}); raise them or hand off fewer prompts")
-    out = [export_request(engine, r, strategy, rejected.slots) for r in reqs]
+    out = [export_request(engine, r, strategy, rejected.slots, on_device=on_device) for r in reqs]
     for r in reqs:
         if not r.finished:
             engine.abort(r.req_id)
@@ -125,14 +127,19 @@ def handoff(prefill_engine, decode_engine, prompts, max_new_tokens: int, strateg
 @dataclass(frozen=True)
 class EnginePair:
     """How each rank builds its engine (picklable): `model` "toy" (nwor_lab.model.toy.toy_pair(seed)),
-    "tiny" (the shipped pair, nwor_lab.model.shipped.load_tiny) or "hybrid" (the shipped hybrid),
-    `config` a LabConfig, `engine`
-    the SpecEngine keyword arguments (k, num_blocks, block_size, temperature, seed, ...)."""
+    "tiny" (the shipped pair, nwor_lab.model.shipped.load_tiny), "hybrid" (the shipped hybrid), or
+    a random-weight shape "8b" / "8b-mini" (nwor_lab.model.shapes: `head` eagle1 / eagle3, bf16 on
+    CUDA, float32 on the CPU; both ranks draw the same weights from `seed`), `config` a LabConfig,
+    `engine` the SpecEngine keyword arguments (k, num_blocks, block_size, temperature, seed, ...),
+    `acceptance` a forced acceptance profile (`ForcedAcceptance.parse` text; random weights accept
+    nothing on their own), "" for none."""
 
     model: str = "toy"
     seed: int = 0
     config: LabConfig = LabConfig()
     engine: tuple = ()                    # (name, value) pairs: a frozen dataclass holds no dict
+    head: str = "eagle3"
+    acceptance: str = ""
 
     def build(self, device="cpu") -> SpecEngine:
         if self.model == "toy":
@@ -144,9 +151,18 @@ class EnginePair:
         elif self.model == "hybrid":
             from nwor_lab.model.shipped import load_hybrid
             target, head, _ = load_hybrid(device=device)
+        elif self.model in ("8b", "8b-mini"):
+            from nwor_lab.model.shapes import random_head, random_target
+            dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+            target = random_target(self.model, device, dtype, seed=self.seed)
+            head = random_head(target, self.head, self.model, seed=self.seed + 1)
         else:
-            raise ValueError(f"EnginePair(model={self.model!r}): choose toy, tiny or hybrid")
-        return SpecEngine(target.to(device), head.to(device), self.config, **dict(self.engine))
+            raise ValueError(f"EnginePair(model={self.model!r}): choose toy, tiny, hybrid, 8b or 8b-mini")
+        kw = dict(self.engine)
+        if self.acceptance:
+            from nwor_lab.speculative.synthetic import ForcedAcceptance
+            kw["acceptance"] = ForcedAcceptance.parse(self.acceptance, kw.get("k", 0))
+        return SpecEngine(target.to(device), head.to(device), self.config, **kw)
 
 
 def _rank(group, pair: EnginePair, prompts, max_new_tokens, strategy, sampler_stream):
@@ -174,8 +190,11 @@ def _rank(group, pair: EnginePair, prompts, max_new_tokens, strategy, sampler_st
 def run_handoff(pair: EnginePair, prompts, max_new_tokens: int, strategy="nwor", *, transport: str = "gloo",
                 sampler_stream: bool = True, timeout_s: float = 60.0) -> HandoffResult:
     """The hand-off between two processes over `transport` ("gloo" on CPU; "nccl": each rank on its
-    own GPU, cuda:0 and cuda:1, not run here). -> the decode rank's result, with the prefill time."""
+    own GPU, cuda:0 and cuda:1, not run here; "cuda_ipc": both on cuda:0, nwor_lab.disagg.ipc). -> the decode rank's result, with the prefill time."""
     check_transport(transport)
+    if transport == "cuda_ipc":
+        return run_ipc_handoff(pair, prompts, max_new_tokens, strategy, sampler_stream=sampler_stream,
+                               timeout_s=timeout_s)
     if transport == "inprocess":
         return handoff(pair.build(), pair.build(), prompts, max_new_tokens, strategy, sampler_stream=sampler_stream)
     from nwor_lab.distributed.launcher import launch
@@ -184,4 +203,49 @@ def run_handoff(pair: EnginePair, prompts, max_new_tokens: int, strategy="nwor",
                           device=device, backend=transport, timeout_s=timeout_s, threads=1)
     result.prefill_s = sent["prefill_s"]
     result.extra["send_s"] = sent["send_s"]
+    return result
+
+
+def _ipc_rank(group, pair, device: str, prompts, max_new_tokens, strategy, sampler_stream):
+    """Rank 0 prefills on `device` and sends by IPC handle; rank 1 receives on the same device and
+    decodes (nwor_lab.distributed.launch's fn, the group a gloo group on the CPU)."""
+    torch.cuda.set_device(torch.device(device))
+    from nwor_lab.disagg.ipc import CudaIpc
+    engine = pair.build(device)
+    link = CudaIpc(group, peer=1 - group.rank)
+    count = torch.zeros(1, dtype=torch.long)
+    if group.rank == 0:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        shipped = prefill(engine, prompts, max_new_tokens, strategy, on_device=True)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        count[0] = len(shipped)
+        group.broadcast_(count, src=0)
+        for s in shipped:
+            link.send(s)
+        return {"prefill_s": t1 - t0, "send_s": time.perf_counter() - t1, "control_bytes": link.control_bytes}
+    group.broadcast_(count, src=0)
+    t1 = time.perf_counter()
+    received = [link.recv() for _ in range(int(count))]
+    t2 = time.perf_counter()
+    tokens = decode(engine, received, sampler_stream=sampler_stream)
+    torch.cuda.synchronize()
+    t3 = time.perf_counter()
+    return _result(strategy, "cuda_ipc", received, tokens, engine, (0.0, t2 - t1, t3 - t2))
+
+
+def run_ipc_handoff(pair, prompts, max_new_tokens: int, strategy="nwor", *, device: str = "cuda:0",
+                    sampler_stream: bool = True, timeout_s: float = 300.0):
+    """The hand-off between two processes sharing one GPU (`device`) through CUDA IPC. -> the decode
+    rank's HandoffResult, with the prefill time and the control channel's bytes in `extra`."""
+    from nwor_lab.distributed.launcher import launch
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"transport='cuda_ipc' on device={device!r}: CUDA IPC shares GPU memory between "
+                         f"processes and needs a CUDA device; use transport='gloo' on the CPU")
+    sent, result = launch(_ipc_rank, 2, (pair, device, prompts, max_new_tokens, handoff_strategy(strategy).name,
+                                         sampler_stream),
+                          device="cpu", backend="gloo", timeout_s=timeout_s, threads=1)
+    result.prefill_s = sent["prefill_s"]
+    result.extra.update(send_s=sent["send_s"], control_bytes=sent["control_bytes"])
     return result

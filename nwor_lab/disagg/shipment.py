@@ -95,10 +95,12 @@ def check_exportable(engine) -> None:
                          "use kv_ring='full' or sliding_window=0")
 
 
-def export_request(engine, request, strategy="nwor", rejected: dict | None = None) -> Shipment:
+def export_request(engine, request, strategy="nwor", rejected: dict | None = None, *,
+                   on_device: bool = False) -> Shipment:
     """The shipment of `request` (after its prefill step on `engine`) under `strategy`.
     `rejected`: slot -> cache layers holding a rejected row there (`RejectedRows.slots`), to name the
-    shipped junk rows that hold one."""
+    shipped junk rows that hold one. `on_device`: the K/V rows and the state stay on the engine's
+    device (a CUDA IPC hand-off maps them into the decode process: no host copy on the way)."""
     check_exportable(engine)
     s: HandoffStrategy = handoff_strategy(strategy)
     cache, r = engine.cache, request
@@ -108,15 +110,16 @@ def export_request(engine, request, strategy="nwor", rejected: dict | None = Non
     layers = s.shipped_layers(engine.target.num_layers, cache.num_layers) if n else []
     slots = torch.tensor(r.block_table.slots(range(n)), dtype=torch.long, device=cache.device)
     b, o = slots // bs, slots % bs
+    here = (lambda x: x.clone()) if on_device else (lambda x: x.cpu())      # noqa: E731
     tensors = {}
     for layer in layers:
         k, v = cache.layer(layer)
-        tensors[f"key.{layer}"], tensors[f"value.{layer}"] = k[b, o].cpu(), v[b, o].cpu()
+        tensors[f"key.{layer}"], tensors[f"value.{layer}"] = here(k[b, o]), here(v[b, o])
     current = None
     if n and engine.states is not None and s.ships_state and r.state_slot is not None:
         store = engine.states.store
-        tensors["state.recurrent"] = store.recurrent[:, r.state_slot].cpu()
-        tensors["state.conv"] = store.conv[:, r.state_slot].cpu()
+        tensors["state.recurrent"] = here(store.recurrent[:, r.state_slot])
+        tensors["state.conv"] = here(store.conv[:, r.state_slot])
         current = int(store.current[r.state_slot])
     if r.draft_probs is not None and not finished:
         tensors["draft_probs"] = r.draft_probs.cpu()
@@ -192,8 +195,11 @@ def install(engine, shipment: Shipment, *, sampler_stream: bool = True) -> objec
     num_blocks = -(-h["num_computed"] // bs)
     spec = engine.cache.spec
     keys, values = [], []
+    # rows that arrived on the decode engine's device (CUDA IPC) are assembled there; others on the host
+    dev = next((x.device for n, x in t.items() if n.startswith("key.")), torch.device("cpu"))
+    dev = dev if dev.type == engine.cache.device.type else torch.device("cpu")
     for layer in range(engine.cache.num_layers):
-        k = torch.zeros(num_blocks * bs, spec.num_kv_heads, spec.head_size, dtype=spec.storage_dtype)
+        k = torch.zeros(num_blocks * bs, spec.num_kv_heads, spec.head_size, dtype=spec.storage_dtype, device=dev)
         v = torch.zeros_like(k)
         if f"key.{layer}" in t:       # rows past the block's end (another block size) cannot be shipped
             rows = min(h["rows"], num_blocks * bs)

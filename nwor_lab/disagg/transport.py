@@ -6,6 +6,9 @@
     nccl       the same calls on CUDA tensors, where each engine has its own GPU. Not run here (no
                GPU on the machine this was written on): the calls are the gloo path's with the
                frame on the group's device; untested until a two-GPU run exercises them
+    cuda_ipc   two processes sharing one GPU (the transport for one card): the K/V rows and state
+               stay on the GPU and travel as CUDA IPC handles, the control messages over gloo
+               (nwor_lab.disagg.ipc; GPU only)
 
 Each frame goes as two messages: its length (`[1]` int64), then the frame (`[n]` uint8).
 """
@@ -17,7 +20,7 @@ import torch
 
 from nwor_lab.disagg.shipment import Shipment
 
-TRANSPORTS = ("inprocess", "gloo", "nccl")
+TRANSPORTS = ("inprocess", "gloo", "nccl", "cuda_ipc")
 
 
 class InProcess:

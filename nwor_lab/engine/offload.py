@@ -15,9 +15,11 @@ What goes with a block is the offload strategy's (a class in `OFFLOADS`; each de
   prefix. Tokens stay exact (the target verifies); acceptance after a host hit falls.
 - `target_head` (exact): every cache layer (the head's is layer N of the same block) and the
   block's boundary row (`boundary_feature`, `boundary_token`: what its last head row read).
-- `target_head_state` (exact for hybrid targets once their state checkpoints at block ends exist):
-  `target_head` plus those checkpoints. Refused with a hybrid target until they land (hook:
-  `TargetHeadState.rows`); on an attention-only target it carries what `target_head` does.
+- `target_head_state` (exact, hybrid targets too): `target_head` plus the hybrid target's state
+  checkpoints at the block's end (`state.checkpoints.BlockStates`: the recurrent and conv state
+  after its last row); a hit restored from the host starts its state slot from the checkpoint that
+  came back with its last block. On an attention-only target it carries what `target_head` does.
+  The two others are refused with a hybrid target (without the state the tokens change).
 
 Only committed blocks are ever registered, so only committed rows leave (NWOR's rule for what may
 leave the device holds by construction). In debug mode (`LabConfig(debug=True)`) every offload keeps
@@ -55,12 +57,13 @@ class Offload:
     exact = True
 
     def check(self, engine) -> None:
-        """Refuse an engine this strategy cannot serve (ValueError)."""
-        if hasattr(engine.target, "state_spec"):
-            raise ValueError(f"prefix_cache host_blocks with a hybrid target (offload={self.name!r}): not built; "
-                             f"the recurrent state at a block's end would have to travel with it (state "
-                             f"checkpoints, state/checkpoints.py), which the host tier does not carry yet; "
-                             f"use host_blocks=0 with a hybrid target")
+        """Refuse an engine this strategy cannot serve (ValueError): a hybrid target's state is the
+        target's own, so a block that comes back without its state checkpoint would change the tokens,
+        not only the acceptance."""
+        if hasattr(engine.target, "state_spec") and not self.keeps_state:
+            raise ValueError(f"prefix_cache host_blocks with a hybrid target (offload={self.name!r}): a restored "
+                             f"block needs the recurrent and conv state at its end (its state checkpoint) or "
+                             f"the target decodes from the wrong state; use offload='target_head_state'")
 
     def layers(self, engine) -> int:
         """Cache layers kept, from layer 0 (the target's come first, then the head's)."""
@@ -70,7 +73,8 @@ class Offload:
 
     def rows(self, caching) -> list[str]:
         """Names of the per-block row stores kept (`HostTier.block_rows`)."""
-        return list(caching_rows(caching)) if self.keeps_head else []     # (the hook: state rows by keeps_state)
+        rows = caching_rows(caching)
+        return [n for n in rows if (self.keeps_state if n.startswith("state.") else self.keeps_head)]
 
 
 @_register
@@ -89,24 +93,28 @@ class TargetHead(Offload):
 
 @_register
 class TargetHeadState(TargetHead):
-    """`target_head` plus a hybrid target's state checkpoint at the block's end. The hook, once state
-    checkpoints at block ends land (`state.checkpoints.BlockStates` on the prefix cache: `recurrent`
-    and `conv`, `[L, NB + 1, ...]`): `caching_rows` adds them as `(tensor, 1, 0.0)` row stores,
-    `Offload.rows` keeps them only when `keeps_state`, and `check` refuses hybrid targets for the
-    strategies that do not keep the state (a hybrid's state is the target's: without it the tokens
-    change, not only the acceptance) and lets this one through."""
+    """`target_head` plus a hybrid target's state checkpoint at the block's end (`state.recurrent`,
+    `state.conv`: the rows of `state.checkpoints.BlockStates`): a restored block's hit starts its
+    state slot from the checkpoint that came back with it. On an attention-only target it carries
+    what `target_head` does."""
     name = "target_head_state"
     keeps_state = True
 
 
 def caching_rows(caching) -> dict[str, tuple[torch.Tensor, int, float]]:
     """The per-block row stores prefix caching keeps beside its blocks: name -> (device tensor, the
-    dimension indexed by block id, the value a row holds when unknown). Here the boundary lookahead's
-    feature and token; a hybrid's state checkpoints (`[L, NB + 1, ...]`, block dim 1) join them
-    through the hook in `TargetHeadState`."""
-    if caching.boundary_feature is None:
-        return {}
-    return {"boundary_feature": (caching.boundary_feature, 0, 0.0), "boundary_token": (caching.boundary_token, 0, -1)}
+    dimension indexed by block id, the value a row holds when unknown): the boundary lookahead's
+    feature and token (`[NB + 1, ...]`), and a hybrid target's state checkpoints at block ends
+    (`state.recurrent` `[L, NB + 1, *state_shape]`, `state.conv` `[L, NB + 1, W - 1, C]`, block dim 1)."""
+    out = {}
+    if caching.boundary_feature is not None:
+        out["boundary_feature"] = (caching.boundary_feature, 0, 0.0)
+        out["boundary_token"] = (caching.boundary_token, 0, -1)
+    states = caching.block_states
+    if states is not None:
+        out["state.recurrent"] = (states.recurrent, 1, 0.0)
+        out["state.conv"] = (states.conv, 1, 0.0)
+    return out
 
 
 def _row(store: tuple[torch.Tensor, int, float], block: int) -> torch.Tensor:

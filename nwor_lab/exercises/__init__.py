@@ -20,6 +20,7 @@ more in every teaching chapter.
   (r) state_commit           the recurrent state to commit, conv kept     13_state
   (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
   (t) prefix_blocks          the blocks a commit registers for sharing    15_prefix
+  (u) shipped_rows           the rows a hand-off ships, per strategy      15_prefix
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -61,12 +62,13 @@ from nwor_lab.exercises.sweep_medians import check_sweep_medians
 from nwor_lab.exercises.state_commit import check_state_commit
 from nwor_lab.exercises.tree_commit_plan import check_tree_commit_plan
 from nwor_lab.exercises.prefix_blocks import check_prefix_blocks
+from nwor_lab.exercises.shipped_rows import check_shipped_rows
 
 NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
          "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
          "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
          "vllm_key_offsets", "sweep_medians", "state_commit",
-         "tree_commit_plan", "prefix_blocks")
+         "tree_commit_plan", "prefix_blocks", "shipped_rows")
 
 
 def exercise(name: str):
@@ -173,4 +175,4 @@ __all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES",
            "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
            "check_cow_restore_plan", "check_acceptance_stats", "check_rejected_slots", "check_write_share",
            "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians", "check_state_commit",
-           "check_tree_commit_plan", "check_prefix_blocks"]
+           "check_tree_commit_plan", "check_prefix_blocks", "check_shipped_rows"]

@@ -486,3 +486,32 @@ def prefix_blocks(block_size: int, block_table: torch.Tensor, num_computed: int,
         if full_now and not full_before:
             out.append(int(block_table[b]))
     return torch.tensor(out, dtype=torch.int64)
+
+
+def shipped_rows(block_size: int, num_computed: int, target_layers: int, head_layers: int,
+                 strategy: str) -> torch.Tensor:
+    """Which cache rows a prefill-to-decode hand-off ships of one request, per strategy.
+
+    block_size:    int, positions per block (BS)
+    num_computed:  int n, positions whose K/V is committed (0 .. n − 1; the next token's K/V is not
+                   computed yet: the decode engine's first window writes it)
+    target_layers: int, the target's cache layers (0 .. target_layers − 1)
+    head_layers:   int, the EAGLE head's cache layers, after the target's (layer N, ...)
+    strategy:      "nwor" | "write_all" | "no_head"
+                   nwor       committed rows only, every layer (the target's and the head's)
+                   write_all  whole blocks: every row of the request's blocks, every layer (the
+                              rows past n travel too: junk, under write-all the rejected drafts' K/V)
+                   no_head    committed rows of the target's layers only (the head's K/V left behind)
+    returns        [target_layers + head_layers, P] bool, P = ceil(n / BS)·BS (the positions of the
+                   request's blocks): True where the row (layer, position) travels
+    """
+    if strategy not in ("nwor", "write_all", "no_head"):
+        raise ValueError(f"strategy={strategy!r}: choose nwor, write_all or no_head")
+    layers = target_layers + head_layers
+    blocks = -(-num_computed // block_size)
+    positions = blocks * block_size
+    out = torch.zeros(layers, positions, dtype=torch.bool)
+    rows = positions if strategy == "write_all" else num_computed       # whole blocks, or committed rows
+    kept = target_layers if strategy == "no_head" else layers           # the head's layers come last
+    out[:kept, :rows] = True
+    return out
