@@ -151,17 +151,19 @@ def tree_vs_chain(nodes=(4, 8), modes=("off", "stage"), *, head: str = "eagle1",
 
 # -- the 8B shape, forced acceptance ------------------------------------------------------------
 def build_engine_8b(target, head, tree: str, k: int, mode: str, batch: int, prompt_len: int, new_tokens: int,
-                    acceptance, attention: str, graphs: bool, scv: str = "graph"):
-    """engine8b.build_engine with a tree (`tree` non-empty: N nodes a window, drafted by the head)."""
+                    acceptance, attention: str, graphs: bool, scv: str = "graph", block_size: int | None = None):
+    """engine8b.build_engine with a tree (`tree` non-empty: N nodes a window, drafted by the head);
+    `block_size` defaults to engine8b's."""
     from nwor_lab.engine import SpecEngine
     from nwor_lab.engine.buffers import token_bucket
     from nwor_lab.bench.engine8b import BLOCK
     cfg = LabConfig(nwor_mode=mode, scv_mode=scv, attention=attention, cuda_graph=graphs, tree=tree)
     ahead = tree_plan(cfg.tree_shape).lookahead if tree else k + 1
     n = tree_plan(cfg.tree_shape).nodes if tree else k
-    per = -(-(prompt_len + new_tokens + ahead) // BLOCK)
+    block = block_size or BLOCK
+    per = -(-(prompt_len + new_tokens + ahead) // block)
     tokens = token_bucket(batch * max(prompt_len, n + 1) + prompt_len)
-    return SpecEngine(target, head, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=BLOCK,
+    return SpecEngine(target, head, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=block,
                       max_num_seqs=batch, max_num_batched_tokens=tokens, acceptance=acceptance)
 
 
