@@ -112,3 +112,18 @@ def test_step_ratio_pairs_repeats_and_falls_back_to_medians():
     s = stage_vs_move(rows)
     assert s["stage_over_move_graph_step"] == {"N16_b8": 0.99} and s["stage_no_slower_everywhere_graphed"]
     assert s["stage_over_move_step"] == {"N16_b8": round(31.0 / 30.0, 4)} and not s["stage_no_slower_everywhere"]
+
+
+def test_first_tree_window_emits_target_only_tokens():
+    """Chapter 14 draws the head's first tree for a prompt from the engine: its path and emitted tokens are
+    those of greedy target-only decoding."""
+    from nwor_lab.bench.tree import first_tree_window
+    from nwor_lab.engine import generate
+    from nwor_lab.model.shipped import load_tiny
+    target, head, tok = load_tiny()
+    ids = tok.encode("def parse_args(argv):").ids
+    w = first_tree_window(target, head, ids, topk=3, depth=3, nodes=8, block_size=4)
+    assert len(w["parents"]) == len(w["tokens"]) == len(w["path"]) == 8 and sum(w["path"]) == w["accepted"]
+    assert [t for t, on in zip(w["tokens"], w["path"]) if on] == w["emitted"][:-1]
+    ref = generate([ids], w["accepted"] + 2, k=0, target=target, head=head, tokenizer=tok).token_ids[0]
+    assert w["emitted"] == ref[1:w["accepted"] + 2]      # the prefill emitted ref[0]; the window the next a + 1

@@ -205,20 +205,29 @@ def build_engine(target, head, strategy: str, tree: str, *, block_size: int, bat
                            graphs, block_size=block_size)
 
 
-def kernel_profile(fn, device, top: int = 8) -> list[dict]:
-    """Where a run's GPU time goes: its CUDA kernels under torch.profiler over one call of `fn`, the
-    `top` by time -> [{kernel, us, calls}] (names cut to 90 characters) and their total."""
+def kernel_profile(engine, prompts, new_tokens: int, top: int = 8) -> list[dict]:
+    """Where a run's decode steps spend GPU time: the prompts queued and prefilled (one step, not
+    profiled), then every further step under torch.profiler; its CUDA kernels, the `top` by time ->
+    [{kernel, us_per_step, calls_per_step}] (names cut to 90 characters) and their total."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    _sync(device)
+    for p in prompts:
+        engine.add_request(list(p), new_tokens)
+    engine.step()                        # the prefill step (a tree step holds prefills or decodes, not both)
+    steps = 0
+    _sync(engine.device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        _sync(device)
+        while engine.scheduler.has_work:
+            engine.step()
+            steps += 1
+        _sync(engine.device)
+    steps = max(1, steps)
     kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
     kernels.sort(key=lambda e: -e.device_time_total)
-    out = [{"kernel": e.key[:90], "us": round(e.device_time_total, 1), "calls": e.count} for e in kernels[:top]]
-    out.append({"kernel": "(all kernels)", "us": round(sum(e.device_time_total for e in kernels), 1),
-                "calls": sum(e.count for e in kernels)})
+    out = [{"kernel": e.key[:90], "us_per_step": round(e.device_time_total / steps, 1),
+            "calls_per_step": round(e.count / steps, 2)} for e in kernels[:top]]
+    out.append({"kernel": "(all kernels)", "us_per_step": round(sum(e.device_time_total for e in kernels) / steps, 1),
+                "calls_per_step": round(sum(e.count for e in kernels) / steps, 2)})
     return out
 
 
@@ -284,12 +293,12 @@ def strategy_rows(target, head, prompts, new_tokens: int, tree: str, check, *, s
             row["graph_error"] = failed.get(s, "not captured")
         if profile and cuda:
             eng = graphed.get(s, engines[s])
-            row["kernels"] = kernel_profile(lambda: run_decode_steps(eng, prompts, new_tokens), dev)
-            row["kernels_from"] = "one run, graph replays" if s in graphed else "one run, eager steps"
+            row["kernels"] = kernel_profile(eng, prompts, new_tokens)
+            row["kernels_from"] = "one run's decode steps, " + ("graph replays" if s in graphed else "eager")
         rows[s] = row
     for s in strategies:
         if TREE_STRATEGIES[s].block_size_one:
-            rows[s] = remap_row(s, costs, rows.get("move"), base, target, dev)
+            rows[s] = remap_row(s, costs, rows.get("move"), base, target, dev)     # remap's verify writes move's
     out = [rows[s] for s in strategies if s in rows]
     for r in out:
         if progress:
@@ -321,8 +330,8 @@ def remap_row(strategy: str, costs: WindowCosts, move: dict | None, base: dict, 
         return row
     # remap writes what move writes (write-all) and commits otherwise: move's step, its commit swapped
     step = move["step_ms"] - t["move"]["commit_ms"] + commit
-    row.update(step_ms=round(step, 3), step_ms_from="write-all+move's engine step - move's window commit + "
-               "remap's window commit (bench.tree_window)", commit_share=round(commit / step, 4) if step > 0 else None,
+    row.update(step_ms=round(step, 3), step_ms_from=f"{move['strategy']}'s engine step - its window commit + "
+               f"{row['strategy']}'s window commit (bench.tree_window)", commit_share=round(commit / step, 4) if step > 0 else None,
                tokens_per_s=round(base["batch"] * (1 + row["accepted_len"]) / (step / 1e3), 1) if step > 0 else None)
     return row
 
@@ -353,6 +362,43 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
                               strategies=strategies, block_size=block_size, reps=reps, attention="torch",
                               progress=progress, extra={"model": "shipped", "topk": topk, "depth": depth})
     return rows
+
+
+class _FirstTreeWindow:
+    """An engine observer keeping the first committed tree window of request 0 (chapter 14's drawing)."""
+
+    def __init__(self):
+        self.got = None
+
+    def on_phase(self, event) -> None:
+        """Per-phase events: not needed to draw the window."""
+
+    def on_window_end(self, engine, entry, window) -> None:
+        if self.got is None and entry.kind == "verify" and entry.path_ranks is not None and sum(entry.drafted):
+            n = window.num_draft_tokens[0]
+            acc = path_acceptance(window, entry.path_ranks)
+            self.got = {"parents": window.parents_host()[0], "tokens": window.draft_token_ids[:n].tolist(),
+                        "path": acc.draft_mask[:n].tolist(), "accepted": acc.accepted_per_request()[0],
+                        "emitted": list(entry.emitted[0])}
+
+
+@torch.no_grad()
+def first_tree_window(target, head, prompt: list[int], topk: int, depth: int, nodes: int, block_size: int = 16,
+                      strategy: str = "stage") -> dict:
+    """`prompt` (token ids) through the engine until its first tree window is committed -> {parents
+    (node i+1 -> 0 .. i), tokens (one a node), path ([N] bool, the accepted nodes), accepted (a),
+    emitted (the path's tokens + the target's bonus token)}."""
+    spec = tree_spec(topk, depth, nodes)
+    engine = build_engine(target, head, strategy, spec, block_size=block_size, batch=1, prompt_len=len(prompt),
+                          new_tokens=depth + 2, attention="torch", graphs=False)
+    seen = _FirstTreeWindow()
+    engine.observers.append(seen)
+    engine.add_request(list(prompt), depth + 2)
+    while seen.got is None and engine.scheduler.has_work:
+        engine.step()
+    if seen.got is None:
+        raise RuntimeError(f"first_tree_window: the engine finished {prompt!r} without a tree window")
+    return seen.got
 
 
 # -- the 8B shape: random weights, forced paths -------------------------------------------------------
@@ -513,8 +559,9 @@ def stage_vs_move(rows: list[dict]) -> dict:
         for r in rows:
             if r.get(key) is not None:
                 by.setdefault((r["nodes"], r["batch"]), {})[r["strategy"]] = r
-        ratios = {f"N{n}_b{b}": round(step_ratio(t["stage"], t["write-all+move"], key), 4)
-                  for (n, b), t in sorted(by.items()) if "stage" in t and "write-all+move" in t}
+        stage, move = STRATEGY_TITLES["stage"], STRATEGY_TITLES["move"]
+        ratios = {f"N{n}_b{b}": round(step_ratio(t[stage], t[move], key), 4)
+                  for (n, b), t in sorted(by.items()) if stage in t and move in t}
         if ratios or key == "step_ms":
             out[name] = ratios
             out[verdict] = all(v <= 1.0 for v in ratios.values()) if ratios else None

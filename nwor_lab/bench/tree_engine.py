@@ -111,15 +111,17 @@ def _median(xs):
 
 
 def tree_vs_chain(nodes=(4, 8), modes=("off", "stage"), *, head: str = "eagle1", device="cpu", new_tokens: int = 48,
-                  repeats: int = 1, prompts=PROMPTS, trees: dict | None = None, usual_k: int = 4) -> list[dict]:
+                  repeats: int = 1, prompts=PROMPTS, trees: dict | None = None, usual_k: int = 4,
+                  pair=None) -> list[dict]:
     """Rows per verify size N: chain k = N, chain k = `usual_k`, the tree of N nodes, each under every
     write policy in `modes`, on the shipped pair (greedy). Each row: kind, nodes (N, or k for the usual
     chain), verify_rows_per_request, nwor, mean_acceptance_length, tokens_per_s (median of `repeats`
-    timed runs after a cold one), target_forwards, equals_target_only."""
+    timed runs after a cold one), target_forwards, equals_target_only. `pair`: (target, head, tokenizer)
+    already loaded (else the shipped pair with `head`)."""
     from nwor_lab.bench.timing import timed
     from nwor_lab.engine import generate
     dev = torch.device(device)
-    t, h, tok = _pair(dev, head)
+    t, h, tok = pair or _pair(dev, head)
     ref = generate(list(prompts), new_tokens, k=0, target=t, head=h, tokenizer=tok, device=dev).token_ids
     rows = []
     for n in nodes:

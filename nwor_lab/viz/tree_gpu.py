@@ -12,13 +12,14 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from nwor_lab.policies.tree import STRATEGY_TITLES
 from nwor_lab.viz.theme import base_layout
 
 # the tree verify attention in torch.profiler's kernel names: the attention kernel (the keys below the
 # tree, and before the two-kernel split the tree too), the tree-window kernel with its merge (since), the
 # split merge (before, and every non-tree pass)
 ATTENTION_KERNELS = ("_verify_attention_kernel", "_tree_window_kernel", "_merge_splits_kernel")
-MOVE, STAGE = "write-all+move", "stage"
+MOVE, STAGE = STRATEGY_TITLES["move"], STRATEGY_TITLES["stage"]
 
 
 def attention_us(row: Mapping) -> float | None:
@@ -62,7 +63,7 @@ def stage_vs_move(data: Mapping) -> list[dict]:
     return out
 
 
-def strategy_table(data: Mapping, strategies: Sequence[str] = (MOVE, "write-all+remap", "cow", STAGE)) -> str:
+def strategy_table(data: Mapping, strategies: Sequence[str] = tuple(STRATEGY_TITLES.values())) -> str:
     """A text table of a `bench tree` run: per N and strategy, rows written per emitted token, KiB moved and
     stranded per request (mean over batch sizes), and the graphed step at each batch size (a strategy with
     no graphed step shows its eager step in parentheses)."""
