@@ -20,7 +20,7 @@ import platform
 import sys
 import time
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.config import LabConfig, nwor_modes
@@ -90,6 +90,5 @@ def main(argv=None) -> dict:
            "model": "tiny (shipped pair)", "device": "cpu", "machine": platform.node(),
            "transport": args.transport, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
            "k": args.k, "temperature": args.temperature, "rows": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=2) + "\n")
+    save_json(out, args.out, indent=2)
     return out

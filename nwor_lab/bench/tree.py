@@ -51,7 +51,7 @@ import time
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.ratios import step_ratio
 from nwor_lab.bench.timing import device_name, in_turn
 from nwor_lab.commandline import args as types
@@ -529,9 +529,7 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "command": "nwor-lab bench tree " + " ".join(argv or sys.argv[1:]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
               "summary": stage_vs_move(rows), "rows": rows}
-    text = json.dumps(result, indent=1)
-    if args.out:
-        atomic.write_text(args.out, text + "\n")
+    text = save_json(result, args.out)
     if args.json:
         print(text)
     else:

@@ -27,7 +27,7 @@ import traceback
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.timing import device_name, free_device
 from nwor_lab.config import LabConfig, parse_tree
 from nwor_lab.engine.tree_plan import tree_plan
@@ -198,8 +198,7 @@ def main_8b(args, argv) -> dict:
                     "profiles": [{"nodes": n, **p} for (_, n), p in profiles.items()],
                     "prompts": f"random ids: {args.prompt_len}-token prompts, {args.new_tokens} new tokens each",
                     "complete": complete, "seconds_total": round(time.perf_counter() - t0, 1), "results": rows})
-        if args.out:
-            atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+        save_json(out, args.out)
     for bs in args.batch_sizes:
         prompts = prompts_for(bs, args.prompt_len, target.config.vocab_size, False)
         for n in args.nodes:
@@ -312,8 +311,7 @@ def main(argv=None):
     else:
         args.nodes = args.nodes or [16, 32, 64]
         return main_8b(args, argv)
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     print(json.dumps(out))
     return out
 
