@@ -75,6 +75,18 @@ def test_cli_bench_tree_is_registered_and_checks_its_flags(capsys):
     assert "tree" in BENCHMARKS
     assert main(["bench", "tree", "--nodes", "99", "--topk", "2", "--depth", "2"]) == 2
     assert "--nodes 99" in capsys.readouterr().err
+    assert main(["bench", "tree", "--model", "8b-mini", "--accepted", "5", "--depth", "3"]) == 2
+    assert "--accepted 5" in capsys.readouterr().err
+
+
+def test_remap_without_move_costs_another_engines_windows_and_times_no_step():
+    rows = shipped_rows(nodes=(4,), topk=2, depth=3, block_size=4, prompts=("def f(x):",), reps=1, new_tokens=4,
+                        strategies=("remap", "stage"))
+    remap, stage = rows
+    assert (remap["strategy"], stage["strategy"]) == ("write-all+remap", "stage")
+    assert remap["accepted_lens"] == stage["accepted_lens"] and remap["exact_compaction"]
+    assert remap["step_ms"] is None and "write-all+move" in remap["step_ms_from"]
+    assert remap["equals_target_only"] == stage["equals_target_only"] is True
 
 
 def test_graph_replays_split_at_idle_gaps_and_sum_by_kernel():

@@ -194,6 +194,10 @@ def check_run(engine, prompts, new_tokens: int, costs: WindowCosts) -> tuple[lis
     return reqs, commits
 
 
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
 def build_engine(target, head, strategy: str, tree: str, *, block_size: int, batch: int, prompt_len: int,
                  new_tokens: int, attention: str, graphs: bool, acceptance=None):
     """The engine committing `tree` windows under `strategy` (its write policy's `nwor_mode`)."""
@@ -242,28 +246,39 @@ def strategy_rows(target, head, prompts, new_tokens: int, tree: str, check, *, s
     plen = max(len(p) for p in prompts)
     kw = dict(block_size=block_size, batch=len(prompts), prompt_len=plen, new_tokens=new_tokens,
               attention=attention, acceptance=acceptance)
-    costs, rows, engines, graphed, failed, commits, checks = WindowCosts(strategies), {}, {}, {}, {}, {}, {}
+    # remap's windows are the engine's under the strategy whose writes it shares (write-all: move's)
+    remap_from = "move" if "move" in on_engine else on_engine[0] if on_engine else None
+    remap = [s for s in strategies if TREE_STRATEGIES[s].block_size_one]
+    rows, engines, graphed, failed, graph_failed, costs, commits, checks = {}, {}, {}, {}, {}, {}, {}, {}
     for s in on_engine:
+        costs[s] = WindowCosts([s] + (remap if s == remap_from else []))    # each row costs its own windows
         try:
             engines[s] = build_engine(target, head, s, tree, graphs=False, **kw)
-            # every strategy's windows are costed alike; the first engine's run supplies them
-            reqs, commits[s] = check_run(engines[s], prompts, new_tokens, costs if s == on_engine[0] else
-                                         WindowCosts([]))
+            reqs, commits[s] = check_run(engines[s], prompts, new_tokens, costs[s])
             checks[s] = check(reqs, engines[s])
-            if graphs and cuda:
+        except Exception as e:  # noqa: BLE001 -- one strategy's failure is its row, the others still run
+            engines.pop(s, None)
+            failed[s] = _error(e)
+            continue
+        if graphs and cuda:
+            try:
                 graphed[s] = build_engine(target, head, s, tree, graphs=True, **kw)
                 for _ in range(2):       # a cold run, then the run that captures the buckets' graphs
                     run_decode_steps(graphed[s], prompts, new_tokens)
-        except Exception as e:  # noqa: BLE001 -- one strategy's failure is its row, the others still run
-            engines.pop(s, None), graphed.pop(s, None)
-            failed[s] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            except Exception as e:  # noqa: BLE001 -- the eager row stands; the graph's failure is said in it
+                graphed.pop(s, None)
+                graph_failed[s] = _error(e)
     eager_ms = {s: [] for s in engines}
     graph_ms = {s: [] for s in graphed}
     for rep in range(reps):               # round-robin, ABBA: drift hits every strategy alike
         for s in in_turn(engines, rep):
-            eager_ms[s].append(statistics.median(run_decode_steps(engines[s], prompts, new_tokens)[1]))
-            if s in graphed:
-                graph_ms[s].append(statistics.median(run_decode_steps(graphed[s], prompts, new_tokens)[1]))
+            try:
+                eager_ms[s].append(statistics.median(run_decode_steps(engines[s], prompts, new_tokens)[1]))
+                if s in graphed:
+                    graph_ms[s].append(statistics.median(run_decode_steps(graphed[s], prompts, new_tokens)[1]))
+            except Exception as e:  # noqa: BLE001 -- a timed run that fails is the strategy's row
+                failed[s] = _error(e)
+                engines.pop(s), graphed.pop(s, None)
     base = {"model": (extra or {}).get("model"), "nodes": parse_tree("tree", tree).nodes if tree else 0,
             "batch": len(prompts), "tree": tree, "device": device_name(dev),
             "dtype": str(next(target.parameters()).dtype).replace("torch.", ""), **(extra or {})}
@@ -276,7 +291,7 @@ def strategy_rows(target, head, prompts, new_tokens: int, tree: str, check, *, s
         ok, fields = checks[s]
         step = statistics.median(eager_ms[s])
         commit = statistics.median(commits[s]) if commits[s] else None
-        c = costs.costs(s)
+        c = costs[s].costs(s)
         row = {"strategy": title, **base, "block_size": block_size, **c,
                "step_ms": round(step, 3), "step_ms_reps": [round(x, 3) for x in eager_ms[s]],
                "step_ms_from": "engine decode steps", "commit_ms": None if commit is None else round(commit, 4),
@@ -290,15 +305,14 @@ def strategy_rows(target, head, prompts, new_tokens: int, tree: str, check, *, s
             if reason or not graphed[s].runner.graphed_steps:
                 row["graph_error"] = reason or "no step was replayed from a graph"
         elif graphs and cuda:
-            row["graph_error"] = failed.get(s, "not captured")
+            row["graph_error"] = graph_failed.get(s, "not captured")
         if profile and cuda:
             eng = graphed.get(s, engines[s])
             row["kernels"] = kernel_profile(eng, prompts, new_tokens)
             row["kernels_from"] = "one run's decode steps, " + ("graph replays" if s in graphed else "eager")
         rows[s] = row
-    for s in strategies:
-        if TREE_STRATEGIES[s].block_size_one:
-            rows[s] = remap_row(s, costs, rows.get("move"), base, target, dev)     # remap's verify writes move's
+    for s in remap:
+        rows[s] = remap_row(s, costs.get(remap_from), rows.get(remap_from), rows.get("move"), base, target, dev)
     out = [rows[s] for s in strategies if s in rows]
     for r in out:
         if progress:
@@ -306,12 +320,15 @@ def strategy_rows(target, head, prompts, new_tokens: int, tree: str, check, *, s
     return out
 
 
-def remap_row(strategy: str, costs: WindowCosts, move: dict | None, base: dict, target, device) -> dict:
-    """Write-all + remap's row: the engine's windows costed at block size 1, its commit timed on the
-    last of them beside move's (`bench.tree_window`); its step is move's with the commits swapped."""
+def remap_row(strategy: str, costs: WindowCosts | None, source: dict | None, move: dict | None, base: dict,
+              target, device) -> dict:
+    """Write-all + remap's row: the engine windows of `source` (write-all + move's row, which writes what
+    remap writes, or another strategy's when move did not run) costed at block size 1, its commit timed
+    on the last of them beside move's (`bench.tree_window`); its step is `move`'s engine step with the
+    commits swapped (None without a move row)."""
     from nwor_lab.bench.tree_window import remap_window_times
     row = {"strategy": STRATEGY_TITLES[strategy], **base, "block_size": 1}
-    if costs.last is None:
+    if costs is None or costs.last is None:
         return {**row, "error": "no engine strategy ran a tree window to cost and time remap on",
                 "equals_target_only": None}
     cfg = target.config
@@ -322,8 +339,8 @@ def remap_row(strategy: str, costs: WindowCosts, move: dict | None, base: dict, 
     row.update(costs.costs(strategy), commit_ms=commit, window_ms=t["remap"]["window_ms"],
                move_window_ms=t["move"]["window_ms"], move_window_commit_ms=t["move"]["commit_ms"],
                exact_compaction=t["remap"]["exact_compaction"],
-               equals_target_only=None if move is None or "error" in move else
-               bool(move["equals_target_only"] and t["remap"]["exact_compaction"]))
+               equals_target_only=None if source is None or "error" in source else
+               bool(source["equals_target_only"] and t["remap"]["exact_compaction"]))
     if move is None or "error" in move:
         row.update(step_ms=None, commit_share=None, tokens_per_s=None,
                    step_ms_from="none: write-all+move's engine step is needed (run it with --strategies move,remap)")
@@ -331,8 +348,8 @@ def remap_row(strategy: str, costs: WindowCosts, move: dict | None, base: dict, 
     # remap writes what move writes (write-all) and commits otherwise: move's step, its commit swapped
     step = move["step_ms"] - t["move"]["commit_ms"] + commit
     row.update(step_ms=round(step, 3), step_ms_from=f"{move['strategy']}'s engine step - its window commit + "
-               f"{row['strategy']}'s window commit (bench.tree_window)", commit_share=round(commit / step, 4) if step > 0 else None,
-               tokens_per_s=round(base["batch"] * (1 + row["accepted_len"]) / (step / 1e3), 1) if step > 0 else None)
+               f"{row['strategy']}'s window commit (bench.tree_window)",
+               commit_share=round(commit / step, 4) if step > 0 else None, tokens_per_s=round(base["batch"] * (1 + row["accepted_len"]) / (step / 1e3), 1) if step > 0 else None)
     return row
 
 
