@@ -533,20 +533,30 @@ def main(argv=None) -> int:
         raise UsageError(f"--accepted {args.accepted}: a tree of --depth {args.depth} accepts at most {args.depth} "
                          f"nodes a window; lower --accepted or raise --depth")
     t0 = time.time()
-    progress = lambda row: print(json.dumps(row), file=sys.stderr, flush=True)   # noqa: E731
+    done: list[dict] = []
+
+    def result(rows: list[dict], complete: bool) -> dict:
+        return {"bench": "tree", "model": args.model, "device": rows[0]["device"] if rows else device,
+                "torch": torch.__version__, "command": "nwor-lab bench tree " + " ".join(argv or sys.argv[1:]),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
+                "complete": complete, "summary": stage_vs_move(rows), "rows": rows}
+
+    def progress(row: dict) -> None:       # each row as it is made; what is measured survives a timeout
+        done.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        if args.out:
+            save_json(result(done, False), args.out)
+
     if args.model == "shipped":
         rows = shipped_rows(args.nodes or (8, 16, 32), args.topk, args.depth, args.block_size, reps=args.reps,
-                            device=device, strategies=args.strategies, new_tokens=args.new_tokens or 16)
+                            device=device, strategies=args.strategies, new_tokens=args.new_tokens or 16,
+                            progress=progress)
     else:
         rows = shape_rows(args.model, args.nodes or (16, 32, 64), args.batches, args.topk, args.depth,
                           args.block_size, args.context, args.accepted, args.reps, device, args.attention,
                           args.strategies, args.graphs, profile=args.profile, progress=progress,
                           new_tokens=args.new_tokens)
-    result = {"bench": "tree", "model": args.model, "device": rows[0]["device"] if rows else device,
-              "torch": torch.__version__, "command": "nwor-lab bench tree " + " ".join(argv or sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - t0, 1),
-              "summary": stage_vs_move(rows), "rows": rows}
-    text = save_json(result, args.out)
+    text = save_json(result(rows, True), args.out)
     if args.json:
         print(text)
     else:
