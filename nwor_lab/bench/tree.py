@@ -28,9 +28,10 @@ shipped  the tiny trained pair (float32, CPU by default), `PROMPTS` (below) in o
          every bonus token equals a dense target-only pass over the same tokens (`bonus_checked`,
          `bonus_mismatches`: a corrupted commit shifts the target's next-token pick).
 Per row: `rows_written_per_token` (cache rows written per layer per emitted token: write-all N + 1
-plus moves, stage 1), `bytes_moved` (inside the cache, all layers), `stranded_bytes` (rejected rows
-left in the block that holds the path's end, all layers), all summed over the run's tree windows;
-`accepted_len` (mean accepted nodes a window), `accepted_lens` (per request, its mean);
+plus moves, stage 1; over the run's tree windows), `bytes_moved` (inside the cache, all layers) and
+`stranded_bytes` (rejected rows left in the block that holds the path's end, all layers), both a window's
+mean (a window: one decode step of the batch; `tree_windows` of them); `accepted_len` (mean accepted
+nodes a request a window), `accepted_lens` (per request, its mean);
 `step_ms` (the engine's decode steps, median over the steps of a run, median of `--reps` runs taken
 round-robin over the strategies; `step_ms_reps` the per-run medians), `commit_ms` (the write policy's
 commit alone, timed in the untimed check run, the device synchronised around it) and `commit_share`,
@@ -109,6 +110,7 @@ class WindowCosts:
         self.stranded = dict.fromkeys(self.strategies, 0)
         self.accepted: dict[int, list[int]] = {}      # req_id -> accepted nodes per window
         self.last = None                               # (parents, draft mask) of the last tree window
+        self.windows = 0                               # tree windows (a window: one decode step of the batch)
 
     def on_phase(self, event) -> None:
         """Per-phase events are no cost of the window's commit: nothing to count."""
@@ -133,16 +135,19 @@ class WindowCosts:
         for rid, a in zip(entry.req_ids, acc.accepted_per_request()):
             self.accepted.setdefault(rid, []).append(a)
         self.last = (window.parents_host(), acc.draft_mask.cpu().tolist())
+        self.windows += 1
 
     def costs(self, strategy: str) -> dict:
+        """`strategy`'s row fields over the windows seen (module doc)."""
         lens = [sum(a) / len(a) for _, a in sorted(self.accepted.items())]
-        windows = [a for per in self.accepted.values() for a in per]
-        tokens = sum(1 + a for a in windows)
-        return {"accepted_len": round(sum(windows) / max(1, len(windows)), 3),
+        paths = [a for per in self.accepted.values() for a in per]      # one a request a window
+        tokens = sum(1 + a for a in paths)
+        return {"accepted_len": round(sum(paths) / max(1, len(paths)), 3),
                 "accepted_lens": [round(x, 3) for x in lens],
                 "rows_written_per_token": round(self.rows[strategy] / max(1, tokens), 4),
-                "bytes_moved": self.moved[strategy], "stranded_bytes": self.stranded[strategy],
-                "tree_windows": len(windows)}
+                "bytes_moved": round(self.moved[strategy] / max(1, self.windows)),
+                "stranded_bytes": round(self.stranded[strategy] / max(1, self.windows)),
+                "tree_windows": self.windows}
 
 
 # -- one engine per strategy --------------------------------------------------------------------------

@@ -80,7 +80,8 @@ def strategy_table(data: Mapping, strategies: Sequence[str] = tuple(STRATEGY_TIT
             kib = {key: sum(r[key] / r["batch"] for r in got) / len(got) / 1024
                    for key in ("bytes_moved", "stranded_bytes")}
             steps = [f"{r['graph_step_ms']:12.2f}" if r and r.get("graph_step_ms") else
-                     f"{'(eager ' + format(r['step_ms'], '.1f') + ')':>12s}" if r else f"{'–':>12s}" for r in rs]
+                     f"{'(eager ' + format(r['step_ms'], '.1f') + ')':>12s}" if r and r.get("step_ms") is not None
+                     else f"{'–':>12s}" for r in rs]
             lines.append(f"{n:3d} {s:16s} {got[0]['rows_written_per_token']:10.2f} {kib['bytes_moved']:9.0f} "
                          f"{kib['stranded_bytes']:12.0f}   " + "  ".join(steps))
     return "\n".join(lines)
