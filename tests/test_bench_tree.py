@@ -40,10 +40,11 @@ def test_shape_rows_forced_path_on_the_8b_path_small():
     from nwor_lab.model.shapes import config_for
     torch.manual_seed(0)
     target = LlamaForCausalLM(config_for("8b-mini", num_hidden_layers=2))    # the 8b path's shape, small
-    rows = shape_rows("8b-mini", nodes=(8,), batches=(2,), topk=2, depth=4, block_size=4, context=10, accepted=2,
-                      reps=1, device="cpu", attention="torch", target=target, new_tokens=7)
+    rows = shape_rows("8b-mini", nodes=(8,), batches=(2,), topk=2, depth=4, block_size=4, context=10, accepted=3,
+                      reps=1, device="cpu", attention="torch", target=target, new_tokens=9)
     assert len(rows) == 4 and all(r["equals_target_only"] for r in rows), rows
-    assert all(r["accepted_lens"] == [2.0, 2.0] for r in rows)
+    # the peaked head's trees are deep enough for the forced path (a flat random head's stop short: 2.333)
+    assert all(r["accepted_lens"] == [3.0, 3.0] and r["draft_logit_std"] == 6.0 for r in rows)
     assert all(r["bonus_checked"] > 0 and r["bonus_mismatches"] == 0 for r in rows if "bonus_checked" in r)
     move = next(r for r in rows if r["strategy"] == "write-all+move")
     assert move["bytes_moved"] > 0 and move["stranded_bytes"] > 0

@@ -21,9 +21,10 @@ shipped  the tiny trained pair (float32, CPU by default), `PROMPTS` (below) in o
          acceptance by the target. `equals_target_only`: every request's output equals target-only
          greedy decoding (`generate(k=0)`).
 8b       random weights (`model.shapes`, bf16; `8b-mini` the same path at toy size), random prompts of
-         `--context` tokens, a random EAGLE-1-shaped head drafting the trees, acceptance forced along
-         the first-child (best-scored) path to `--accepted` nodes a step (random weights accept
-         nothing). The accepted nodes are the head's, not the target's; the bonus token after them is
+         `--context` tokens, a random EAGLE-1-shaped head drafting the trees (its logits standardised to
+         std 6, `peaked_drafts`: a flat random head's trees are too shallow for the forced path),
+         acceptance forced along the first-child (best-scored) path to `--accepted` nodes a step
+         (random weights accept nothing; a path that meets a leaf first stops there). The accepted nodes are the head's, not the target's; the bonus token after them is
          the target's greedy pick over the cache the strategy committed, so `equals_target_only`:
          every bonus token equals a dense target-only pass over the same tokens (`bonus_checked`,
          `bonus_mismatches`: a corrupted commit shifts the target's next-token pick).
@@ -45,6 +46,7 @@ take the same code as the CPU path, with the device synchronised around each tim
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -431,6 +433,28 @@ def forced_path(accepted: int, depth: int, seed: int = 0):
     return TreeForcedAcceptance(tuple([1.0] * accepted + [0.0] * (depth - accepted)), seed, ((1.0,),))
 
 
+@contextlib.contextmanager
+def peaked_drafts(head, std: float):
+    """While open, `head`'s logits standardised per row to `std` (the target's untouched: EAGLE-1 shares
+    its LM head, only the head's method is swapped). Random weights draft near-flat distributions
+    (logit std ~0.2 on 8b-mini), whose EAGLE-2 trees are one or two levels of siblings (the best-scored
+    nodes are all shallow) and leave a forced path nowhere to go; at std 6 the top draft takes about
+    half the mass, as a trained head's does, and the trees take EAGLE-2's deep shapes (a first-child
+    chain of 3-6 nodes at N = 16..64 on 8b-mini). The step still runs the head's full LM head."""
+    inner = head.compute_logits
+
+    def compute_logits(hidden):
+        z = inner(hidden).float()
+        z = z - z.mean(-1, keepdim=True)
+        return std * z / z.std(-1, keepdim=True).clamp_min(1e-6)
+
+    head.compute_logits = compute_logits
+    try:
+        yield head
+    finally:
+        del head.compute_logits          # the class's method again
+
+
 @torch.no_grad()
 def bonus_check(target, tol: float):
     """-> check(requests, engine): each verify window's last emitted token (the target's own pick
@@ -472,9 +496,10 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
                block_size: int = 16, context: int = 1024, accepted: int = 3, reps: int = 3,
                device: str = "cuda", attention: str = "auto", strategies=STRATEGIES, graphs: bool = False,
                seed: int = 0, profile: bool = False, progress=None, target=None, head=None,
-               new_tokens: int | None = None) -> list[dict]:
+               new_tokens: int | None = None, draft_logit_std: float = 6.0) -> list[dict]:
     """`bench tree` on a random-weight shape (`8b`, or `8b-mini` to run the same path small on CPU).
-    target / head: models of that shape already built (the target's device and dtype are used)."""
+    target / head: models of that shape already built (the target's device and dtype are used); the
+    head drafts with its logits standardised to `draft_logit_std` (`peaked_drafts`)."""
     from nwor_lab.model.shapes import random_head, random_target
     if accepted > depth:
         raise ValueError(f"accepted={accepted}: a tree of depth {depth} accepts at most {depth} nodes a window; "
@@ -485,18 +510,19 @@ def shape_rows(model: str = "8b", nodes=(16, 32, 64), batches=(1, 8, 32), topk: 
     tol = 3e-2 if next(target.parameters()).dtype != torch.float32 else 1e-4
     new_tokens = new_tokens or 1 + 6 * (accepted + 1)          # a prefill's token, then six decode steps
     rows = []
-    for batch in batches:
-        gen = torch.Generator().manual_seed(seed + batch)
-        prompts = torch.randint(0, target.config.vocab_size, (batch, context), generator=gen).tolist()
-        for n in nodes:
-            rows += strategy_rows(target, head, prompts, new_tokens, tree_spec(topk, depth, n),
-                                  bonus_check(target, tol), strategies=strategies, block_size=block_size,
-                                  reps=reps, attention=attention, graphs=graphs, profile=profile,
-                                  acceptance=forced_path(accepted, depth, seed), progress=progress,
-                                  extra={"model": model, "topk": topk, "depth": depth, "context": context,
-                                         "forced_accepted": accepted})
-            if torch.device(device).type == "cuda":
-                torch.cuda.empty_cache()
+    extra = {"model": model, "topk": topk, "depth": depth, "context": context, "forced_accepted": accepted,
+             "draft_logit_std": draft_logit_std}
+    with peaked_drafts(head, draft_logit_std):
+        for batch in batches:
+            gen = torch.Generator().manual_seed(seed + batch)
+            prompts = torch.randint(0, target.config.vocab_size, (batch, context), generator=gen).tolist()
+            for n in nodes:
+                rows += strategy_rows(target, head, prompts, new_tokens, tree_spec(topk, depth, n),
+                                      bonus_check(target, tol), strategies=strategies, block_size=block_size,
+                                      reps=reps, attention=attention, graphs=graphs, profile=profile,
+                                      acceptance=forced_path(accepted, depth, seed), progress=progress, extra=extra)
+                if torch.device(device).type == "cuda":
+                    torch.cuda.empty_cache()
     return rows
 
 
