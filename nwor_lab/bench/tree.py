@@ -77,15 +77,6 @@ def engine_strategies(strategies) -> list[str]:
     return [s for s in strategies if not TREE_STRATEGIES[s].block_size_one]
 
 
-def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    out = [tokenizer.encode(p).ids for p in prompts]
-    short = [p for p, ids in zip(prompts, out) if len(ids) < 2]
-    if short:
-        raise ValueError(f"prompts: {short!r} encode to fewer than 2 tokens; the head's root needs the row "
-                         f"before t_last")
-    return out
-
-
 # -- what a run's tree windows cost ----------------------------------------------------------------
 def path_acceptance(window, ranks: list[list[int]]) -> Acceptance:
     """The Acceptance of a committed tree window from the engine's trace: per request the sibling
@@ -101,8 +92,8 @@ def path_acceptance(window, ranks: list[list[int]]) -> Acceptance:
 
 
 class WindowCosts:
-    """An engine observer: every committed tree window's costs under every strategy
-    (`tree_commit_costs`: host arithmetic on the window and its accepted path), summed over the run.
+    """An engine observer: every committed tree window's costs under each of `strategies`
+    (`tree_commit_costs`: host arithmetic on the window and its accepted path) over the run.
     Remap's are those of block size 1; the others' of the engine's cache."""
 
     def __init__(self, strategies):
@@ -373,7 +364,7 @@ def shipped_rows(nodes=(8, 16, 32), topk: int = 4, depth: int = 6, block_size: i
         pair = load_tiny(device=device)
     target, head, tok = pair
     target, head = target.eval(), head.eval()
-    ids = encode_prompts(tok, prompts)
+    ids = [tok.encode(p).ids for p in prompts]
     dev = next(target.parameters()).device
     ref = generate(ids, new_tokens, k=0, target=target, head=head, tokenizer=tok, device=dev).token_ids
 
