@@ -1,27 +1,30 @@
-"""`bench tree`: its rows on the shipped pair (real EAGLE-2 trees, greedy) and on the 8B path at toy
-size (forced paths), every strategy checked against target-only; the CLI's registration and errors."""
+"""`bench tree`: its rows from engine steps on the shipped pair (real EAGLE-2 trees, greedy) and on the 8B
+path at toy size (forced paths), remap's window microbenchmark, every strategy checked against
+target-only; the CLI's registration and errors."""
 import pytest
 import torch
 
-from nwor_lab.bench.tree import shape_rows, shipped_rows, stage_vs_move
-from nwor_lab.bench.tree_step import first_child_path
+from nwor_lab.bench.tree import bonus_check, path_acceptance, shape_rows, shipped_rows, stage_vs_move
 
 
-def test_first_child_path_follows_the_best_child():
-    # t_last -> 1, 2; 1 -> 3, 4; 3 -> 5
-    parents = [0, 0, 1, 1, 3]
-    assert first_child_path(parents, 3) == [True, False, True, False, True]
-    assert first_child_path(parents, 2) == [True, False, True, False, False]
-    assert first_child_path(parents, 9) == [True, False, True, False, True]    # stops at the leaf
-    assert first_child_path(parents, 0) == [False] * 5
+def test_path_acceptance_walks_sibling_ranks_down_the_tree():
+    from nwor_lab.tree import TreeWindow
+    # t_last -> 1, 2; 1 -> 3, 4; 3 -> 5 | a second request: t_last -> 1, 2
+    parents = [[0, 0, 1, 1, 3], [0, 0]]
+    w = TreeWindow.build(parents, torch.arange(8).view(2, 4), [0, 0], 4)
+    acc = path_acceptance(w, [[0, 1], [1]])
+    assert acc.draft_mask.tolist() == [True, False, False, True, False, False, True]
+    assert acc.accepted_per_request() == [2, 1]
 
 
 def test_shipped_rows_every_strategy_equals_target_only():
-    rows = shipped_rows(nodes=(8,), topk=3, depth=3, block_size=4, prompts=("def f(x):", "import os\n"), reps=1)
+    rows = shipped_rows(nodes=(8,), topk=3, depth=3, block_size=4, prompts=("def f(x):", "import os\n"), reps=1,
+                        new_tokens=6)
     by = {r["strategy"]: r for r in rows}
     assert set(by) == {"write-all+move", "write-all+remap", "cow", "stage"}
-    assert all(r["equals_target_only"] and r["exact_compaction"] for r in rows), rows
-    assert len({tuple(r["accepted_lens"]) for r in rows}) == 1 and by["stage"]["batch"] == 2
+    assert all(r["equals_target_only"] for r in rows), rows
+    assert by["write-all+remap"]["exact_compaction"] and by["stage"]["batch"] == 2
+    assert by["stage"]["step_ms_from"] == "engine decode steps" and by["stage"]["tree_windows"] > 0
     assert by["stage"]["rows_written_per_token"] == 1.0
     assert by["stage"]["bytes_moved"] == by["write-all+remap"]["bytes_moved"] == 0
     assert by["stage"]["stranded_bytes"] == by["cow"]["stranded_bytes"] == 0
@@ -37,15 +40,35 @@ def test_shape_rows_forced_path_on_the_8b_path_small():
     from nwor_lab.model.shapes import config_for
     torch.manual_seed(0)
     target = LlamaForCausalLM(config_for("8b-mini", num_hidden_layers=2))    # the 8b path's shape, small
-    rows = shape_rows("8b-mini", nodes=(8,), batches=(2,), topk=2, depth=4, block_size=4, context=10, accepted=2,
-                      reps=1, device="cpu", attention="torch", target=target)
+    rows = shape_rows("8b-mini", nodes=(8,), batches=(2,), topk=2, depth=4, block_size=4, context=10, accepted=3,
+                      reps=1, device="cpu", attention="torch", target=target, new_tokens=9)
     assert len(rows) == 4 and all(r["equals_target_only"] for r in rows), rows
-    assert all(r["accepted_lens"] == [2, 2] for r in rows)
+    # the peaked head's trees are deep enough for the forced path (a flat random head's stop short: 2.333)
+    assert all(r["accepted_lens"] == [3.0, 3.0] and r["draft_logit_std"] == 6.0 for r in rows)
+    assert all(r["bonus_checked"] > 0 and r["bonus_mismatches"] == 0 for r in rows if "bonus_checked" in r)
     move = next(r for r in rows if r["strategy"] == "write-all+move")
-    # 2 requests x 2 path rows x 4 layers moved, each row K and V of 2 heads x 16 fp32 values
     assert move["bytes_moved"] > 0 and move["stranded_bytes"] > 0
     summary = stage_vs_move(rows)
     assert set(summary["stage_over_move_step"]) == {"N8_b2"}
+
+
+def test_bonus_check_catches_a_token_the_target_would_not_pick():
+    """The 8B path's check fails when an emitted bonus token is not target-only's pick."""
+    from nwor_lab.bench.tree import build_engine, forced_path, run_decode_steps, tree_spec
+    from nwor_lab.model.llama import LlamaForCausalLM
+    from nwor_lab.model.shapes import config_for, random_head
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config_for("8b-mini", num_hidden_layers=2)).eval()
+    head = random_head(target, "eagle1", "8b-mini")
+    engine = build_engine(target, head, "stage", tree_spec(2, 3, 4), block_size=4, batch=1, prompt_len=6,
+                          new_tokens=5, attention="torch", graphs=False, acceptance=forced_path(1, 3))
+    with torch.no_grad():
+        reqs, _ = run_decode_steps(engine, [[1, 2, 3, 4, 5, 6]], 5)
+        check = bonus_check(target, 1e-4)
+        assert check(reqs, engine)[0]
+        reqs[0].output[-1] = (reqs[0].output[-1] + 1) % target.config.vocab_size
+        ok, fields = check(reqs, engine)
+    assert not ok and fields["bonus_mismatches"] == 1
 
 
 def test_cli_bench_tree_is_registered_and_checks_its_flags(capsys):
@@ -53,18 +76,18 @@ def test_cli_bench_tree_is_registered_and_checks_its_flags(capsys):
     assert "tree" in BENCHMARKS
     assert main(["bench", "tree", "--nodes", "99", "--topk", "2", "--depth", "2"]) == 2
     assert "--nodes 99" in capsys.readouterr().err
+    assert main(["bench", "tree", "--model", "8b-mini", "--accepted", "5", "--depth", "3"]) == 2
+    assert "--accepted 5" in capsys.readouterr().err
 
 
-def test_tree_vs_chain_rows_emit_target_only_tokens():
-    from nwor_lab.bench.tree_chain import tree_shapes, tree_vs_chain
-    assert tree_shapes(4) == [(4, 4), (2, 3)] and tree_shapes(3) == [(4, 3)] and tree_shapes(8, depth=4) == [(4, 4), (2, 4)]
-    res = tree_vs_chain(sizes=(3,), topk=2, new_tokens=4, prompts=("def f(x):", "import os\n"))
-    chain, tree = res["rows"]
-    assert (chain["drafter"], chain["topk"], tree["drafter"], tree["shape"]) == ("chain", 1, "tree", "tree topk=2,depth=3")
-    assert chain["verify_rows_per_step"] == tree["verify_rows_per_step"] == 4
-    assert chain["equals_target_only"] and tree["equals_target_only"]
-    assert 1.0 <= chain["mean_acceptance_length"] <= 4.0 and 1.0 <= tree["mean_acceptance_length"] <= 4.0
-    assert res["winner"][3] in ("chain", "tree topk=2,depth=3", "tie: chain = tree topk=2,depth=3")
+def test_remap_without_move_costs_another_engines_windows_and_times_no_step():
+    rows = shipped_rows(nodes=(4,), topk=2, depth=3, block_size=4, prompts=("def f(x):",), reps=1, new_tokens=4,
+                        strategies=("remap", "stage"))
+    remap, stage = rows
+    assert (remap["strategy"], stage["strategy"]) == ("write-all+remap", "stage")
+    assert remap["accepted_lens"] == stage["accepted_lens"] and remap["exact_compaction"]
+    assert remap["step_ms"] is None and "write-all+move" in remap["step_ms_from"]
+    assert remap["equals_target_only"] == stage["equals_target_only"] is True
 
 
 def test_graph_replays_split_at_idle_gaps_and_sum_by_kernel():
@@ -102,3 +125,18 @@ def test_step_ratio_pairs_repeats_and_falls_back_to_medians():
     s = stage_vs_move(rows)
     assert s["stage_over_move_graph_step"] == {"N16_b8": 0.99} and s["stage_no_slower_everywhere_graphed"]
     assert s["stage_over_move_step"] == {"N16_b8": round(31.0 / 30.0, 4)} and not s["stage_no_slower_everywhere"]
+
+
+def test_first_tree_window_emits_target_only_tokens():
+    """Chapter 14 draws the head's first tree for a prompt from the engine: its path and emitted tokens are
+    those of greedy target-only decoding."""
+    from nwor_lab.bench.tree import first_tree_window
+    from nwor_lab.engine import generate
+    from nwor_lab.model.shipped import load_tiny
+    target, head, tok = load_tiny()
+    ids = tok.encode("def parse_args(argv):").ids
+    w = first_tree_window(target, head, ids, topk=3, depth=3, nodes=8, block_size=4)
+    assert len(w["parents"]) == len(w["tokens"]) == len(w["path"]) == 8 and sum(w["path"]) == w["accepted"]
+    assert [t for t, on in zip(w["tokens"], w["path"]) if on] == w["emitted"][:-1]
+    ref = generate([ids], w["accepted"] + 2, k=0, target=target, head=head, tokenizer=tok).token_ids[0]
+    assert w["emitted"] == ref[1:w["accepted"] + 2]      # the prefill emitted ref[0]; the window the next a + 1

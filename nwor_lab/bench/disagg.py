@@ -24,7 +24,7 @@ import platform
 import sys
 import time
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.config import LabConfig, nwor_modes
@@ -141,8 +141,7 @@ def main(argv=None) -> dict:
            "model": words, "device": card, "machine": platform.node(),
            "transport": args.transport, "prompts": len(prompts), "prompt_tokens": sum(len(x) for x in prompts),
            "max_new_tokens": args.max_new_tokens, "k": args.k, "temperature": args.temperature, "rows": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=2) + "\n")
+    save_json(out, args.out, indent=2)
     return out
 
 

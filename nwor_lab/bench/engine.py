@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
-from nwor_lab import atomic
 from nwor_lab.bench.timing import device_name, time_engine, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
@@ -164,8 +164,7 @@ def main(argv=None) -> dict:
            "ops_backend": vars(backend(device)),
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
            "results": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

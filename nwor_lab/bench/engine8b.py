@@ -34,16 +34,16 @@ Chosen for ~8 minutes on one H100: 64-token prompts, 64 new tokens, 2 timed repe
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.flags import add_engine_flags, parsed
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.timing import bench_device, device_name, free_device, run_prompts, time_engines_interleaved, timed
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
-from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
+from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.engine.generate import acceptance_stats
 from nwor_lab.engine.buffers import token_bucket
 from nwor_lab.model.shapes import HEAD_SHAPES, SHAPES, parameter_bytes, random_head, random_target
@@ -308,8 +308,6 @@ def parser() -> LabArgumentParser:
     p.add_argument("--ks", type=types.listed(types.integer(1, 16), "draft counts"), default=(2, 4, 6))
     p.add_argument("--batch-sizes", type=types.listed(types.integer(1, 256), "batch sizes"), default=(1, 8, 32))
     p.add_argument("--policies", type=types.listed(types.one_of(nwor_modes()), "write policies"), default=nwor_modes())
-    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
-                   help="SCV mode (off: the host loop, so every step runs eagerly)")
     p.add_argument("--acceptance", type=acceptance_text, default="shipped",
                    help="'shipped' (the shipped pair's measured profile), a constant rate in [0, 1], or "
                         "per-position rates such as 0.9,0.7,0.5,0.3,0.2,0.1 (unconditional, non-increasing)")
@@ -318,18 +316,15 @@ def parser() -> LabArgumentParser:
     p.add_argument("--repeats", type=types.integer(1, 100), default=2)
     p.add_argument("--mixed-graphs", type=types.one_of(("on", "off", "both")), default="on",
                    help="replay steps with prefills from graphs (on), eagerly (off), or both for the comparison")
-    p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
-    p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
+    add_engine_flags(p)
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate row")
     p.add_argument("--hf-repeats", type=types.integer(1, 100), default=1)
     p.add_argument("--no-components", action="store_true", help="skip the napkin math's measurements")
-    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     return p
 
 
 def main(argv=None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    argv, args = parsed(parser(), argv)
     device = bench_device("engine", args.device, args.model)
     try:
         acceptance = ForcedAcceptance.parse(args.acceptance, max(args.ks))
@@ -395,8 +390,7 @@ def write(args, argv, device, sizes, acceptance, gap, t_start, components, rows,
                       + (f", 2 x batch requests arriving every {gap} steps" if gap else ""),
            "complete": complete, "seconds_total": round(time.perf_counter() - t_start, 1),
            "components": components, "results": rows, "hf_generate": hf}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

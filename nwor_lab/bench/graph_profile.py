@@ -41,7 +41,7 @@ def split_replays(events: Sequence[Mapping], replays: int, gap_us: float = GAP_U
 def per_replay_kernels(order: Sequence[str], groups: Sequence[Sequence[Mapping]], top: int = 8) -> dict:
     """Replays in `order` (a graph's name each) and their kernel groups -> {name: [{kernel, us_per_step,
     calls_per_step}] by time, the `top` kernels then "(all kernels)"}: medians over each name's replays
-    (kernel names cut to 90 characters, as `tree_step.kernel_profile` writes them)."""
+    (kernel names cut to 90 characters, as `bench.tree.kernel_profile` writes them)."""
     sums: dict = {}
     for name, grp in zip(order, groups):
         by: dict = {}

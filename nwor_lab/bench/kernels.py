@@ -22,16 +22,15 @@ bandwidth is DRAM bandwidth, not L2's. Targets are reported (`targets` in the JS
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.timing import in_turn
 from nwor_lab.ops.graphs import capture_graph
-from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
@@ -342,9 +341,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     tokens = (8, 64, 512, 4096) if args.quick else TOKENS
     result = run(quick=args.quick, tokens=tokens)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        atomic.write_text(args.out, text + "\n")
+    text = save_json(result, args.out)
     print(table(result), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(text)

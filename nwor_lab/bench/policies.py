@@ -12,12 +12,12 @@ hot path a serving engine would run. Numbers are reported, never asserted.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.ops.graphs import capture_graph
 
 from nwor_lab.bench.kernels import interleaved_time_us
@@ -25,7 +25,6 @@ from nwor_lab.config import LabConfig, nwor_modes
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies import make_policy
 from nwor_lab.window import Acceptance, Window
-from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 
@@ -142,9 +141,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     result = run(args.batches, args.backend,
                  "nwor-lab bench policies " + " ".join(argv))
-    text = json.dumps(result, indent=1)
-    if args.out:
-        atomic.write_text(args.out, text + "\n")
+    text = save_json(result, args.out)
     if args.json:
         print(text)
     else:

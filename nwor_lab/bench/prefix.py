@@ -44,7 +44,7 @@ import time
 import numpy as np
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.audit.conversations import conversations, run_closed_loop
 from nwor_lab.bench.engine8b import acceptance_text
 from nwor_lab.bench.timing import bench_device, device_name, free_device, in_turn
@@ -317,8 +317,7 @@ def write(args, h: dict, rows: list[dict], complete: bool) -> dict:
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k)},
            "repeats": args.repeats, "complete": complete,
            "seconds_total": round(time.perf_counter() - h["t_start"], 1), "results": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.timing import device_name
 from nwor_lab.config import KV_RINGS, LabConfig
 from nwor_lab.engine.ring import exact_by_design, kv_memory, sliding_window_for, strategy_name
@@ -254,7 +255,7 @@ def main(argv=None) -> dict:
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": rows}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

@@ -35,12 +35,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.flags import add_engine_flags, parsed
+from nwor_lab.bench.output import save_json
 from nwor_lab.commandline import args as types
 from nwor_lab.bench.timing import bench_device, device_name, free_device, in_turn
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
@@ -63,12 +63,9 @@ def config_spec(text: str) -> tuple[str | None, int | str]:
     if k == "auto":
         return head, "auto"
     try:
-        n = int(k)
-    except ValueError:
+        return head, types.integer(1, 16)(k)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`") from None
-    if not 1 <= n <= 16:
-        raise argparse.ArgumentTypeError(f"{text!r}: the K of HEAD:K is a draft count 1..16, or `auto`")
-    return head, n
 
 
 def slo_text(text: str) -> Slo:
@@ -116,13 +113,11 @@ def parser() -> LabArgumentParser:
                         "median run with every repeat's throughput and TPOT, ratios the median of per-repeat ratios")
     p.add_argument("--temperature", type=types.temperature, default=0.0,
                    help="sampling temperature of every engine (0: greedy)")
-    p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
-    p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
+    add_engine_flags(p, scv=False)                  # its --scv above: the EAGLE engines' own help
     p.add_argument("--components", type=types.listed(types.integer(1, 4096), "batch sizes"), default=(),
                    help="8B shape: also time a decode step, a verify step of 1 + k-max tokens and one head pass "
                         "at these batch sizes (CUDA-graph replays, bench engine --model 8b's napkin inputs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     return p
 
 
@@ -250,8 +245,7 @@ def crossover(rows: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    argv, args = parsed(parser(), argv)
     device = bench_device("serve", args.device, args.model)
     points = load_points(args)
     if not points:
@@ -317,8 +311,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
            "scv": args.scv, "temperature": args.temperature, "repeats": args.repeats, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
            "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

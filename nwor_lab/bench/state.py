@@ -48,11 +48,11 @@ import time
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.flags import add_engine_flags, parsed
+from nwor_lab.bench.output import save_json
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.bench.timing import bench_device, device_name, free_device
-from nwor_lab.config import SCV_MODES
 from nwor_lab.state import STATE_POLICIES
 from nwor_lab.engine.trace import first_divergence
 
@@ -396,18 +396,13 @@ def parser() -> LabArgumentParser:
                    help="forced acceptance: the largest logit shortfall still read as the greedy choice, in logit "
                         "standard deviations (default 0.25 in bf16: above its rounding between a window and a "
                         "dense pass; 1e-3 in float32)")
-    p.add_argument("--attention", type=types.one_of(("auto", "triton", "torch")), default="auto")
-    p.add_argument("--scv", type=types.one_of(SCV_MODES), default="graph",
-                   help="SCV mode (off: the host loop, so every step runs eagerly)")
-    p.add_argument("--no-cuda-graph", action="store_true", help="every step eager")
+    add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print the JSON (always printed; kept for the documented command)")
-    p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     return p
 
 
 def main(argv=None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
+    argv, args = parsed(parser(), argv)
     from nwor_lab.speculative.synthetic import ForcedAcceptance
     big = args.model == "8b-hybrid"
     device = bench_device("state", args.device, args.model, default_cuda=big)
@@ -447,8 +442,7 @@ def write(args, argv, device, dtype, model, forced, acceptance, t_start, rows, f
            "acceptance": ({"source": args.acceptance, **acceptance.describe(args.k)} if forced else "the target's"),
            "prompts": f"{args.prompt_len}-token prompts, {args.new_tokens} new tokens each, batch prompts together",
            "complete": complete, "seconds_total": round(time.perf_counter() - t_start, 1), "results": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

@@ -31,8 +31,8 @@ import time
 
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.kernels import interleaved_time_us
-from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import LabConfig, nwor_modes
@@ -215,9 +215,7 @@ def main(argv=None) -> int:
                            args.attention, args.profile)
     result = run(args.models, args.batches, args.ks, args.rates, args.context, args.attention,
                  not args.no_graphs, "nwor-lab bench step " + " ".join(argv))
-    text = json.dumps(result, indent=1)
-    if args.out:
-        atomic.write_text(args.out, text + "\n")
+    text = save_json(result, args.out)
     if args.json:
         print(text)
     return 0

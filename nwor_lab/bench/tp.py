@@ -22,8 +22,8 @@ import time
 
 import torch
 
+from nwor_lab.bench.output import save_json
 from nwor_lab.config import SCV_MODES, LabConfig, nwor_modes
-from nwor_lab import atomic
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.model.config import LlamaConfig
@@ -132,8 +132,7 @@ def main(argv=None) -> dict:
                       f"cpu ({platform.processor() or platform.machine()})"),
            "backend": "nccl" if device.type == "cuda" else "gloo", "torch": torch.__version__,
            "weights": "random (same seed on every rank)", "results": rows}
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     return out
 
 

@@ -27,7 +27,7 @@ import traceback
 
 import torch
 
-from nwor_lab import atomic
+from nwor_lab.bench.output import save_json
 from nwor_lab.bench.timing import device_name, free_device
 from nwor_lab.config import LabConfig, parse_tree
 from nwor_lab.engine.tree_plan import tree_plan
@@ -111,15 +111,17 @@ def _median(xs):
 
 
 def tree_vs_chain(nodes=(4, 8), modes=("off", "stage"), *, head: str = "eagle1", device="cpu", new_tokens: int = 48,
-                  repeats: int = 1, prompts=PROMPTS, trees: dict | None = None, usual_k: int = 4) -> list[dict]:
+                  repeats: int = 1, prompts=PROMPTS, trees: dict | None = None, usual_k: int = 4,
+                  pair=None) -> list[dict]:
     """Rows per verify size N: chain k = N, chain k = `usual_k`, the tree of N nodes, each under every
     write policy in `modes`, on the shipped pair (greedy). Each row: kind, nodes (N, or k for the usual
     chain), verify_rows_per_request, nwor, mean_acceptance_length, tokens_per_s (median of `repeats`
-    timed runs after a cold one), target_forwards, equals_target_only."""
+    timed runs after a cold one), target_forwards, equals_target_only. `pair`: (target, head, tokenizer)
+    already loaded (else the shipped pair with `head`)."""
     from nwor_lab.bench.timing import timed
     from nwor_lab.engine import generate
     dev = torch.device(device)
-    t, h, tok = _pair(dev, head)
+    t, h, tok = pair or _pair(dev, head)
     ref = generate(list(prompts), new_tokens, k=0, target=t, head=h, tokenizer=tok, device=dev).token_ids
     rows = []
     for n in nodes:
@@ -151,17 +153,19 @@ def tree_vs_chain(nodes=(4, 8), modes=("off", "stage"), *, head: str = "eagle1",
 
 # -- the 8B shape, forced acceptance ------------------------------------------------------------
 def build_engine_8b(target, head, tree: str, k: int, mode: str, batch: int, prompt_len: int, new_tokens: int,
-                    acceptance, attention: str, graphs: bool, scv: str = "graph"):
-    """engine8b.build_engine with a tree (`tree` non-empty: N nodes a window, drafted by the head)."""
+                    acceptance, attention: str, graphs: bool, scv: str = "graph", block_size: int | None = None):
+    """engine8b.build_engine with a tree (`tree` non-empty: N nodes a window, drafted by the head);
+    `block_size` defaults to engine8b's."""
     from nwor_lab.engine import SpecEngine
     from nwor_lab.engine.buffers import token_bucket
     from nwor_lab.bench.engine8b import BLOCK
     cfg = LabConfig(nwor_mode=mode, scv_mode=scv, attention=attention, cuda_graph=graphs, tree=tree)
     ahead = tree_plan(cfg.tree_shape).lookahead if tree else k + 1
     n = tree_plan(cfg.tree_shape).nodes if tree else k
-    per = -(-(prompt_len + new_tokens + ahead) // BLOCK)
+    block = block_size or BLOCK
+    per = -(-(prompt_len + new_tokens + ahead) // block)
     tokens = token_bucket(batch * max(prompt_len, n + 1) + prompt_len)
-    return SpecEngine(target, head, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=BLOCK,
+    return SpecEngine(target, head, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=block,
                       max_num_seqs=batch, max_num_batched_tokens=tokens, acceptance=acceptance)
 
 
@@ -194,8 +198,7 @@ def main_8b(args, argv) -> dict:
                     "profiles": [{"nodes": n, **p} for (_, n), p in profiles.items()],
                     "prompts": f"random ids: {args.prompt_len}-token prompts, {args.new_tokens} new tokens each",
                     "complete": complete, "seconds_total": round(time.perf_counter() - t0, 1), "results": rows})
-        if args.out:
-            atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+        save_json(out, args.out)
     for bs in args.batch_sizes:
         prompts = prompts_for(bs, args.prompt_len, target.config.vocab_size, False)
         for n in args.nodes:
@@ -308,8 +311,7 @@ def main(argv=None):
     else:
         args.nodes = args.nodes or [16, 32, 64]
         return main_8b(args, argv)
-    if args.out:
-        atomic.write_text(args.out, json.dumps(out, indent=1) + "\n")
+    save_json(out, args.out)
     print(json.dumps(out))
     return out
 

@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import (LEGEND_ORDER, STATE_LEGEND, STATE_MEANING, SlotState, declared, layer_states,
                                  occupancy)
+from nwor_lab.viz.categories import add_category_legend
 from nwor_lab.viz.theme import (CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, base_layout,
                                 discrete_colorscale, wrap)
 
@@ -166,11 +167,7 @@ def _add_grid(fig, grid, rows, block_size, annotations, cell_text, highlight, co
 
 def add_state_legend(fig, with_highlight: bool = False) -> None:
     """One legend entry per state (all of them, always: the legend never changes between phases)."""
-    for s in LEGEND_ORDER:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=STATE_LEGEND[s],
-                                 marker=dict(symbol="square", size=13, color=STATE_COLOURS[s],
-                                             line=dict(color="#999999", width=1)),
-                                 hoverinfo="skip", showlegend=True), row=1, col=1)
+    add_category_legend(fig, [(STATE_LEGEND[s], STATE_COLOURS[s]) for s in LEGEND_ORDER], row=1, col=1)
     if with_highlight:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="differs from expected",
                                  marker=dict(symbol="square-open", size=13, color=HIGHLIGHT,

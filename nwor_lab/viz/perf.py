@@ -147,6 +147,11 @@ def _window_label(row: Mapping) -> str:
     return f"{row['requests']} × {per}"
 
 
+def _load(stored, live, kind: str) -> tuple[dict, dict | None]:
+    """The stored `kind` result and the live one (None when not given), each read and checked."""
+    return load_result(stored, kind), None if live is None else load_result(live, kind)
+
+
 def _sources(stored: dict, live: dict | None):
     """(result, suffix, is_live) for the stored result and, if given, the live one."""
     out = [(stored, "", False)]
@@ -188,8 +193,7 @@ def policy_window_time(policies, *, live=None, title: str = "One verify window's
     """Grouped bars: µs per verify window (32 layers) for each mode and the `index_copy_` baseline,
     by window size (requests × (1 + k) tokens); left eager (driven from Python), right replayed
     as one CUDA graph. y axes are separate: the graph panel is about ten times lower."""
-    stored = load_result(policies, "policies")
-    live = None if live is None else load_result(live, "policies")
+    stored, live = _load(policies, live, "policies")
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
                         subplot_titles=("eager: launched from Python, host included",
                                         "replayed as one CUDA graph: GPU time only"))
@@ -245,8 +249,7 @@ def policy_overhead(policies, *, kernels=None, live=None,
     """Bars: graphed µs per window minus `off`'s, per mode, by window size. With `kernels`, a
     dashed line per mode at (extra launches it declares) × (one small graphed kernel): what the
     launches alone cost; the bars rise above it as the window's bytes grow."""
-    stored = load_result(policies, "policies")
-    live = None if live is None else load_result(live, "policies")
+    stored, live = _load(policies, live, "policies")
     fig = go.Figure()
     modes = [m for m in _modes(stored["results"][0]) if m not in (BASELINE, "off")]
     for result, suffix, is_live in _sources(stored, live):
@@ -297,8 +300,7 @@ def kernel_time(kernels, *, op: str = "write_kv", shape: str = "llama3-8b", live
     """µs per call of `op` against tokens (log-log): eager (host launch included) and inside a
     CUDA graph (GPU time), with the empty custom op's eager and graphed times as floors, and the
     time the op's bytes would take at the device copy bandwidth. Flat lines = launch-bound."""
-    stored = load_result(kernels, "kernels")
-    live = None if live is None else load_result(live, "kernels")
+    stored, live = _load(kernels, live, "kernels")
     fig = go.Figure()
     all_tokens = []
     for result, suffix, is_live in _sources(stored, live):
@@ -333,8 +335,7 @@ def kernel_bandwidth(kernels, *, shape: str = "llama3-8b", ops=None, live=None,
     """GB/s each op moves (its bytes over its graphed GPU time) against tokens, log-log, with the
     device copy bandwidth (1 GiB, read + write) and a torch copy of write_kv's bytes at each size
     (the ceiling a kernel that small can reach)."""
-    stored = load_result(kernels, "kernels")
-    live = None if live is None else load_result(live, "kernels")
+    stored, live = _load(kernels, live, "kernels")
     fig = go.Figure()
     all_tokens = []
     for result, suffix, is_live in _sources(stored, live):
@@ -366,8 +367,7 @@ def kernel_bandwidth(kernels, *, shape: str = "llama3-8b", ops=None, live=None,
 def window_commit(kernels, *, live=None, title: str = "Committing a window: one launch for all layers"):
     """Bars: a whole window's commit (all layers, one launch) against one write_kv launch per
     layer, eager and inside a CUDA graph (`window_commit` of the kernels result)."""
-    stored = load_result(kernels, "kernels")
-    live = None if live is None else load_result(live, "kernels")
+    stored, live = _load(kernels, live, "kernels")
     fig = go.Figure()
     w = None
     for result, suffix, is_live in _sources(stored, live):

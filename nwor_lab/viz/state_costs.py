@@ -8,8 +8,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import SlotState
-from nwor_lab.viz.theme import CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout, \
-    discrete_colorscale
+from nwor_lab.viz.categories import add_category_legend, category_heatmap
+from nwor_lab.viz.theme import CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout
 
 SAME, DIFFERS = TOKEN_COLOURS["kept"], TOKEN_COLOURS["rejected"]
 
@@ -41,17 +41,16 @@ def divergence_figure(reference: list[int], runs: list[tuple[str, list[int]]], s
             outlines.append((r, first))
         z.append(zr), text.append(tr), hover.append(hr)
     labels = [label for label, _ in rows]
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(n)), y=labels, text=text, texttemplate="%{text}", textfont=CELL_FONT,
-                               customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2,
-                               showscale=False, zmin=-0.5, zmax=1.5, colorscale=discrete_colorscale([SAME, DIFFERS])))
+    key = [("same token as target-only", SAME), ("differs from target-only", DIFFERS)]
+    fig = go.Figure(category_heatmap(z, key, x=list(range(n)), y=labels, text=text, texttemplate="%{text}",
+                                     textfont=CELL_FONT, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+                                     xgap=2, ygap=2))
     for r, j in outlines:
         fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color=HIGHLIGHT, width=3))
         fig.add_annotation(x=j, y=-0.5, ax=0, ay=-20, text=f"{rows[r][0]}: first difference at token {j}",
                            showarrow=True, arrowcolor=HIGHLIGHT, arrowhead=2, yanchor="bottom", xanchor="left",
                            font=dict(color=HIGHLIGHT, size=12))
-    for name, c in (("same token as target-only", SAME), ("differs from target-only", DIFFERS)):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=c, line=dict(color="#999999", width=1))))
+    add_category_legend(fig, key)
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="first differing token", hoverinfo="skip",
                              marker=dict(symbol="square-open", size=13, color=HIGHLIGHT, line=dict(width=3))))
     fig.update_layout(**base_layout(title, subtitle), height=200 + LEGEND_PX + 40 * len(rows),

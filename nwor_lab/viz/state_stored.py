@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 from nwor_lab.audit.report import STORES
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.tables import records_table as markdown_table     # rows of dicts, as the chapter calls it
+from nwor_lab.viz.categories import add_category_legend
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout
 
 MIB = 2 ** 20
@@ -217,9 +218,7 @@ def logit_gap_figure(doc: dict, *, title: str, subtitle: str | None = None) -> g
         fig.update_yaxes(type="log", title_text="largest gap (std devs)" if c == 1 else None, range=[-1, 1.3],
                          tickvals=TICKS, ticktext=[f"{t:g}" for t in TICKS], row=1, col=c)
         fig.update_xaxes(title_text="state strategy", row=1, col=c)
-    for name, colour in VERDICT_COLOURS.items():
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=colour)))
+    add_category_legend(fig, list(VERDICT_COLOURS.items()), outline=False)
     fig.update_layout(**base_layout(title, subtitle), height=440 + LEGEND_PX, width=1000)
     fig.update_layout(margin_t=fig.layout.margin.t + 24)
     return fig

@@ -13,8 +13,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from nwor_lab.viz.states import SlotState
-from nwor_lab.viz.theme import CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout, \
-    discrete_colorscale
+from nwor_lab.viz.categories import add_category_legend, category_heatmap
+from nwor_lab.viz.theme import CELL_FONT, HIGHLIGHT, LEGEND_PX, STATE_COLOURS, TOKEN_COLOURS, base_layout
 
 SUB = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 COMMITTED, CANDIDATE, ABSORBED = STATE_COLOURS[SlotState.COMMITTED], STATE_COLOURS[SlotState.WRITTEN], \
@@ -74,11 +74,9 @@ def recurrent_window_figure(k: int, accepted: int, *, title: str | None = None) 
         fig.add_annotation(x=(xs[accepted + 2] + xs[-1]) / 2, y=1.6,
                            text="absorbed a rejected draft:<br>no bookkeeping takes it out", showarrow=False,
                            font=dict(color=ABSORBED, size=12))
-    for name, c in (("committed state S₀", COMMITTED), ("state over accepted tokens only", CANDIDATE),
-                    ("state that absorbed a rejected draft", ABSORBED), ("kept token", TOKEN_COLOURS["kept"]),
-                    ("rejected draft", TOKEN_COLOURS["rejected"])):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=c, line=dict(color="#999999", width=1))))
+    add_category_legend(fig, [("committed state S₀", COMMITTED), ("state over accepted tokens only", CANDIDATE),
+                              ("state that absorbed a rejected draft", ABSORBED), ("kept token", TOKEN_COLOURS["kept"]),
+                              ("rejected draft", TOKEN_COLOURS["rejected"])])
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="the state to commit", hoverinfo="skip",
                              marker=dict(symbol="square-open", size=13, color=HIGHLIGHT, line=dict(width=3))))
     fig.update_layout(**base_layout(title or f"One verify window through a recurrent layer: k = {k}, {accepted} accepted",
@@ -160,18 +158,15 @@ def strategy_keeps_figure(policies: dict, k: int, accepted: int, *, title: str |
         z.append(zr)
         text.append(tr)
         hover.append(hr)
-    fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(len(labels))), y=names, text=text, texttemplate="%{text}", textfont=CELL_FONT,
-        customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2, showscale=False,
-        zmin=-0.5, zmax=len(KEEPS) - 0.5, colorscale=discrete_colorscale([c for _, c in KEEPS])))
+    fig = go.Figure(category_heatmap(
+        z, KEEPS, x=list(range(len(labels))), y=names, text=text, texttemplate="%{text}", textfont=CELL_FONT,
+        customdata=hover, hovertemplate="%{customdata}<extra></extra>", xgap=2, ygap=2))
     for r, name in enumerate(names):
         fig.add_annotation(x=len(labels) - 0.4, y=r, text=commit_action(policies[name], k), showarrow=False,
                            xanchor="left", font=dict(size=12))
     fig.add_shape(type="rect", x0=2 * (accepted + 1) - 0.5, x1=2 * (accepted + 1) + 0.5, y0=-0.5,
                   y1=len(names) - 0.5, line=dict(color=HIGHLIGHT, width=3))
-    for name, c in KEEPS[1:]:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=c, line=dict(color="#999999", width=1))))
+    add_category_legend(fig, KEEPS[1:])
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{state_name(accepted + 1)}: the state to commit",
                              hoverinfo="skip", marker=dict(symbol="square-open", size=13, color=HIGHLIGHT,
                                                            line=dict(width=3))))
@@ -211,13 +206,11 @@ def conv_ring_figure(conv_width: int, k: int, accepted: int, *, title: str | Non
     for _, idx in rows:
         z.append([fate[i] if i in idx else None for i in range(n)])
         text.append([f"ring {(rel[i]) % (W - 1)}" if i in idx else "" for i in range(n)])
-    fig = go.Figure(go.Heatmap(z=z, x=labels, y=[r for r, _ in rows], text=text, texttemplate="%{text}",
-                               textfont=CELL_FONT, xgap=3, ygap=3, showscale=False, zmin=-0.5, zmax=2.5,
-                               colorscale=discrete_colorscale(fate_colours), hoverinfo="skip"))
-    for name, c in zip(("input from before the window", "input of a kept token", "input of a rejected draft"),
-                       fate_colours):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=c, line=dict(color="#999999", width=1))))
+    fates = list(zip(("input from before the window", "input of a kept token", "input of a rejected draft"),
+                     fate_colours))
+    fig = go.Figure(category_heatmap(z, fates, x=labels, y=[r for r, _ in rows], text=text, texttemplate="%{text}",
+                                     textfont=CELL_FONT, xgap=3, ygap=3, hoverinfo="skip"))
+    add_category_legend(fig, fates)
     fig.update_layout(**base_layout(title or f"The conv state: a ring of W − 1 = {W - 1} inputs (W = {W}, k = {k}, "
                                               f"{accepted} accepted)",
                                     "n: t_last's position. Each row shows the inputs the conv state holds and the "

@@ -150,8 +150,10 @@ def commit_strips(final: Mapping[str, object], *, title: str = "Positions n .. n
 
 def tree_vs_chain_figure(result: Mapping, *, title: str = "Tree or chain at the same verify size",
                          subtitle: str | None = None) -> go.Figure:
-    """`bench.tree_chain.tree_vs_chain` rows: mean acceptance length (tokens per verify step) of the chain
-    and of each tree shape at each verify size, and the head rows each drafts per step."""
+    """The stored by-hand tree-vs-chain rows (`benchmarks/results/tree_vs_chain_by_hand_cpu.json`, written by
+    the retired `bench.tree_chain`; the engine's run of the question is `bench.tree_engine.tree_vs_chain`):
+    mean acceptance length (tokens per verify step) of the chain and of each tree shape at each verify
+    size, and the head rows each drafts per step."""
     rows = list(result["rows"])
     sizes = sorted({r["nodes"] for r in rows})
     kinds = ["chain", "deep tree (depth N)", "EAGLE-2 capped tree"]

@@ -12,13 +12,14 @@ from typing import Mapping, Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from nwor_lab.policies.tree import STRATEGY_TITLES
 from nwor_lab.viz.theme import base_layout
 
 # the tree verify attention in torch.profiler's kernel names: the attention kernel (the keys below the
 # tree, and before the two-kernel split the tree too), the tree-window kernel with its merge (since), the
 # split merge (before, and every non-tree pass)
 ATTENTION_KERNELS = ("_verify_attention_kernel", "_tree_window_kernel", "_merge_splits_kernel")
-MOVE, STAGE = "write-all+move", "stage"
+MOVE, STAGE = STRATEGY_TITLES["move"], STRATEGY_TITLES["stage"]
 
 
 def attention_us(row: Mapping) -> float | None:
@@ -62,7 +63,7 @@ def stage_vs_move(data: Mapping) -> list[dict]:
     return out
 
 
-def strategy_table(data: Mapping, strategies: Sequence[str] = (MOVE, "write-all+remap", "cow", STAGE)) -> str:
+def strategy_table(data: Mapping, strategies: Sequence[str] = tuple(STRATEGY_TITLES.values())) -> str:
     """A text table of a `bench tree` run: per N and strategy, rows written per emitted token, KiB moved and
     stranded per request (mean over batch sizes), and the graphed step at each batch size (a strategy with
     no graphed step shows its eager step in parentheses)."""
@@ -79,7 +80,8 @@ def strategy_table(data: Mapping, strategies: Sequence[str] = (MOVE, "write-all+
             kib = {key: sum(r[key] / r["batch"] for r in got) / len(got) / 1024
                    for key in ("bytes_moved", "stranded_bytes")}
             steps = [f"{r['graph_step_ms']:12.2f}" if r and r.get("graph_step_ms") else
-                     f"{'(eager ' + format(r['step_ms'], '.1f') + ')':>12s}" if r else f"{'–':>12s}" for r in rs]
+                     f"{'(eager ' + format(r['step_ms'], '.1f') + ')':>12s}" if r and r.get("step_ms") is not None
+                     else f"{'–':>12s}" for r in rs]
             lines.append(f"{n:3d} {s:16s} {got[0]['rows_written_per_token']:10.2f} {kib['bytes_moved']:9.0f} "
                          f"{kib['stranded_bytes']:12.0f}   " + "  ".join(steps))
     return "\n".join(lines)

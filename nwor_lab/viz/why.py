@@ -19,7 +19,8 @@ from plotly.subplots import make_subplots
 
 from nwor_lab.viz.perf import MODE_COLOURS
 from nwor_lab.viz.states import SlotState
-from nwor_lab.viz.theme import CELL_FONT, LEGEND_PX, STATE_COLOURS, base_layout, discrete_colorscale
+from nwor_lab.viz.categories import add_category_legend, category_heatmap
+from nwor_lab.viz.theme import CELL_FONT, LEGEND_PX, STATE_COLOURS, base_layout
 
 __all__ = ["write_share_figure", "step_worth_figure", "block_digest_figure", "consumers_figure",
            "vllm_rejected_figure"]
@@ -92,17 +93,14 @@ def block_digest_figure(rows: Sequence[Mapping], *, title: str, subtitle: str | 
         text.append(["=" if d == 0 else f"≠{d}" for d in r["differing"]] + [""] * (width - n))
         custom.append([[j, d, h, t] for j, (d, h, t) in enumerate(zip(r["differing"], r["held"], tail))] +
                       [[None] * 4] * (width - n))
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(width)), y=[r["label"] for r in rows], text=text, customdata=custom,
-                               texttemplate="%{text}", textfont=dict(CELL_FONT, size=11),
-                               colorscale=discrete_colorscale([SAME, DIFFERS]), zmin=-0.5, zmax=1.5, showscale=False,
-                               xgap=2, ygap=3,
-                               hovertemplate="%{y}, after verify window %{customdata[0]}:<br>%{customdata[1]} of "
-                                             "%{customdata[2]} blocks differ<br>run A holds %{customdata[3]:.0f} KiB "
-                                             "past its kept length<extra></extra>"))
-    for name, colour in (("every block holds the same bytes in both runs (=)", SAME),
-                         ("≠n: n blocks hold different bytes", DIFFERS)):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker=dict(symbol="square", size=13, color=colour)))
+    key = [("every block holds the same bytes in both runs (=)", SAME), ("≠n: n blocks hold different bytes", DIFFERS)]
+    fig = go.Figure(category_heatmap(z, key, x=list(range(width)), y=[r["label"] for r in rows], text=text,
+                                     customdata=custom, texttemplate="%{text}", textfont=dict(CELL_FONT, size=11),
+                                     xgap=2, ygap=3,
+                                     hovertemplate="%{y}, after verify window %{customdata[0]}:<br>%{customdata[1]} "
+                                                   "of %{customdata[2]} blocks differ<br>run A holds "
+                                                   "%{customdata[3]:.0f} KiB past its kept length<extra></extra>"))
+    add_category_legend(fig, key, outline=False)
     fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 28 * len(rows))
     fig.update_xaxes(title_text="after verify window (time →)", showgrid=False, dtick=2 if width > 16 else 1)
     fig.update_yaxes(autorange="reversed", showgrid=False)

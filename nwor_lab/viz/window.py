@@ -13,6 +13,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.states import token_labels
+from nwor_lab.viz.categories import add_category_legend
 from nwor_lab.viz.theme import (CELL_FONT, KEPT, LEGEND_PX, PADDING, PENDING, REJECTED, TOKEN_COLOURS, TOKEN_MEANING,
                                 base_layout, discrete_colorscale)
 
@@ -68,11 +69,7 @@ def window_timelines(panels: Sequence[dict], *, title: str, subtitle: str | None
         acc = p.get("accepted_len", acc)
         width = max(width, _add_timeline(fig, p["window"], mask, acc, row=i, show_bar_legend=(i == 1)))
         heights += max(p["window"].num_reqs, 1)
-    for fate in _FATES:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=TOKEN_MEANING[fate],
-                                 marker=dict(symbol="square", size=13, color=TOKEN_COLOURS[fate],
-                                             line=dict(color="#999999", width=1)), hoverinfo="skip"),
-                      row=1, col=1)
+    add_category_legend(fig, [(TOKEN_MEANING[f], TOKEN_COLOURS[f]) for f in _FATES], row=1, col=1)
     fig.update_layout(**base_layout(title, subtitle), height=170 + LEGEND_PX + 34 * heights + 40 * (n - 1))
     fig.update_xaxes(title_text="token in the request's window (t_last, d1, d2, ...)", dtick=1,
                      showgrid=False, zeroline=False, range=[-0.5, width - 0.5])

@@ -2,10 +2,10 @@
 # Tree windows on the GPU, in one command of at most ~9.5 minutes (deadline.sh cuts every stage; what
 # finished is under $OUT; the bench comes first: it is what the time is for):
 #   1  `nwor-lab bench tree --model 8b`: write-all + move, write-all + remap (block size 1), cow, stage
-#      at N = 16/32/64, block size 16, batch 1/8/32, context 1024, 3 forced accepted nodes (eager steps,
-#      CUDA events, 60 each), each step also replayed from one CUDA graph (`--graphs`: the strategies' repeats
-#      back to back, stage/move as the median of per-repeat ratios) and profiled (`--profile`: the top kernels
-#      of the graphs replayed in turn) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
+#      at N = 16/32/64, block size 16, batch 1/8/32, context 1024, 3 forced accepted nodes: SpecEngine decode
+#      steps (3 runs of 6 steps a strategy, round-robin; remap: its window microbenchmark beside move's),
+#      also on engines replaying CUDA graphs (`--graphs`, stage/move as the median of per-run ratios) and
+#      profiled (`--profile`: the decode steps' top kernels) -> $OUT/tree_8b_<card>.json; its summary says whether stage is no slower
 #      than write-all + move everywhere, eager and graphed (each row is also printed to bench_tree_8b.log as it is made)
 #   2  the tree GPU tests (tests/gpu/test_gpu_tree*.py: tree attention vs the reference, the commit ops,
 #      a graphed tree step, bench tree's 8B path at toy size; the engine's tree tests where present)
@@ -21,7 +21,7 @@ gpu_build build_tree.log
 
 stage "bench tree 8b (eager)"
 timeout $(lim 330) python3 -m nwor_lab.cli bench tree --model 8b --nodes 16,32,64 --batches 1,8,32 \
-  --block-size 16 --context 1024 --accepted 3 --graphs --profile --reps 60 --out "$OUT/tree_8b_$TAG.json" \
+  --block-size 16 --context 1024 --accepted 3 --graphs --profile --reps 3 --out "$OUT/tree_8b_$TAG.json" \
   > /dev/null 2> "$OUT/bench_tree_8b.log"
 echo "bench tree 8b exit $?"; tail -2 "$OUT/bench_tree_8b.log" | cut -c1-400
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['summary']))" \
