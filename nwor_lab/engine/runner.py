@@ -68,6 +68,8 @@ class StepRunner:
         self.capture = capture
         self.pad = capture if pad is None else pad
         self.max_size = bucket_size(max_num_seqs)
+        self.max_tokens = max_num_batched_tokens     # the most rows a step with prefills brings
+        self.startup_capture = None   # (graphs, seconds) captured at engine start (`engine.capture_sizes`)
         self.buckets: dict[tuple, StepInputs] = {}
         self.exact: dict[tuple, StepInputs] = {}     # eager buffers by exact size (reused)
         self.steps = 0            # steps run
