@@ -8,7 +8,8 @@ import torch
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.buffers import token_bucket
-from nwor_lab.engine.capture_sizes import capture_buckets, prefill_token_buckets, reachable_buckets, slot_sizes
+from nwor_lab.engine.capture_sizes import (START_MAX_ROWS, capture_buckets, prefill_token_buckets, reachable_buckets,
+                                          slot_sizes, start_buckets)
 from nwor_lab.engine.runner import StepRunner
 from nwor_lab.model.toy import toy_pair
 
@@ -54,6 +55,13 @@ def test_every_bucket_a_run_reaches_is_enumerated(pair, k):
     assert {(s, s * (k + 1) + 1, k + 1, bool(k), False) for s in (1, 2, 4)} <= keys
 
 
+def test_large_prefill_buckets_are_left_to_their_first_use(pair):
+    e = engine(pair, budget=4096)
+    keys, start = reachable_buckets(e.runner), start_buckets(e.runner)
+    assert max(key[1] for key in keys) > START_MAX_ROWS >= max(key[1] for key in start if not key[2])
+    assert [key for key in keys if key[2]] == [key for key in start if key[2]]      # every decode bucket
+
+
 def test_engines_that_never_use_buckets_enumerate_none(pair):
     assert reachable_buckets(engine(pair, debug=True).runner) == []
     assert reachable_buckets(engine(pair, tree="topk=2,depth=2,nodes=4").runner) == []   # trees: on first use
@@ -70,7 +78,7 @@ def test_buckets_warmed_on_padding_leave_no_trace(pair, mode, temperature):
     key, value = e.cache.key.clone(), e.cache.value.clone()
     draws = e.generator.get_state()
     done, seconds = capture_buckets(e.runner)
-    assert done == len(reachable_buckets(e.runner)) > 3 and seconds >= 0
+    assert done == len(reachable_buckets(e.runner)) > 3 and seconds >= 0     # (all within START_MAX_ROWS)
     assert e.runner.startup_capture == (done, seconds)
     assert all(inp.warmed for inp in e.runner.buckets.values())
     assert torch.equal(e.cache.key, key) and torch.equal(e.cache.value, value)

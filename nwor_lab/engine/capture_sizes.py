@@ -13,6 +13,10 @@ runner's `max_size`, and per s
               can hold (at least one row a request, at most `max_num_batched_tokens`, within the
               reserved staging rows); steps mixing prefills and decodes use these buckets too.
 A hybrid target captures its decode buckets only (its prefills run the chunked form, eager).
+At start, prefill buckets of more than `START_MAX_ROWS` rows are left to their first use (as vLLM
+caps its capture sizes): a configuration with a large token budget (`bench step`'s 64 x 1025 rows)
+reaches a hundred of them, each a graph with its own memory pool, and a long prefill's capture
+costs little next to its own run.
 Draft trees are left to be captured on first use (`capture_buckets` skips them: their inputs are
 filled from a tree plan, not checked here with padding only), and so is every engine whose steps
 never run from a bucket (`StepRunner.never_static`).
@@ -28,10 +32,12 @@ import time
 
 import torch
 
-from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.buffers import LARGE_TOKENS, bucket_size, token_bucket
 from nwor_lab.engine.step import StepInputs, chain_k
 
 log = logging.getLogger("nwor_lab.engine")
+
+START_MAX_ROWS = LARGE_TOKENS     # prefill buckets up to this many rows are captured at start
 
 
 def slot_sizes(max_size: int) -> list[int]:
@@ -71,13 +77,19 @@ def reachable_buckets(runner) -> list[tuple]:
     return keys
 
 
+def start_buckets(runner) -> list[tuple]:
+    """The reachable buckets captured at start: every decode bucket, prefill buckets of at most
+    `START_MAX_ROWS` rows."""
+    return [key for key in reachable_buckets(runner) if key[2] or key[1] <= START_MAX_ROWS]
+
+
 @torch.no_grad()             # as `SpecEngine.step`: the body writes the cache in place
 def capture_buckets(runner, keys: list[tuple] | None = None) -> tuple[int, float]:
-    """Warm up and capture every key of `keys` (default: `reachable_buckets`) not captured yet, on
+    """Warm up and capture every key of `keys` (default: `start_buckets`) not captured yet, on
     padding-only inputs -> (graphs captured, seconds). With the runner's `capture` off (CPU) the
     same bodies run eagerly (what the tests check: an all-padding step leaves no trace)."""
     e = runner.engine
-    keys = reachable_buckets(runner) if keys is None else keys
+    keys = start_buckets(runner) if keys is None else keys
     if runner.pending is not None:
         raise RuntimeError("capture_buckets: a step is pre-launched; capture before the first step")
     state = e.generator.get_state()
