@@ -90,4 +90,18 @@ def test_capture_at_start_is_off_where_nothing_captures(pair):
     """On CPU the engine's own runner captures nothing, so `capture_at_start` (default True) warms nothing."""
     target, head = pair
     e = SpecEngine(target, head, LabConfig(), k=3, block_size=4, max_num_seqs=4)
-    assert LabConfig().capture_at_start and e.runner.startup_capture is None and not e.runner.buckets
+    assert LabConfig().capture_at_start and not e.runner.capture_at_start
+    e.add_request([1, 2, 3], 4)
+    e.run()
+    assert e.runner.startup_capture is None and not e.runner.buckets
+
+
+def test_the_runner_captures_at_its_first_step(pair):
+    """`capture_at_start` runs `capture_buckets` as the first step begins (here on a padded runner,
+    eagerly), once; the run decodes what a runner that warmed nothing decodes."""
+    plain = run(engine(pair, temperature=0.8))
+    e = engine(pair, temperature=0.8)
+    e.runner.capture_at_start = True
+    assert e.runner.startup_capture is None
+    assert run(e) == plain
+    assert e.runner.startup_capture[0] == len(start_buckets(e.runner))

@@ -1,10 +1,13 @@
-"""Every bucket a configuration can reach, captured when the engine starts (vLLM's capture sizes).
+"""Every bucket a configuration can reach, captured before the engine's first step (vLLM's capture sizes).
 
 Without this a bucket is warmed up and captured by the first step that reaches it: a step that
 runs three step bodies and a capture inside whatever window is being timed (a serving run's
 stall of a few hundred ms when a new batch size first appears). `capture_buckets` runs every
 reachable bucket's warm-up and capture before the first request, on buffers that hold padding
-only, and logs one line: how many graphs, how long.
+only, and logs one line: how many graphs, how long. The runner does it as its first step begins
+(`StepRunner.capture_at_start`, from `LabConfig.capture_at_start`), not in the engine's
+constructor: what is installed on an engine after it is built (a tensor-parallel rank's agreed
+SCV and drafter, a bench's policy, observers) is then what the graphs hold.
 
 The buckets (`StepRunner._key` with `static`): request slots s in 1, 2, 4, ... up to the
 runner's `max_size`, and per s

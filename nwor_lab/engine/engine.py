@@ -166,9 +166,6 @@ class SpecEngine:
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
-        if capture and self.config.capture_at_start:    # every reachable bucket now, none inside a timed run
-            from nwor_lab.engine.capture_sizes import capture_buckets
-            capture_buckets(self.runner)
 
     @property
     def drafting(self) -> bool:

@@ -1,13 +1,15 @@
 """How a step runs: eagerly, or replayed from a CUDA graph (`nwor_lab.engine.step` is what it does).
 
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
-               step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
+               step that cannot be captured: a draft tree at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
                target's steps with prefills (its chunked form reads host counts), a static draft
                tree's steps (paths; EAGLE-2 trees are captured), the first step of a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
-    capture    its second step: the body captured on the same buffers, then replayed once
+    capture    its second step: the body captured on the same buffers, then replayed once (with
+               `LabConfig.capture_at_start`, both ran on padding before the engine's first step:
+               `nwor_lab.engine.capture_sizes`)
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
                the step computed for it on the device (nothing can change it: no request can
@@ -17,6 +19,9 @@ A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captur
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
 store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
 so does every step under a state strategy that declares `capture_off`.
+
+Sampling at T > 0 is captured: every draw comes from `engine.generator`, registered with each graph
+(`rng_generators`), so a replay draws what the body run eagerly on the same buffers draws.
 
 Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
 drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
@@ -69,7 +74,10 @@ class StepRunner:
         self.pad = capture if pad is None else pad
         self.max_size = bucket_size(max_num_seqs)
         self.max_tokens = max_num_batched_tokens     # the most rows a step with prefills brings
-        self.startup_capture = None   # (graphs, seconds) captured at engine start (`engine.capture_sizes`)
+        self.startup_capture = None   # (graphs, seconds) captured before the first step (`engine.capture_sizes`)
+        # every reachable bucket captured before the first step runs: then, not in the constructor,
+        # so that what is installed after it (tensor-parallel agreement, a bench's policy) is captured
+        self.capture_at_start = capture and engine.config.capture_at_start
         self.buckets: dict[tuple, StepInputs] = {}
         self.exact: dict[tuple, StepInputs] = {}     # eager buffers by exact size (reused)
         self.steps = 0            # steps run
@@ -179,6 +187,9 @@ class StepRunner:
         if self.broken:
             raise RuntimeError(f"engine: {self.broken}; the requests' state no longer matches the cache: "
                                f"build a new engine")
+        if self.capture_at_start and self.startup_capture is None and self.pending is None:
+            from nwor_lab.engine.capture_sizes import capture_buckets
+            capture_buckets(self)
         try:
             return self._step(requests)
         except BaseException:

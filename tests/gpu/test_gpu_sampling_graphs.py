@@ -6,7 +6,7 @@ padded buffers draws. So (a) the captured T > 0 step's tokens follow the target'
 distribution (chi-square, as tests/test_sampling_buckets.py on CPU), (b) a seeded graphed run
 equals a seeded run of the same bodies eagerly on the bucket's buffers, token for token (the
 exact-size eager engine draws over other shapes: the same distribution, other draws), and
-(c) the defaults replay graphs at T = 0.8, with every bucket they reach captured at the start."""
+(c) the defaults replay graphs at T = 0.8, with every bucket they reach captured before the first step."""
 import sys
 from pathlib import Path
 
@@ -101,14 +101,14 @@ def test_defaults_replay_graphs_at_t_above_zero_captured_at_start(k):
     from nwor_lab.model.shipped import load_tiny
     target, head, tok = load_tiny(device="cuda")
     e = SpecEngine(target, head, LabConfig(), k=k, max_num_seqs=4, temperature=0.8)
-    assert e.graphed_off is None
-    at_start = e.runner.startup_capture[0]
-    assert at_start == sum(inp.graph is not None for inp in e.runner.buckets.values()) > 0
+    assert e.graphed_off is None and e.runner.capture_at_start
     for p in ["def parse_args(argv):", "import os\nclass Config:", "for i in range(", "    return", "x = ["]:
         e.add_request(tok.encode(p).ids, 24)
     e.run()
     assert e.runner.graphed_steps > 0 and e.runner.replays > 0
-    assert sum(inp.graph is not None for inp in e.runner.buckets.values()) == at_start   # nothing captured later
+    at_start = e.runner.startup_capture[0]          # before the first step
+    assert at_start == sum(inp.graph is not None for inp in e.runner.buckets.values()) > 0   # none later
+    assert e.runner.replays == e.runner.graphed_steps   # every bucketed step replayed: none warmed or captured
 
 
 def test_per_request_generators_are_refused_under_capture(monkeypatch):
