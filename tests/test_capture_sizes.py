@@ -105,3 +105,36 @@ def test_the_runner_captures_at_its_first_step(pair):
     assert e.runner.startup_capture is None
     assert run(e) == plain
     assert e.runner.startup_capture[0] == len(start_buckets(e.runner))
+
+
+def _padded_run(target, head, cfg, warm: bool, prompts, **kw):
+    e = SpecEngine(target, head, cfg, block_size=4, max_num_seqs=4, **kw)
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    if warm:
+        assert capture_buckets(e.runner)[0] > 0
+    reqs = [e.add_request(p, 12) for p in prompts]
+    e.run()
+    return [r.output for r in reqs], e.runner.graphed_steps
+
+
+def test_warm_up_on_padding_leaves_a_hybrid_targets_state_alone():
+    """A hybrid target: its decode buckets only, padding on the store's scratch slot."""
+    from nwor_lab.bench.state import toy_pair as hybrid_pair
+    target, head = hybrid_pair()
+    cfg = LabConfig(nwor_mode="stage", state_mode="stage")
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    plain = _padded_run(target, head, cfg, False, prompts, k=3)
+    warmed = _padded_run(target, head, cfg, True, prompts, k=3)
+    assert warmed == plain and plain[1] > 0
+
+
+def test_warm_up_on_padding_leaves_the_prefix_cache_alone(pair):
+    """Prefix caching: an all-padding step registers no block and keeps no boundary."""
+    from nwor_lab.engine.prefix import PrefixCacheConfig
+    target, head = pair
+    shared = list(range(1, 13))
+    prompts = [shared + [3], shared + [5, 6], shared + [7]]
+    cfg = LabConfig(nwor_mode="stage")
+    plain = _padded_run(target, head, cfg, False, prompts, k=3, prefix_cache=PrefixCacheConfig(), temperature=0.8, seed=2)
+    warmed = _padded_run(target, head, cfg, True, prompts, k=3, prefix_cache=PrefixCacheConfig(), temperature=0.8, seed=2)
+    assert warmed == plain and plain[1] > 0

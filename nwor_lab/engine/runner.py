@@ -129,9 +129,9 @@ class StepRunner:
             # indexes with host lists built per level (copies from the host, which a capture cannot
             # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
             return True
-        if e.tree is not None and e.temperature != 0 and self.capture:
-            # a tree's sampled verdict (`speculative.tree_accept`) has not been run under capture
-            # (no GPU test of it): its steps stay eager rather than unverified
+        if e.tree is not None and e.temperature != 0:
+            # a tree's sampled verdict (`speculative.tree_accept`) has not been run from a bucket
+            # (no test of it padded or captured): its steps stay eager rather than unverified
             return True
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
         if not self.pad or e.observers or e.config.debug or ring_log or (self.capture and e.scv.mode == "off"):
