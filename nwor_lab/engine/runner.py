@@ -187,7 +187,8 @@ class StepRunner:
         if self.broken:
             raise RuntimeError(f"engine: {self.broken}; the requests' state no longer matches the cache: "
                                f"build a new engine")
-        if self.capture_at_start and self.startup_capture is None and self.pending is None:
+        if self.capture_at_start and self.pending is None:
+            self.capture_at_start = False       # once (a failure is raised, not retried every step)
             from nwor_lab.engine.capture_sizes import capture_buckets
             capture_buckets(self)
         try:

@@ -101,7 +101,7 @@ def test_defaults_replay_graphs_at_t_above_zero_captured_at_start(k):
     from nwor_lab.model.shipped import load_tiny
     target, head, tok = load_tiny(device="cuda")
     e = SpecEngine(target, head, LabConfig(), k=k, max_num_seqs=4, temperature=0.8)
-    assert e.graphed_off is None and e.runner.capture_at_start
+    assert e.graphed_off is None and e.runner.capture_at_start and e.runner.startup_capture is None
     for p in ["def parse_args(argv):", "import os\nclass Config:", "for i in range(", "    return", "x = ["]:
         e.add_request(tok.encode(p).ids, 24)
     e.run()
