@@ -89,3 +89,21 @@ def test_bucketed_sampling_follows_the_target_distribution(pair):
     vocab = p1.shape[0]
     assert_follows(torch.bincount(torch.tensor([o[0] for o in outs]), minlength=vocab), p1, "first token")
     assert_follows(torch.bincount(torch.tensor([o[1] for o in outs]), minlength=vocab), p2, "second token")
+
+
+def test_a_hybrid_target_samples_from_its_decode_buckets_alike_prelaunched_or_filled():
+    """A hybrid target's decode buckets at T > 0 (state window in the device layout): the same draws
+    pre-launched or filled by the host."""
+    from nwor_lab.bench.state import toy_pair as hybrid_pair
+    target, head = hybrid_pair()
+    outs = []
+    for prelaunch in (True, False):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode="stage"), k=3, block_size=4,
+                       max_num_seqs=4, temperature=0.8, seed=4)
+        e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+        e.runner.prelaunch = prelaunch
+        reqs = [e.add_request(p, 14) for p in PROMPTS[:3]]
+        e.run()
+        assert e.runner.graphed_steps > 0 and (e.runner.prelaunched > 0) == prelaunch
+        outs.append([r.output for r in reqs])
+    assert outs[0] == outs[1]
