@@ -140,6 +140,9 @@ class LabConfig:
         sliding window, name any read of a ring slot that no longer holds the position read.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
         automatically while a CUDA graph is being captured.
+    capture_at_start: with `cuda_graph` on CUDA, capture every bucket the engine can reach before its
+        first step (`nwor_lab.engine.capture_sizes`: one log line, graphs and seconds), so no capture
+        runs inside a later timed window; False captures each bucket on first use. Nothing captures on CPU.
     """
 
     nwor_mode: str = "off"
@@ -153,6 +156,7 @@ class LabConfig:
     tree: str = ""
     debug: bool = False
     validate: bool = True
+    capture_at_start: bool = True
 
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),

@@ -59,9 +59,11 @@ def test_eager_equals_bucketed_on_a_ring(heads, mode, ring):
     assert (padded[2].runner.graphed_steps > 0) == (mode != "cow")
 
 
-def test_eager_equals_bucketed_with_forced_acceptance_and_sampling(heads):
+def test_eager_equals_bucketed_with_forced_acceptance(heads):
+    """(At T > 0 the bucketed step draws its noise over the bucket's padded shapes, so its seeded
+    tokens are not the exact-size eager step's: tests/test_sampling_buckets.py checks that path.)"""
     target, hs = heads
-    for kw in (dict(acceptance=ForcedAcceptance((0.9, 0.5, 0.2))), dict(temperature=0.8, seed=5)):
+    for kw in (dict(acceptance=ForcedAcceptance((0.9, 0.5, 0.2))),):
         tokens = []
         for m in ("off", "stage"):
             eager, padded = (decode(target, hs["eagle3"], LabConfig(nwor_mode=m, scv_mode="graph"), p, **kw)[:2]

@@ -10,7 +10,7 @@ Triton kernel variants and warms every batch bucket up, the second captures each
 graph, as a server does at start-up), then queues the same prompts again `--repeats` times and
 times each run end to end (scheduling, prefill, sampling, drafting included; model load
 excluded); `seconds` is their median, `repeat_seconds` all of them, `cold_seconds` the first run.
-Greedy; float32 weights and cache unless --dtype says otherwise.
+Greedy unless --temperature says otherwise; float32 weights and cache unless --dtype says otherwise.
 """
 from __future__ import annotations
 
@@ -110,6 +110,8 @@ def main(argv=None) -> dict:
                    help="weights, activations and cache (the shipped pair is stored in bfloat16)")
     p.add_argument("--repeats", type=types.integer(1, 1000), default=3,
                    help="timed runs per configuration (the median is reported)")
+    p.add_argument("--temperature", type=types.temperature, default=0.0,
+                   help="sampling temperature of every engine (0: greedy; the same seed in every engine)")
     p.add_argument("--out", type=types.output_file, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     from nwor_lab.commandline.environment import check_device_arg
@@ -128,7 +130,7 @@ def main(argv=None) -> dict:
         base_ids, base_tps = None, None
         for name, k, cfg in configs:
             gen = prepare(ps, args.new_tokens, k, cfg, target=target, head=head, tokenizer=tok, device=device,
-                          max_num_seqs=bs, dtype=dtype)
+                          max_num_seqs=bs, dtype=dtype, temperature=args.temperature)
             engine = gen.engine
             _, cold = timed(engine.run, device)     # compiles, warms every bucket up (the queued prompts)
             run = time_engine(engine, ps, args.new_tokens, args.repeats, device, cold=cold)
@@ -149,9 +151,11 @@ def main(argv=None) -> dict:
                    "graphed_steps": graphed.graphed_steps,
                    "chained_steps": graphed.graphed_steps if engine.drafting else 0,
                    "prelaunched_steps": graphed.prelaunched,
+                   "graphs_at_start": list(graphed.startup_capture) if graphed.startup_capture else None,
                    "mean_acceptance_length": round(mean, 3) if k else None,
                    "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
-                   "same_tokens_as_target_only": token_ids == base_ids}
+                   # (sampled: the engines draw differently, so only greedy runs compare tokens)
+                   "same_tokens_as_target_only": token_ids == base_ids if args.temperature == 0 else None}
             rows.append(row)
             print(json.dumps(row), flush=True)
     sizes = list(args.batch_sizes)
@@ -161,6 +165,7 @@ def main(argv=None) -> dict:
            "device": device_name(device),
            "torch": torch.__version__, "python": platform.python_version(), "dtype": args.dtype,
            "attention": args.attention, "cuda_graph": graphs and device.type == "cuda",
+           "temperature": args.temperature,
            "ops_backend": vars(backend(device)),
            "prompts": f"{len(prompts)} held-out prompts x {args.prompt_len} tokens, {args.new_tokens} new tokens each",
            "results": rows}

@@ -111,6 +111,7 @@ def engine_row(engine, run, batch: int, config: str, head: str | None, k: int, m
            "ms_per_target_forward": round(1e3 * secs / max(1, run["forwards"]), 3),
            "graphed_steps": g.graphed_steps, "chained_steps": g.graphed_steps if engine.drafting else 0,
            "prelaunched_steps": g.prelaunched, "mixed_steps": g.mixed_steps, "prefill_steps": g.prefill_steps,
+           "graphs_at_start": list(g.startup_capture) if g.startup_capture else None,   # (graphs, seconds)
            "mean_acceptance_length": round(mean, 3) if k else None,
            "acceptance_by_position": [round(a, 3) for a in by_pos] if k else None,
            "expected_mean_acceptance_length": round(mean_acceptance_length(acceptance.for_k(k)), 3) if k else None}
@@ -317,6 +318,8 @@ def parser() -> LabArgumentParser:
     p.add_argument("--mixed-graphs", type=types.one_of(("on", "off", "both")), default="on",
                    help="replay steps with prefills from graphs (on), eagerly (off), or both for the comparison")
     add_engine_flags(p)
+    p.add_argument("--temperature", type=types.temperature, default=0.0,
+                   help="sampling temperature of every engine (0: greedy; forced acceptance still decides the drafts)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate row")
     p.add_argument("--hf-repeats", type=types.integer(1, 100), default=1)
     p.add_argument("--no-components", action="store_true", help="skip the napkin math's measurements")
@@ -360,7 +363,7 @@ def main(argv=None) -> dict:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 engine = build_engine(target, heads.get(head), k, mode, args.scv, bs, args.prompt_len,
-                                      args.new_tokens, acceptance, args.attention, graphs)
+                                      args.new_tokens, acceptance, args.attention, graphs, temperature=args.temperature)
                 engine.runner.mixed = mixed
                 run = measure(engine, prompts, args.new_tokens, args.repeats, device, gap)
                 name = "target-only" if not k else f"{head} k={k} nwor={mode}"
@@ -385,7 +388,7 @@ def write(args, argv, device, sizes, acceptance, gap, t_start, components, rows,
            "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": args.dtype, "shape": SHAPES[args.model],
            "parameters": sizes, "attention": args.attention, "cuda_graph": not args.no_cuda_graph and device.type == "cuda",
-           "acceptance": {"source": args.acceptance, **acceptance.describe(max(args.ks))},
+           "temperature": args.temperature, "acceptance": {"source": args.acceptance, **acceptance.describe(max(args.ks))},
            "prompts": f"random ids: {args.prompt_len}-token prompts, {args.new_tokens} new tokens each"
                       + (f", 2 x batch requests arriving every {gap} steps" if gap else ""),
            "complete": complete, "seconds_total": round(time.perf_counter() - t_start, 1),

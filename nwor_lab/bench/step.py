@@ -72,17 +72,20 @@ class StepCase:
     is captured (on CUDA with `graphs`); `eager()` and `replay()` run its step from the same inputs."""
 
     def __init__(self, pair, batch: int, k: int, context: int, mode: str, rate: float, attention: str = "auto",
-                 graphs: bool = True, seed: int = 0, sliding_window: int = 0, kv_ring: str = "auto"):
+                 graphs: bool = True, seed: int = 0, sliding_window: int = 0, kv_ring: str = "auto",
+                 temperature: float = 0.0):
         from nwor_lab.engine import SpecEngine
         target, head = pair
         cfg = target.config
         per = -(-(context + 4 * k + 64) // BLOCK)
         policy = mode if mode != "none" else "off"
+        # capture_at_start off: the case captures the one decode bucket it times (below), not every bucket
         config = LabConfig(nwor_mode=policy, scv_mode="graph", attention=attention, validate=False, cuda_graph=graphs,
-                           sliding_window=sliding_window, kv_ring=kv_ring)
+                           sliding_window=sliding_window, kv_ring=kv_ring, capture_at_start=False)
         self.engine = e = SpecEngine(target, head, config, k=k, num_blocks=per * batch + 2, block_size=BLOCK,
                                      max_num_seqs=batch, max_num_batched_tokens=batch * (context + 1) + 1,
-                                     acceptance=ForcedAcceptance((rate,) * k) if k else None)
+                                     acceptance=ForcedAcceptance((rate,) * k) if k else None,
+                                     temperature=temperature)
         if mode == "none":
             e.policy = NullPolicy(e.cache, config, e.metrics, records=False)
         g = torch.Generator().manual_seed(seed)
@@ -131,10 +134,11 @@ def _restore(inp, saved) -> None:
 
 
 def measure(pair, batch: int, k: int, context: int, rate: float, attention: str, *, graphs: bool = True,
-            iters: int = 3, reps: int = 11) -> dict:
+            iters: int = 3, reps: int = 11, temperature: float = 0.0) -> dict:
     """Eager and graphed µs per step for `none` and every write policy, measured round-robin (host
     drift hits every mode alike), with ratios to `off` and the KV share."""
-    cases = {m: StepCase(pair, batch, k, context, m, rate, attention, graphs) for m in ("none",) + nwor_modes()}
+    cases = {m: StepCase(pair, batch, k, context, m, rate, attention, graphs, temperature=temperature)
+             for m in ("none",) + nwor_modes()}
     kinds = {"eager_us": interleaved_time_us({n: c.eager for n, c in cases.items()}, iters=iters, reps=reps)}
     if graphs and all(c.inputs is not None and c.inputs.graph is not None for c in cases.values()):
         kinds["graph_us"] = interleaved_time_us({n: c.replay for n, c in cases.items()}, iters=iters, reps=reps)
@@ -151,14 +155,15 @@ def measure(pair, batch: int, k: int, context: int, rate: float, attention: str,
 
 
 def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2, 0.5, 0.8),
-        context: int = 1024, attention: str = "auto", graphs: bool = True, command: str = "") -> dict:
+        context: int = 1024, attention: str = "auto", graphs: bool = True, command: str = "",
+        temperature: float = 0.0) -> dict:
     results = []
     for name in models:
         pair = make_pair(name)
         for batch, k, rate in itertools.product(batches, ks, rates):
             with torch.no_grad():
-                row = measure(pair, batch, k, context, rate, attention, graphs=graphs)
-            row.update(model=name, batch=batch, k=k, context=context)
+                row = measure(pair, batch, k, context, rate, attention, graphs=graphs, temperature=temperature)
+            row.update(model=name, batch=batch, k=k, context=context, temperature=temperature)
             results.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)   # progress: nothing lost on a crash
             torch.cuda.empty_cache()
@@ -168,7 +173,7 @@ def run(models=("shipped", "8b"), batches=(1, 16, 64), ks=(2, 4, 8), rates=(0.2,
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "attention": "triton" if use_kernel(attention, torch.device("cuda")) else "torch",
             "step": "nwor_lab.engine.step.run_step (verify, sampler, SCV, head pass, commit, draft chain)",
-            "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "temperature": temperature, "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "block_size": BLOCK, "results": results}
 
 
@@ -204,6 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=types.integer(1, 1 << 20), default=1024, help="cached tokens per request")
     p.add_argument("--attention", default="auto", choices=["auto", "triton", "torch"])
     p.add_argument("--no-graphs", action="store_true", help="eager only")
+    p.add_argument("--temperature", type=types.temperature, default=0.0,
+                   help="sampling temperature of every engine (0: greedy; > 0 samples in the step, captured too)")
     p.add_argument("--profile", metavar="MODE", choices=nwor_modes(),
                    help="run one eager step of MODE (a write policy) of the first "
                    "model/batch/k/rate between cudaProfilerStart/Stop, for ncu --profile-from-start off")
@@ -214,7 +221,7 @@ def main(argv=None) -> int:
         return profile_one(args.models[0], args.batches[0], args.ks[0], args.rates[0], args.context,
                            args.attention, args.profile)
     result = run(args.models, args.batches, args.ks, args.rates, args.context, args.attention,
-                 not args.no_graphs, "nwor-lab bench step " + " ".join(argv))
+                 not args.no_graphs, "nwor-lab bench step " + " ".join(argv), temperature=args.temperature)
     text = save_json(result, args.out)
     if args.json:
         print(text)

@@ -413,8 +413,9 @@ def eager_reason(e) -> str | None:
     if e.scv.mode == "off":
         return ("scv_mode='off' computes each window's acceptance in a host loop, which a CUDA graph cannot hold: "
                 "every step with drafts runs eagerly (scv_mode='graph' computes the same acceptance on the device)")
-    if e.temperature != 0:
-        return "temperature > 0 samples eagerly (the sampler's random draws are not captured yet): every step runs eagerly"
+    if e.temperature != 0 and e.tree is not None:
+        return ("temperature > 0 with a draft tree: the tree's sampled verdict is not captured (unverified on a GPU): "
+                "every step runs eagerly (chains at T > 0 replay graphs)")
     if e.config.debug:
         return "debug=True checks every step on the host: every step runs eagerly (debug=False replays graphs)"
     return None

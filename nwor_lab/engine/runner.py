@@ -1,13 +1,15 @@
 """How a step runs: eagerly, or replayed from a CUDA graph (`nwor_lab.engine.step` is what it does).
 
     eager      the body on buffers of exactly the step's size (every step on CPU, and on CUDA every
-               step that cannot be captured: sampling at T > 0, SCV `off` (a host loop), observers,
+               step that cannot be captured: a draft tree at T > 0, SCV `off` (a host loop), observers,
                debug checks, a ring whose policy reads evicted rows from its log (cow), a hybrid
                target's steps with prefills (its chunked form reads host counts), a static draft
                tree's steps (paths; EAGLE-2 trees are captured), the first step of a shape)
     warm-up    a bucket's first step: the body run once on the bucket's padded buffers (compiles the
                kernels), a real step
-    capture    its second step: the body captured on the same buffers, then replayed once
+    capture    its second step: the body captured on the same buffers, then replayed once (with
+               `LabConfig.capture_at_start`, both ran on padding before the engine's first step:
+               `nwor_lab.engine.capture_sizes`)
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
                the step computed for it on the device (nothing can change it: no request can
@@ -17,6 +19,9 @@ A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captur
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
 store's scratch slot); its steps with prefills stay eager (the chunked form reads host counts), and
 so does every step under a state strategy that declares `capture_off`.
+
+Sampling at T > 0 is captured: every draw comes from `engine.generator`, registered with each graph
+(`rng_generators`), so a replay draws what the body run eagerly on the same buffers draws.
 
 Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
 drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
@@ -68,6 +73,11 @@ class StepRunner:
         self.capture = capture
         self.pad = capture if pad is None else pad
         self.max_size = bucket_size(max_num_seqs)
+        self.max_tokens = max_num_batched_tokens     # the most rows a step with prefills brings
+        self.startup_capture = None   # (graphs, seconds) captured before the first step (`engine.capture_sizes`)
+        # every reachable bucket captured before the first step runs: then, not in the constructor,
+        # so that what is installed after it (tensor-parallel agreement, a bench's policy) is captured
+        self.capture_at_start = capture and engine.config.capture_at_start
         self.buckets: dict[tuple, StepInputs] = {}
         self.exact: dict[tuple, StepInputs] = {}     # eager buffers by exact size (reused)
         self.steps = 0            # steps run
@@ -99,23 +109,40 @@ class StepRunner:
     def capturable(self, requests) -> bool:
         """Whether this step may run from a bucket's graph (else it runs eagerly, the same body).
         Trees: EAGLE-2's dynamic trees are captured like chains (a bucket of request slots, N fixed,
-        the TreeWindow built on the device); static trees stay eager (see below)."""
+        the TreeWindow built on the device); static trees stay eager (see `never_static`)."""
+        e = self.engine
+        if self.never_static() or len(requests) > self.max_size:
+            return False
+        prefill = [r.is_prefill for r in requests]
+        if e.states is not None and any(prefill):
+            return False            # a hybrid target: decode buckets only (prefills run the chunked form)
+        if any(prefill) and not all(prefill) and not self.mixed:
+            return False
+        return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
+
+    def never_static(self) -> bool:
+        """True when no step of this engine may run from a bucket, whatever its requests: the
+        settings that keep every step eager (`engine.eager_reason` names them in one line)."""
         e = self.engine
         if e.tree is not None and (e.tree.is_static or not self.tree_graphs):
             # Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
             # indexes with host lists built per level (copies from the host, which a capture cannot
             # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
-            return False
+            return True
+        if e.tree is not None and e.temperature != 0:
+            # a tree's sampled verdict (`speculative.tree_accept`) has not been run from a bucket
+            # (no test of it padded or captured): its steps stay eager rather than unverified
+            return True
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log \
-                or (self.capture and e.scv.mode == "off") or len(requests) > self.max_size:
-            return False
-        prefill = [r.is_prefill for r in requests]
-        if e.states is not None and (any(prefill) or e.states.capture_off or not e.states.fits_device_layout(e.k + 1)):
-            return False            # a hybrid target: decode buckets only (prefills run the chunked form)
-        if any(prefill) and not all(prefill) and not self.mixed:
-            return False
-        return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
+        if not self.pad or e.observers or e.config.debug or ring_log or (self.capture and e.scv.mode == "off"):
+            return True
+        # T > 0 is captured: the sampler and the drafter draw from `engine.generator` only, which
+        # every capture registers (`rng_generators`), and never per-request generators
+        return e.states is not None and (e.states.capture_off or not e.states.fits_device_layout(e.k + 1))
+
+    def rng_generators(self) -> list:
+        """The generators a captured step draws from (registered with each graph): the engine's."""
+        return [self.engine.generator]
 
     def _key(self, requests, static: bool) -> tuple:
         """(request slots, rows, max query length (0: unknown), chain aboard) of the step's buffers:
@@ -160,6 +187,10 @@ class StepRunner:
         if self.broken:
             raise RuntimeError(f"engine: {self.broken}; the requests' state no longer matches the cache: "
                                f"build a new engine")
+        if self.capture_at_start and self.pending is None:
+            self.capture_at_start = False       # once (a failure is raised, not retried every step)
+            from nwor_lab.engine.capture_sizes import capture_buckets
+            capture_buckets(self)
         try:
             return self._step(requests)
         except BaseException:
@@ -181,7 +212,7 @@ class StepRunner:
                 raise RuntimeError("engine: a step was pre-launched for other requests than the scheduler "
                                    "scheduled now (an engine bug; run with LabConfig(cuda_graph=False) meanwhile)")
             inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
-            features, probs = inp.features, None
+            features, probs = inp.features, inp.next_probs
         else:
             static = self.capturable(requests)
             inp = self._inputs(requests, static)
@@ -189,6 +220,10 @@ class StepRunner:
             inp.fill(e, requests, limits=limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
+        if probs is not None and inp.graph is not None:
+            # T > 0: the drafts' probabilities are the graph's output buffer, which the bucket's next
+            # replay overwrites (a pre-launched one at once); the requests keep a copy
+            probs = probs.clone()
         if self._can_prelaunch(inp, requests):
             self._prelaunch(inp, requests)
         e.target_forwards += 1
@@ -216,20 +251,20 @@ class StepRunner:
             if inp.graph is not None:
                 inp.graph.replay()
                 self.replays += 1
-                packed, inp.features, probs = inp.outputs
-                return packed, inp.features, probs
+                packed, inp.features, inp.next_probs = inp.outputs
+                return packed, inp.features, inp.next_probs
             if not inp.static or not inp.warmed or not self.capture:
                 inp.warmed = True
                 out = run_step(e, inp)
             else:
                 holder = {}
                 inp.graph = capture_graph(lambda: holder.setdefault("out", run_step(e, inp)), warmup=0,
-                                          device=e.device)
+                                          device=e.device, generators=self.rng_generators())
                 inp.outputs = out = holder["out"]
                 inp.graph.replay()
             for p, n in zip(pols, counted):
                 p.windows_done = n      # the body's Python ran: `account` counts its windows, once
-            inp.features = out[1]
+            inp.features, inp.next_probs = out[1], out[2]
             return out
         finally:
             for p, (records, deferred) in zip(pols, saved):
@@ -294,6 +329,11 @@ class StepRunner:
         for j, r in enumerate(requests):
             h["tables"][j, :len(r.block_table.blocks)] = r.block_table.blocks
         inp.inputs.upload_only("tables")
+        if inp.draft_probs is not None and inp.next_probs is not None:
+            # T > 0: the next verify reads the probabilities of the drafts this step's chain proposed,
+            # copied on the device as `fill` copies them from the requests (padding slots: zeros)
+            real = (inp.remaining > 0)[:, None, None]
+            inp.draft_probs.copy_(torch.where(real, inp.next_probs, 0.0).view(inp.draft_probs.shape))
         packed, features, _ = self._launch(inp)
         self.pending = (inp, list(requests), inp.readback.start(packed))
         self.prelaunched += 1

@@ -6,14 +6,21 @@ the same and the capture replays exactly what the warm-up did.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 
-def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None) -> torch.cuda.CUDAGraph:
+def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None,
+                  generators: Sequence[torch.Generator] = ()) -> torch.cuda.CUDAGraph:
     """Run `fn` `warmup` times on a side stream, then capture one call of it; returns the graph
-    (replay it with `graph.replay()`; `fn`'s tensors are its static inputs and outputs)."""
+    (replay it with `graph.replay()`; `fn`'s tensors are its static inputs and outputs).
+
+    generators: CUDA generators `fn` draws from besides torch's default one (which every capture
+    registers itself). Each is registered with the graph before its capture begins: the captured
+    kernels read the generator's seed and offset when the graph replays, and each replay advances
+    the offset by what the captured draws consumed, as the same draws run eagerly would (so a
+    seeded run draws the same numbers captured or eager, and a replay never repeats a draw)."""
     device = torch.device("cuda") if device is None else torch.device(device)
     with torch.cuda.device(device):
         side = torch.cuda.Stream(device)
@@ -23,6 +30,8 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None) -> 
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        for g in generators:
+            graph.register_generator_state(g)
         with torch.cuda.graph(graph):
             fn()
     return graph

@@ -40,6 +40,11 @@ synthetic mode. Draft j of a request is accepted iff it is not padding and u_j <
 rate of its position), while the drafts before it were; what is emitted at the first rejection and
 after the last draft is what the target emits anyway (argmax / recovered sample, bonus).
 
+Under CUDA-graph capture (the engine's buckets at T > 0) every draw comes from `generator`, which
+the capture registers with the graph (`nwor_lab.ops.graphs.capture_graph(generators=)`): each
+replay draws what the same step run eagerly on the same buffers would draw. Per-request
+`generators` are refused under capture (`refuse_captured_generators`).
+
 Everything is vectorised over requests and drafts with no host sync (request boundaries come
 from the metadata's host list), so it runs unchanged on CPU and CUDA tensors.
 """
@@ -68,6 +73,7 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
     """
     race = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
     generators = generators or {}
+    refuse_captured_generators(generators, probs.device)
     if len(generators) != probs.shape[0]:
         race.exponential_(generator=generator)
     for row, g in generators.items():
@@ -89,6 +95,16 @@ def _per_request_temperature(temperature, num_reqs: int, device) -> torch.Tensor
     if temperature == 0:
         return None
     return torch.full((num_reqs,), temperature, dtype=torch.float32, device=device)
+
+
+def refuse_captured_generators(generators, device) -> None:
+    """Per-request generators cannot be captured in a CUDA graph: which rows redraw is decided on
+    the host each step (a graph would replay one step's choice forever), and a generator a graph
+    draws from must be registered with it. A captured step draws from one registered generator
+    (the batch's); a step with seeded requests runs eagerly."""
+    if generators and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("generators: per-request generators cannot be captured in a CUDA graph; run a step "
+                           "with seeded requests eagerly (or pass generator= only, registered with the graph)")
 
 
 def _check_generators(generators, num_reqs: int) -> dict[int, torch.Generator]:
@@ -140,6 +156,7 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
                           device=device).long()
     temp = _per_request_temperature(temperature, num_reqs, device)
     generators = _check_generators(generators, num_reqs)
+    refuse_captured_generators(generators, device)
 
     # Where each draft lives: request and 0-based position. The counts come from the metadata's
     # device cumsum (no host-to-device copy: the sampler can be captured in a CUDA graph).
