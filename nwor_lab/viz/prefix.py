@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from nwor_lab.viz.categories import add_category_legend, category_heatmap
 from nwor_lab.viz.states import SlotState
-from nwor_lab.viz.theme import STATE_COLOURS, base_layout, discrete_colorscale, CELL_FONT
+from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout
 
 # -- the workload --------------------------------------------------------------------------------
 SYSTEM = ("# Utilities for reading configuration files.\nimport os\nimport sys\n\n\n"
@@ -257,15 +258,10 @@ def block_life_figure(life: dict, *, title="The cache's blocks as requests come 
     z = [s[:used] for _, s, _ in frames]
     text = [t[:used] for _, _, t in frames]
     y = [c for c, _, _ in frames]
-    colours = [c for _, c in BLOCK_STATES]
-    fig = go.Figure(go.Heatmap(z=z, x=[str(b) for b in range(used)], y=y, text=text, texttemplate="%{text}",
-                               textfont=CELL_FONT, xgap=2, ygap=2, showscale=False, zmin=-0.5,
-                               zmax=len(colours) - 0.5, colorscale=discrete_colorscale(colours),
-                               hovertemplate="%{y}<br>block %{x}: %{text}<extra></extra>"))
-    for name, colour in BLOCK_STATES:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=colour,
-                                             line=dict(color="#999999", width=1))))
+    fig = go.Figure(category_heatmap(z, BLOCK_STATES, x=[str(b) for b in range(used)], y=y, text=text,
+                                     texttemplate="%{text}", textfont=CELL_FONT, xgap=2, ygap=2,
+                                     hovertemplate="%{y}<br>block %{x}: %{text}<extra></extra>"))
+    add_category_legend(fig, BLOCK_STATES)
     fig.update_layout(**base_layout(title, subtitle), height=200 + 34 * len(frames) + 60,
                       width=min(1100, 330 + 30 * used))
     fig.update_xaxes(title_text="cache block id (cell: the request that holds it)", type="category", showgrid=False)

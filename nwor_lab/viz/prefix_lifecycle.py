@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from nwor_lab.viz.categories import add_category_legend, category_heatmap
 from nwor_lab.viz.states import SlotState
-from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout, discrete_colorscale
+from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout
 
 UNTOUCHED, WRITTEN, LEFT, RESTORED, FREED = range(5)
 FRAME_STATES = [("draft slots untouched (stage: the rows wait in its buffer)", STATE_COLOURS[SlotState.EMPTY]),
@@ -176,16 +177,11 @@ def drop_frames_figure(runs: list[dict], *, title=None, subtitle=None) -> go.Fig
             tr.append(t)
         z.append(zr)
         text.append(tr)
-    colours = [c for _, c in FRAME_STATES]
     what = runs[0]["what"]
-    fig = go.Figure(go.Heatmap(z=z, x=columns, y=[r["nwor_mode"] for r in runs], text=text, texttemplate="%{text}",
-                               textfont=dict(CELL_FONT, size=11), xgap=3, ygap=3, showscale=False, zmin=-0.5,
-                               zmax=len(colours) - 0.5, colorscale=discrete_colorscale(colours),
-                               hovertemplate="%{y} · %{x}<br>%{text}<extra></extra>"))
-    for name, colour in FRAME_STATES:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
-                                 marker=dict(symbol="square", size=13, color=colour,
-                                             line=dict(color="#999999", width=1))))
+    fig = go.Figure(category_heatmap(z, FRAME_STATES, x=columns, y=[r["nwor_mode"] for r in runs], text=text,
+                                     texttemplate="%{text}", textfont=dict(CELL_FONT, size=11), xgap=3, ygap=3,
+                                     hovertemplate="%{y} · %{x}<br>%{text}<extra></extra>"))
+    add_category_legend(fig, FRAME_STATES)
     fig.update_layout(**base_layout(title or f"A request {what}ed between verify and commit, frame by frame", subtitle),
                       height=260 + 84 * len(runs) + 40, width=1100)
     fig.update_xaxes(type="category", showgrid=False, title_text="the window's phases, left to right")
