@@ -100,12 +100,12 @@ def steps_figure(run: dict, *, subtitle: str | None = None) -> go.Figure:
     titles = []
     for s in shown:
         if s["ratio"] is None:
-            titles.append(f"d{s['j']} = {s['x']}: rejected (q(x) = 0 or padding)")
+            titles.append(f"d{s['j']} = {s['x']}<br>rejected (q(x) = 0 or padding)")
         else:
             titles.append(f"d{s['j']} = {s['x']}: p/q = {s['ratio']:.2f} {'≥' if s['accepted'] else '<'} "
-                          f"u = {s['u']:.2f} → {'accept' if s['accepted'] else 'reject'}")
-    last = "bonus: p after every draft" if a == k else f"recovered: max(p − q, 0) at d{a + 1}, normalised"
-    titles.append(f"{last} → emitted {run['emitted']}")
+                          f"u = {s['u']:.2f}<br>{'accepted' if s['accepted'] else 'rejected'}")
+    last = "bonus: p after every draft" if a == k else f"residual max(p − q, 0) at d{a + 1}"
+    titles.append(f"{last}<br>emitted: {run['emitted']}")
     fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.05)
     tokens = list(range(V))
     for c, s in enumerate(shown, start=1):
@@ -121,8 +121,10 @@ def steps_figure(run: dict, *, subtitle: str | None = None) -> go.Figure:
                   row=1, col=len(titles))
     fig.add_vrect(x0=run["emitted"] - 0.5, x1=run["emitted"] + 0.5, row=1, col=len(titles), line_width=0,
                   fillcolor="#4db58a", opacity=0.25)
-    fig.update_layout(**base_layout("Rejection sampling, one draft at a time", subtitle), barmode="group",
-                      height=470, width=1250)
+    layout = base_layout("Rejection sampling, one draft at a time", subtitle)
+    layout["margin"] = dict(layout["margin"], t=layout["margin"]["t"] + 40)   # room for two-line panel titles
+    layout["title"] = dict(layout["title"], y=0.98, yanchor="top", yref="container")
+    fig.update_layout(**layout, barmode="group", height=510, width=1250)
     for ann in fig.layout.annotations:
         ann.font = dict(size=12)
     fig.update_xaxes(title_text="token id", dtick=1)
@@ -130,13 +132,14 @@ def steps_figure(run: dict, *, subtitle: str | None = None) -> go.Figure:
     return fig
 
 
-def law_figure(laws: dict[str, torch.Tensor], *, subtitle: str | None = None) -> go.Figure:
+def law_figure(laws: dict[str, torch.Tensor], *, title: str = "The law of the first emitted token",
+               subtitle: str | None = None) -> go.Figure:
     """Bars per token: several laws of the emitted token side by side (the target's p first)."""
     fig = go.Figure()
     palette = [P_COLOUR, "#4db58a", "#e0603a", Q_COLOUR, "#b98bd6"]
     for i, (name, law) in enumerate(laws.items()):
         fig.add_trace(go.Bar(x=list(range(law.numel())), y=law.tolist(), name=name, marker_color=palette[i % 5]))
-    fig.update_layout(**base_layout("The law of the first emitted token", subtitle), barmode="group", height=440,
+    fig.update_layout(**base_layout(title, subtitle), barmode="group", height=440,
                       width=1000)
     fig.update_xaxes(title="token id", dtick=1)
     fig.update_yaxes(title="probability")
