@@ -15,7 +15,7 @@ from nwor_lab.workshop import chapters as ch
 ROOT = Path(__file__).resolve().parents[1]
 TEACHING = ("00_tour", "01_why", "02_paged_cache", "03_verify_window", "04_scv", "05_stage", "06_cow",
             "07_sliding_window", "08_eagle", "09_vllm", "10_sweep", "11_performance", "12_exercises",
-            "13_state", "14_trees", "15_prefix")
+            "13_state", "14_trees", "15_prefix", "16_stage_read_path", "17_sampling")
 
 
 def exercise_cells(stem):

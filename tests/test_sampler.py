@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from nwor_lab.speculative.metadata import SpecDecodeMetadata
 from nwor_lab.ops.scv import accepted_len_by_ids, scv_mask_reference
 from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID, rejection_sample, sample_from_probs
+from nwor_lab.viz.sampling import first_token_frequencies
 
 
 def greedy_naive(metadata, target_logits):
@@ -99,15 +100,8 @@ def test_mixed_temperature_keeps_greedy_rows_greedy():
         assert out[r].tolist() == greedy[r]
 
 
-def _first_token_frequencies(draft_probs, draft_ids, p_logits, n_samples, temperature=1.0):
-    """Run n_samples one-request windows in one batch; histogram each row's first token."""
-    vocab = p_logits.shape[0]
-    m = SpecDecodeMetadata.make_dummy([[int(d), int(d)] for d in draft_ids])
-    logits = p_logits.repeat(3 * n_samples, 1)   # 2 target rows + 1 bonus row per request
-    probs = None if draft_probs is None else draft_probs.repeat(2 * n_samples, 1)
-    out = rejection_sample(m, probs, logits, temperature=temperature,
-                           generator=torch.Generator().manual_seed(1234))
-    return torch.bincount(out[:, 0].long(), minlength=vocab).double() / n_samples
+# The test's batching lives in the package so that chapter 17 runs it live (one copy of it).
+_first_token_frequencies = first_token_frequencies
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -21,6 +21,8 @@ more in every teaching chapter.
   (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
   (t) prefix_blocks          the blocks a commit registers for sharing    15_prefix
   (u) shipped_rows           the rows a hand-off ships, per strategy      15_prefix
+  (v) window_key_rows        where stage's attention reads each key       16_stage_read_path
+  (w) sampled_verdict        accepted length, next token's law at T > 0   17_sampling
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -63,12 +65,15 @@ from nwor_lab.exercises.state_commit import check_state_commit
 from nwor_lab.exercises.tree_commit_plan import check_tree_commit_plan
 from nwor_lab.exercises.prefix_blocks import check_prefix_blocks
 from nwor_lab.exercises.shipped_rows import check_shipped_rows
+from nwor_lab.exercises.window_key_rows import check_window_key_rows
+from nwor_lab.exercises.sampled_verdict import check_sampled_verdict
 
 NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
          "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
          "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
          "vllm_key_offsets", "sweep_medians", "state_commit",
-         "tree_commit_plan", "prefix_blocks", "shipped_rows")
+         "tree_commit_plan", "prefix_blocks", "shipped_rows",
+         "window_key_rows", "sampled_verdict")
 
 
 def exercise(name: str):
@@ -175,4 +180,5 @@ __all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES",
            "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
            "check_cow_restore_plan", "check_acceptance_stats", "check_rejected_slots", "check_write_share",
            "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians", "check_state_commit",
-           "check_tree_commit_plan", "check_prefix_blocks", "check_shipped_rows"]
+           "check_tree_commit_plan", "check_prefix_blocks", "check_shipped_rows",
+           "check_window_key_rows", "check_sampled_verdict"]

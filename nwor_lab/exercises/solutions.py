@@ -515,3 +515,60 @@ def shipped_rows(block_size: int, num_computed: int, target_layers: int, head_la
     kept = target_layers if strategy == "no_head" else layers           # the head's layers come last
     out[:kept, :rows] = True
     return out
+
+
+def window_key_rows(cache_lens: torch.Tensor, win_rows: torch.Tensor, win_start: torch.Tensor,
+                    request: int) -> torch.Tensor:
+    """Where `stage`'s verify attention reads each key of one request: the paged cache or a row of
+    the staging buffer.
+
+    cache_lens: [R] int32, request r's committed positions 0 .. cache_lens[r] − 1 are in the paged cache
+    win_rows:   [n] int64, rows of the staging buffer (win_key / win_value); request r's window rows
+                are win_rows[win_start[r] .. win_start[r + 1] − 1], in position order (t_last first)
+    win_start:  [R + 1] int32, each request's first entry in win_rows (win_start[R] = n)
+    request:    int r, the request whose keys to list
+    returns     [cache_lens[r] + W] int64, W = win_start[r + 1] − win_start[r]: for key position p, −1
+                when the key is read from the cache (p < cache_lens[r]), else the staging-buffer row
+                win_rows[win_start[r] + p − cache_lens[r]] (window row j sits at position cache_lens[r] + j)
+    """
+    r = int(request)
+    n = int(cache_lens[r])
+    lo, hi = int(win_start[r]), int(win_start[r + 1])
+    out = [-1] * n
+    for j in range(hi - lo):
+        out.append(int(win_rows[lo + j]))
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def sampled_verdict(draft_ids: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                    u: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """One request's verify window at temperature > 0 (speculative sampling, Leviathan et al.): how
+    many drafts are accepted, and the distribution the target's own token is then drawn from.
+
+    draft_ids:    [k] int64, the drafts d_1 .. d_k; an id outside [0, V) (−1 = padding) is always rejected
+    target_probs: [k + 1, V] float64, row j: the target's distribution p_j for the token at draft
+                  position j + 1 (after t_last and d_1 .. d_j); row k: the bonus token's
+    draft_probs:  [k, V] float64, row j: the draft distribution q_j that d_(j+1) was sampled from
+    u:            [k] float64, one uniform draw in [0, 1) per draft
+    returns       (a, next_probs): a (int) = the number of drafts accepted, in order: draft j is
+                  accepted iff every draft before it was, its id x is in [0, V), q_j(x) > 0 and
+                  p_j(x) / q_j(x) >= u_j; next_probs [V] float64 = the distribution of the token emitted
+                  after them: when a < k, the residual max(p_a − q_a, 0) normalised to sum 1 (p_a itself
+                  if the residual is all zero); when a = k, the bonus row p_k
+    """
+    k, V = draft_probs.shape
+    a = 0
+    while a < k:
+        x = int(draft_ids[a])
+        if not 0 <= x < V:
+            break
+        p_x, q_x = float(target_probs[a, x]), float(draft_probs[a, x])
+        if q_x <= 0 or p_x / q_x < float(u[a]):
+            break
+        a += 1
+    if a == k:
+        return a, target_probs[k].clone().double()
+    residual = (target_probs[a] - draft_probs[a]).clamp_min(0).double()
+    if float(residual.sum()) <= 0:
+        return a, target_probs[a].clone().double()
+    return a, residual / residual.sum()

@@ -429,6 +429,77 @@ NOTES = {n.stem: n for n in [
                  "The window's drafts as committed rows: the engine rejects all of a dropped request's drafts before "
                  "the commit, so its committed length does not move; bytes past it (write-all's) travel with the "
                  "blocks but are never read, never registered, and overwritten when the request verifies again.",)),
+    ChapterNotes(
+        "16_stage_read_path", "The GPU read path of stage", talk_min=10, hands_on_min=6, run_estimate_s=30,
+        in_agenda=False,
+        say=("Under stage the window's K/V is not in the cache during the verify pass: attention reads the committed "
+             "positions through the block table and the window's positions from staging-buffer rows, in one kernel.",
+             "Key tiles are aligned to position 0: the main loop reads tiles wholly in the cache, the tail tile picks "
+             "a cache row or a staging row per key. The same tiles hold the same positions whichever source feeds "
+             "them, so stage's attention has the committed cache's bits.",
+             "Splits of the key range leave (normalised output, log-sum-exp) pairs; the merge weights each by its "
+             "share of the softmax mass. It is exact up to the rounding of a different summation order.",
+             "The cost has two scopes: the kernel alone (window source against the same keys from the cache) and a "
+             "whole step, graphed or eager. Quote each from its stored file, at the points it measured."),
+        misconception="\"Reading from two places means two attention passes and a merge, so stage must pay a second "
+                      "launch\": the window's keys ride in the tail tile of the one key loop; the log-sum-exp merge "
+                      "exists to split long key ranges over idle SMs, not to join the sources.",
+        questions=("Why does aligning key tiles to position 0 make stage's attention bit-identical to attention "
+                   "over the committed cache?",
+                   "A request has 128 cached positions and a window of 5 rows, tiles of 64 keys. Which tiles does the "
+                   "main loop read, and does any tile mix the sources?",
+                   "The stored kernel run shows the window source costing more at batch 64 with 5 query rows. Why can a "
+                   "whole graphed step barely move?"),
+        expect=("lab reference, window from the buffer against the committed window, bit for bit: "
+                "{reference_stage_equals_committed}; the tiled model from the buffer equals it from the cache: "
+                "{buffer_equals_cache}; merged against the reference: {merged_max_abs_diff:.1e}",
+                "stored H200 kernel, window source over cache: {kernel_window_ratio_min:.3f} to "
+                "{kernel_window_ratio_max:.3f}"),
+        answers=("Each tile covers the same positions whichever source feeds a key, so the same keys meet the same "
+                 "queries in the same tiles and the online softmax reduces them in the same order; only the pointer "
+                 "a key is loaded from differs, and the loaded values are the same (the window is round-tripped "
+                 "through the cache's dtype first).",
+                 "Tiles 0 (positions 0..63) and 1 (64..127) lie wholly in the cache: the main loop. Tile 2 (128..191) "
+                 "holds positions 128..132, all five from the staging buffer: the window starts a tile, so no tile "
+                 "mixes the sources here.",
+                 "Attention over a 1024-key context is a small part of an 8B step next to the weight reads, the "
+                 "sampler, the head and the commit; a fraction of one kernel's time is below the step's run-to-run "
+                 "spread, which a single stored run does not measure.")),
+    ChapterNotes(
+        "17_sampling", "Sampling at T > 0: what NWOR must preserve", talk_min=10, hands_on_min=6, run_estimate_s=45,
+        in_agenda=False,
+        say=("At T > 0 correct means the same distribution: each emitted token follows softmax(logits / T) of the "
+             "target, whatever the drafter proposed. Rejection sampling guarantees it: accept with min(1, p/q), "
+             "else draw from the residual max(p - q, 0), and the bonus from p.",
+             "The lab's distribution test batches many one-request windows and checks the first token's histogram "
+             "against p; the enumeration gives the exact law.",
+             "The verifier needs the q the draft was drawn from: a point mass is still exact (it accepts less), a q "
+             "from other K/V is wrong. So the head must read the same committed K/V in every write policy.",
+             "Random numbers are drawn in a fixed order from seeded generators; a write policy changes where bytes "
+             "go, never the draws, so a seeded run emits the same tokens under off, cow and stage."),
+        misconception="\"At T > 0 runs differ anyway, so NWOR cannot be checked\": the distribution can be checked (the "
+                      "test and the enumeration), and with a fixed seed the tokens themselves must match across "
+                      "policies.",
+        questions=("Why does telling the sampler a point mass instead of the true q keep the output exact, and what "
+                   "does it cost?",
+                   "A policy leaves rejected drafts' K/V where the EAGLE head reads it in the next drafting step. What "
+                   "changes at T > 0, and which of the chapter's checks shows it?",
+                   "Why must the sampler draw the bonus noise even for a request whose drafts are all rejected?"),
+        expect=("distribution test: worst deviation {max_freq_error} against a binomial sigma of {sigma}",
+                "total variation from p: true q {tv_true_q}, point mass {tv_point_mass}, other q {tv_other_q}; "
+                "acceptance true q {acceptance_true_q}, point mass {acceptance_point_mass}",
+                "same tokens under every policy with one seed: {same_tokens_every_policy}; per-request seed kept: "
+                "{per_request_seed_kept}"),
+        answers=("Conditioned on the drawn draft, verifying a point-mass proposal is itself exact speculative sampling: "
+                 "x is accepted with probability p(x) and otherwise the residual is p without x, renormalised; the sum "
+                 "is p. It accepts min(1, p(x)) instead of min(1, p(x)/q(x)), so fewer drafts survive.",
+                 "The head drafts from other K/V, so its q and its drafts differ from the other policies' run: within a "
+                 "step the sampler is still handed the q the draft was drawn from, but the seeded run's tokens no "
+                 "longer match across policies, which the same-seed check catches (and the greedy chapters' token "
+                 "comparisons catch at T = 0).",
+                 "The draws are consumed in a fixed order (bonus noise, uniforms, residual noise); skipping one for some "
+                 "requests would shift every later draw, so the same seed would give other tokens in another batch or "
+                 "policy, and vLLM's sampler would no longer be matched draw for draw.")),
 ]}
 
 WRAP_UP_MIN = 5
