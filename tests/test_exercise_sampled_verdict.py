@@ -1,4 +1,4 @@
-"""Exercise (v) sampled_verdict (chapter 17): planted wrong answers are caught, in words and in a
+"""Exercise (w) sampled_verdict (chapter 17): planted wrong answers are caught, in words and in a
 picture, and the reference agrees with the lab's rejection sampler."""
 import plotly.graph_objects as go
 import pytest

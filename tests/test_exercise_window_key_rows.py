@@ -1,4 +1,4 @@
-"""Exercise (u) window_key_rows (chapter 16): planted wrong answers are caught, in words and in a
+"""Exercise (v) window_key_rows (chapter 16): planted wrong answers are caught, in words and in a
 picture, and the reference names the rows the lab's verify attention reads (its window source)."""
 import plotly.graph_objects as go
 import pytest

@@ -266,5 +266,5 @@ def test_a_self_paced_chapter_gets_no_slot_in_either_agenda(monkeypatch):
     import dataclasses
     monkeypatch.setitem(notes.NOTES, "15_prefix", dataclasses.replace(notes.NOTES["15_prefix"], in_agenda=False))
     for p in agenda.plans(measured_build()).values():
-        assert "15_prefix" not in {s.stem for s in p.slots} and p.self_paced == ["15_prefix"]
+        assert "15_prefix" not in {s.stem for s in p.slots} and "15_prefix" in p.self_paced
         assert sum(s.minutes for s in p.slots) == p.agenda.total_min
