@@ -121,7 +121,7 @@ def test_plan_and_host_path():
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
 def test_bucketed_tree_steps_decode_what_eager_steps_do(pair, mode):
     """The captured path's body on CPU (`runner.pad`: padded buckets, device-built metadata, the
-    head's tree drafted by `DeviceHeadTreeStep`, run eagerly): the tokens, accepted lengths and
+    head's tree drafted by `HeadTreeStep` on the device, run eagerly): the tokens, accepted lengths and
     records of exact-size eager steps; three prompts pad a bucket of four."""
     t, h, tok = pair
     prompts = PROMPTS + ["import os\n"]

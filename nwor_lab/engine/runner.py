@@ -104,7 +104,7 @@ class StepRunner:
         if e.tree is not None and (e.tree.is_static or not self.tree_graphs):
             # Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
             # indexes with host lists built per level (copies from the host, which a capture cannot
-            # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
+            # hold); EAGLE-2's dynamic tree is device code throughout (`model.tree_draft.HeadTreeStep`).
             return False
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
         if not self.pad or e.temperature != 0 or e.observers or e.config.debug or ring_log \

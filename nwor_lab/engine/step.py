@@ -27,9 +27,9 @@ The layout is data, not shape (vLLM's full graphs over mixed batches do the same
                request without drafts reads its last row k + 1 times: its -1 drafts are rejected at
                column 0, where the target's own token is emitted), tokens left, prompt key
 
-Eager runs build attention's metadata on the host from the step's lists (the torch reference
-attention, sliding windows, debug reads); captured runs use static device metadata (block tables,
-cached lengths, query starts) that the body refreshes from the buffers.
+Attention's metadata has one form, eager and captured alike: device tensors over the buffers
+(block tables, cached lengths, query starts, window rows), built once per buffers and refreshed by
+`fill` and the body; the torch reference attention reads the same tensors as the Triton kernel.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import torch
 
 from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
 from nwor_lab.engine.preemption import drop_requests
-from nwor_lab.engine.tree_inputs import DeviceHeadTreeStep, TreeInputs
+from nwor_lab.engine.tree_inputs import TreeInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
@@ -98,13 +98,14 @@ class StepInputs:
         if k and e.temperature > 0:
             self.draft_probs = torch.zeros(size * k, e.vocab_size, dtype=torch.float32, device=dev)
         self.rows = torch.arange(tokens, device=dev)
-        self.md = None
-        if static:
-            in_buffer = e.policy.window_in_buffer
-            kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
-                                self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
-            self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
-                                        e.policy, 0, kernel)
+        in_buffer = e.policy.window_in_buffer
+        kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
+                            self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
+        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`_place_log`)
+            kernel.log_lo = torch.zeros(size, dtype=torch.int32, device=dev)
+            kernel.log_start = torch.zeros(size + 1, dtype=torch.int32, device=dev)
+        self.md = AttentionMetadata(self.positions, slots, e.cache, e.policy, kernel, attention=e.config.attention,
+                                    sliding=e.sliding, ledger=e.ledger)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
         tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
         self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
@@ -161,6 +162,8 @@ class StepInputs:
         # a chunk that is not the prompt's last drafts nothing: only the last chunk lets the head draft
         h["draft_limit"][:] = [0 if c >= 0 else n for c, n in zip(chunk_next, limits)] + [0] * pad_reqs
         self.inputs.upload()
+        if not self.static:     # exact sizes: the kernel's query tile from the true bound, known here
+            self.md.kernel.max_query_len = max(self.host["qlens"], default=0)
         if self.draft_probs is not None:
             self.draft_probs.zero_()
             for r, req in enumerate(requests):
@@ -214,18 +217,6 @@ class StepInputs:
         return dict(token_req=token_req, draft_pos=draft_pos, qsl=qsl, last=last, lens=lens,
                     rows_logits=rows_logits, draft_rows=draft_rows, drafts=drafts)
 
-    def host_metadata(self, engine) -> AttentionMetadata:
-        """The verify pass's attention metadata from the host lists (eager runs, exact sizes:
-        every request slot is a request). The padding row, when there is one (it stands in for
-        padding drafts), is a request of its own with no cached positions that writes nowhere."""
-        e, h = engine, self.host
-        pad = self.tokens - len(h["ids"])
-        extra = ([pad], [[0]], [0], [0]) if pad else ([], [], [], [])
-        return AttentionMetadata.build(e.cache, e.policy, h["positions"] + [0] * pad, h["qlens"] + extra[0],
-                                       h["tables"] + extra[1], h["ctx"] + extra[2], attention=e.config.attention,
-                                       sliding=e.sliding, num_drafts=h["ndrafts"] + extra[3], ledger=e.ledger,
-                                       slot_mapping=self.window.slot_mapping)
-
 
 class ChainInputs:
     """Buffers of the EAGLE draft chain d_1..d_k for `size` request slots: the first draft from the
@@ -250,20 +241,22 @@ class ChainInputs:
         self.lens = torch.zeros(max(0, k - 1), size, dtype=torch.int32, device=dev)
         self.lens_offset = torch.zeros(max(0, k - 1), 1, dtype=torch.long, device=dev) if self.in_buffer else \
             torch.arange(1, max(1, k), device=dev)[:, None]                 # chain step s reads s own rows
-        self.steps = []           # static metadata per chain step (captured runs)
-        if static:
-            qsl = list(range(size + 1))
-            qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
-            for s in range(1, k):
-                win_rows = win_start = None
-                if self.in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
-                    win_rows = (torch.arange(s, device=dev)[None, :] * size
-                                + torch.arange(size, device=dev)[:, None]).reshape(-1)
-                    win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
-                self.steps.append(AttentionMetadata(
-                    self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
-                    (s - 1) * size, KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start,
-                                               *_sliding_args(e), max_query_len=1)))
+        self.static = static
+        # each chain step's metadata (device tensors that `place` refreshes): one row a request, which
+        # reads the committed prefix and its chain rows so far; a row that does not draft (padding,
+        # finished, cut) writes nowhere (slot -1) and its output is never read
+        self.steps = []
+        qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
+        for s in range(1, k):
+            win_rows = win_start = None
+            if self.in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
+                win_rows = (torch.arange(s, device=dev)[None, :] * size
+                            + torch.arange(size, device=dev)[:, None]).reshape(-1)
+                win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
+            self.steps.append(AttentionMetadata(
+                self.positions[s - 1], slots[(s - 1) * size:s * size], e.cache, pol,
+                KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start, *_sliding_args(e),
+                           max_query_len=1), (s - 1) * size, e.config.attention, e.sliding, e.ledger))
 
     def place(self, engine, base: torch.Tensor, counts: torch.Tensor) -> None:
         """Positions, cached lengths and slots of every chain row: request j drafts `counts[j]`
@@ -278,25 +271,26 @@ class ChainInputs:
         rows = torch.where(live, pos, -1).reshape(-1)                     # step-major, as the window
         self.window.slot_mapping.copy_(build_slot_mapping(self.tables, self.window.token_req, rows, bs, ring))
 
-    def host_metadata(self, engine, s: int, base: list[int], counts: list[int], tables: list) -> AttentionMetadata:
-        """Chain step s's metadata from host lists (eager runs): a row that drafts reads the
-        committed prefix and its chain rows so far; a row that does not (padding, finished, cut)
-        reads the committed prefix only, and writes nowhere."""
-        e, size = engine, self.size
-        live = [c > s for c in counts]
-        rows = [[(t - 1) * size + j for t in range(1, s + 1)] if live[j] else [] for j in range(size)]
-        ctx = [b if live[j] else max(1, b) for j, b in enumerate(base)]
-        return AttentionMetadata.build(
-            e.cache, e.drafter.policy, [b + s - 1 for b in base], [1] * size, tables, ctx, window_rows=rows,
-            write_offset=(s - 1) * size, slot_mapping=self.window.slot_mapping[(s - 1) * size:s * size],
-            attention=e.config.attention, sliding=e.sliding, ledger=e.ledger)
-
 
 def _sliding_args(e) -> tuple[int, int]:
-    """(W, ring slots) of the kernel's static metadata (0: off). A captured step never reads a log
-    of evicted rows (the runner keeps cow on a ring eager)."""
+    """(W, ring slots) of the kernel's metadata (0: off)."""
     s = e.sliding
     return (s.size, s.ring_slots or 0) if s is not None else (0, 0)
+
+
+def _reads_log(e) -> bool:
+    """A ring under a policy that declares `evicted_in_log` (cow): the verify pass reads the positions
+    its drafts' writes evict from the policy's log (the runner keeps these steps eager)."""
+    return e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
+
+
+def _place_log(e, inp: "StepInputs") -> None:
+    """The log ranges of the verify pass, on the device: request r's drafts (its last rows) evict
+    positions from first draft - ring on, logged in draft order (rows log_start[r] ..)."""
+    a, nd = inp.md.kernel, inp.num_drafts
+    first_row = (inp.qsl[1:].long() - nd).clamp(min=0, max=inp.tokens - 1)
+    a.log_lo.copy_((torch.where(nd > 0, inp.positions[first_row], 0) - e.sliding.ring_slots).int())
+    a.log_start[1:].copy_(nd.cumsum(0).int())
 
 
 def run_step(engine, inp: StepInputs):
@@ -315,16 +309,20 @@ def run_step(engine, inp: StepInputs):
         row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
         w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
                                                 bs, ring))
-        md = inp.md if inp.static else inp.host_metadata(e)
+        md = inp.md
+        if md.kernel.log_lo is not None:
+            _place_log(e, inp)
     else:                       # a tree window: built on the device from the parents and tokens
         w = tree.window(e, inp)
-        md = tree.static_metadata(e, inp, w) if inp.static else tree.host_metadata(e, inp, w)
+        md = tree.metadata(e, inp, w)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
-        if inp.static:              # a decode bucket: rows and slots as device data (capturable)
+        # Capture forbids host counts: a decode bucket opens the state window in the device layout;
+        # exact sizes (prefills too) open it with the true host counts (its chunked form reads them)
+        if inp.static:
             e.states.begin(w, inp.state_slots, query_start_loc=inp.qsl, num_drafts=inp.num_drafts,
                            max_query_len=inp.max_query_len)
-        else:                       # exact sizes (prefills too): the true host counts
+        else:
             h = inp.host
             qsl = [0]
             for q in h["qlens"]:
@@ -431,8 +429,11 @@ def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, featu
     drafter's policy on the head's layer (committed rejecting every row: the head's K/V of frontier
     nodes is provisional; `stage` keeps it in its buffer, `cow` restores it, `off` leaves it past the
     committed positions, where the next windows overwrite it; `model.tree_draft`).
-    Eager: the head's metadata from host lists (one sync). -> [tokens [B, N], parents [B, N]] int64,
-    tokens -1 and parents 0 for a request that does not run on."""
+    -> [tokens [B, N], parents [B, N]] int64, tokens -1 and parents 0 for a request that does not run on.
+
+    Capture forbids a shape read from the device: a captured step drafts for every request slot
+    (`_draft_tree_on_device`); an eager one reads which requests run on (one sync) and drafts for
+    those alone (a static tree's `static_tree` indexes with host lists: eager only)."""
     from nwor_lab.model.tree_draft import draft_tree_with_head
     plan = e.tree_plan
     B, N = inp.size, plan.nodes
@@ -442,11 +443,9 @@ def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, featu
     parents = torch.zeros((B, N), dtype=torch.long, device=base.device)
     on = [j for j, x in enumerate(live.tolist()) if x]
     if on:
-        ctx = base.tolist()
         idx = torch.tensor(on, device=base.device)
-        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], [ctx[j] for j in on],
-                                       [inp.host["tables"][j] for j in on], attention=e.config.attention,
-                                       **plan.draft_kwargs())
+        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], base[idx], inp.tables[idx],
+                                       attention=e.config.attention, **plan.draft_kwargs())
         tokens[idx] = tree.tokens.long()
         parents[idx] = tree.parents.long()
     return [tokens, parents]
@@ -454,8 +453,9 @@ def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, featu
 
 def _draft_tree_on_device(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor):
     """`draft_tree` with no host sync (a captured bucket): EAGLE-2's dynamic tree for every request
-    slot at once, the head's passes on metadata built from device tensors (`DeviceHeadTreeStep`);
+    slot at once, the head's passes on metadata built from device tensors (`HeadTreeStep`);
     slots that do not run on draft nothing (slot -1) and hand out no tree."""
+    from nwor_lab.model.tree_draft import HeadTreeStep
     from nwor_lab.speculative.tree_draft import dynamic_tree
     plan, head = e.tree_plan, e.head
     g_root = torch.where(live[:, None], features, torch.zeros_like(features))
@@ -464,11 +464,11 @@ def _draft_tree_on_device(e, inp: StepInputs, base: torch.Tensor, live: torch.Te
     if plan.steps == 0:
         tree = dynamic_tree(None, root, shape.topk, shape.depth, shape.nodes)
     else:
-        step = DeviceHeadTreeStep(e, inp.tables, base, live, g_root)
-        layer = head.layer_index
-        e.drafter.policy.begin(step.window, layers=range(layer, layer + 1), kind="draft")
+        step = HeadTreeStep(head, e.cache, e.drafter.policy, g_root, base, inp.tables, plan.frontier, plan.steps,
+                            live=live, attention=e.config.attention)
+        step.open()
         tree = dynamic_tree(step, root, shape.topk, shape.depth, shape.nodes)
-        e.drafter.policy.commit(step.reject)
+        step.close()
     tokens = torch.where(live[:, None], tree.tokens.long(), -1)
     parents = torch.where(live[:, None], tree.parents.long(), 0)
     return [tokens, parents]
@@ -541,17 +541,14 @@ def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Te
     g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
     token, q = e.drafter.propose(g)
     drafts, probs = [token], [q]
-    host = None
-    if k >= 2 and not chain.steps:     # eager: metadata from host lists (one sync on CUDA)
-        host = (base.tolist(), counts.tolist(), [t for t in chain.tables.tolist()])
-    if k >= 2 and (host is None or max(host[1], default=0) >= 2):
-        # (an eager step opens no window for a chain that drafts for nobody; a captured one runs
-        # it with every row padding, and the host traces none)
+    # Capture forbids branching on a device value: a captured chain runs its k - 1 passes with every
+    # row padding when nobody drafts twice (the host traces none); an eager one reads the counts
+    # once and opens no window for it.
+    if k >= 2 and (chain.static or int(counts.max()) >= 2):
         layer = head.layer_index
         pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
         for s in range(1, k):
-            md = chain.steps[s - 1] if chain.steps else chain.host_metadata(e, s, *host)
-            g = head(drafts[-1], g, md)
+            g = head(drafts[-1], g, chain.steps[s - 1])
             token, q = e.drafter.propose(g)
             drafts.append(token)
             probs.append(q)
