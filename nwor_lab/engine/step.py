@@ -40,16 +40,14 @@ from nwor_lab.engine.preemption import drop_requests
 from nwor_lab.engine.tree_inputs import TreeInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
-from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative import SpecDecodeMetadata
 from nwor_lab.window import Acceptance, Window
 
 
 def chain_k(e) -> int:
     """Draft slots per request in the chain's sampler layout: the engine's k when it drafts chains,
     0 without drafting and with trees (a tree window has its own buffers, `TreeInputs`)."""
-    return e.k if e.drafting and e.tree is None else 0
+    return e.window_kind.k
 
 
 class StepInputs:
@@ -101,12 +99,13 @@ class StepInputs:
         in_buffer = e.policy.window_in_buffer
         kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
                             self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
-        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`_place_log`)
+        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
             kernel.log_lo = torch.zeros(size, dtype=torch.int32, device=dev)
             kernel.log_start = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.md = AttentionMetadata(self.positions, slots, e.cache, e.policy, kernel, attention=e.config.attention,
                                     sliding=e.sliding, ledger=e.ledger)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
+        self.drafts_next = chain or self.tree_draft   # the body drafts the next window (a chain or a tree)
         tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
         self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
                                        else self.sampled_width + 1 + tree_out))
@@ -124,11 +123,9 @@ class StepInputs:
     # -- host ----------------------------------------------------------------------------------
     def fill(self, engine, requests, limits: list[int] | None = None) -> None:
         """This step's requests into the buffers (padding stays padding), one copy per dtype;
-        blocks allocated for every row the step writes (the chain's too). `limits`: the draft
+        blocks allocated for every row the step writes (the chain's too; a tree window's buffers are
+        `TreeInputs.fill`'s: the window kind picks). `limits`: the draft
         counts for the next window when the runner already asked `draft_counts` (else asked here)."""
-        if self.tree is not None:
-            self.tree.fill(engine, self, requests)
-            return
         k, size = self.k, self.size
         rows = self.host_rows(engine, requests)
         h = self.inputs.host
@@ -284,37 +281,18 @@ def _reads_log(e) -> bool:
     return e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
 
 
-def _place_log(e, inp: "StepInputs") -> None:
-    """The log ranges of the verify pass, on the device: request r's drafts (its last rows) evict
-    positions from first draft - ring on, logged in draft order (rows log_start[r] ..)."""
-    a, nd = inp.md.kernel, inp.num_drafts
-    first_row = (inp.qsl[1:].long() - nd).clamp(min=0, max=inp.tokens - 1)
-    a.log_lo.copy_((torch.where(nd > 0, inp.positions[first_row], 0) - e.sliding.ring_slots).int())
-    a.log_start[1:].copy_(nd.cumsum(0).int())
-
-
 def run_step(engine, inp: StepInputs):
     """The step on `inp`'s buffers -> (packed [B, k+2 (+k)] int64: sampled ids, accepted length,
     next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
     None; next draft probabilities [B, k, V] or None).
 
-    With trees (`LabConfig.tree`): a decode step's window is a TreeWindow (`inp.tree`), accepted by
-    `_accept_tree`, and every step ends with `draft_tree` instead of the chain: packed is then
+    What differs between a chain and a tree is the engine's window kind (`engine.window_kind`: the
+    window and its metadata, the verdict, the head's ids, the next window's drafts; nwor_lab.engine.
+    window_chain / window_tree); the body asks it, never which kind it is. With trees packed is
     [B, W + 1 + 2N] (W = D + 1 sampled ids on a tree window, 1 on a prefill; then the accepted
     length, the next tree's N node tokens (-1: none) and N parents)."""
-    e, w, spec, k, tree = engine, inp.window, inp.spec, inp.k, inp.tree
-    bs = e.cache.spec.block_size
-    ring = e.sliding.ring_slots if e.sliding is not None else None
-    if tree is None:
-        row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
-        w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
-                                                bs, ring))
-        md = inp.md
-        if md.kernel.log_lo is not None:
-            _place_log(e, inp)
-    else:                       # a tree window: built on the device from the parents and tokens
-        w = tree.window(e, inp)
-        md = tree.metadata(e, inp, w)
+    e, kind = engine, engine.window_kind
+    w, md = kind.verify(e, inp)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
         # Capture forbids host counts: a decode bucket opens the state window in the device layout;
@@ -331,35 +309,10 @@ def run_step(engine, inp: StepInputs):
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
-    if tree is None:
-        # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
-        logits = e.target.compute_logits(hidden[inp.rows_logits])
-        sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
-                                   **_forced(e, inp))                                    # [B, k + 1]
-        acceptance = e.scv.accept(w, sampled, max_spec_len=k)
-        if e.config.debug:
-            check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
-        accepted = acceptance.accepted_len.long()
-        kept = inp.last_rows - inp.num_drafts + accepted              # each request's last kept row
-    else:
-        # every row's logits in the model's dtype: greedy and forced take argmaxes, T > 0 upcasts itself
-        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden))
+    sampled, acceptance, accepted, kept = kind.accept(e, inp, w, hidden)
     features = None
     if e.drafting:
-        if tree is None:
-            # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
-            token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
-            # (a chunk's last row reads the prompt's next token instead: a chunk is a prefill whose
-            # rows end before the request's last token, and it samples nothing)
-            token = torch.where(inp.chunk_next >= 0, inp.chunk_next, token)
-            next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
-            next_ids[inp.last_rows] = token
-            next_ids[kept] = token
-        else:
-            # a tree row at depth d reads the token after it on the accepted path: sampled[r, d] (the
-            # path's next node, the bonus after its last); rows off the path read whatever, and are
-            # rejected with the window (their head K/V never commits)
-            next_ids = sampled[w.token_req.long(), w.token_depth.long()].clamp(min=0)
+        next_ids = kind.head_ids(inp, w, sampled, accepted, kept)
         feats = e.head.features_from_target(hidden, aux)
         g = e.head(next_ids, feats, md)
         features = g[kept]
@@ -373,105 +326,18 @@ def run_step(engine, inp: StepInputs):
     if e.states is not None:
         e.states.commit(acceptance)
     packed = [sampled.long(), accepted[:, None]]
-    probs = None
+    probs, drafts = None, []
     drop = e.window_drops(inp)  # (again: one dropped at the commit drafts nothing either)
-    if inp.chain is not None:
+    if inp.drafts_next:
         live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
         if drop is not None:
             live = live & ~drop
-        base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
-        counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
-        drafts, probs = draft_chain(e, inp.chain, base, counts, features)
-        packed.append(drafts)
-    elif inp.tree_draft:
-        live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
-        if drop is not None:
-            live = live & ~drop
-        base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)
-        packed += draft_tree(e, inp, base, live, features)
-    if inp.feeds_itself:
-        next_inputs(e, inp, sampled, accepted, packed[-1] if inp.chain is not None else None)
+        base = torch.where(live, w.positions[kept] + 1, 0)           # num_computed after the step
+        drafts, probs = kind.draft(e, inp, base, live, features)
+        packed += drafts
+    if inp.feeds_itself:        # (a chain's or no drafts: a tree step never feeds itself)
+        next_inputs(e, inp, sampled, accepted, drafts[0] if drafts else None)
     return torch.cat(packed, 1), features, probs
-
-
-def _accept_tree(e, inp: StepInputs, w: TreeWindow, logits: torch.Tensor):
-    """A tree window's verdict from the target's logits at every row `[T, V]` (row t: the token
-    after row t): forced acceptance (a tree profile), greedy, or recursive rejection sampling at
-    T > 0 (the drafter proposes its top-k: one-hot draft distributions, `draft_probs=None`). The
-    engine's SCV for trees (`accept_tree_from_sampled`) then turns the sampled ids into the mask the
-    policy commits, unless `scv_mode` is off (the sampler's own path mask).
-    -> (sampled [B, D + 1] int64, Acceptance, accepted [B] int64, kept [B]: each path's last row)."""
-    if e.acceptance is not None:
-        from nwor_lab.speculative.tree_forced import accept_tree_forced
-        verdict = accept_tree_forced(w, logits, e.forced_tree, e.acceptance.seed, inp.req_key)
-    elif e.temperature == 0:
-        verdict = accept_tree_greedy(w, logits)
-    else:
-        verdict = accept_tree_sampled(w, logits, None, e.temperature, e.generator)
-    if e.config.scv_mode != "off":
-        scv = accept_tree_from_sampled(w, verdict.sampled)
-        if e.config.debug and not torch.equal(scv.path_mask, verdict.path_mask):
-            raise RuntimeError("tree SCV: the path from the sampled ids differs from the sampler's (engine bug)")
-        verdict = scv
-    acceptance = verdict.acceptance(w)
-    if e.config.debug:
-        err = w.acceptance_error(acceptance.draft_mask, acceptance.accepted_len)
-        if err:
-            raise RuntimeError(f"tree acceptance: {err}")
-    accepted = verdict.accepted_len.long()
-    kept = verdict.path_rows(w).gather(1, accepted[:, None]).squeeze(1)
-    return verdict.sampled.long(), acceptance, accepted, kept
-
-
-def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor) -> list:
-    """The next window's tree for every request still running: EAGLE-2's dynamic tree (or a static
-    one) drafted by the head from its features at the request's last kept row, in one window of the
-    drafter's policy on the head's layer (committed rejecting every row: the head's K/V of frontier
-    nodes is provisional; `stage` keeps it in its buffer, `cow` restores it, `off` leaves it past the
-    committed positions, where the next windows overwrite it; `model.tree_draft`).
-    -> [tokens [B, N], parents [B, N]] int64, tokens -1 and parents 0 for a request that does not run on.
-
-    Capture forbids a shape read from the device: a captured step drafts for every request slot
-    (`_draft_tree_on_device`); an eager one reads which requests run on (one sync) and drafts for
-    those alone (a static tree's `static_tree` indexes with host lists: eager only)."""
-    from nwor_lab.model.tree_draft import draft_tree_with_head
-    plan = e.tree_plan
-    B, N = inp.size, plan.nodes
-    if inp.static:
-        return _draft_tree_on_device(e, inp, base, live, features)
-    tokens = torch.full((B, N), -1, dtype=torch.long, device=base.device)
-    parents = torch.zeros((B, N), dtype=torch.long, device=base.device)
-    on = [j for j, x in enumerate(live.tolist()) if x]
-    if on:
-        idx = torch.tensor(on, device=base.device)
-        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], base[idx], inp.tables[idx],
-                                       attention=e.config.attention, **plan.draft_kwargs())
-        tokens[idx] = tree.tokens.long()
-        parents[idx] = tree.parents.long()
-    return [tokens, parents]
-
-
-def _draft_tree_on_device(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor):
-    """`draft_tree` with no host sync (a captured bucket): EAGLE-2's dynamic tree for every request
-    slot at once, the head's passes on metadata built from device tensors (`HeadTreeStep`);
-    slots that do not run on draft nothing (slot -1) and hand out no tree."""
-    from nwor_lab.model.tree_draft import HeadTreeStep
-    from nwor_lab.speculative.tree_draft import dynamic_tree
-    plan, head = e.tree_plan, e.head
-    g_root = torch.where(live[:, None], features, torch.zeros_like(features))
-    root = torch.log_softmax(head.compute_logits(g_root).float(), -1)
-    shape = plan.shape
-    if plan.steps == 0:
-        tree = dynamic_tree(None, root, shape.topk, shape.depth, shape.nodes)
-    else:
-        step = HeadTreeStep(head, e.cache, e.drafter.policy, g_root, base, inp.tables, plan.frontier, plan.steps,
-                            live=live, attention=e.config.attention)
-        step.open()
-        tree = dynamic_tree(step, root, shape.topk, shape.depth, shape.nodes)
-        step.close()
-    tokens = torch.where(live[:, None], tree.tokens.long(), -1)
-    parents = torch.where(live[:, None], tree.parents.long(), 0)
-    return [tokens, parents]
 
 
 def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
@@ -510,52 +376,3 @@ def draft_limits(e, requests) -> list[int]:
         raise ValueError(f"draft_counts returned {got!r}: give one int in 0..{k} (the engine's k) per request, "
                          f"{len(requests)} here")
     return got
-
-
-def _drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:
-    """[B] drafts each request may propose for a window with t_last at `base` (the ring guard's
-    rule, `SlidingWindow.drafts_allowed`, on the device; k otherwise)."""
-    s = e.sliding
-    if s is None or s.ring_slots is None or not s.guard:
-        return torch.full_like(base, e.k)
-    return torch.clamp(torch.clamp(s.ring_slots - 1 - base, min=s.ring_slots - s.size), max=e.k)
-
-
-def _forced(e, inp: StepInputs) -> dict:
-    """Forced acceptance: each draft's u from its request's key and position (padding drafts are
-    rejected whatever their u)."""
-    if e.acceptance is None or not inp.k:
-        return {}
-    keys = inp.req_key[:, None].expand(inp.size, inp.k).reshape(-1)
-    pos = inp.positions[inp.window.draft_rows]
-    return dict(synthetic_rates=e.forced_rates, uniform_probs=e.acceptance.uniforms(keys, pos))
-
-
-def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Tensor, features: torch.Tensor):
-    """Drafts d_1..d_k of every request from the head's features at its last kept row: the first
-    from the features, the rest from k - 1 head passes in the draft policy's window.
-    -> (drafts [B, k] int64, -1 past `counts[j]`; probabilities [B, k, V] or None when greedy)."""
-    e = engine
-    head, pol, k = e.head, e.drafter.policy, e.k
-    chain.place(e, base, counts)
-    g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
-    token, q = e.drafter.propose(g)
-    drafts, probs = [token], [q]
-    # Capture forbids branching on a device value: a captured chain runs its k - 1 passes with every
-    # row padding when nobody drafts twice (the host traces none); an eager one reads the counts
-    # once and opens no window for it.
-    if k >= 2 and (chain.static or int(counts.max()) >= 2):
-        layer = head.layer_index
-        pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
-        for s in range(1, k):
-            g = head(drafts[-1], g, chain.steps[s - 1])
-            token, q = e.drafter.propose(g)
-            drafts.append(token)
-            probs.append(q)
-        pol.commit(chain.reject)
-    else:                               # every count below 2: the first draft only (the rest are -1)
-        drafts += drafts[:1] * (k - 1)
-        probs += probs[:1] * (k - 1)
-    out = torch.stack(drafts, 1).long()
-    out = torch.where(torch.arange(k, device=out.device)[None, :] < counts[:, None], out, -1)
-    return out, (torch.stack(probs, 1) if probs[0] is not None else None)
