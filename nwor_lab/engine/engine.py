@@ -363,8 +363,8 @@ def eager_reason(e) -> str | None:
     these are the settings that decide it for every step."""
     if e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log:
         return "a ring whose policy reads evicted rows from its log runs every step eagerly: captured steps read no log"
-    if e.tree is not None and e.tree.is_static:
-        return "a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)"
+    if e.window_kind.eager_reason:
+        return e.window_kind.eager_reason
     if e.scv.mode == "off":
         return ("scv_mode='off' computes each window's acceptance in a host loop, which a CUDA graph cannot hold: "
                 "every step with drafts runs eagerly (scv_mode='graph' computes the same acceptance on the device)")

@@ -167,6 +167,8 @@ class ChainKind:
         """Rows a request slot of the drafter's window (0: no drafting)."""
         return max(1, self.k - 1) if self.engine.drafting else 0
 
+    eager_reason = None     # nothing about chains keeps every step eager
+
     def capturable(self, runner) -> bool:
         return True         # every chain step may run from a bucket's graph (the runner's other rules apply)
 

@@ -140,6 +140,13 @@ class TreeKind:
         self.draft_rows = max(1, self.plan.draft_rows)    # the head's draft window a slot
         self.lookahead = self.plan.lookahead
 
+    @property
+    def eager_reason(self) -> str | None:
+        """Why every step of this engine runs eagerly because of its tree (None: nothing)."""
+        if self.static_tree:
+            return "a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)"
+        return None
+
     def capturable(self, runner) -> bool:
         # `runner.tree_graphs` False keeps tree steps eager (comparison, fallback). Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
         # indexes with host lists built per level (copies from the host, which a capture cannot
