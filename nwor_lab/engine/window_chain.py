@@ -215,18 +215,32 @@ class ChainKind:
         chain's rows [(request, slots)]: each request's drafts less the first, at num_computed on."""
         if result.drafts is None:
             return []
-        k, chained = self.k, []
-        for j, r in enumerate(requests):
-            if not live[j]:
-                continue
+        k = self.k
+
+        def count(j: int) -> int:
             drafts = result.drafts[j]
-            n = drafts.index(-1) if -1 in drafts else k
-            base = r.num_computed
-            if n >= 2:
-                chained.append((r, r.block_table.slots(range(base, base + n - 1))))
-            if r.remaining <= 0:       # (one that emitted the end token in this step)
-                continue
-            r.drafts = drafts[:n]
+            return drafts.index(-1) if -1 in drafts else k
+
+        def give(j: int, r) -> None:
+            n = count(j)
+            r.drafts = result.drafts[j][:n]
             r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
-            r.block_table.ensure(base + 1, lookahead=k)   # the next window's slots
-        return chained
+            r.block_table.ensure(r.num_computed + 1, lookahead=k)   # the next window's slots
+
+        return hand_out_each(requests, live, lambda j: count(j) - 1 if count(j) >= 2 else 0, give)
+
+
+def hand_out_each(requests, live: list[bool], draft_rows, give) -> list:
+    """The hand-out walk both kinds share: for each request still running, its rows of the head's
+    draft window from num_computed on, `draft_rows(j)` of them (0: none), -> [(request, slots)];
+    then `give(j, request)` its next window, unless it emitted its last token in this step."""
+    drafted = []
+    for j, r in enumerate(requests):
+        if not live[j]:
+            continue
+        n = draft_rows(j)
+        if n:
+            drafted.append((r, r.block_table.slots(range(r.num_computed, r.num_computed + n))))
+        if r.remaining > 0:
+            give(j, r)
+    return drafted

@@ -14,7 +14,7 @@ import torch
 
 from nwor_lab.engine.buffers import bucket_size, token_bucket
 from nwor_lab.engine.tree_plan import host_path
-from nwor_lab.engine.window_chain import accept_rows, head_ids_rows, host_rows_window, verify_rows
+from nwor_lab.engine.window_chain import accept_rows, hand_out_each, head_ids_rows, host_rows_window, verify_rows
 from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
 from nwor_lab.tree import TreeWindow
 from nwor_lab.window import Acceptance
@@ -226,17 +226,12 @@ class TreeKind:
         from num_computed on, every row rejected)."""
         if result.parents is None:
             return []
-        plan, drafted = self.plan, []
-        for j, r in enumerate(requests):
-            if not live[j]:
-                continue
-            base = r.num_computed
-            if plan.draft_rows:
-                drafted.append((r, r.block_table.slots(range(base, base + plan.draft_rows))))
-            if r.remaining <= 0:
-                continue
+        plan = self.plan
+
+        def give(j: int, r) -> None:
             tokens = result.drafts[j]
             n = tokens.index(-1) if -1 in tokens else plan.nodes
             r.drafts, r.draft_parents, r.draft_probs = tokens[:n], result.parents[j][:n], None
-            r.block_table.ensure(base + 1, lookahead=plan.lookahead)
-        return drafted
+            r.block_table.ensure(r.num_computed + 1, lookahead=plan.lookahead)
+
+        return hand_out_each(requests, live, lambda j: plan.draft_rows, give)
