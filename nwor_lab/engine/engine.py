@@ -142,14 +142,9 @@ class SpecEngine:
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
-        self.forced_rates = self.forced_tree = None
-        if self.acceptance is not None and self.tree is not None:
-            # a tree profile has an entry per depth (checked now); its tables made once, on the device
-            from nwor_lab.speculative.tree_forced import forced_tables
-            plan = self.tree_plan
-            self.forced_tree = forced_tables(acceptance, plan.depth, max(plan.children, plan.nodes), self.device)
-        elif self.acceptance is not None:
-            self.forced_rates = acceptance.conditional(self.k, self.device)
+        # its tables made once, on the device, in the window kind's form (checked now)
+        self.forced = self.window_kind.forced_tables(self.acceptance, self.device) \
+            if self.acceptance is not None else None
         self.drafter = None
         if head is not None:
             draft_policy = policy_cls(self.cache, self.config, self.draft_metrics, observers=self.observers)

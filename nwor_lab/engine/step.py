@@ -65,7 +65,6 @@ class StepInputs:
         # step verifies one (a decode step; prefills verify their prompt rows with k = 0)
         self.tree_draft = e.tree is not None and e.drafting
         self.tree = TreeInputs(e, size, static) if tree else None
-        self.engine_nodes = e.tree_plan.nodes if self.tree_draft else 0
         self.sampled_width = self.tree.plan.depth + 1 if tree else k + 1
         self.inputs = StaticInputs(
             dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),

@@ -97,7 +97,7 @@ def _forced(e, inp) -> dict:
         return {}
     keys = inp.req_key[:, None].expand(inp.size, inp.k).reshape(-1)
     pos = inp.positions[inp.window.draft_rows]
-    return dict(synthetic_rates=e.forced_rates, uniform_probs=e.acceptance.uniforms(keys, pos))
+    return dict(synthetic_rates=e.forced, uniform_probs=e.acceptance.uniforms(keys, pos))
 
 
 def drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:
@@ -174,6 +174,10 @@ class ChainKind:
 
     def schedule(self, requests):
         return requests                                   # prefills and decodes share a step
+
+    def forced_tables(self, acceptance, device):
+        """Forced acceptance's conditional rates per draft index `[k]` (the sampler's `synthetic_rates`)."""
+        return acceptance.conditional(self.engine.k, device)
 
     def bucket_key(self, e, requests, static: bool) -> tuple:
         return rows_key(e, requests, static, self.k, e.drafting)

@@ -21,6 +21,7 @@ class WindowKind(Protocol):
     eager_reason: str | None   # why every step runs eagerly because of the kind (None: nothing)
 
     # host, before the step
+    def forced_tables(self, acceptance, device): ...                # forced acceptance's device tables
     def schedule(self, requests) -> list: ...                       # which scheduled requests share a step
     def capturable(self, runner) -> bool: ...                        # may this kind's steps replay graphs
     def bucket_key(self, engine, requests, static: bool) -> tuple: ...   # the step's buffers (runner)

@@ -29,7 +29,7 @@ def accept_tree(e, inp, w: TreeWindow, logits: torch.Tensor):
     -> (sampled [B, D + 1] int64, Acceptance, accepted [B] int64, kept [B]: each path's last row)."""
     if e.acceptance is not None:
         from nwor_lab.speculative.tree_forced import accept_tree_forced
-        verdict = accept_tree_forced(w, logits, e.forced_tree, e.acceptance.seed, inp.req_key)
+        verdict = accept_tree_forced(w, logits, e.forced, e.acceptance.seed, inp.req_key)
     elif e.temperature == 0:
         verdict = accept_tree_greedy(w, logits)
     else:
@@ -148,10 +148,16 @@ class TreeKind:
         return None
 
     def capturable(self, runner) -> bool:
-        # `runner.tree_graphs` False keeps tree steps eager (comparison, fallback). Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
-        # indexes with host lists built per level (copies from the host, which a capture cannot
+        # `runner.tree_graphs` False keeps tree steps eager (comparison, fallback). Declared: a static
+        # tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree` indexes with host lists built per level (copies from the host, which a capture cannot
         # hold); EAGLE-2's dynamic tree is device code throughout (`model.tree_draft.HeadTreeStep`).
         return not self.static_tree and runner.tree_graphs
+
+    def forced_tables(self, acceptance, device):
+        """A tree profile's tables (an entry per depth, checked here), made once on the device."""
+        from nwor_lab.speculative.tree_forced import forced_tables
+        plan = self.plan
+        return forced_tables(acceptance, plan.depth, max(plan.children, plan.nodes), device)
 
     def schedule(self, requests):
         """A tree window holds t_last + N nodes a request, a prefill its prompt: a step with both runs
