@@ -125,7 +125,7 @@ def grow_frontier(bits: torch.Tensor, g: torch.Tensor, g_root: torch.Tensor, par
 
 @torch.no_grad()
 def draft_tree_with_head(head, cache, policy, g_root, context_lens, block_tables, *, topk: int = 0,
-                         depth: int = 0, num_nodes: int = 0, paths=None, attention: str = "auto"):
+                         depth: int = 0, num_nodes: int = 0, paths=None, attention: str = "torch"):
     """EAGLE-2's dynamic tree (topk, depth, num_nodes) or a static tree (`paths`) drafted by `head`
     from g_root `[R, h]` (its output at each request's t_last row), `context_lens [R]` (list or
     tensor) committed positions and `block_tables` (lists or an `[R, max_blocks]` tensor) each.
