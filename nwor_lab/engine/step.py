@@ -105,9 +105,9 @@ class StepInputs:
                                     sliding=e.sliding, ledger=e.ledger)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
         self.drafts_next = chain or self.tree_draft   # the body drafts the next window (a chain or a tree)
-        tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
-        self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
-                                       else self.sampled_width + 1 + tree_out))
+        # the readback: sampled ids, the accepted length, then the next window's drafts (the kind's width)
+        self.readback = Readback(dev, (size, self.sampled_width + 1
+                                       + (e.window_kind.draft_width if self.drafts_next else 0)))
         # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
         # again, at the positions this step's acceptance gives), so the runner can launch the next
         # step before it has read this one (`StepRunner._can_prelaunch`)
@@ -182,10 +182,8 @@ class StepInputs:
             q = len(toks)
             if ensure:
                 need = start + q
-                if self.chain is not None:
-                    need = max(need, start + q - n + min(n, req.remaining - 2) + k - 1)
-                if self.tree_draft:           # the head's draft window of the next tree
-                    need = max(need, start + q + engine.tree_plan.lookahead)
+                if self.drafts_next:          # the head's draft window of the next window (the kind's)
+                    need = max(need, engine.window_kind.draft_need(req, start, q, n))
                 req.block_table.ensure(need)
             row0 = len(ids)
             ids += toks

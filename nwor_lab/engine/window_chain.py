@@ -175,6 +175,16 @@ class ChainKind:
     def schedule(self, requests):
         return requests                                   # prefills and decodes share a step
 
+    @property
+    def draft_width(self) -> int:
+        """Readback columns of the next window's drafts: k."""
+        return self.k
+
+    def draft_need(self, req, start: int, q: int, n: int) -> int:
+        """Positions the step may write for `req` with the chain aboard: up to the most this window
+        can keep, plus k - 1 chain rows."""
+        return start + q - n + min(n, req.remaining - 2) + self.k - 1
+
     def forced_tables(self, acceptance, device):
         """Forced acceptance's conditional rates per draft index `[k]` (the sampler's `synthetic_rates`)."""
         return acceptance.conditional(self.engine.k, device)

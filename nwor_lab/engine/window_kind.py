@@ -19,6 +19,7 @@ class WindowKind(Protocol):
     verify_rows: int     # rows a request slot of a decode bucket
     draft_rows: int      # rows a request slot of the head's draft window (0: no drafting)
     eager_reason: str | None   # why every step runs eagerly because of the kind (None: nothing)
+    draft_width: int     # readback columns of the next window's drafts (a chain's k, a tree's 2N)
 
     # host, before the step
     def forced_tables(self, acceptance, device): ...                # forced acceptance's device tables
@@ -26,6 +27,7 @@ class WindowKind(Protocol):
     def capturable(self, runner) -> bool: ...                        # may this kind's steps replay graphs
     def bucket_key(self, engine, requests, static: bool) -> tuple: ...   # the step's buffers (runner)
     def fill(self, engine, inp, requests, limits) -> None: ...      # the requests into the buffers
+    def draft_need(self, req, start: int, q: int, n: int) -> int: ...   # positions written, the draft window's too
 
     # device, the body (run_step)
     def verify(self, engine, inp): ...                    # -> (window, attention metadata)

@@ -153,6 +153,15 @@ class TreeKind:
         # hold); EAGLE-2's dynamic tree is device code throughout (`model.tree_draft.HeadTreeStep`).
         return not self.static_tree and runner.tree_graphs
 
+    @property
+    def draft_width(self) -> int:
+        """Readback columns of the next tree: N node tokens, then N parents."""
+        return 2 * self.plan.nodes
+
+    def draft_need(self, req, start: int, q: int, n: int) -> int:
+        """Positions the step may write for `req`: its rows, then the head's draft window of the next tree."""
+        return start + q + self.plan.lookahead
+
     def forced_tables(self, acceptance, device):
         """A tree profile's tables (an entry per depth, checked here), made once on the device."""
         from nwor_lab.speculative.tree_forced import forced_tables
