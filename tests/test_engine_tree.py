@@ -121,7 +121,7 @@ def test_plan_and_host_path():
 @pytest.mark.parametrize("mode", ["off", "cow", "stage"])
 def test_bucketed_tree_steps_decode_what_eager_steps_do(pair, mode):
     """The captured path's body on CPU (`runner.pad`: padded buckets, device-built metadata, the
-    head's tree drafted by `DeviceHeadTreeStep`, run eagerly): the tokens, accepted lengths and
+    head's tree drafted by `HeadTreeStep` on the device, run eagerly): the tokens, accepted lengths and
     records of exact-size eager steps; three prompts pad a bucket of four."""
     t, h, tok = pair
     prompts = PROMPTS + ["import os\n"]
@@ -173,3 +173,21 @@ def test_cli_generate_tree(capsys):
     from nwor_lab.commandline.errors import UsageError
     with pytest.raises((SystemExit, UsageError)):
         cli_generate(["x", "--tree", "topk=2,depth=2,nodes=99"])
+
+
+def test_both_window_kinds_have_the_seams_members():
+    """The engine asks its window kind, never which kind it is: ChainKind and TreeKind both carry
+    every member of the `WindowKind` interface (a missing one would surface as an AttributeError
+    only on the kind's first step of that shape)."""
+    from nwor_lab.engine.window_chain import ChainKind
+    from nwor_lab.engine.window_kind import WindowKind
+    from nwor_lab.engine.window_tree import TreeKind
+    from types import SimpleNamespace
+    members = set(WindowKind.__annotations__) | {n for n in vars(WindowKind) if not n.startswith("_")}
+    chain_engine = SimpleNamespace(k=3, drafting=True)
+    tree_engine = SimpleNamespace(tree_plan=SimpleNamespace(nodes=4, draft_rows=2, lookahead=9),
+                                  tree=SimpleNamespace(is_static=False))
+    for kind in (ChainKind(chain_engine), TreeKind(tree_engine)):
+        missing = sorted(m for m in members if not hasattr(kind, m))
+        assert not missing, f"{type(kind).__name__} lacks {missing}"
+    assert ChainKind(chain_engine).verify_rows == 4 and TreeKind(tree_engine).verify_rows == 5

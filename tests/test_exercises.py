@@ -527,7 +527,7 @@ def test_window_attention_mask_agrees_with_the_attention_metadata():
     mask = solutions.window_attention_mask(torch.tensor(qlens))
     start = 0
     for r, (p, q) in enumerate(zip(prefix, qlens)):
-        assert torch.equal(md.masks[r][:, p:], mask[start:start + q, start:start + q])
+        assert torch.equal(md.mask(r)[:, p:], mask[start:start + q, start:start + q])
         assert not mask[start:start + q, :start].any() and not mask[start:start + q, start + q:].any()
         start += q
 

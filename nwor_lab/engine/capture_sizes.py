@@ -65,9 +65,10 @@ def prefill_token_buckets(size: int, max_tokens: int, reserved: int) -> list[int
 
 def reachable_buckets(runner) -> list[tuple]:
     """The bucket keys (`StepRunner._key`) the runner's engine can reach, decode buckets first
-    (smallest first); [] when its steps never run from a bucket or it drafts trees."""
+    (smallest first); [] when its steps never run from a bucket or its window kind is captured at
+    first use (trees). The keys are the chain kind's (`ChainKind.bucket_key`, static)."""
     e = runner.engine
-    if runner.never_static() or e.tree is not None:
+    if runner.never_static() or not e.window_kind.captures_at_start:
         return []
     k = chain_k(e)
     keys = []
@@ -108,7 +109,7 @@ def capture_buckets(runner, keys: list[tuple] | None = None) -> tuple[int, float
                 inp = runner.buckets[key] = StepInputs(e, size, tokens, qmax, chain=chain, static=True, tree=tree)
             if inp.graph is not None:
                 continue
-            inp.fill(e, [], limits=[])
+            e.window_kind.fill(e, inp, [], [])
             while inp.graph is None:
                 was_warm = inp.warmed
                 runner._launch(inp)         # warm-up, then capture (and its replay)

@@ -2,7 +2,7 @@
 
 The draft chain itself (the first draft from the verify pass's head features, then k - 1 head
 passes in one window of the drafter's policy on the head's layer) runs inside the engine's step
-body (`nwor_lab.engine.step.draft_chain`). Its K/V comes from *predicted* features, so none of it
+body (`nwor_lab.engine.window_chain.draft_chain`). Its K/V comes from *predicted* features, so none of it
 is ever kept: the window marks every row as a draft and is committed with nothing accepted. A
 policy that preserves rejected slots leaves the cache as it was (`cow` restores, `stage` never
 writes); `off` leaves the rows in the cache, as vLLM does (the next verify window's head pass

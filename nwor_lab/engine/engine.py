@@ -43,10 +43,12 @@ from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
 from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
 from nwor_lab.engine.request import Request, check_prompt, fit_context
-from nwor_lab.engine.runner import StepRunner, can_capture, host_tree_window
+from nwor_lab.engine.runner import StepRunner, can_capture
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.engine.window_chain import ChainKind
 from nwor_lab.engine.tree_plan import tree_plan
+from nwor_lab.engine.window_tree import TreeKind
 from nwor_lab.kv import CACHE_DTYPES, KVCacheSpec, PagedKVCache
 from nwor_lab.metrics import LabMetrics
 from nwor_lab.engine.ring import sliding_window_for, strategy_name
@@ -92,6 +94,8 @@ class SpecEngine:
                 raise ValueError(f"LabConfig.tree={self.config.tree!r}: a hybrid target's recurrent state has no "
                                  f"tree window; use tree='' (chains) with a hybrid target")
             self.k = self.tree_plan.nodes
+        # the window seam: everything that differs between a chain and a tree, picked once here
+        self.window_kind = TreeKind(self) if self.tree is not None else ChainKind(self)
         self.temperature = check_temperature("temperature", temperature)
         seed = check_int("seed", seed)
         if max_cache_memory is not None:
@@ -112,7 +116,7 @@ class SpecEngine:
         self.sliding = sliding_window_for(self.config, self.k, policy_cls)   # None: whole-context attention
         self.strategy = strategy_name(self.config, policy_cls)
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-                                   self.tree_plan.lookahead if self.tree is not None else self.k,
+                                   self.window_kind.lookahead,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
         self.lifecycle = Lifecycle(self, check_preemption(preemption))
         self.observers: list = []          # shared with both policies: see the module docstring
@@ -138,14 +142,9 @@ class SpecEngine:
         self.generator = torch.Generator(self.device).manual_seed(seed)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
-        self.forced_rates = self.forced_tree = None
-        if self.acceptance is not None and self.tree is not None:
-            # a tree profile has an entry per depth (checked now); its tables made once, on the device
-            from nwor_lab.speculative.tree_forced import forced_tables
-            plan = self.tree_plan
-            self.forced_tree = forced_tables(acceptance, plan.depth, max(plan.children, plan.nodes), self.device)
-        elif self.acceptance is not None:
-            self.forced_rates = acceptance.conditional(self.k, self.device)
+        # its tables made once, on the device, in the window kind's form (checked now)
+        self.forced = self.window_kind.forced_tables(self.acceptance, self.device) \
+            if self.acceptance is not None else None
         self.drafter = None
         if head is not None:
             draft_policy = policy_cls(self.cache, self.config, self.draft_metrics, observers=self.observers)
@@ -213,10 +212,7 @@ class SpecEngine:
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False
-        if self.tree is not None and any(r.is_prefill for r in requests) and not all(r.is_prefill for r in requests):
-            # a tree window holds t_last + N nodes a request, a prefill its prompt: a step with both runs
-            # the prefills, and the decodes (their trees kept) go next step, first in line
-            requests = [r for r in requests if r.is_prefill]
+        requests = self.window_kind.schedule(requests)
         if self.states is not None:
             for r in requests:
                 if r.state_slot is None:           # a new request: a cleared state slot
@@ -286,7 +282,7 @@ class SpecEngine:
         """Emit each request's accepted drafts + next token, advance `num_computed` by what was
         committed, finish what is done, hand out the next drafts; trace both windows."""
         h = result.inputs.host
-        tree = result.inputs.tree is not None
+        kind = self.window_kind
         # the body's rule: a request with a + 1 >= tokens left finishes now and got no drafts
         dropped = self.lifecycle.dropped   # aborted or preempted while the step ran: not advanced
         # a chunk of a chunked prefill that is not the prompt's last: its rows are committed, it emits
@@ -294,12 +290,11 @@ class SpecEngine:
         chunked = [c >= 0 for c in h.get("chunk_next", [-1] * len(requests))]
         live = [a + 1 < r.remaining and r.req_id not in dropped and not c
                 for r, a, c in zip(requests, result.accepted, chunked)]
-        record = self.runner.records(result, requests)
+        host_window, acceptance = kind.host_window(h, result)       # built once: the record and the trace
+        record = self.runner.records(host_window, acceptance)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [], record)
-        if tree:
-            host_window, acceptance = host_tree_window(h, result)
-            entry.path_ranks = path_ranks(h, result)
+        kind.note(entry, h, result)
         for i, r in enumerate(requests):
             r.chunk = None                 # the scheduler sets the next step's
             if r.req_id in dropped:
@@ -311,20 +306,13 @@ class SpecEngine:
                 continue
             a = result.accepted[i]
             r.num_computed = h["ctx"][i] + (h["qlens"][i] - h["ndrafts"][i]) + a
-            # a tree's path tokens are the sampled ids (its nodes are no prefix of r.drafts)
-            out = result.sampled[i][:a + 1] if tree else r.drafts[:a] + [result.next_tokens[i]]
-            entry.emitted.append(self._emit(r, out))
+            entry.emitted.append(self._emit(r, kind.emitted(r, result, i, a)))
             # drafts accepted past max_new_tokens (or an end token) were cut from the output: the
             # request's state stops at what it emitted (num_computed == len(tokens) - 1)
             r.num_computed = min(r.num_computed, len(r.tokens) - 1)
             r.drafts, r.draft_probs, r.draft_parents = [], None, None
-        if not tree:
-            host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
         self._end_window(entry, host_window)
-        if result.parents is not None:
-            self._hand_out_tree(requests, result, live)
-        elif result.drafts is not None:
-            self._hand_out(requests, result, live)
+        self._record_draft_window(kind.hand_out(self, requests, result, live))
         if self.prefix is not None:             # the blocks this window completed, now committed
             self.prefix.commit(requests)
         for r in requests:
@@ -333,44 +321,6 @@ class SpecEngine:
                     self.prefix.forget(r)
                 self.scheduler.finish(r)
                 self.lifecycle.release_state(r)
-
-    def _hand_out(self, requests: list[Request], result, live: list[bool]) -> None:
-        """Give every request still running the drafts the body proposed for it; record the draft
-        chain's window (its rows: each request's drafts less the first, at num_computed on)."""
-        k, chained = self.k, []
-        for j, r in enumerate(requests):
-            if not live[j]:
-                continue
-            drafts = result.drafts[j]
-            n = drafts.index(-1) if -1 in drafts else k
-            base = r.num_computed
-            if n >= 2:
-                chained.append((r, r.block_table.slots(range(base, base + n - 1))))
-            if r.remaining <= 0:       # (one that emitted the end token in this step)
-                continue
-            r.drafts = drafts[:n]
-            r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
-            r.block_table.ensure(base + 1, lookahead=k)   # the next window's slots
-        self._record_draft_window(chained)
-
-    def _hand_out_tree(self, requests: list[Request], result, live: list[bool]) -> None:
-        """Give every request still running the tree the body drafted for it (tokens, parents);
-        record the head's draft window (steps * frontier rows a request, write-all order from
-        num_computed on, every row rejected)."""
-        plan, drafted = self.tree_plan, []
-        for j, r in enumerate(requests):
-            if not live[j]:
-                continue
-            base = r.num_computed
-            if plan.draft_rows:
-                drafted.append((r, r.block_table.slots(range(base, base + plan.draft_rows))))
-            if r.remaining <= 0:
-                continue
-            tokens = result.drafts[j]
-            n = tokens.index(-1) if -1 in tokens else plan.nodes
-            r.drafts, r.draft_parents, r.draft_probs = tokens[:n], result.parents[j][:n], None
-            r.block_table.ensure(base + 1, lookahead=plan.lookahead)
-        self._record_draft_window(drafted)
 
     def _record_draft_window(self, drafted: list) -> None:
         """The head's draft window of this step, [(request, its slots)], traced with every row
@@ -408,30 +358,14 @@ def eager_reason(e) -> str | None:
     these are the settings that decide it for every step."""
     if e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log:
         return "a ring whose policy reads evicted rows from its log runs every step eagerly: captured steps read no log"
-    if e.tree is not None and e.tree.is_static:
-        return "a static tree (paths) drafts every step eagerly (StepRunner.capturable says why)"
+    if e.window_kind.eager_reason:
+        return e.window_kind.eager_reason
     if e.scv.mode == "off":
         return ("scv_mode='off' computes each window's acceptance in a host loop, which a CUDA graph cannot hold: "
                 "every step with drafts runs eagerly (scv_mode='graph' computes the same acceptance on the device)")
-    if e.temperature != 0 and e.tree is not None:
-        return ("temperature > 0 with a draft tree: the tree's sampled verdict is not captured (unverified on a GPU): "
-                "every step runs eagerly (chains at T > 0 replay graphs)")
     if e.config.debug:
         return "debug=True checks every step on the host: every step runs eagerly (debug=False replays graphs)"
     return None
-
-
-def path_ranks(h: dict, result) -> list[list[int]]:
-    """Per request of a tree step, the sibling rank (0: the parent's first child) of each accepted node."""
-    from nwor_lab.engine.tree_plan import host_path
-    out = []
-    for p, t, s, a in zip(h["parents"], h["node_tokens"], result.sampled, result.accepted):
-        ranks = []
-        for node in host_path(p, t, s, a):
-            parent = p[node - 1]
-            ranks.append(sum(1 for i in range(node - 1) if p[i] == parent))
-        out.append(ranks)
-    return out
 
 
 def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVCacheSpec:

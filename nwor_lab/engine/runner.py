@@ -31,13 +31,10 @@ policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.acc
 """
 from __future__ import annotations
 
-import torch
-
 from nwor_lab.engine.buffers import bucket_size, token_bucket
-from nwor_lab.engine.step import StepInputs, chain_k, draft_limits, run_step
+from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
 from nwor_lab.ops.graphs import capture_graph
-from nwor_lab.window import Acceptance, Window
 
 
 class StepResult:
@@ -45,18 +42,14 @@ class StepResult:
     token, next drafts (None without drafting) and their probabilities (T > 0); head features at the
     last kept rows `[n, h]` (device) or None."""
 
-    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs):
-        k, w = inp.k, inp.sampled_width          # w: k + 1 (a chain), D + 1 (a tree window)
+    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs, kind):
+        w = inp.sampled_width          # k + 1 (a chain), D + 1 (a tree window)
         self.inputs = inp
         self.sampled = [row[:w] for row in rows]
         self.accepted = [row[w] for row in rows]
         self.next_tokens = [row[a] for row, a in zip(rows, self.accepted)]
-        self.drafts = [row[k + 2:] for row in rows] if inp.chain is not None else None
-        self.parents = None           # with trees: the next tree's node parents per request
-        if inp.tree_draft:
-            n = inp.engine_nodes
-            self.drafts = [row[w + 1:w + 1 + n] for row in rows]
-            self.parents = [row[w + 1 + n:w + 1 + 2 * n] for row in rows]
+        # the next window's drafts (None: none drafted) and, for a tree, its node parents (else None)
+        self.drafts, self.parents = kind.unpack(inp, rows)
         self.features = features[:len(rows)] if features is not None else None
         self.probs = probs
 
@@ -92,24 +85,20 @@ class StepRunner:
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
-        k = chain_k(engine)
+        kind = engine.window_kind
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
         # reserve the largest window any step (bucket or eager) can bring.
-        self.reserved = max(max_num_batched_tokens + 1, self.max_size * (k + 1) + 1)
-        if engine.tree is not None:     # a tree bucket: N + 1 rows a request slot, the head's draft window
-            self.reserved = max(self.reserved, self.max_size * (engine.tree_plan.nodes + 1) + 1)
+        self.reserved = max(max_num_batched_tokens + 1, self.max_size * kind.verify_rows + 1)
         if capture:
             engine.policy.reserve(self.reserved)
-            if engine.tree is not None:
-                engine.drafter.policy.reserve(self.max_size * max(1, engine.tree_plan.draft_rows))
-            elif engine.drafting:
-                engine.drafter.policy.reserve(self.max_size * max(1, k - 1))
+            if kind.draft_rows:         # the head's draft window (a chain's k - 1 rows, a tree's levels)
+                engine.drafter.policy.reserve(self.max_size * kind.draft_rows)
 
     # -- which buffers ---------------------------------------------------------------------------
     def capturable(self, requests) -> bool:
         """Whether this step may run from a bucket's graph (else it runs eagerly, the same body).
         Trees: EAGLE-2's dynamic trees are captured like chains (a bucket of request slots, N fixed,
-        the TreeWindow built on the device); static trees stay eager (see `never_static`)."""
+        the TreeWindow built on the device); static trees and sampled trees stay eager (`TreeKind.capturable`)."""
         e = self.engine
         if self.never_static() or len(requests) > self.max_size:
             return False
@@ -124,14 +113,7 @@ class StepRunner:
         """True when no step of this engine may run from a bucket, whatever its requests: the
         settings that keep every step eager (`engine.eager_reason` names them in one line)."""
         e = self.engine
-        if e.tree is not None and (e.tree.is_static or not self.tree_graphs):
-            # Declared: a static tree (a list of paths) drafts eagerly. `speculative.tree_draft.static_tree`
-            # indexes with host lists built per level (copies from the host, which a capture cannot
-            # hold); EAGLE-2's dynamic tree is device code throughout (`DeviceHeadTreeStep`).
-            return True
-        if e.tree is not None and e.temperature != 0:
-            # a tree's sampled verdict (`speculative.tree_accept`) has not been run from a bucket
-            # (no test of it padded or captured): its steps stay eager rather than unverified
+        if not e.window_kind.capturable(self):      # the kind declares it (a static or sampled tree)
             return True
         ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
         if not self.pad or e.observers or e.config.debug or ring_log or (self.capture and e.scv.mode == "off"):
@@ -145,30 +127,9 @@ class StepRunner:
         return [self.engine.generator]
 
     def _key(self, requests, static: bool) -> tuple:
-        """(request slots, rows, max query length (0: unknown), chain aboard) of the step's buffers:
-        the bucket's when `static`, else the step's exact sizes (one padding row when a request has
-        fewer drafts than k: it stands in for the missing ones)."""
-        e = self.engine
-        k = chain_k(e)
-        n = len(requests)
-        tokens = sum(len(r.scheduled()[0]) for r in requests)
-        prefill = any(r.is_prefill for r in requests)
-        if e.tree is not None:
-            # a tree window (N + 1 rows a request slot, short trees padded) or a prefill (plain rows,
-            # k = 0, the next tree drafted after it); padded to a bucket when static
-            rows = e.tree_plan.nodes + 1
-            if prefill:
-                return (bucket_size(n), token_bucket(tokens), 0, False, False) if static else \
-                    (n, tokens, 0, False, False)
-            size = bucket_size(n) if static else n
-            return size, size * rows, rows, False, True
-        if not static:
-            short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
-            return n, tokens + (1 if short else 0), 0 if prefill else k + 1, e.drafting, False
-        if prefill:
-            return bucket_size(n), token_bucket(tokens), 0, e.drafting, False
-        size = bucket_size(n)
-        return size, size * (k + 1) + 1, k + 1, e.drafting, False
+        """(request slots, rows, max query length (0: unknown), chain aboard, tree window) of the
+        step's buffers: the bucket's when `static`, else the step's exact sizes (the window kind's)."""
+        return self.engine.window_kind.bucket_key(self.engine, requests, static)
 
     def _inputs(self, requests, static: bool) -> StepInputs:
         key = self._key(requests, static)
@@ -217,7 +178,7 @@ class StepRunner:
             static = self.capturable(requests)
             inp = self._inputs(requests, static)
             limits, self.limits = self.limits, None
-            inp.fill(e, requests, limits=limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
+            e.window_kind.fill(e, inp, requests, limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
         if probs is not None and inp.graph is not None:
@@ -236,13 +197,13 @@ class StepRunner:
                 else:
                     self.mixed_steps += 1
         rows = inp.readback.rows(handle, len(requests))              # the step's one sync
-        return StepResult(inp, rows, features, probs)
+        return StepResult(inp, rows, features, probs, e.window_kind)
 
     def _launch(self, inp: StepInputs):
         """Run (eagerly, warm up, capture, or replay) the body on `inp` -> (packed outputs, head
         features, next draft probabilities); policies count every window once (see `account`)."""
         e = self.engine
-        pols = [e.policy] + ([e.drafter.policy] if inp.chain is not None or inp.tree_draft else [])
+        pols = [e.policy] + ([e.drafter.policy] if inp.drafts_next else [])
         saved = [(p.records, p.deferred) for p in pols]
         counted = [p.windows_done for p in pols]
         for p in pols:
@@ -293,7 +254,7 @@ class StepRunner:
     def _prelaunch_blocks(self, inp: StepInputs, r) -> int:
         """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1)."""
         k = inp.k
-        return r.num_computed + k + 1 + (2 * k if inp.chain is not None else k + 1)
+        return r.num_computed + k + 1 + (2 * k if inp.drafts_next else k + 1)
 
     def _prelaunch_fits(self, inp: StepInputs, requests) -> bool:
         """The pre-launched step's blocks fit without preempting (admission reserves no worst case:
@@ -339,46 +300,14 @@ class StepRunner:
         self.prelaunched += 1
 
     # -- the host's records ----------------------------------------------------------------------
-    def records(self, result: StepResult, requests):
-        """The verify window's record and, when the chain ran for someone, the chain's:
-        -> (verify record, [(request, drafts, chain slots)] of the requests the chain drafted for)."""
-        e, inp = self.engine, result.inputs
-        h = inp.host
-        if inp.tree is not None:
-            return self._tree_record(result, requests)
-        host_window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
-        written = range(e.target.num_layers + (1 if e.drafting else 0))
-        record = e.policy.account(host_window, Acceptance.from_accepted_len(host_window, result.accepted), written,
-                                  opened=range(e.cache.num_layers))
-        return record
-
-
-    def _tree_record(self, result: StepResult, requests):
-        """A tree verify window's record from host copies: its TreeWindow (write-all slots at n + row,
-        commit slots at n + depth) and the accepted path (`host_path`)."""
-        e, h = self.engine, result.inputs.host
-        window, acceptance = host_tree_window(h, result)
+    def records(self, window, acceptance):
+        """The verify window's record from its host copy (`window_kind.host_window`: the real
+        requests' Window or TreeWindow, and what they accepted)."""
+        e = self.engine
         written = range(e.target.num_layers + (1 if e.drafting else 0))
         return e.policy.account(window, acceptance, written, opened=range(e.cache.num_layers))
 
 
-def host_tree_window(h: dict, result: StepResult):
-    """(TreeWindow, Acceptance) on the CPU of a tree step's real requests (`StepInputs.host`)."""
-    from nwor_lab.engine.tree_plan import host_path
-    from nwor_lab.tree import TreeWindow
-    window = TreeWindow.from_parents(h["parents"], torch.tensor(h["slots"], dtype=torch.long),
-                                     torch.tensor(h["commit_slots"], dtype=torch.long),
-                                     torch.tensor([t for ts in h["node_tokens"] for t in ts], dtype=torch.long))
-    mask = []
-    for p, t, s, a in zip(h["parents"], h["node_tokens"], result.sampled, result.accepted):
-        path = set(host_path(p, t, s, a))
-        mask += [i + 1 in path for i in range(len(p))]
-    draft_mask = torch.tensor(mask, dtype=torch.bool)
-    acc = torch.tensor(result.accepted, dtype=torch.int32)
-    return window, Acceptance(draft_mask, acc, window.commit_mask_for(draft_mask, acc))
-
-
 def can_capture(engine) -> bool:
-    """CUDA graphs for this engine: asked for, on CUDA, with the Triton attention."""
     e = engine
     return bool(e.config.cuda_graph and e.device.type == "cuda" and use_kernel(e.config.attention, e.device))

@@ -27,9 +27,9 @@ The layout is data, not shape (vLLM's full graphs over mixed batches do the same
                request without drafts reads its last row k + 1 times: its -1 drafts are rejected at
                column 0, where the target's own token is emitted), tokens left, prompt key
 
-Eager runs build attention's metadata on the host from the step's lists (the torch reference
-attention, sliding windows, debug reads); captured runs use static device metadata (block tables,
-cached lengths, query starts) that the body refreshes from the buffers.
+Attention's metadata has one form, eager and captured alike: device tensors over the buffers
+(block tables, cached lengths, query starts, window rows), built once per buffers and refreshed by
+`fill` and the body; the torch reference attention reads the same tensors as the Triton kernel.
 """
 from __future__ import annotations
 
@@ -37,19 +37,17 @@ import torch
 
 from nwor_lab.engine.buffers import Readback, StaticInputs, max_blocks
 from nwor_lab.engine.preemption import drop_requests
-from nwor_lab.engine.tree_inputs import DeviceHeadTreeStep, TreeInputs
+from nwor_lab.engine.tree_inputs import TreeInputs
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.speculative import SpecDecodeMetadata, check_against_sampler, rejection_sample
-from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative import SpecDecodeMetadata
 from nwor_lab.window import Acceptance, Window
 
 
 def chain_k(e) -> int:
     """Draft slots per request in the chain's sampler layout: the engine's k when it drafts chains,
     0 without drafting and with trees (a tree window has its own buffers, `TreeInputs`)."""
-    return e.k if e.drafting and e.tree is None else 0
+    return e.window_kind.k
 
 
 class StepInputs:
@@ -67,7 +65,6 @@ class StepInputs:
         # step verifies one (a decode step; prefills verify their prompt rows with k = 0)
         self.tree_draft = e.tree is not None and e.drafting
         self.tree = TreeInputs(e, size, static) if tree else None
-        self.engine_nodes = e.tree_plan.nodes if self.tree_draft else 0
         self.sampled_width = self.tree.plan.depth + 1 if tree else k + 1
         self.inputs = StaticInputs(
             dev, ids=((tokens,), torch.long), positions=((tokens,), torch.long), req_key=((size,), torch.long),
@@ -98,17 +95,19 @@ class StepInputs:
         if k and e.temperature > 0:
             self.draft_probs = torch.zeros(size * k, e.vocab_size, dtype=torch.float32, device=dev)
         self.rows = torch.arange(tokens, device=dev)
-        self.md = None
-        if static:
-            in_buffer = e.policy.window_in_buffer
-            kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
-                                self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
-            self.md = AttentionMetadata(self.positions, slots, [0] * (size + 1), None, None, None, e.cache,
-                                        e.policy, 0, kernel)
+        in_buffer = e.policy.window_in_buffer
+        kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
+                            self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
+        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
+            kernel.log_lo = torch.zeros(size, dtype=torch.int32, device=dev)
+            kernel.log_start = torch.zeros(size + 1, dtype=torch.int32, device=dev)
+        self.md = AttentionMetadata(self.positions, slots, e.cache, e.policy, kernel, attention=e.config.attention,
+                                    sliding=e.sliding, ledger=e.ledger)
         self.chain = ChainInputs(e, size, self.tables, static) if chain else None
-        tree_out = 2 * e.tree_plan.nodes if self.tree_draft else 0    # the next tree: tokens, parents
-        self.readback = Readback(dev, (size, (2 * k + 2 if chain else k + 2) + tree_out if not tree
-                                       else self.sampled_width + 1 + tree_out))
+        self.drafts_next = chain or self.tree_draft   # the body drafts the next window (a chain or a tree)
+        # the readback: sampled ids, the accepted length, then the next window's drafts (the kind's width)
+        self.readback = Readback(dev, (size, self.sampled_width + 1
+                                       + (e.window_kind.draft_width if self.drafts_next else 0)))
         # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
         # again, at the positions this step's acceptance gives), so the runner can launch the next
         # step before it has read this one (`StepRunner._can_prelaunch`)
@@ -123,11 +122,9 @@ class StepInputs:
     # -- host ----------------------------------------------------------------------------------
     def fill(self, engine, requests, limits: list[int] | None = None) -> None:
         """This step's requests into the buffers (padding stays padding), one copy per dtype;
-        blocks allocated for every row the step writes (the chain's too). `limits`: the draft
+        blocks allocated for every row the step writes (the chain's too; a tree window's buffers are
+        `TreeInputs.fill`'s: the window kind picks). `limits`: the draft
         counts for the next window when the runner already asked `draft_counts` (else asked here)."""
-        if self.tree is not None:
-            self.tree.fill(engine, self, requests)
-            return
         k, size = self.k, self.size
         rows = self.host_rows(engine, requests)
         h = self.inputs.host
@@ -161,6 +158,8 @@ class StepInputs:
         # a chunk that is not the prompt's last drafts nothing: only the last chunk lets the head draft
         h["draft_limit"][:] = [0 if c >= 0 else n for c, n in zip(chunk_next, limits)] + [0] * pad_reqs
         self.inputs.upload()
+        if not self.static:     # exact sizes: the kernel's query tile from the true bound, known here
+            self.md.kernel.max_query_len = max(self.host["qlens"], default=0)
         if self.draft_probs is not None:
             self.draft_probs.zero_()
             for r, req in enumerate(requests):
@@ -183,10 +182,8 @@ class StepInputs:
             q = len(toks)
             if ensure:
                 need = start + q
-                if self.chain is not None:
-                    need = max(need, start + q - n + min(n, req.remaining - 2) + k - 1)
-                if self.tree_draft:           # the head's draft window of the next tree
-                    need = max(need, start + q + engine.tree_plan.lookahead)
+                if self.drafts_next:          # the head's draft window of the next window (the kind's)
+                    need = max(need, engine.window_kind.draft_need(req, start, q, n))
                 req.block_table.ensure(need)
             row0 = len(ids)
             ids += toks
@@ -214,18 +211,6 @@ class StepInputs:
         return dict(token_req=token_req, draft_pos=draft_pos, qsl=qsl, last=last, lens=lens,
                     rows_logits=rows_logits, draft_rows=draft_rows, drafts=drafts)
 
-    def host_metadata(self, engine) -> AttentionMetadata:
-        """The verify pass's attention metadata from the host lists (eager runs, exact sizes:
-        every request slot is a request). The padding row, when there is one (it stands in for
-        padding drafts), is a request of its own with no cached positions that writes nowhere."""
-        e, h = engine, self.host
-        pad = self.tokens - len(h["ids"])
-        extra = ([pad], [[0]], [0], [0]) if pad else ([], [], [], [])
-        return AttentionMetadata.build(e.cache, e.policy, h["positions"] + [0] * pad, h["qlens"] + extra[0],
-                                       h["tables"] + extra[1], h["ctx"] + extra[2], attention=e.config.attention,
-                                       sliding=e.sliding, num_drafts=h["ndrafts"] + extra[3], ledger=e.ledger,
-                                       slot_mapping=self.window.slot_mapping)
-
 
 class ChainInputs:
     """Buffers of the EAGLE draft chain d_1..d_k for `size` request slots: the first draft from the
@@ -250,20 +235,22 @@ class ChainInputs:
         self.lens = torch.zeros(max(0, k - 1), size, dtype=torch.int32, device=dev)
         self.lens_offset = torch.zeros(max(0, k - 1), 1, dtype=torch.long, device=dev) if self.in_buffer else \
             torch.arange(1, max(1, k), device=dev)[:, None]                 # chain step s reads s own rows
-        self.steps = []           # static metadata per chain step (captured runs)
-        if static:
-            qsl = list(range(size + 1))
-            qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
-            for s in range(1, k):
-                win_rows = win_start = None
-                if self.in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
-                    win_rows = (torch.arange(s, device=dev)[None, :] * size
-                                + torch.arange(size, device=dev)[:, None]).reshape(-1)
-                    win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
-                self.steps.append(AttentionMetadata(
-                    self.positions[s - 1], slots[(s - 1) * size:s * size], qsl, None, None, None, e.cache, pol,
-                    (s - 1) * size, KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start,
-                                               *_sliding_args(e), max_query_len=1)))
+        self.static = static
+        # each chain step's metadata (device tensors that `place` refreshes): one row a request, which
+        # reads the committed prefix and its chain rows so far; a row that does not draft (padding,
+        # finished, cut) writes nowhere (slot -1) and its output is never read
+        self.steps = []
+        qsl_t = torch.arange(size + 1, dtype=torch.int32, device=dev)
+        for s in range(1, k):
+            win_rows = win_start = None
+            if self.in_buffer:   # request r's chain rows so far: r, size + r, ..., (s - 1) * size + r
+                win_rows = (torch.arange(s, device=dev)[None, :] * size
+                            + torch.arange(size, device=dev)[:, None]).reshape(-1)
+                win_start = torch.arange(0, s * size + 1, s, dtype=torch.int32, device=dev)
+            self.steps.append(AttentionMetadata(
+                self.positions[s - 1], slots[(s - 1) * size:s * size], e.cache, pol,
+                KernelArgs(self.tables, self.lens[s - 1], qsl_t, win_rows, win_start, *_sliding_args(e),
+                           max_query_len=1), (s - 1) * size, e.config.attention, e.sliding, e.ledger))
 
     def place(self, engine, base: torch.Tensor, counts: torch.Tensor) -> None:
         """Positions, cached lengths and slots of every chain row: request j drafts `counts[j]`
@@ -278,25 +265,17 @@ class ChainInputs:
         rows = torch.where(live, pos, -1).reshape(-1)                     # step-major, as the window
         self.window.slot_mapping.copy_(build_slot_mapping(self.tables, self.window.token_req, rows, bs, ring))
 
-    def host_metadata(self, engine, s: int, base: list[int], counts: list[int], tables: list) -> AttentionMetadata:
-        """Chain step s's metadata from host lists (eager runs): a row that drafts reads the
-        committed prefix and its chain rows so far; a row that does not (padding, finished, cut)
-        reads the committed prefix only, and writes nowhere."""
-        e, size = engine, self.size
-        live = [c > s for c in counts]
-        rows = [[(t - 1) * size + j for t in range(1, s + 1)] if live[j] else [] for j in range(size)]
-        ctx = [b if live[j] else max(1, b) for j, b in enumerate(base)]
-        return AttentionMetadata.build(
-            e.cache, e.drafter.policy, [b + s - 1 for b in base], [1] * size, tables, ctx, window_rows=rows,
-            write_offset=(s - 1) * size, slot_mapping=self.window.slot_mapping[(s - 1) * size:s * size],
-            attention=e.config.attention, sliding=e.sliding, ledger=e.ledger)
-
 
 def _sliding_args(e) -> tuple[int, int]:
-    """(W, ring slots) of the kernel's static metadata (0: off). A captured step never reads a log
-    of evicted rows (the runner keeps cow on a ring eager)."""
+    """(W, ring slots) of the kernel's metadata (0: off)."""
     s = e.sliding
     return (s.size, s.ring_slots or 0) if s is not None else (0, 0)
+
+
+def _reads_log(e) -> bool:
+    """A ring under a policy that declares `evicted_in_log` (cow): the verify pass reads the positions
+    its drafts' writes evict from the policy's log (the runner keeps these steps eager)."""
+    return e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
 
 
 def run_step(engine, inp: StepInputs):
@@ -304,27 +283,21 @@ def run_step(engine, inp: StepInputs):
     next drafts when the chain is aboard (-1 past each request's count); head features [B, h] or
     None; next draft probabilities [B, k, V] or None).
 
-    With trees (`LabConfig.tree`): a decode step's window is a TreeWindow (`inp.tree`), accepted by
-    `_accept_tree`, and every step ends with `draft_tree` instead of the chain: packed is then
+    What differs between a chain and a tree is the engine's window kind (`engine.window_kind`: the
+    window and its metadata, the verdict, the head's ids, the next window's drafts; nwor_lab.engine.
+    window_chain / window_tree); the body asks it, never which kind it is. With trees packed is
     [B, W + 1 + 2N] (W = D + 1 sampled ids on a tree window, 1 on a prefill; then the accepted
     length, the next tree's N node tokens (-1: none) and N parents)."""
-    e, w, spec, k, tree = engine, inp.window, inp.spec, inp.k, inp.tree
-    bs = e.cache.spec.block_size
-    ring = e.sliding.ring_slots if e.sliding is not None else None
-    if tree is None:
-        row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
-        w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
-                                                bs, ring))
-        md = inp.md if inp.static else inp.host_metadata(e)
-    else:                       # a tree window: built on the device from the parents and tokens
-        w = tree.window(e, inp)
-        md = tree.static_metadata(e, inp, w) if inp.static else tree.host_metadata(e, inp, w)
+    e, kind = engine, engine.window_kind
+    w, md = kind.verify(e, inp)
     e.policy.begin(w, kind="verify")
     if e.states is not None:        # a hybrid target's recurrent state: opened on the same window
-        if inp.static:              # a decode bucket: rows and slots as device data (capturable)
+        # Capture forbids host counts: a decode bucket opens the state window in the device layout;
+        # exact sizes (prefills too) open it with the true host counts (its chunked form reads them)
+        if inp.static:
             e.states.begin(w, inp.state_slots, query_start_loc=inp.qsl, num_drafts=inp.num_drafts,
                            max_query_len=inp.max_query_len)
-        else:                       # exact sizes (prefills too): the true host counts
+        else:
             h = inp.host
             qsl = [0]
             for q in h["qlens"]:
@@ -333,35 +306,10 @@ def run_step(engine, inp: StepInputs):
         md.states = e.states
     aux_layers = e.head.aux_layers if e.drafting else ()
     hidden, aux = e.target.forward_with_aux(inp.ids, md, aux_layers)
-    if tree is None:
-        # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
-        logits = e.target.compute_logits(hidden[inp.rows_logits])
-        sampled = rejection_sample(spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
-                                   **_forced(e, inp))                                    # [B, k + 1]
-        acceptance = e.scv.accept(w, sampled, max_spec_len=k)
-        if e.config.debug:
-            check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
-        accepted = acceptance.accepted_len.long()
-        kept = inp.last_rows - inp.num_drafts + accepted              # each request's last kept row
-    else:
-        # every row's logits in the model's dtype: greedy and forced take argmaxes, T > 0 upcasts itself
-        sampled, acceptance, accepted, kept = _accept_tree(e, inp, w, e.target.compute_logits(hidden))
+    sampled, acceptance, accepted, kept = kind.accept(e, inp, w, hidden)
     features = None
     if e.drafting:
-        if tree is None:
-            # the head reads x[p+1]: the next row's token, and at the kept and last rows the token just sampled
-            token = sampled.gather(1, accepted[:, None]).squeeze(1).long()
-            # (a chunk's last row reads the prompt's next token instead: a chunk is a prefill whose
-            # rows end before the request's last token, and it samples nothing)
-            token = torch.where(inp.chunk_next >= 0, inp.chunk_next, token)
-            next_ids = torch.cat([inp.ids[1:], inp.ids.new_zeros(1)])
-            next_ids[inp.last_rows] = token
-            next_ids[kept] = token
-        else:
-            # a tree row at depth d reads the token after it on the accepted path: sampled[r, d] (the
-            # path's next node, the bonus after its last); rows off the path read whatever, and are
-            # rejected with the window (their head K/V never commits)
-            next_ids = sampled[w.token_req.long(), w.token_depth.long()].clamp(min=0)
+        next_ids = kind.head_ids(inp, w, sampled, accepted, kept)
         feats = e.head.features_from_target(hidden, aux)
         g = e.head(next_ids, feats, md)
         features = g[kept]
@@ -375,103 +323,18 @@ def run_step(engine, inp: StepInputs):
     if e.states is not None:
         e.states.commit(acceptance)
     packed = [sampled.long(), accepted[:, None]]
-    probs = None
+    probs, drafts = None, []
     drop = e.window_drops(inp)  # (again: one dropped at the commit drafts nothing either)
-    if inp.chain is not None:
+    if inp.drafts_next:
         live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
         if drop is not None:
             live = live & ~drop
-        base = torch.where(live, inp.positions[kept] + 1, 0)          # num_computed after the step
-        counts = torch.where(live, torch.minimum(_drafts_allowed(e, base), inp.draft_limit), 0)
-        drafts, probs = draft_chain(e, inp.chain, base, counts, features)
-        packed.append(drafts)
-    elif inp.tree_draft:
-        live = (accepted + 1 < inp.remaining) & (inp.chunk_next < 0)  # running on, past its prompt's chunks
-        if drop is not None:
-            live = live & ~drop
-        base = torch.where(live, inp.positions[kept] + 1 if tree is None else w.positions[kept] + 1, 0)
-        packed += draft_tree(e, inp, base, live, features)
-    if inp.feeds_itself:
-        next_inputs(e, inp, sampled, accepted, packed[-1] if inp.chain is not None else None)
+        base = torch.where(live, w.positions[kept] + 1, 0)           # num_computed after the step
+        drafts, probs = kind.draft(e, inp, base, live, features)
+        packed += drafts
+    if inp.feeds_itself:        # (a chain's or no drafts: a tree step never feeds itself)
+        next_inputs(e, inp, sampled, accepted, drafts[0] if drafts else None)
     return torch.cat(packed, 1), features, probs
-
-
-def _accept_tree(e, inp: StepInputs, w: TreeWindow, logits: torch.Tensor):
-    """A tree window's verdict from the target's logits at every row `[T, V]` (row t: the token
-    after row t): forced acceptance (a tree profile), greedy, or recursive rejection sampling at
-    T > 0 (the drafter proposes its top-k: one-hot draft distributions, `draft_probs=None`). The
-    engine's SCV for trees (`accept_tree_from_sampled`) then turns the sampled ids into the mask the
-    policy commits, unless `scv_mode` is off (the sampler's own path mask).
-    -> (sampled [B, D + 1] int64, Acceptance, accepted [B] int64, kept [B]: each path's last row)."""
-    if e.acceptance is not None:
-        from nwor_lab.speculative.tree_forced import accept_tree_forced
-        verdict = accept_tree_forced(w, logits, e.forced_tree, e.acceptance.seed, inp.req_key)
-    elif e.temperature == 0:
-        verdict = accept_tree_greedy(w, logits)
-    else:
-        verdict = accept_tree_sampled(w, logits, None, e.temperature, e.generator)
-    if e.config.scv_mode != "off":
-        scv = accept_tree_from_sampled(w, verdict.sampled)
-        if e.config.debug and not torch.equal(scv.path_mask, verdict.path_mask):
-            raise RuntimeError("tree SCV: the path from the sampled ids differs from the sampler's (engine bug)")
-        verdict = scv
-    acceptance = verdict.acceptance(w)
-    if e.config.debug:
-        err = w.acceptance_error(acceptance.draft_mask, acceptance.accepted_len)
-        if err:
-            raise RuntimeError(f"tree acceptance: {err}")
-    accepted = verdict.accepted_len.long()
-    kept = verdict.path_rows(w).gather(1, accepted[:, None]).squeeze(1)
-    return verdict.sampled.long(), acceptance, accepted, kept
-
-
-def draft_tree(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor) -> list:
-    """The next window's tree for every request still running: EAGLE-2's dynamic tree (or a static
-    one) drafted by the head from its features at the request's last kept row, in one window of the
-    drafter's policy on the head's layer (committed rejecting every row: the head's K/V of frontier
-    nodes is provisional; `stage` keeps it in its buffer, `cow` restores it, `off` leaves it past the
-    committed positions, where the next windows overwrite it; `model.tree_draft`).
-    Eager: the head's metadata from host lists (one sync). -> [tokens [B, N], parents [B, N]] int64,
-    tokens -1 and parents 0 for a request that does not run on."""
-    from nwor_lab.model.tree_draft import draft_tree_with_head
-    plan = e.tree_plan
-    B, N = inp.size, plan.nodes
-    if inp.static:
-        return _draft_tree_on_device(e, inp, base, live, features)
-    tokens = torch.full((B, N), -1, dtype=torch.long, device=base.device)
-    parents = torch.zeros((B, N), dtype=torch.long, device=base.device)
-    on = [j for j, x in enumerate(live.tolist()) if x]
-    if on:
-        ctx = base.tolist()
-        idx = torch.tensor(on, device=base.device)
-        tree, _ = draft_tree_with_head(e.head, e.cache, e.drafter.policy, features[idx], [ctx[j] for j in on],
-                                       [inp.host["tables"][j] for j in on], attention=e.config.attention,
-                                       **plan.draft_kwargs())
-        tokens[idx] = tree.tokens.long()
-        parents[idx] = tree.parents.long()
-    return [tokens, parents]
-
-
-def _draft_tree_on_device(e, inp: StepInputs, base: torch.Tensor, live: torch.Tensor, features: torch.Tensor):
-    """`draft_tree` with no host sync (a captured bucket): EAGLE-2's dynamic tree for every request
-    slot at once, the head's passes on metadata built from device tensors (`DeviceHeadTreeStep`);
-    slots that do not run on draft nothing (slot -1) and hand out no tree."""
-    from nwor_lab.speculative.tree_draft import dynamic_tree
-    plan, head = e.tree_plan, e.head
-    g_root = torch.where(live[:, None], features, torch.zeros_like(features))
-    root = torch.log_softmax(head.compute_logits(g_root).float(), -1)
-    shape = plan.shape
-    if plan.steps == 0:
-        tree = dynamic_tree(None, root, shape.topk, shape.depth, shape.nodes)
-    else:
-        step = DeviceHeadTreeStep(e, inp.tables, base, live, g_root)
-        layer = head.layer_index
-        e.drafter.policy.begin(step.window, layers=range(layer, layer + 1), kind="draft")
-        tree = dynamic_tree(step, root, shape.topk, shape.depth, shape.nodes)
-        e.drafter.policy.commit(step.reject)
-    tokens = torch.where(live[:, None], tree.tokens.long(), -1)
-    parents = torch.where(live[:, None], tree.parents.long(), 0)
-    return [tokens, parents]
 
 
 def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
@@ -510,55 +373,3 @@ def draft_limits(e, requests) -> list[int]:
         raise ValueError(f"draft_counts returned {got!r}: give one int in 0..{k} (the engine's k) per request, "
                          f"{len(requests)} here")
     return got
-
-
-def _drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:
-    """[B] drafts each request may propose for a window with t_last at `base` (the ring guard's
-    rule, `SlidingWindow.drafts_allowed`, on the device; k otherwise)."""
-    s = e.sliding
-    if s is None or s.ring_slots is None or not s.guard:
-        return torch.full_like(base, e.k)
-    return torch.clamp(torch.clamp(s.ring_slots - 1 - base, min=s.ring_slots - s.size), max=e.k)
-
-
-def _forced(e, inp: StepInputs) -> dict:
-    """Forced acceptance: each draft's u from its request's key and position (padding drafts are
-    rejected whatever their u)."""
-    if e.acceptance is None or not inp.k:
-        return {}
-    keys = inp.req_key[:, None].expand(inp.size, inp.k).reshape(-1)
-    pos = inp.positions[inp.window.draft_rows]
-    return dict(synthetic_rates=e.forced_rates, uniform_probs=e.acceptance.uniforms(keys, pos))
-
-
-def draft_chain(engine, chain: ChainInputs, base: torch.Tensor, counts: torch.Tensor, features: torch.Tensor):
-    """Drafts d_1..d_k of every request from the head's features at its last kept row: the first
-    from the features, the rest from k - 1 head passes in the draft policy's window.
-    -> (drafts [B, k] int64, -1 past `counts[j]`; probabilities [B, k, V] or None when greedy)."""
-    e = engine
-    head, pol, k = e.head, e.drafter.policy, e.k
-    chain.place(e, base, counts)
-    g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
-    token, q = e.drafter.propose(g)
-    drafts, probs = [token], [q]
-    host = None
-    if k >= 2 and not chain.steps:     # eager: metadata from host lists (one sync on CUDA)
-        host = (base.tolist(), counts.tolist(), [t for t in chain.tables.tolist()])
-    if k >= 2 and (host is None or max(host[1], default=0) >= 2):
-        # (an eager step opens no window for a chain that drafts for nobody; a captured one runs
-        # it with every row padding, and the host traces none)
-        layer = head.layer_index
-        pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
-        for s in range(1, k):
-            md = chain.steps[s - 1] if chain.steps else chain.host_metadata(e, s, *host)
-            g = head(drafts[-1], g, md)
-            token, q = e.drafter.propose(g)
-            drafts.append(token)
-            probs.append(q)
-        pol.commit(chain.reject)
-    else:                               # every count below 2: the first draft only (the rest are -1)
-        drafts += drafts[:1] * (k - 1)
-        probs += probs[:1] * (k - 1)
-    out = torch.stack(drafts, 1).long()
-    out = torch.where(torch.arange(k, device=out.device)[None, :] < counts[:, None], out, -1)
-    return out, (torch.stack(probs, 1) if probs[0] is not None else None)

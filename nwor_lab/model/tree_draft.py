@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.kv import block_table_tensor, build_slot_mapping
-from nwor_lab.model.attention import AttentionMetadata
+from nwor_lab.model.attention import AttentionMetadata, KernelArgs
 from nwor_lab.tree import BITS, words_for
 from nwor_lab.window import Acceptance, Window
 
@@ -31,58 +31,73 @@ from nwor_lab.window import Acceptance, Window
 class HeadTreeStep:
     """`step(tokens [R, F], parent_rows [R, F], level) -> log-probs [R, F, V]` for dynamic_tree /
     static_tree, writing the head's layer through `policy` (one window, opened by `open`, committed
-    rejecting every row by `close`)."""
+    rejecting every row by `close`). Every tensor is made on the device (no host read: the engine's
+    captured steps call it too): request r's committed length `base [R]`, its block table row of
+    `tables [R, max_blocks]`; rows of a request that does not run on (`live [R]` False) write nowhere."""
 
-    def __init__(self, head, cache, policy, g_root: torch.Tensor, context_lens: list[int],
-                 block_tables: list[list[int]], frontier: int, steps: int, *, attention: str = "torch"):
+    def __init__(self, head, cache, policy, g_root: torch.Tensor, base: torch.Tensor, tables: torch.Tensor,
+                 frontier: int, steps: int, *, live: torch.Tensor | None = None, attention: str = "auto"):
         self.head, self.cache, self.policy = head, cache, policy
-        self.g_root, self.ctx, self.tables = g_root, [int(c) for c in context_lens], block_tables
+        self.g_root, self.base, self.tables = g_root, base.long(), tables
         self.F, self.steps, self.attention = frontier, steps, attention
-        R, dev = len(self.ctx), cache.device
+        R, dev = base.shape[0], base.device
+        self.R = R
         rows = steps * frontier                                # request-local rows of the draft window
         self.words = words_for(max(1, rows))
         self.bits = torch.zeros(R, max(1, rows), self.words, dtype=torch.long, device=dev)
         self.g = torch.zeros(R, max(1, rows), g_root.shape[-1], dtype=g_root.dtype, device=dev)
-        self.window = self._window(R, rows)
-        self.done = 0
-
-    def _window(self, R: int, rows: int) -> Window:
-        """Every row a draft (nothing is kept), step-major; write-all slot of row j at n + j."""
-        dev = self.cache.device
-        s = torch.arange(self.steps, device=dev)[:, None, None]
+        # every row a draft (nothing is kept), step-major; write-all slot of row j at base + j
+        s = torch.arange(steps, device=dev)[:, None, None]
         r = torch.arange(R, device=dev)[None, :, None]
-        f = torch.arange(self.F, device=dev)[None, None, :]
-        j = (s * self.F + f).expand(self.steps, R, self.F).flatten()         # request-local row
-        req = r.expand(self.steps, R, self.F).flatten()
-        pos = torch.tensor(self.ctx, device=dev)[req] + j
-        slots = build_slot_mapping(block_table_tensor(self.tables, dev), req, pos, self.cache.spec.block_size)
+        f = torch.arange(frontier, device=dev)[None, None, :]
+        j = (s * frontier + f).expand(steps, R, frontier).flatten()
+        req = r.expand(steps, R, frontier).flatten()
+        pos = self.base[req] + j
+        if live is not None:
+            pos = torch.where(live[req], pos, -1)
+        slots = build_slot_mapping(tables, req, pos, cache.spec.block_size)
         order = torch.argsort(req * rows + j)                                # request-major draft rows
-        return Window(slots, req.to(torch.int32), (j + 1).to(torch.int32), order, [rows] * R, [rows] * R,
-                      positions=pos)
+        self.window = Window(slots, req.to(torch.int32), (j + 1).to(torch.int32), order, [rows] * R, [rows] * R,
+                             positions=self.base[req] + j)
+        # every row rejected, made on the device (Acceptance.rejecting_all copies its lengths from the host)
+        zero = torch.zeros(R, dtype=torch.int32, device=dev)
+        self.reject = Acceptance(torch.zeros(R * rows, dtype=torch.bool, device=dev), zero,
+                                 self.window.commit_mask_from(zero))
+        self.in_buffer = policy.window_in_buffer
+        self.qsl = torch.arange(0, R * frontier + 1, frontier, dtype=torch.int32, device=dev)
+        self.done = 0
 
     def open(self) -> None:
         layer = self.head.layer_index
         self.policy.begin(self.window, layers=range(layer, layer + 1), kind="draft")
 
     def close(self):
-        return self.policy.commit(Acceptance.rejecting_all(self.window))
+        return self.policy.commit(self.reject)
 
     def __call__(self, tokens: torch.Tensor, parent_rows: torch.Tensor, level: int) -> torch.Tensor:
         R, F = tokens.shape
         if F != self.F or self.done >= self.steps:
             raise ValueError(f"step {self.done + 1}: {F} frontier nodes, built for {self.F} x {self.steps} steps")
-        dev = self.cache.device
+        dev = tokens.device
         j = self.done * F + torch.arange(F, device=dev)                     # this step's rows
         features = grow_frontier(self.bits, self.g, self.g_root, parent_rows, j)
         offset = self.done * R * F
-        positions = [c + level - 1 for c in self.ctx for _ in range(F)]
         so_far = (self.done + 1) * F
-        window_rows = [[s * R * F + r * F + f for s in range(self.done + 1) for f in range(F)] for r in range(R)]
-        md = AttentionMetadata.build(self.cache, self.policy, positions, [F] * R, self.tables, self.ctx,
-                                     window_rows=window_rows, write_offset=offset,
-                                     slot_mapping=self.window.slot_mapping[offset:offset + R * F],
-                                     attention=self.attention,
-                                     tree_mask=self.bits[:, j].reshape(R * F, self.words)[:, :words_for(so_far)])
+        positions = (self.base[:, None] + (level - 1)).expand(R, F).reshape(-1)
+        if self.in_buffer:      # request r's draft rows so far in the buffer: s * R * F + r * F + f
+            win_rows = (torch.arange(self.done + 1, device=dev)[None, :, None] * (R * F)
+                        + torch.arange(R, device=dev)[:, None, None] * F
+                        + torch.arange(F, device=dev)[None, None, :]).reshape(-1)
+            win_start = torch.arange(0, R * so_far + 1, so_far, dtype=torch.int32, device=dev)
+            lens = self.base.to(torch.int32)
+        else:
+            win_rows = win_start = None
+            lens = (self.base + so_far).to(torch.int32)
+        kernel = KernelArgs(self.tables, lens, self.qsl, win_rows, win_start, 0, 0, max_query_len=F,
+                            tree_lo=self.base.to(torch.int32))
+        md = AttentionMetadata(positions, self.window.slot_mapping[offset:offset + R * F], self.cache, self.policy,
+                               kernel, offset, self.attention,
+                               tree_mask=self.bits[:, j].reshape(R * F, self.words)[:, :words_for(so_far)].contiguous())
         out = self.head(tokens.reshape(-1), features.reshape(R * F, -1), md)
         self.g[:, j] = out.view(R, F, -1)
         self.done += 1
@@ -112,10 +127,15 @@ def grow_frontier(bits: torch.Tensor, g: torch.Tensor, g_root: torch.Tensor, par
 def draft_tree_with_head(head, cache, policy, g_root, context_lens, block_tables, *, topk: int = 0,
                          depth: int = 0, num_nodes: int = 0, paths=None, attention: str = "torch"):
     """EAGLE-2's dynamic tree (topk, depth, num_nodes) or a static tree (`paths`) drafted by `head`
-    from g_root `[R, h]` (its output at each request's t_last row). -> (DraftTree, WindowRecord of the
-    head's draft window)."""
+    from g_root `[R, h]` (its output at each request's t_last row), `context_lens [R]` (list or
+    tensor) committed positions and `block_tables` (lists or an `[R, max_blocks]` tensor) each.
+    -> (DraftTree, WindowRecord of the head's draft window)."""
     from nwor_lab.speculative.tree_draft import check_paths, dynamic_tree, static_tree
     root = torch.log_softmax(head.compute_logits(g_root).float(), -1)
+    dev = cache.device
+    base = torch.as_tensor(context_lens, dtype=torch.long, device=dev)
+    tables = block_tables.to(dev, torch.int32) if torch.is_tensor(block_tables) else \
+        block_table_tensor(block_tables, dev).to(torch.int32)
     if paths is not None:
         paths = check_paths(paths)
         levels = [[p for p in paths if len(p) == d and any(q[:-1] == p for q in paths)]
@@ -124,12 +144,11 @@ def draft_tree_with_head(head, cache, policy, g_root, context_lens, block_tables
         if len(set(widths)) > 1:
             raise ValueError(f"paths: the head's draft window needs the same number of expanded nodes at every "
                              f"level, got {widths}")
-        step = HeadTreeStep(head, cache, policy, g_root, context_lens, block_tables, widths[0] if widths else 1,
-                            len(widths), attention=attention)
+        step = HeadTreeStep(head, cache, policy, g_root, base, tables, widths[0] if widths else 1, len(widths),
+                            attention=attention)
         run = lambda: static_tree(step, root, paths)       # noqa: E731
     else:
-        step = HeadTreeStep(head, cache, policy, g_root, context_lens, block_tables, topk, depth - 1,
-                            attention=attention)
+        step = HeadTreeStep(head, cache, policy, g_root, base, tables, topk, depth - 1, attention=attention)
         run = lambda: dynamic_tree(step, root, topk, depth, num_nodes)   # noqa: E731
     if step.steps == 0:
         return run(), None

@@ -350,7 +350,10 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
         s, e = qsl[r], qsl[r + 1]
         if s == e:
             continue
-        lo = min(n, max(0, int(positions[s]) - sliding_window + 1)) if sliding_window else 0
+        n_win = ws[r + 1] - ws[r] if ws is not None else 0
+        lo, mask = request_mask(positions[s:e], n, n_win, sliding_window,
+                                None if tree_mask is None else tree_mask[s:e],
+                                None if tree_lo is None else int(tree_lo[r]))
         p = torch.arange(lo, n, device=q.device)                        # positions read from the cache
         ring = p % ring_slots if ring_slots else p
         blk, off = block_tables[r].long()[ring // bs], ring % bs
@@ -368,16 +371,26 @@ def verify_attention_reference(q, key_cache, value_cache, block_tables, cache_le
             keys, values = torch.cat([keys, wk[rows]]), torch.cat([values, wv[rows]])
         keys = keys.repeat_interleave(groups, dim=1)                    # [n_r, Hq, D]
         values = values.repeat_interleave(groups, dim=1)
-        key_pos = lo + torch.arange(keys.shape[0], device=q.device)
-        mask = key_pos[None, :] <= positions[s:e, None]
-        if sliding_window:
-            mask &= key_pos[None, :] > positions[s:e, None] - sliding_window
-        if tree_mask is not None:
-            mask = tree_visible(mask, key_pos, tree_mask[s:e], int(tree_lo[r]))
         o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), keys.transpose(0, 1),
                                            values.transpose(0, 1), attn_mask=mask, scale=scale)
         out[s:e] = o.transpose(0, 1)
     return out
+
+
+def request_mask(positions: torch.Tensor, cache_len: int, n_win: int, sliding_window: int = 0,
+                 tree_mask: torch.Tensor | None = None, tree_lo: int | None = None):
+    """One request's keys and visibility, the one rule every reader of the metadata shares:
+    positions `[q]` (its queries; the first holds the lowest), `cache_len` positions in the cache,
+    `n_win` window rows after them. -> (lo, mask `[q, cache_len - lo + n_win]` bool): key i is
+    position lo + i; lo is the first query's window start with a sliding window (0 without)."""
+    lo = min(cache_len, max(0, int(positions[0]) - sliding_window + 1)) if sliding_window else 0
+    key_pos = lo + torch.arange(cache_len - lo + n_win, device=positions.device)
+    mask = key_pos[None, :] <= positions[:, None]
+    if sliding_window:
+        mask &= key_pos[None, :] > positions[:, None] - sliding_window
+    if tree_mask is not None:
+        mask = tree_visible(mask, key_pos, tree_mask, tree_lo)
+    return lo, mask
 
 
 def tree_visible(mask: torch.Tensor, key_index: torch.Tensor, tree_mask: torch.Tensor, lo: int) -> torch.Tensor:

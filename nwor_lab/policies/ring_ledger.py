@@ -104,35 +104,36 @@ class RingLedger:
 
     # -- the check ---------------------------------------------------------------------------------
     def check_reads(self, layer: int, md) -> None:
-        """Every position request r of `md` reads from the cache (read_from .. cache_ends, less its
-        log range) must be what its slot holds in `layer`."""
+        """Every position request r of `md` reads from the cache (its first query's window start ..
+        `md.kernel.cache_lens[r]`, less its log range) must be what its slot holds in `layer`."""
         ring = self.sliding.ring_slots
-        tables = None if md.read_slots is not None else md.kernel.block_tables.cpu()
+        a = md.kernel                   # the metadata's device form, read once on the host (debug mode)
+        tables, cache_lens, qsl = a.block_tables.cpu(), a.cache_lens.tolist(), a.query_start_loc.tolist()
+        logs = (a.log_lo.tolist(), a.log_start.tolist()) if a.log_lo is not None else None
         window_positions = set(self._window[1].tolist()) if self._window is not None else set()
         pos_host = md.positions.cpu()
         writes = md.slot_mapping.cpu()
-        for r in range(len(md.read_from)):
-            lo, hi = md.read_from[r], md.cache_ends[r]
-            qs, qe = md.query_start_loc[r], md.query_start_loc[r + 1]
+        for r, hi in enumerate(cache_lens):
+            qs, qe = qsl[r], qsl[r + 1]
             # a request that writes nowhere is padding (a step's padding rows, a chain row of a
             # request that finished or drafts no further): its output is never used
-            if hi <= lo or qs == qe or bool((writes[qs:qe] < 0).all()):
+            if qs == qe or bool((writes[qs:qe] < 0).all()):
+                continue
+            lo = min(hi, self.sliding.first_key(int(pos_host[qs])))   # its first query's window on
+            if hi <= lo:
                 continue
             wanted = torch.arange(lo, hi)
-            if md.read_slots is not None:
-                slots = md.read_slots[r].cpu()
-            else:
-                slots = build_slot_mapping(tables[r:r + 1], torch.zeros(hi - lo, dtype=torch.long), wanted,
-                                           self.cache.spec.block_size, ring)
+            slots = build_slot_mapping(tables[r:r + 1], torch.zeros(hi - lo, dtype=torch.long), wanted,
+                                       self.cache.spec.block_size, ring)
             ok = self.holder[layer, slots] == wanted
-            if md.log_ranges is not None:
-                first, _, n = md.log_ranges[r]
+            if logs is not None:
+                first, n = logs[0][r], logs[1][r + 1] - logs[1][r]
                 ok |= (wanted >= first) & (wanted < first + n)          # served from the log
             if bool(ok.all()):
                 continue
             i = int((~ok).nonzero()[0])
             p, slot, held = int(wanted[i]), int(slots[i]), int(self.holder[layer, slots[i]])
-            raise RingCorruption(layer=layer, request=r, query_position=int(pos_host[md.query_start_loc[r]]),
+            raise RingCorruption(layer=layer, request=r, query_position=int(pos_host[qs]),
                                  position=p, slot=slot, ring_index=None if ring is None else p % ring,
                                  holder=held, by_this_window=held in window_positions, ring_slots=ring,
                                  sliding_window=self.sliding.size, policy=getattr(md.writer, "name", "?"),
