@@ -31,6 +31,8 @@ policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.acc
 """
 from __future__ import annotations
 
+import torch
+
 from nwor_lab.engine.buffers import bucket_size, token_bucket
 from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel

@@ -137,10 +137,15 @@ class TreeKind:
     def __init__(self, engine):
         self.plan = engine.tree_plan
         self.static_tree = engine.tree.is_static
-        self.sampled = engine.temperature != 0
+        self._engine = engine                              # read for its temperature (set after the kind)
         self.verify_rows = self.plan.nodes + 1            # rows a request slot of a tree bucket
         self.draft_rows = max(1, self.plan.draft_rows)    # the head's draft window a slot
         self.lookahead = self.plan.lookahead
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the engine samples (T > 0): a sampled tree verdict runs eagerly."""
+        return getattr(self._engine, "temperature", 0) != 0
 
     @property
     def eager_reason(self) -> str | None:
