@@ -18,7 +18,9 @@ STEP_CALLS = {"rejection_sample", "forward_with_aux"}
 # commits no window. The `recompute` head-cache strategy runs the target over a prefix-cache hit for its
 # features alone (the head's K/V of the hit is rebuilt from them; the target K/V it writes into the
 # private copies is replaced by the cached blocks' bits).
-NOT_A_STEP = {("engine/prefix.py", "recompute_head")}
+NOT_A_STEP = {("engine/prefix.py", "recompute_head"),
+              # chapter 17 lays the sampler's decisions out on given logits: no target forward, no cache
+              ("viz/sampling.py", "window_steps"), ("viz/sampling.py", "first_token_frequencies")}
 # Parts of the one step, by (file, function): run_step asks its window kind for the verdict on a
 # window of plain rows (a chain's, or any prefill's); nothing but the kinds' `accept` calls it.
 STEP_PARTS = {("engine/window_chain.py", "accept_rows")}
