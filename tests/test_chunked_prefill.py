@@ -19,21 +19,20 @@ from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.prefix import PrefixCacheConfig
 from nwor_lab.engine.preemption import Preemption
-from nwor_lab.model.toy import toy_config, toy_eagle3, toy_hybrid, toy_hybrid_head, toy_pair
+from conftest import toy_engine
 from test_engine import CacheAudit
 
 BUDGET = 6          # tokens a step: the 23- and 14-token prompts are chunked
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return toy_pair(0)
+def pair(toy_eagle1_pair):
+    return toy_eagle1_pair
 
 
 @pytest.fixture(scope="module")
-def pair3():
-    target, _ = toy_pair(2, cfg=toy_config(num_hidden_layers=4))
-    return target, toy_eagle3(target, seed=3, draft_vocab_size=12)
+def pair3(toy_eagle3_pair):
+    return toy_eagle3_pair
 
 
 def prompts(vocab=16, lens=(3, 23, 9, 14), seed=1):
@@ -43,11 +42,9 @@ def prompts(vocab=16, lens=(3, 23, 9, 14), seed=1):
 
 def decode(pair, *, budget=1024, k=4, mode="stage", temperature=0.0, seed=0, num_blocks=96, max_new=12,
            observers=(), ps=None, cfg=None, setup=None, **kw):
-    target, head = pair
-    e = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, debug=True, **(cfg or {})), k=k,
-                   block_size=4, num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=budget,
-                   temperature=temperature, seed=seed, **kw)
-    e.observers.extend(observers)
+    e = toy_engine(pair, k=k, mode=mode, debug=True, cfg=cfg, observers=observers, block_size=4,
+                   num_blocks=num_blocks, max_num_seqs=4, max_num_batched_tokens=budget, temperature=temperature,
+                   seed=seed, **kw)
     if setup is not None:
         setup(e)
     reqs = [e.add_request(p, max_new) for p in (ps or prompts())]
@@ -143,7 +140,9 @@ def test_a_prefix_hit_starts_the_chunks_after_the_hit(pair):
     assert chunks(e) >= (22 - 1) // 4 + (len(ps[1]) - starts[1] - 1) // 4
 
 
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# re-chunking is the scheduler's; every write policy under preemption by recompute:
+# test_preemption.test_small_cache_preempts_and_decodes_the_big_cache_tokens
+@pytest.mark.parametrize("mode", ["stage"])
 def test_recompute_of_a_request_over_the_budget_rechunks(pair, reference, mode):
     """A cache too small for the batch preempts by recompute; a request whose prompt + output is over
     the budget is re-prefilled in chunks (it used to be swapped instead)."""
@@ -161,7 +160,8 @@ def test_recompute_of_a_request_over_the_budget_rechunks(pair, reference, mode):
     assert stats.recomputed_tokens == sum(p + n for p, n in seen)
 
 
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# resuming chunks is the scheduler's; every write policy under swap: test_preemption's small-cache cases
+@pytest.mark.parametrize("mode", ["cow"])
 def test_a_request_swapped_between_its_chunks_resumes_them(pair, reference, mode):
     seen = []
 
@@ -177,12 +177,11 @@ def test_a_request_swapped_between_its_chunks_resumes_them(pair, reference, mode
 
 
 @pytest.mark.parametrize("state_mode", ["snapshots", "cow", "replay", "stage"])
-def test_a_hybrid_target_carries_its_state_across_chunks(state_mode):
+def test_a_hybrid_target_carries_its_state_across_chunks(toy_hybrid_pair, state_mode):
     """Gated DeltaNet + attention: each chunk starts from the state the previous chunk committed.
     Prompts stay within the recurrence's token-by-token form (16 rows), so the chunked and whole
     prefills run the same arithmetic."""
-    target = toy_hybrid(2)
-    head = toy_hybrid_head(target, 3)
+    target, head = toy_hybrid_pair
     ps = prompts(vocab=32, lens=(4, 15, 11))
 
     def run(k, budget, mode="stage", state="auto"):

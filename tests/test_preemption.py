@@ -14,7 +14,7 @@ import torch
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.preemption import Preemption
-from nwor_lab.model.toy import toy_pair
+from conftest import toy_engine
 from test_engine import dense_kv
 
 VOCAB = 16
@@ -22,8 +22,8 @@ SMALL, BIG = 12, 96        # blocks of 4 positions: the longest request needs 9 
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return toy_pair(0)
+def pair(toy_eagle1_pair):
+    return toy_eagle1_pair
 
 
 def prompts(n=6, seed=1):
@@ -33,12 +33,10 @@ def prompts(n=6, seed=1):
 
 
 def build(pair, *, mode="off", k=4, head=True, num_blocks=BIG, preemption=None, temperature=0.0, seed=0,
-          max_new=14, n=6, observers=(), **cfg):
-    target, h = pair
-    e = SpecEngine(target, h if head and k else None, LabConfig(**{"nwor_mode": mode, "debug": True, **cfg}), k=k,
+          max_new=14, n=6, observers=(), debug=True, **cfg):
+    e = toy_engine(pair, k=k, head=head, mode=mode, observers=observers, debug=debug, cfg=cfg,
                    num_blocks=num_blocks, block_size=4, max_num_seqs=4, temperature=temperature, seed=seed,
                    preemption=preemption)
-    e.observers.extend(observers)          # the policies share this list
     reqs = [e.add_request(p, max_new) for p in prompts(n)]
     return e, reqs
 
@@ -55,9 +53,10 @@ def reference(pair):
     return decode(pair, k=0)[1]
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("head", [True, False])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every pair of (write policy, head or not, recompute or swap) once: 6 of the 12 combinations
+@pytest.mark.parametrize("mode,head,how", [("off", True, "recompute"), ("off", False, "swap"),
+                                           ("cow", True, "swap"), ("cow", False, "recompute"),
+                                           ("stage", True, "swap"), ("stage", False, "recompute")])
 def test_small_cache_preempts_and_decodes_the_big_cache_tokens(pair, reference, mode, head, how):
     _, big = decode(pair, mode=mode, head=head)
     e, small = decode(pair, mode=mode, head=head, num_blocks=SMALL, preemption=Preemption(how))
@@ -202,8 +201,10 @@ def check_live_stores(e):
             torch.testing.assert_close(cv, v, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("phase", ["begin", "write", "acceptance", "commit"])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every phase once, the phases checked at the commit (begin, write) under both policies that preserve
+# rejected slots; an abort at write under every policy: test_the_auditor_under_preemption_and_abort
+@pytest.mark.parametrize("mode,phase", [("cow", "begin"), ("stage", "begin"), ("stage", "write"),
+                                        ("off", "acceptance"), ("cow", "commit")])
 def test_abort_at_every_phase_of_a_verify_window(pair, reference, mode, phase):
     e, reqs = build(pair, mode=mode)
     drop = DropAt(e, rid=1, phase=phase, what="abort", step=3)
@@ -220,9 +221,10 @@ def test_abort_at_every_phase_of_a_verify_window(pair, reference, mode, phase):
     assert e.scheduler.allocator.num_free == e.scheduler.allocator.num_blocks
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every (phase, recompute or swap) and every (write policy, recompute or swap) once: 6 of 18
+@pytest.mark.parametrize("mode,phase,how", [("off", "begin", "recompute"), ("cow", "begin", "swap"),
+                                            ("cow", "write", "recompute"), ("stage", "write", "swap"),
+                                            ("stage", "acceptance", "recompute"), ("off", "acceptance", "swap")])
 def test_preempt_mid_window_continues_with_the_same_tokens(pair, reference, mode, phase, how):
     e, reqs = build(pair, mode=mode, preemption=Preemption(how))
     drop = DropAt(e, rid=0, phase=phase, what="preempt", step=3)
@@ -237,8 +239,8 @@ def test_preempt_mid_window_continues_with_the_same_tokens(pair, reference, mode
     assert (stats.swapped_out_bytes > 0) == (how == "swap")
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every write policy once, recompute and swap both
+@pytest.mark.parametrize("mode,how", [("off", "recompute"), ("cow", "swap"), ("stage", "recompute")])
 def test_draft_trees_preempt(pair, reference, mode, how):
     e, out = decode(pair, mode=mode, num_blocks=SMALL, preemption=Preemption(how), tree="topk=2,depth=3,nodes=6")
     assert e.preemption_stats.preemptions > 0 and out == reference
@@ -257,10 +259,8 @@ def test_abort_mid_tree_window(pair, reference, mode):
 
 
 @pytest.fixture(scope="module")
-def eagle3(pair):
-    from nwor_lab.model.toy import toy_config, toy_eagle3
-    target, _ = toy_pair(2, cfg=toy_config(num_hidden_layers=4))
-    return target, toy_eagle3(target, seed=3, draft_vocab_size=12)
+def eagle3(toy_eagle3_pair):
+    return toy_eagle3_pair
 
 
 @pytest.mark.parametrize("how", ["recompute", "swap"])
@@ -270,8 +270,8 @@ def test_eagle3_preempts(eagle3, how):
     assert e.preemption_stats.preemptions > 0 and out == ref
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every write policy once (off: the check is caught), recompute and swap both
+@pytest.mark.parametrize("mode,how", [("off", "swap"), ("cow", "recompute"), ("stage", "swap")])
 def test_the_auditor_under_preemption_and_abort(pair, reference, mode, how):
     """`nwor-lab audit`'s checks (nwor_lab.audit) over a run that preempts and aborts mid-window:
     stage and cow leave no rejected row in any store, off is caught (the check is live)."""
@@ -298,10 +298,8 @@ def test_the_auditor_under_preemption_and_abort(pair, reference, mode, how):
 
 # -- a hybrid target (gated DeltaNet + attention): its recurrent and conv state slot goes with it --
 @pytest.fixture(scope="module")
-def hybrid():
-    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
-    target = toy_hybrid(2)
-    return target, toy_hybrid_head(target, 3)
+def hybrid(toy_hybrid_pair):
+    return toy_hybrid_pair
 
 
 @pytest.fixture(scope="module")
@@ -309,8 +307,8 @@ def hybrid_reference(hybrid):
     return decode(hybrid, k=0, state_mode="auto")[1]
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("state_mode", ["stage", "snapshots"])
+# each state strategy and each way once; the other two pairs: test_prefix_hybrid.test_hits_beside_preemption
+@pytest.mark.parametrize("state_mode,how", [("stage", "swap"), ("snapshots", "recompute")])
 def test_hybrid_target_preempts(hybrid, hybrid_reference, state_mode, how):
     e, reqs = build(hybrid, mode="stage", state_mode=state_mode, num_blocks=SMALL, preemption=Preemption(how))
     moved = watch_swaps(e)
@@ -321,8 +319,8 @@ def test_hybrid_target_preempts(hybrid, hybrid_reference, state_mode, how):
     assert sorted(e.free_state_slots) == list(range(4))
 
 
-@pytest.mark.parametrize("what", ["abort", "preempt"])
-@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
+# every phase, abort and preempt both; the rest of the 6: test_the_other_requests_stores_... (hybrid)
+@pytest.mark.parametrize("phase,what", [("begin", "abort"), ("write", "preempt"), ("acceptance", "abort")])
 def test_hybrid_drop_mid_window(hybrid, hybrid_reference, phase, what):
     """Dropped mid-window, a hybrid request's state slot went past t_last: it is freed (preempted:
     recomputed even under swap); the other requests' states decode target-only's tokens."""
@@ -341,7 +339,8 @@ def test_hybrid_drop_mid_window(hybrid, hybrid_reference, phase, what):
     assert sorted(e.free_state_slots) == list(range(4))
 
 
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# the pre-launch fit is the scheduler's, not a policy's; stage runs it in test_drop_a_request_of_a_prelaunched_step
+@pytest.mark.parametrize("mode", ["off", "cow"])
 def test_padded_steps_and_prelaunch_under_preemption(pair, reference, mode):
     """Steps on bucket buffers (the captured path's inputs, eager on CPU; no CUDA graph here) with
     pre-launch: a pre-launched step's blocks must fit without preempting (`_prelaunch_fits`)."""
@@ -353,8 +352,8 @@ def test_padded_steps_and_prelaunch_under_preemption(pair, reference, mode):
     assert [r.output for r in reqs] == reference
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("mode", NWOR_MODES)
+# every write policy once, recompute (swapped for its budget) and swap both
+@pytest.mark.parametrize("mode,how", [("off", "swap"), ("cow", "recompute"), ("stage", "recompute")])
 def test_sliding_window_rings_preempt(pair, mode, how):
     """A ring holds at most ceil(S / BS) blocks; a request whose prompt + output outgrew its ring is
     swapped even under recompute (a re-prefill would overwrite its own ring positions)."""
@@ -406,9 +405,11 @@ def live_stores(e) -> dict:
     return out
 
 
-@pytest.mark.parametrize("what", ["abort", "preempt"])
-@pytest.mark.parametrize("phase", ["begin", "write", "acceptance"])
-@pytest.mark.parametrize("model,mode", [("toy", m) for m in NWOR_MODES] + [("hybrid", "stage")])
+# every (phase, abort or preempt) once, every write policy and the hybrid target at least once: 6 of 24
+@pytest.mark.parametrize("model,mode,phase,what", [
+    ("toy", "off", "begin", "abort"), ("toy", "cow", "begin", "preempt"), ("toy", "stage", "write", "abort"),
+    ("hybrid", "stage", "write", "preempt"), ("toy", "cow", "acceptance", "abort"),
+    ("hybrid", "stage", "acceptance", "preempt")])
 def test_the_other_requests_stores_are_those_of_a_run_without_the_drop(pair, hybrid, model, mode, phase, what):
     """The step that drops a request mid-window runs the same batch as without the drop: every other
     request's committed K/V (every layer) and state equal that run's, bit for bit, after it."""

@@ -5,12 +5,10 @@ prefix leaves; `off` (its live state keeps rejected drafts) is refused by name w
 import pytest
 import torch
 
-from nwor_lab.config import LabConfig
-from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.prefix import PrefixCacheConfig
 from nwor_lab.kv.prefix import chain_hashes
-from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
 from nwor_lab.state import STATE_POLICIES
+from conftest import toy_engine
 
 BS = 4
 EXACT = sorted(m for m, cls in STATE_POLICIES.items() if cls.commits_accepted_only)
@@ -27,22 +25,29 @@ def workload():
 
 
 @pytest.fixture(scope="module")
-def pair():
-    target = toy_hybrid(2)
-    return target, toy_hybrid_head(target, 3)
+def pair(toy_hybrid_pair):
+    return toy_hybrid_pair
+
+
+def engine(pair, k, state_mode="stage", prefix=None, nwor_mode="stage", num_blocks=64, max_num_seqs=1, **kw):
+    """The one engine set-up of this file: block size BS, a hybrid target (k=0: target-only)."""
+    return toy_engine(pair, k=k, mode=nwor_mode, state_mode=state_mode, block_size=BS, num_blocks=num_blocks,
+                      max_num_seqs=max_num_seqs, prefix_cache=prefix, **kw)
+
+
+def decode_one_by_one(e, prompts, max_new=12):
+    outs = []
+    for p in prompts:
+        req = e.add_request(p, max_new)
+        e.run()
+        outs.append(req.output)
+    return outs
 
 
 def run(pair, k, state_mode="stage", prefix=None, temperature=0.0, seed=0, nwor_mode="stage"):
-    target, head = pair
-    e = SpecEngine(target, head if k else None, LabConfig(nwor_mode=nwor_mode, state_mode=state_mode), k=k,
-                   block_size=BS, num_blocks=64, max_num_seqs=1, prefix_cache=prefix, temperature=temperature,
-                   seed=seed)
+    e = engine(pair, k, state_mode, prefix, nwor_mode, temperature=temperature, seed=seed)
     prompts, first = workload()
-    outs = []
-    for p in prompts:
-        req = e.add_request(p, 12)
-        e.run()
-        outs.append(req.output)
+    outs = decode_one_by_one(e, prompts)
     req = e.add_request(first + outs[0] + [1, 2], 6)          # the first conversation returns
     e.run()
     outs.append(req.output)
@@ -85,21 +90,17 @@ def test_a_hit_restores_the_state_it_would_have(pair, target_only):
         BlockStates.restore = restore
 
 
-@pytest.mark.parametrize("state_mode", EXACT)
+# two strategies on the engine's bucket path (a recurrent-state one and a snapshot one); every exact
+# strategy in the device layout, checkpoints included: test_state / test_prefix_state (op level)
+@pytest.mark.parametrize("state_mode", ["stage", "snapshots"])
 def test_padded_bucket_steps_with_hits(pair, target_only, state_mode):
     """The decode steps on their bucket's padded buffers (the body a CUDA graph captures, run here
     without one): the state window in the device layout, its checkpoints gathered on the device."""
     from nwor_lab.engine.runner import StepRunner
-    target, head = pair
-    e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode), k=3, block_size=BS,
-                   num_blocks=64, max_num_seqs=1, prefix_cache=PrefixCacheConfig())
+    e = engine(pair, 3, state_mode, PrefixCacheConfig())
     e.runner = StepRunner(e, 1, 1024, capture=False, pad=True)
     prompts, _ = workload()
-    outs = []
-    for p in prompts:
-        req = e.add_request(p, 12)
-        e.run()
-        outs.append(req.output)
+    outs = decode_one_by_one(e, prompts)
     assert outs == target_only[:len(prompts)] and e.prefix_stats()["hit_tokens"] >= 30
     assert e.runner.buckets                                          # the decode steps ran on buckets
 
@@ -116,7 +117,7 @@ def state_at(pair, tokens, n):
     """Target-only without prefix caching (no checkpoints, no segmented prefill): its slot's state once
     `n` tokens of `tokens` are computed (the prompt `tokens[:n]` prefilled whole when n = len(tokens),
     else the prompt prefilled and the rest decoded one token a step)."""
-    e = SpecEngine(pair[0], None, LabConfig(nwor_mode="off"), k=0, block_size=BS, num_blocks=64, max_num_seqs=1)
+    e = engine(pair, 0, "auto", nwor_mode="off")
     req = e.add_request(tokens[:min(n, len(tokens))], 64)
     while req.num_computed < n:
         e.step()
@@ -152,9 +153,7 @@ def test_checkpoints_equal_target_only_states(pair):
 
 
 def run_one(pair, state_mode, prompt):
-    target, head = pair
-    e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode), k=3, block_size=BS,
-                   num_blocks=64, max_num_seqs=1, prefix_cache=PrefixCacheConfig())
+    e = engine(pair, 3, state_mode, PrefixCacheConfig())
     req = e.add_request(prompt, 14)
     e.run()
     e.last_sequence = prompt + req.output
@@ -169,8 +168,8 @@ def test_off_is_refused_while_drafting(pair):
         run(pair, 3, "off", PrefixCacheConfig())
 
 
-@pytest.mark.parametrize("how", ["recompute", "swap"])
-@pytest.mark.parametrize("state_mode", ["stage", "snapshots"])
+# the two (strategy, way) pairs test_preemption.test_hybrid_target_preempts leaves out
+@pytest.mark.parametrize("state_mode,how", [("stage", "recompute"), ("snapshots", "swap")])
 def test_hits_beside_preemption(pair, state_mode, how):
     """Requests that share a prefix on a cache too small for all of them: a request preempted by
     recompute is admitted again with hits (its slot restored from the checkpoint), a swapped one gets
@@ -179,10 +178,7 @@ def test_hits_beside_preemption(pair, state_mode, how):
     from test_prefix_preemption import prompts
 
     def go(k, state_mode, num_blocks, prefix=None, preemption=None):
-        target, head = pair
-        e = SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage", state_mode=state_mode), k=k,
-                       block_size=BS, num_blocks=num_blocks, max_num_seqs=3, prefix_cache=prefix,
-                       preemption=preemption)
+        e = engine(pair, k, state_mode, prefix, num_blocks=num_blocks, max_num_seqs=3, preemption=preemption)
         reqs = [e.add_request(p, 12) for p in prompts()]
         e.run()
         return e, [r.output for r in reqs]
