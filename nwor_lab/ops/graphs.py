@@ -6,6 +6,7 @@ the same and the capture replays exactly what the warm-up did.
 """
 from __future__ import annotations
 
+import gc
 from typing import Callable, Sequence
 
 import torch
@@ -32,6 +33,16 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None,
         graph = torch.cuda.CUDAGraph()
         for g in generators:
             graph.register_generator_state(g)
-        with torch.cuda.graph(graph):
-            fn()
+        # No garbage collection while capturing: torch's `graph` collects once before it begins, but a
+        # collection that `fn`'s own allocations trigger mid-capture may finalise an object that calls
+        # the CUDA API (an event, a stream, pinned host memory), which a capturing stream refuses, and
+        # the process aborts (seen on an H200 when every bucket was captured at engine start).
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        finally:
+            if was_enabled:
+                gc.enable()
     return graph
