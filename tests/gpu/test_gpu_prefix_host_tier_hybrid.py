@@ -17,9 +17,9 @@ BS, SMALL = 4, 12
 
 @pytest.fixture(scope="module")
 def pair():
-    from nwor_lab.model.toy import toy_hybrid, toy_hybrid_head
-    target = toy_hybrid(2).cuda()
-    return target, toy_hybrid_head(target, 3).cuda()
+    from nwor_lab.bench.state import toy_pair
+    target, head = toy_pair(wide=True)          # heads of 16: what Triton's attention takes
+    return target.cuda(), head.cuda()
 
 
 def prompts():
