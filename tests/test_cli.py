@@ -35,7 +35,9 @@ def test_engine_names_why_its_steps_stay_eager():
     assert eager_reason(SpecEngine(target, head, LabConfig(), k=2)) is None             # the defaults
     assert "scv_mode='off'" in eager_reason(SpecEngine(target, head, LabConfig(scv_mode="off"), k=2))
     assert eager_reason(SpecEngine(target, None, LabConfig(scv_mode="off"))) is None    # no drafts: nothing to loop over
-    assert "temperature > 0" in eager_reason(SpecEngine(target, head, LabConfig(), k=2, temperature=0.8))
+    assert eager_reason(SpecEngine(target, head, LabConfig(), k=2, temperature=0.8)) is None   # T > 0 chains replay
+    tree = LabConfig(tree="topk=2,depth=2,nodes=4")
+    assert "temperature > 0" in eager_reason(SpecEngine(target, head, tree, temperature=0.8))  # a sampled tree does not
 
 
 def test_doctor_answers_when_torch_cannot_be_imported(tmp_path):

@@ -293,7 +293,9 @@ def test_failed_rank_stops_the_run(how, expect):
         assert any(f["rank"] == 0 and f["kind"] == "collective" for f in err.failures)
         first = min(f["time"] for f in err.failures)
         assert ended - first < 5, f"{how}: the run ended {ended - first:.1f} s after the first failure"
-    assert took < timeout + 15, f"{how}: took {took:.1f} s (the ranks start in about 5 s)"
+    # the ranks start in about 5 s alone, and took 25 s once on a loaded 2-core machine: the bound is for a
+    # run that stops at all (a hang would sit there forever); how soon is the check above, from the failure
+    assert took < timeout + 45, f"{how}: took {took:.1f} s (the ranks start in about 5 s)"
 
 
 # -- front ends -----------------------------------------------------------------------------------
