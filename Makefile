@@ -95,9 +95,10 @@ test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25 -n $(UNIT_WORKERS) tests --ignore=tests/vllm_plugin
 
 # a separate pytest run: with --nbval-lax, `pytest tests` would also collect tests/data/*.ipynb
+# Chapters spread over the cores too, each chapter's cells in order on one worker (--dist loadfile).
 test-notebooks: $(STAMP)
 ifneq ($(CHAPTERS),)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(NBVAL) $(CHAPTERS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(UNIT_WORKERS) --dist loadfile $(NBVAL) $(CHAPTERS)
 else
 	@echo "test-notebooks: no chapters in notebooks/ yet, nothing for nbval to run"
 endif

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -18,6 +19,13 @@ import pytest
 from nwor_lab.atomic import TMP_MARK
 
 MARK = "NWOR_TEST_CRASH_MARK"       # set by a test on the command it starts; every descendant inherits it
+
+
+def default_sigint() -> None:
+    """`preexec_fn` of a child a test interrupts: Ctrl-C's default action, as at a terminal. A child
+    inherits an ignored SIGINT (a shell's background job, some test runners' workers), and Python
+    then installs no KeyboardInterrupt handler: the test's SIGINT would reach nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def new_mark() -> str:

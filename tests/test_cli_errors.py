@@ -29,6 +29,7 @@ import pytest
 import torch
 
 import nwor_lab
+from fault_tools import default_sigint
 from nwor_lab.config import LabConfig
 
 REPO = Path(nwor_lab.__file__).resolve().parents[1]
@@ -330,7 +331,7 @@ def test_ctrl_c_during_streaming_generate(sandbox):
     env = cli_env(sandbox, {})
     proc = subprocess.Popen([sys.executable, "-m", "nwor_lab.cli", "generate", "def parse_args(argv):",
                              "import os", "--max-new-tokens", "1000", "--stream"], cwd=sandbox / "work",
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     got = bytearray()
 
     def read():

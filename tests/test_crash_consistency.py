@@ -38,8 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from fault_tools import (MARK, fill, jsonl_rows, kill_marked, marked, new_mark, temp_leftovers, tmpfs, wait_gone,
-                         whole_html, whole_json)
+from fault_tools import (MARK, default_sigint, fill, jsonl_rows, kill_marked, marked, new_mark, temp_leftovers, tmpfs,
+                         wait_gone, whole_html, whole_json)
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
@@ -87,7 +87,7 @@ def start(argv: list[str], cwd: Path, extra_env: dict | None = None) -> Started:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NWOR_LAB_")}
     env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **{MARK: token}, **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "nwor_lab.cli", *argv], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     s = Started(proc, token)
 
     def pump(stream, buf):
