@@ -132,7 +132,7 @@ class LabConfig:
         inputs, recompute over the accepted rows: ReplaySSM), `stage` (window states transient,
         only the accepted one committed); `auto` takes the write policy's declared counterpart
         (`WritePolicy.state_counterpart`: off -> off, cow -> cow, stage -> stage).
-    tree:      draft trees instead of chains (nwor_lab.tree): "" (a chain), "topk=K,depth=D,nodes=N"
+    tree:      draft trees instead of chains (nwor_lab.speculative.tree_window): "" (a chain), "topk=K,depth=D,nodes=N"
         (EAGLE-2's dynamic tree: expand the top-K children of the frontier for D levels, keep the best N
         nodes) or "paths=0|1|0.0|0.1" (a static tree: each path lists child ranks from t_last). Parsed
         and checked here (`tree_shape`); stored in its canonical spelling.

@@ -120,7 +120,7 @@ class Window:
         """[T] bool: keep a token iff it is not a draft or its draft index <= accepted_len."""
         return self.token_draft_pos <= accepted_len.to(self.token_req.device)[self.token_req.long()]
 
-    # -- what a tree window (nwor_lab.tree.TreeWindow) answers differently ----------------------
+    # -- what a tree window (nwor_lab.speculative.tree_window.TreeWindow) answers differently ----------------------
     @property
     def is_tree(self) -> bool:
         return False

@@ -8,7 +8,7 @@ from nwor_lab.bench.tree import bonus_check, path_acceptance, shape_rows, shippe
 
 
 def test_path_acceptance_walks_sibling_ranks_down_the_tree():
-    from nwor_lab.tree import TreeWindow
+    from nwor_lab.speculative.tree_window import TreeWindow
     # t_last -> 1, 2; 1 -> 3, 4; 3 -> 5 | a second request: t_last -> 1, 2
     parents = [[0, 0, 1, 1, 3], [0, 0]]
     w = TreeWindow.build(parents, torch.arange(8).view(2, 4), [0, 0], 4)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nwor_lab"
 LAYERS = [
-    {"config", "atomic", "lifeline"}, {"__init__"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"}, {"tree"},
+    {"config", "atomic", "lifeline"}, {"__init__"}, {"kv"}, {"_checks"}, {"ops"}, {"metrics", "window"},
     {"policies", "state"}, {"speculative"}, {"model"}, {"engine"}, {"distributed"}, {"disagg"},
     # the front ends, each on the ones below it
     {"audit"},         # the store-by-store auditor: runs the engine, checks every store's bytes

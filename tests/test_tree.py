@@ -11,7 +11,7 @@ from nwor_lab.policies import make_policy
 from nwor_lab.policies.tree import RemapPolicy, remap_block_tables, tree_commit_costs
 from nwor_lab.speculative.tree_accept import (accept_tree_from_sampled, accept_tree_greedy,
                                               accept_tree_sampled)
-from nwor_lab.tree import TreeWindow, ancestor_rows, chain_parents, depths_of
+from nwor_lab.speculative.tree_window import TreeWindow, ancestor_rows, chain_parents, depths_of
 from nwor_lab.window import Acceptance
 
 

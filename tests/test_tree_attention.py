@@ -1,4 +1,4 @@
-"""Tree attention (nwor_lab.tree): each node attends the cache prefix and its ancestors, positions are
+"""Tree attention (nwor_lab.speculative.tree_window): each node attends the cache prefix and its ancestors, positions are
 depths. The reference against an independent per-query oracle, a chain as a tree, the argument
 checks; the Triton kernel runs the tree cases under the interpreter in tests/test_verify_attention.py."""
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from nwor_lab.ops.verify_attention import verify_attention, verify_attention_reference
 from nwor_lab.ops.verify_attention_cases import make_tree_attention_case, make_verify_attention_case
-from nwor_lab.tree import ancestor_rows, chain_parents
+from nwor_lab.speculative.tree_window import ancestor_rows, chain_parents
 
 PARENTS = [[0, 0, 1, 1, 2, 4, 4], [0], [0, 1, 0, 3, 3, 3]]
 
@@ -94,7 +94,7 @@ def test_tree_arguments_are_checked():
 
 
 def test_case_bits_equal_the_window_bits():
-    from nwor_lab.tree import TreeWindow
+    from nwor_lab.speculative.tree_window import TreeWindow
     parents = PARENTS + [[max(0, i - 3) for i in range(70)]]
     case = make_tree_attention_case(parents, head_size=16, dtype=torch.float32, seed=2)
     slots = torch.arange(sum(1 + len(p) for p in parents))

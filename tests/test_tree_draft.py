@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nwor_lab.speculative.tree_draft import check_tree_shape, dynamic_tree, static_tree
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 
 V = 7
 

@@ -14,7 +14,7 @@ from nwor_lab.model.toy import toy_config, toy_pair
 from nwor_lab.policies import make_policy
 from nwor_lab.policies.tree import RemapPolicy
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 
 VOCAB = 16
 

@@ -310,7 +310,7 @@ INTERP_SPECS = [
               max_query_len=4, max_context=70, seed=35), ring=dict(W=10)),
     dict(spec("sliding-ring-log-3-splits", launch=dict(num_splits=3), num_reqs=2, query_lens=4, max_context=300,
               seed=36), ring=dict(W=150, log=True)),
-    # tree windows (nwor_lab.tree): ancestor bits, positions = depths; write-all (the tree in the cache)
+    # tree windows (nwor_lab.speculative.tree_window): ancestor bits, positions = depths; write-all (the tree in the cache)
     # and stage (the tree in the window source); 70 nodes = two ancestor words; forced splits; sliding
     dict(spec("tree-cache-bf16-gqa4", max_context=70, seed=40),
          tree=dict(parents=[[0, 0, 1, 1, 2, 4, 4], [0], [0, 1, 0, 3, 3, 3]])),

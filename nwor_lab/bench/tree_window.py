@@ -25,7 +25,7 @@ import torch
 from nwor_lab.config import LabConfig
 from nwor_lab.kv import KVCacheSpec, PagedKVCache
 from nwor_lab.policies.tree import RemapPolicy, tree_policy
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 from nwor_lab.window import Acceptance
 
 

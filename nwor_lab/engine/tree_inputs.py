@@ -12,7 +12,7 @@ import torch
 
 from nwor_lab.engine.buffers import StaticInputs
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 
 
 class TreeInputs:

@@ -16,7 +16,7 @@ from nwor_lab.engine.buffers import bucket_size, token_bucket
 from nwor_lab.engine.tree_plan import host_path
 from nwor_lab.engine.window_chain import accept_rows, hand_out_each, head_ids_rows, host_rows_window, verify_rows
 from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 from nwor_lab.window import Acceptance
 
 

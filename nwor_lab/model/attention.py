@@ -51,7 +51,7 @@ class AttentionMetadata:
     ledger          a RingLedger checking every cache read (debug mode), or None
     states          the state policy (nwor_lab.state) with this pass's window open, for a hybrid
                     target's linear-attention layers (None: the target has none); set by the caller
-    tree_mask       [T, words] int64 | None: a pass over tree windows (nwor_lab.tree): request r's
+    tree_mask       [T, words] int64 | None: a pass over tree windows (nwor_lab.speculative.tree_window): request r's
                     window rows (key index kernel.tree_lo[r] + j) are visible to a query iff bit j of
                     its row is set (its ancestors and itself)
 

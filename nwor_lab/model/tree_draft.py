@@ -24,7 +24,7 @@ import torch
 
 from nwor_lab.kv import block_table_tensor, build_slot_mapping
 from nwor_lab.model.attention import AttentionMetadata, KernelArgs
-from nwor_lab.tree import BITS, words_for
+from nwor_lab.speculative.tree_window import BITS, words_for
 from nwor_lab.window import Acceptance, Window
 
 

@@ -12,7 +12,7 @@ Masking is done in data (a rejected row behaves like slot -1), so no host sync i
 compact the accepted rows, and the op can be captured in a CUDA graph.
 
 Row t goes to `slot_mapping[t]`: the op takes (source row, destination slot) pairs, so a tree
-window's commit (nwor_lab.tree) is this op with the window's `commit_slots` (position n + depth):
+window's commit (nwor_lab.speculative.tree_window) is this op with the window's `commit_slots` (position n + depth):
 the accepted path lands compacted at n + 1 .. n + a in the same one launch. Only kept rows need
 distinct slots (rejected siblings share a depth, hence a destination).
 """

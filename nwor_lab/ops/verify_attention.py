@@ -16,7 +16,7 @@
     log_key, ...    [n, H, D]       optional log source (NWOR `cow` on a ring), the cache's dtype (raw
     log_lo          [R] int32         stored rows): request r's positions log_lo[r] + j, j < log_start[r+1]
     log_start       [R+1] int32       - log_start[r], come from log_key[log_start[r] + j], not the cache
-    tree_mask       [T, words] int64 optional (a tree window, nwor_lab.tree): key index p >= tree_lo[r]
+    tree_mask       [T, words] int64 optional (a tree window, nwor_lab.speculative.tree_window): key index p >= tree_lo[r]
     tree_lo         [R] int32         (a row of the request's window: the cache's tail under write-all,
                                       the window source under stage) is visible to query t iff bit
                                       (p - tree_lo[r]) % 64 of tree_mask[t, (p - tree_lo[r]) // 64] is
@@ -223,7 +223,7 @@ def check_verify_args(q, key_cache, value_cache, block_tables, cache_lens, query
                              "not in position order, and N nodes evict N positions); use a linear cache "
                              "(LabConfig.kv_ring='full') or a chain")
         check_tensor("tree_mask", tree_mask, ndim=2, dtypes=(torch.int64,), device=dev,
-                     what="[num_tokens, words] int64 ancestor bits (nwor_lab.tree.TreeWindow.ancestors)")
+                     what="[num_tokens, words] int64 ancestor bits (nwor_lab.speculative.tree_window.TreeWindow.ancestors)")
         if tree_mask.shape[0] != T or tree_mask.stride(1) != 1:
             raise ValueError(f"tree_mask: expected [num_tokens={T}, words] with words contiguous, got shape "
                              f"{tuple(tree_mask.shape)}")

@@ -247,11 +247,11 @@ def with_window(case: VerifyAttentionCase, sliding_window: int) -> VerifyAttenti
 
 def make_tree_attention_case(parents, *, context_lens=None, window: bool = False, seed: int = 0,
                              **kwargs) -> VerifyAttentionCase:
-    """A verify pass over tree windows (nwor_lab.tree): request r's queries are `[t_last, node_1 ..
+    """A verify pass over tree windows (nwor_lab.speculative.tree_window): request r's queries are `[t_last, node_1 ..
     node_N]` with `parents[r]` (node i+1 -> 0 .. i), at positions n + depth (n = context_lens[r]);
     its window rows sit at key indices n .. n + N (tree_lo = n): in the cache (write-all) or in the
     window source (`window`, stage). Other arguments as make_verify_attention_case."""
-    # the bits are made here, not with nwor_lab.tree (a layer above ops): a second implementation of
+    # the bits are made here, not with nwor_lab.speculative.tree_window (a layer above ops): a second implementation of
     # the same rule, which the tests compare against the window's own (tests/test_tree_attention.py)
     parents = [[int(q) for q in p] for p in parents]
     for r, p in enumerate(parents):

@@ -10,7 +10,7 @@ On a ring cache (sliding windows) a draft's slot held an older position that the
 queries still need; the log holds exactly those rows, so attention reads them from `log_kv(layer)`
 (`evicted_in_log`), and the restore puts them back for the next window.
 
-On a tree window (nwor_lab.tree) the log covers the N node slots; commit gathers the accepted
+On a tree window (nwor_lab.speculative.tree_window) the log covers the N node slots; commit gathers the accepted
 path, restores every slot the path does not move into, then writes the path to n + 1 .. n + a
 (three launches for all layers): every slot past the path holds what it held before the window.
 """

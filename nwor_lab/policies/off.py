@@ -1,7 +1,7 @@
 """`off`: vLLM today. Every scheduled token's K/V goes straight into the paged cache; rejected
 drafts stay there as garbage until later tokens overwrite their slots.
 
-On a tree window (nwor_lab.tree) this is write-all + move (SGLang at page size > 1, TensorRT-LLM):
+On a tree window (nwor_lab.speculative.tree_window) this is write-all + move (SGLang at page size > 1, TensorRT-LLM):
 every node is written at position n + row, and commit copies the accepted path to n + 1 .. n + a
 (`_move`: gather every accepted row first, then scatter, since one move's destination can be a
 later move's source). Rejected rows stay behind the path, in its last block and beyond."""

@@ -7,7 +7,7 @@ projections write there, and `write` finds its rows already in place: no per-lay
 launched at all. (K/V that arrive from elsewhere, e.g. a test's tensors, are copied in.)
 Attention reads the window from `window_kv(layer)` and the prefix from the cache; `commit` writes the accepted rows of every
 layer in ONE launch (`ops.commit`), masking rejected rows in data (no host sync). Rejected slots
-are never touched. On a tree window (nwor_lab.tree) the nodes wait in the buffer and the commit
+are never touched. On a tree window (nwor_lab.speculative.tree_window) the nodes wait in the buffer and the commit
 writes the accepted path's rows to `window.commit_slots` (positions n + 1 .. n + a): the compaction
 IS the commit, no extra launch. The buffer grows when a window needs more rows, before anything is written;
 under CUDA-graph capture it cannot grow, so `reserve(max_tokens)` first.

@@ -33,7 +33,7 @@ import torch
 
 from nwor_lab._checks import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from nwor_lab.speculative.sampler import PLACEHOLDER_TOKEN_ID
-from nwor_lab.tree import BITS, TreeWindow
+from nwor_lab.speculative.tree_window import BITS, TreeWindow
 from nwor_lab.window import Acceptance
 
 
@@ -61,7 +61,7 @@ class TreeVerdict:
 
 def _check(window: TreeWindow, target_logits: torch.Tensor) -> None:
     if not isinstance(window, TreeWindow):
-        raise TypeError(f"window: expected a nwor_lab.tree.TreeWindow, got {type(window).__name__}")
+        raise TypeError(f"window: expected a nwor_lab.speculative.tree_window.TreeWindow, got {type(window).__name__}")
     if window.draft_token_ids is None:
         raise ValueError("window: draft_token_ids missing; build the TreeWindow with the nodes' tokens")
     check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES, device=window.token_req.device,

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from nwor_lab.policies.tree import STRATEGY_TITLES
-from nwor_lab.tree import depths_of
+from nwor_lab.speculative.tree_window import depths_of
 from nwor_lab.viz.cache import add_state_legend, heatmap_style
 from nwor_lab.viz.states import STATE_MEANING, SlotState
 from nwor_lab.viz.theme import CELL_FONT, STATE_COLOURS, base_layout

@@ -29,7 +29,7 @@ from nwor_lab.ops import write_kv
 from nwor_lab.policies.tree import STRATEGY_TITLES, TREE_STRATEGIES, RemapPolicy, tree_policy
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
 from nwor_lab.speculative.tree_draft import dynamic_tree
-from nwor_lab.tree import TreeWindow, depths_of
+from nwor_lab.speculative.tree_window import TreeWindow, depths_of
 from nwor_lab.viz.recorder import Frame
 from nwor_lab.viz.states import SlotState, log_rows, raw, staging_rows
 

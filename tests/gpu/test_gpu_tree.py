@@ -17,7 +17,7 @@ from nwor_lab.ops.verify_attention import verify_attention, verify_attention_ref
 from nwor_lab.ops.verify_attention_cases import case_to, make_tree_attention_case
 from nwor_lab.policies import make_policy
 from nwor_lab.speculative.tree_accept import accept_tree_greedy
-from nwor_lab.tree import TreeWindow
+from nwor_lab.speculative.tree_window import TreeWindow
 from nwor_lab.window import Acceptance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
