@@ -3,7 +3,9 @@
 # closed loop at 8 and 32 clients, an older tree (OLD: `git archive <commit> nwor_lab csrc setup.py
 # pyproject.toml` extracted, e.g. under .ab/old, carried to the device) against this one. The step bench
 # runs A B B A (each run's own repeats inside); serve runs B A with --repeats 3 (ABBA inside each).
-#   usage (repo root, GPU machine): OLD=.ab/old OUT=/path bash tests/gpu/speed_ab.sh [step|serve|all]
+#   usage (repo root, GPU machine): OLD=.ab/old OUT=/path bash tests/gpu/speed_ab.sh [step|serve|all|split]
+# split (a two-card machine): the extension built once (csrc is shared by both trees), then the step runs on
+# card 0 while serve runs on card 1 (each comparison stays on its own card). SERVE_LIM: seconds per serve run.
 set -uo pipefail
 PART=${1:-all}
 source "$(dirname "$0")/common.sh"
@@ -18,10 +20,17 @@ step() {  # step TREE TAG [extra flags]
      --rates 0.5 --json --out "$OUT/step_$tag.json" "$@" > "$OUT/step_$tag.log" 2>&1); echo "step $tag exit $? (t = $(( $(date +%s) - START )) s)"
 }
 serve() {  # serve TREE TAG
-  (cd "$1" && PYTHONPATH=$1 timeout $(lim 170) python3 -m nwor_lab.bench.serve --model 8b --device cuda \
+  (cd "$1" && PYTHONPATH=$1 timeout $(lim ${SERVE_LIM:-170}) python3 -m nwor_lab.bench.serve --model 8b --device cuda \
      --configs target,eagle3:4 --k-max 4 --policies stage --concurrency 8,32 --prompt-len 64 --output-len 256 \
      --repeats 3 --components 32 --quiet --out "$OUT/serve_$2.json" > "$OUT/serve_$2.log" 2>&1); echo "serve $2 exit $? (t = $(( $(date +%s) - START )) s)"
 }
+if [ "$PART" = split ]; then
+  stage build; gpu_build ext_build.log
+  stage "card 0: step A B B A | card 1: serve B A"
+  ( export CUDA_VISIBLE_DEVICES=0; step "$NEW" new1; step "$OLD" old1; step "$OLD" old2; step "$NEW" new2 ) &
+  ( export CUDA_VISIBLE_DEVICES=1; serve "$OLD" old1; serve "$NEW" new1 ) &
+  wait; stage done; exit 0
+fi
 if [ "$PART" != serve ]; then
   stage "step A B B A"; step "$NEW" new1; step "$OLD" old1; step "$OLD" old2; step "$NEW" new2
 fi
