@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
 from nwor_lab.ops.graphs import capture_graph
@@ -112,17 +113,10 @@ class StepRunner:
         return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
 
     def never_static(self) -> bool:
-        """True when no step of this engine may run from a bucket, whatever its requests: the
-        settings that keep every step eager (`engine.eager_reason` names them in one line)."""
-        e = self.engine
-        if not e.window_kind.capturable(self):      # the kind declares it (a static or sampled tree)
-            return True
-        ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.observers or e.config.debug or ring_log or (self.capture and e.scv.mode == "off"):
-            return True
-        # T > 0 is captured: the sampler and the drafter draw from `engine.generator` only, which
-        # every capture registers (`rng_generators`), and never per-request generators
-        return e.states is not None and (e.states.capture_off or not e.states.fits_device_layout(e.k + 1))
+        """True when no step of this engine may run from a bucket, whatever its requests: a runner
+        that pads nothing, or a setting of `engine.eager_rules.EAGER_RULES` (which
+        `engine.eager_reason` names in one line)."""
+        return not self.pad or eager_rule(self.engine, self, self.capture) is not None
 
     def rng_generators(self) -> list:
         """The generators a captured step draws from (registered with each graph): the engine's."""

@@ -98,7 +98,7 @@ class StepInputs:
         in_buffer = e.policy.window_in_buffer
         kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
                             self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
-        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
+        if reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
             kernel.log_lo = torch.zeros(size, dtype=torch.int32, device=dev)
             kernel.log_start = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.md = AttentionMetadata(self.positions, slots, e.cache, e.policy, kernel, attention=e.config.attention,
@@ -272,7 +272,7 @@ def _sliding_args(e) -> tuple[int, int]:
     return (s.size, s.ring_slots or 0) if s is not None else (0, 0)
 
 
-def _reads_log(e) -> bool:
+def reads_log(e) -> bool:
     """A ring under a policy that declares `evicted_in_log` (cow): the verify pass reads the positions
     its drafts' writes evict from the policy's log (the runner keeps these steps eager)."""
     return e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
