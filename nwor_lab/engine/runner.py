@@ -23,9 +23,12 @@ so does every step under a state strategy that declares `capture_off`.
 Sampling at T > 0 is captured: every draw comes from `engine.generator`, registered with each graph
 (`rng_generators`), so a replay draws what the body run eagerly on the same buffers draws.
 
-Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
-drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
-`token_bucket`. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
+Buckets (`BucketKey`): padded request slots (1, 2, 4, ...) and rows. A decode step (every request
+t_last + its drafts) is keyed by its draft count d, the most drafts any request verifies now or may
+draft for its next window (`window_chain.step_drafts`; d = k unless a `draft_counts` hook cuts the
+counts): (d + 1) rows a request slot plus one padding row, a chain of d drafts (d - 1 head passes;
+none at d = 0, a decode step whose head pass only keeps the head's cache). A step with prefills
+pads its rows to `token_bucket` and keeps k. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
 next drafts). After it the host does the bookkeeping, the same for every kind of run: each
 policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.account`).
 """
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.buffers import BucketKey, bucket_size, token_bucket
 from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
@@ -122,20 +125,22 @@ class StepRunner:
         """The generators a captured step draws from (registered with each graph): the engine's."""
         return [self.engine.generator]
 
-    def _key(self, requests, static: bool) -> tuple:
-        """(request slots, rows, max query length (0: unknown), chain aboard, tree window) of the
-        step's buffers: the bucket's when `static`, else the step's exact sizes (the window kind's)."""
-        return self.engine.window_kind.bucket_key(self.engine, requests, static)
+    def _key(self, requests, static: bool, limits: list[int] | None = None) -> BucketKey:
+        """The step's `BucketKey` (the window kind's): the bucket's when `static` (a decode bucket's
+        by the step's draft count, which `limits`, the next window's counts, bound too; None: asked
+        now, `draft_limits`), else the step's exact sizes."""
+        e = self.engine
+        limits = draft_limits(e, requests) if limits is None else limits
+        return e.window_kind.bucket_key(e, requests, static, limits)
 
-    def _inputs(self, requests, static: bool) -> StepInputs:
-        key = self._key(requests, static)
+    def _inputs(self, requests, static: bool, limits: list[int] | None = None) -> StepInputs:
+        key = self._key(requests, static, limits)
         table = self.buckets if static else self.exact
         inp = table.get(key)
         if inp is None:
-            size, tokens, qmax, chain, tree = key
             if not static and len(self.exact) > 16:
                 self.exact.clear()
-            inp = table[key] = StepInputs(self.engine, size, tokens, qmax, chain=chain, static=static, tree=tree)
+            inp = table[key] = StepInputs.of_key(self.engine, key, static)
         return inp
 
     # -- one step --------------------------------------------------------------------------------
@@ -171,10 +176,12 @@ class StepRunner:
             inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
             features, probs = inp.features, inp.next_probs
         else:
-            static = self.capturable(requests)
-            inp = self._inputs(requests, static)
-            limits, self.limits = self.limits, None
-            e.window_kind.fill(e, inp, requests, limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
+            # the next window's draft counts, asked once a step (a pre-launch decision made already
+            # is kept in `limits`): a decode bucket is keyed by them too
+            decided, self.limits = self.limits, None
+            limits = decided[1] if decided and decided[0] == [id(r) for r in requests] else draft_limits(e, requests)
+            inp = self._inputs(requests, self.capturable(requests), limits)
+            e.window_kind.fill(e, inp, requests, limits)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
         if probs is not None and inp.graph is not None:
