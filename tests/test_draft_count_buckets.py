@@ -5,6 +5,7 @@ runner's padded path, the same bodies a graph would hold): tokens equal the fixe
 target-only greedy's in every policy, and every bucket reached is one `reachable_buckets` lists. The
 captured replay of each count is tests/gpu/test_gpu_draft_count_buckets.py's (unverified here)."""
 import pytest
+from graph_like import graph_like
 
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
@@ -20,13 +21,15 @@ def pair():
     return toy_pair(0)
 
 
-def decode(pair, mode, *, k=3, hook=None, padded=True, prelaunch=True, temperature=0.0, prompts=PROMPTS, max_new=14):
+def decode(pair, mode, *, k=3, hook=None, padded=True, prelaunch=True, temperature=0.0, prompts=PROMPTS, max_new=14,
+           graphed=False):
     target, head = pair
     e = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode), k=k, block_size=4, max_num_seqs=4,
                    temperature=temperature, seed=7)
     if padded:
-        e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+        e.runner = StepRunner(e, 4, 1024, capture=graphed, pad=True)
         e.runner.prelaunch = prelaunch
+        e.runner.capture_at_start = graphed     # (a graph-like runner: every reachable bucket first)
     if hook is not None:
         e.draft_counts = hook()
     keys = set(reachable_buckets(e.runner))
@@ -103,3 +106,18 @@ def test_the_graph_count_stays_bounded(pair):
     decode_keys = [key for key in reachable_buckets(e.runner) if key.max_query_len]
     assert len(decode_keys) == 35 and {key.k for key in decode_keys} == {0, 1, 2, 3, 4}
     assert min(key.tokens for key in decode_keys if key.size == 64) == 65       # d = 0: a decode step's rows
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_graph_like_buckets_replay_at_every_count_and_decode_the_eager_tokens(pair, mode, monkeypatch):
+    """The CPU stand-in for graphs (tests/graph_like.py: fixed output buffers overwritten by each
+    replay), every reachable bucket captured at start: a varying count replays a bucket of each
+    count and decodes the eager engine's tokens."""
+    hook = cycling([0, 0, 3, 3, 1, 1, 2, 2, 0, 3])
+    eager, _, _ = decode(pair, mode, hook=hook, padded=False)
+    graph_like(monkeypatch)
+    graphed, e, keys = decode(pair, mode, hook=hook, graphed=True)
+    assert graphed == eager
+    replayed = {key.k for key, inp in e.runner.buckets.items() if key.max_query_len and inp.graph.replays}
+    assert replayed == {0, 1, 2, 3} and e.runner.replays > 0
+    assert e.runner.startup_capture[0] == len([key for key in keys if key.max_query_len or key.tokens <= 1024])

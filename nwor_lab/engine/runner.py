@@ -182,12 +182,15 @@ class StepRunner:
             limits = decided[1] if decided and decided[0] == [id(r) for r in requests] else draft_limits(e, requests)
             inp = self._inputs(requests, self.capturable(requests), limits)
             e.window_kind.fill(e, inp, requests, limits)
+            self._keep_lent_probs(inp, requests)      # (after `fill` read this step's requests' drafts)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
         if probs is not None and inp.graph is not None:
-            # T > 0: the drafts' probabilities are the graph's output buffer, which the bucket's next
-            # replay overwrites (a pre-launched one at once); the requests keep a copy
-            probs = probs.clone()
+            # T > 0: the drafts' probabilities [B, k, V] are the graph's output buffer, handed to the
+            # requests as views (no per-step copy): the bucket's next replay overwrites them, which is
+            # harmless for the requests aboard it (their next step read them already: `fill`, or the
+            # pre-launch's device copy); `_keep_lent_probs` copies out the rows of any other
+            inp.lent = list(requests)
         if self._can_prelaunch(inp, requests):
             self._prelaunch(inp, requests)
         e.target_forwards += 1
@@ -201,6 +204,21 @@ class StepRunner:
                     self.mixed_steps += 1
         rows = inp.readback.rows(handle, len(requests))              # the step's one sync
         return StepResult(inp, rows, features, probs, e.window_kind)
+
+    def _keep_lent_probs(self, inp: StepInputs, requests) -> None:
+        """Before `inp`'s graph replays: a request handed views of its probabilities output by an
+        earlier replay that is not aboard this one (the scheduler left it out of a step for the token
+        budget, or it left for another engine) gets its own copy of its rows, which the replay would
+        overwrite. The requests aboard read theirs before the replay or never (a pre-launch)."""
+        lent, inp.lent = inp.lent, []
+        if not lent or inp.graph is None or inp.next_probs is None:
+            return
+        aboard = {id(r) for r in requests}
+        out = inp.next_probs.untyped_storage().data_ptr()
+        for r in lent:
+            p = r.draft_probs
+            if id(r) not in aboard and p is not None and p.untyped_storage().data_ptr() == out:
+                r.draft_probs = p.clone()
 
     def _launch(self, inp: StepInputs):
         """Run (eagerly, warm up, capture, or replay) the body on `inp` -> (packed outputs, head
@@ -295,9 +313,10 @@ class StepRunner:
         inp.inputs.upload_only("tables")
         if inp.draft_probs is not None and inp.next_probs is not None:
             # T > 0: the next verify reads the probabilities of the drafts this step's chain proposed,
-            # copied on the device as `fill` copies them from the requests (padding slots: zeros)
-            real = (inp.remaining > 0)[:, None, None]
-            inp.draft_probs.copy_(torch.where(real, inp.next_probs, 0.0).view(inp.draft_probs.shape))
+            # copied on the device in place as `fill` copies them from the requests (padding slots: zeros)
+            probs = inp.draft_probs.view(inp.next_probs.shape)
+            probs.copy_(inp.next_probs).masked_fill_((inp.remaining <= 0)[:, None, None], 0.0)
+        self._keep_lent_probs(inp, requests)
         packed, features, _ = self._launch(inp)
         self.pending = (inp, list(requests), inp.readback.start(packed))
         self.prelaunched += 1
