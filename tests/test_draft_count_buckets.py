@@ -121,3 +121,22 @@ def test_graph_like_buckets_replay_at_every_count_and_decode_the_eager_tokens(pa
     replayed = {key.k for key, inp in e.runner.buckets.items() if key.max_query_len and inp.graph.replays}
     assert replayed == {0, 1, 2, 3} and e.runner.replays > 0
     assert e.runner.startup_capture[0] == len([key for key in keys if key.max_query_len or key.tokens <= 1024])
+
+
+def test_a_hybrid_target_decodes_from_count_keyed_buckets():
+    """A hybrid target's decode buckets open the state window in the device layout with d + 1 rows
+    a request: a varying count decodes the eager engine's tokens."""
+    from nwor_lab.bench.state import toy_pair as hybrid_pair
+    target, head = hybrid_pair()
+    outs = []
+    for padded in (False, True):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode="stage"), k=3, block_size=4,
+                       max_num_seqs=4)
+        if padded:
+            e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+        e.draft_counts = cycling([0, 0, 3, 3, 1, 1, 2, 2, 0, 3])()
+        reqs = [e.add_request(p, 14) for p in ([1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12])]
+        e.run()
+        outs.append([r.output for r in reqs])
+    assert outs[0] == outs[1]
+    assert {key.k for key in e.runner.buckets if key.max_query_len} == {0, 1, 2, 3}

@@ -255,7 +255,7 @@ class StepRunner:
     # -- pre-launch ------------------------------------------------------------------------------
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
         """The next step is this bucket again, on the inputs this step computed for it: every request
-        runs on with k drafts (none can emit its last token now: 2k + 2 or more left; no end token is
+        runs on with the bucket's k drafts (its draft count d; none can emit its last token now: 2k + 2 or more left; no end token is
         watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
         graph exists; no request of this step was aborted or preempted while it ran."""
         e = self.engine
@@ -287,9 +287,9 @@ class StepRunner:
 
     def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
         """With a `draft_counts` hook, the pre-launched step's chain drafts with the limits already in
-        its buffer (k each: this step drafted k for everyone). Asked now, the hook decides the next
-        window's counts; any count below k keeps the step for the host, which fills that decision
-        in (kept in `limits`: one decision per step)."""
+        its buffer (the bucket's k each, its draft count d: this step drafted d for everyone). Asked
+        now, the hook decides the next window's counts; any other count keeps the step for the host,
+        which fills that decision in and keys its bucket by it (kept in `limits`: one decision per step)."""
         e = self.engine
         if e.draft_counts is None:
             return True
