@@ -21,13 +21,11 @@ def graph_like(monkeypatch):
     class Graph:
         def __init__(self, fn):
             self.fn, self.fresh = fn, True
-            self.replays = 0        # replays after the capture's own
 
         def replay(self):
             if self.fresh:          # the capture's own run stands for its first replay
                 self.fresh = False
                 return
-            self.replays += 1
             self.fn()
 
     def capture_graph(fn, warmup=0, device=None, generators=()):

@@ -118,7 +118,7 @@ def test_graph_like_buckets_replay_at_every_count_and_decode_the_eager_tokens(pa
     graph_like(monkeypatch)
     graphed, e, keys = decode(pair, mode, hook=hook, graphed=True)
     assert graphed == eager
-    replayed = {key.k for key, inp in e.runner.buckets.items() if key.max_query_len and inp.graph.replays}
+    replayed = {key.k for key, inp in e.runner.buckets.items() if key.max_query_len and inp.replays}
     assert replayed == {0, 1, 2, 3} and e.runner.replays > 0
     assert e.runner.startup_capture[0] == len([key for key in keys if key.max_query_len or key.tokens <= 1024])
 

@@ -233,6 +233,7 @@ class StepRunner:
             if inp.graph is not None:
                 inp.graph.replay()
                 self.replays += 1
+                inp.replays += 1
                 packed, inp.features, inp.next_probs = inp.outputs
                 return packed, inp.features, inp.next_probs
             if not inp.static or not inp.warmed or not self.capture:

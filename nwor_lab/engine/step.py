@@ -122,6 +122,7 @@ class StepInputs:
         self.features = None          # head output at each request's last kept row [size, h], or None
         self.next_probs = None        # the chain's draft probabilities [size, k, V] (T > 0), or None
         self.graph = None             # the runner's: the captured body, and its outputs
+        self.replays = 0              # steps replayed from `graph` (the runner counts them)
         self.lent: list = []          # requests holding views of `next_probs` (`StepRunner._keep_lent_probs`)
         self.outputs = None
         self.warmed = False
