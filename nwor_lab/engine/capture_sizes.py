@@ -54,7 +54,7 @@ def reachable_buckets(runner) -> list[BucketKey]:
     return runner.engine.window_kind.start_keys(runner)
 
 
-def start_buckets(runner) -> list[tuple]:
+def start_buckets(runner) -> list[BucketKey]:
     """The reachable buckets captured at start: every decode bucket, prefill buckets of at most
     `START_MAX_ROWS` rows."""
     return [key for key in reachable_buckets(runner) if key.max_query_len or key.tokens <= START_MAX_ROWS]

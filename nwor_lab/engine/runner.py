@@ -28,9 +28,10 @@ t_last + its drafts) is keyed by its draft count d, the most drafts any request 
 draft for its next window (`window_chain.step_drafts`; d = k unless a `draft_counts` hook cuts the
 counts): (d + 1) rows a request slot plus one padding row, a chain of d drafts (d - 1 head passes;
 none at d = 0, a decode step whose head pass only keeps the head's cache). A step with prefills
-pads its rows to `token_bucket` and keeps k. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
-next drafts). After it the host does the bookkeeping, the same for every kind of run: each
-policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.account`).
+pads its rows to `token_bucket` and keeps k. Either way the step's one sync is the packed readback
+(sampled ids, accepted lengths, next drafts). After it the host does the bookkeeping, the same for
+every kind of run: each policy's `WindowRecord` from a CPU window of the real requests
+(`WritePolicy.account`).
 """
 from __future__ import annotations
 

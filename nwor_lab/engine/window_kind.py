@@ -25,7 +25,7 @@ class WindowKind(Protocol):
     def schedule(self, requests) -> list: ...                       # which scheduled requests share a step
     def capturable(self, runner) -> bool: ...                        # may this kind's steps replay graphs
     def bucket_key(self, engine, requests, static: bool, limits) -> tuple: ...   # the step's BucketKey (runner)
-    def start_keys(self, runner) -> list: ...                       # buckets captured before the first step ([]: on first use)
+    def start_keys(self, runner) -> list: ...                       # buckets captured at start ([]: first use)
     def draft_width(self, k: int) -> int: ...                       # readback columns of the next window's drafts
     def fill(self, engine, inp, requests, limits) -> None: ...      # the requests into the buffers
     def draft_need(self, req, start: int, q: int, n: int) -> int: ...   # positions written, the draft window's too
