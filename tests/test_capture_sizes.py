@@ -7,9 +7,9 @@ import torch
 
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
-from nwor_lab.engine.buffers import token_bucket
-from nwor_lab.engine.capture_sizes import (START_MAX_ROWS, capture_buckets, prefill_token_buckets, reachable_buckets,
-                                          slot_sizes, start_buckets)
+from nwor_lab.engine.buffers import prefill_token_buckets, slot_sizes, token_bucket
+from nwor_lab.engine.capture_sizes import (START_MAX_ROWS, capture_buckets, reachable_buckets,
+                                          start_buckets)
 from nwor_lab.engine.runner import StepRunner
 from nwor_lab.model.toy import toy_pair
 
@@ -52,7 +52,7 @@ def test_every_bucket_a_run_reaches_is_enumerated(pair, k):
     reached = set(e.runner.buckets)
     assert reached and reached <= keys, reached - keys
     # decode buckets of 1, 2 and 4 slots, with k + 1 rows a slot and one padding row
-    assert {(s, s * (k + 1) + 1, k + 1, bool(k), False) for s in (1, 2, 4)} <= keys
+    assert {(s, s * (k + 1) + 1, k + 1, bool(k), False, k) for s in (1, 2, 4)} <= keys
 
 
 def test_large_prefill_buckets_are_left_to_their_first_use(pair):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from chi_square import assert_follows
+from graph_like import graph_like
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.runner import StepRunner
@@ -107,3 +108,29 @@ def test_a_hybrid_target_samples_from_its_decode_buckets_alike_prelaunched_or_fi
         assert e.runner.graphed_steps > 0 and (e.runner.prelaunched > 0) == prelaunch
         outs.append([r.output for r in reqs])
     assert outs[0] == outs[1]
+
+
+def budget_run(pair, graphed: bool):
+    """Three running requests under a token budget of 8 rows: two decode a step (t_last + 3 drafts
+    each), the third waits its turn, holding the draft probabilities its last step handed it."""
+    target, head = pair
+    e = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=3, block_size=4, max_num_seqs=4,
+                   max_num_batched_tokens=8, temperature=0.8, seed=3)
+    e.runner = StepRunner(e, 4, 8, capture=graphed, pad=True)
+    e.runner.capture_at_start = False
+    reqs = [e.add_request(p, 16) for p in ([1, 2], [4, 5], [9, 10])]
+    e.run()
+    return [r.output for r in reqs], e.runner
+
+
+def test_probabilities_handed_out_of_a_graph_survive_its_replays_for_other_requests(pair, monkeypatch):
+    """No per-step copy of the [B, k, V] probabilities: the requests hold views of the bucket's
+    output, and a request left out of a step gets its own rows before the bucket replays for others
+    (`StepRunner._keep_lent_probs`); the tokens are the padded run's without graphs."""
+    plain, _ = budget_run(pair, graphed=False)
+    graph_like(monkeypatch)
+    graphed, runner = budget_run(pair, graphed=True)
+    assert runner.replays > 0 and graphed == plain
+    monkeypatch.setattr(StepRunner, "_keep_lent_probs", lambda self, inp, requests: setattr(inp, "lent", []))
+    unguarded, runner = budget_run(pair, graphed=True)
+    assert runner.replays > 0 and unguarded != plain          # the hazard is real: the guard is what keeps it

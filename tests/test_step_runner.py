@@ -179,3 +179,23 @@ def test_forced_acceptance_mixed_steps_decode_as_eagerly(pair):
                     out.setdefault(rid, []).append(a)
         return out
     assert accepted(engine) == accepted(eager_engine)
+
+
+def test_the_runner_and_eager_reason_read_one_table_of_eager_rules(pair):
+    """`StepRunner.never_static` holds exactly when `eager_reason` names a rule (one table,
+    `engine.eager_rules.EAGER_RULES`), for every rule a CPU engine can show."""
+    from nwor_lab.engine.engine import eager_reason
+    from nwor_lab.engine.eager_rules import EAGER_RULES
+    target, head = pair
+    cases = {None: LabConfig(), "scv_mode='off'": LabConfig(scv_mode="off"), "debug=True": LabConfig(debug=True),
+             "static tree": LabConfig(tree="paths=0|1|0.0|1.0"), "observers": LabConfig()}
+    for words, cfg in cases.items():
+        e = SpecEngine(target, head, cfg, k=2, block_size=4, max_num_seqs=4)
+        if words == "observers":
+            e.observers.append(object())
+        runner = StepRunner(e, 4, 64, capture=True, pad=True)
+        e.runner = runner
+        reason = eager_reason(e)
+        assert runner.never_static() == (reason is not None), (words, reason)
+        assert (reason is None) if words is None else words in reason
+    assert len(EAGER_RULES) >= 6

@@ -2,9 +2,10 @@
 packed readback (the step's one sync), and the bucket sizes a captured step is padded to."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
-
 
 
 class StaticInputs:
@@ -84,6 +85,20 @@ class Readback:
         return buf[:n].tolist()
 
 
+class BucketKey(NamedTuple):
+    """What a step's buffers are keyed by (`StepRunner.buckets` / `exact`, the window kind's
+    `bucket_key`): request slots, rows, the max query length a request (0: unknown, a step with
+    prefills), whether the draft chain rides aboard, whether a tree window is verified, and `k`:
+    the draft slots a request in the sampler's layout (a decode bucket's: the step's draft count d,
+    0..the engine's k; every other step's: the engine's)."""
+    size: int
+    tokens: int
+    max_query_len: int
+    chain: bool
+    tree: bool
+    k: int
+
+
 def bucket_size(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -101,3 +116,23 @@ def token_bucket(n: int) -> int:
     if n < LARGE_TOKENS:
         return max(16, 1 << n.bit_length())
     return (n // 512 + 1) * 512
+
+
+def slot_sizes(max_size: int) -> list[int]:
+    """Request-slot buckets 1, 2, 4, ... up to `max_size` (a power of two, `bucket_size`)."""
+    return [1 << i for i in range(max_size.bit_length()) if 1 << i <= max_size]
+
+
+def prefill_token_buckets(size: int, max_tokens: int, reserved: int) -> list[int]:
+    """Row buckets of a step with prefills in `size` request slots: `token_bucket(t)` for every
+    token count t it can hold (the fewest requests that pad to `size`, one row each, up to
+    `max_tokens`), those within `reserved` rows (`StepRunner.capturable`)."""
+    fewest = size // 2 + 1 if size > 1 else 1
+    out = set()
+    t = fewest
+    while t <= max_tokens:
+        b = token_bucket(t)
+        if b <= reserved:
+            out.add(b)
+        t = b               # token_bucket(t) > t: the next count lands in the next bucket
+    return sorted(out)

@@ -9,20 +9,22 @@ only, and logs one line: how many graphs, how long. The runner does it as its fi
 constructor: what is installed on an engine after it is built (a tensor-parallel rank's agreed
 SCV and drafter, a bench's policy, observers) is then what the graphs hold.
 
-The buckets (`StepRunner._key` with `static`): request slots s in 1, 2, 4, ... up to the
-runner's `max_size`, and per s
-    decode    (s, s (k + 1) + 1, k + 1, drafting, False): every request t_last + its drafts;
-    prefill   (s, token_bucket(t), 0, drafting, False) for every token count t a step of s slots
-              can hold (at least one row a request, at most `max_num_batched_tokens`, within the
-              reserved staging rows); steps mixing prefills and decodes use these buckets too.
+The buckets are the window kind's (`WindowKind.start_keys`, asked here): a chain's
+(`ChainKind.start_keys`) are, for request slots s in 1, 2, 4, ... up to the runner's `max_size`,
+    decode    BucketKey(s, s (d + 1) + 1, d + 1, d > 0, False, d) for each draft count d the step
+              can carry: d = k only with a fixed k, every d in 0..k with a `draft_counts` hook
+              (so for k = 4 and 64 requests: 7 decode graphs, or 35 with a hook);
+    prefill   BucketKey(s, token_bucket(t), 0, drafting, False, k) for every token count t a step of
+              s slots can hold (at least one row a request, at most `max_num_batched_tokens`,
+              within the reserved staging rows); steps mixing prefills and decodes use these too.
 A hybrid target captures its decode buckets only (its prefills run the chunked form, eager).
 At start, prefill buckets of more than `START_MAX_ROWS` rows are left to their first use (as vLLM
 caps its capture sizes): a configuration with a large token budget (`bench step`'s 64 x 1025 rows)
 reaches a hundred of them, each a graph with its own memory pool, and a long prefill's capture
 costs little next to its own run.
-Draft trees are left to be captured on first use (`capture_buckets` skips them: their inputs are
-filled from a tree plan, not checked here with padding only), and so is every engine whose steps
-never run from a bucket (`StepRunner.never_static`).
+Draft trees are left to be captured on first use (`TreeKind.start_keys` is empty: their inputs
+are filled from a tree plan, not checked here with padding only), and so is every engine whose
+steps never run from a bucket (`StepRunner.never_static`).
 
 An all-padding step writes nothing (every slot -1, no request's state slot), and the runner
 restores what the policies count; the engine's generator is put back to its state before the
@@ -35,56 +37,27 @@ import time
 
 import torch
 
-from nwor_lab.engine.buffers import LARGE_TOKENS, bucket_size, token_bucket
-from nwor_lab.engine.step import StepInputs, chain_k
+from nwor_lab.engine.buffers import LARGE_TOKENS, BucketKey, bucket_size
+from nwor_lab.engine.step import StepInputs
 
 log = logging.getLogger("nwor_lab.engine")
 
 START_MAX_ROWS = LARGE_TOKENS     # prefill buckets up to this many rows are captured at start
 
 
-def slot_sizes(max_size: int) -> list[int]:
-    """Request-slot buckets 1, 2, 4, ... up to `max_size` (a power of two, `bucket_size`)."""
-    return [1 << i for i in range(max_size.bit_length()) if 1 << i <= max_size]
-
-
-def prefill_token_buckets(size: int, max_tokens: int, reserved: int) -> list[int]:
-    """Row buckets of a step with prefills in `size` request slots: `token_bucket(t)` for every
-    token count t it can hold (the fewest requests that pad to `size`, one row each, up to
-    `max_tokens`), those within `reserved` rows (`StepRunner.capturable`)."""
-    fewest = size // 2 + 1 if size > 1 else 1
-    out = set()
-    t = fewest
-    while t <= max_tokens:
-        b = token_bucket(t)
-        if b <= reserved:
-            out.add(b)
-        t = b               # token_bucket(t) > t: the next count lands in the next bucket
-    return sorted(out)
-
-
-def reachable_buckets(runner) -> list[tuple]:
-    """The bucket keys (`StepRunner._key`) the runner's engine can reach, decode buckets first
-    (smallest first); [] when its steps never run from a bucket or its window kind is captured at
-    first use (trees). The keys are the chain kind's (`ChainKind.bucket_key`, static)."""
-    e = runner.engine
-    if runner.never_static() or not e.window_kind.captures_at_start:
+def reachable_buckets(runner) -> list[BucketKey]:
+    """The bucket keys (`StepRunner._key`) the runner's engine can reach, as its window kind lists
+    them (`start_keys`: decode buckets first, smallest first; [] for a kind captured at first use);
+    [] when its steps never run from a bucket."""
+    if runner.never_static():
         return []
-    k = chain_k(e)
-    keys = []
-    for s in slot_sizes(runner.max_size):
-        keys.append((s, s * (k + 1) + 1, k + 1, e.drafting, False))
-    if e.states is None:                 # a hybrid target's prefills stay eager
-        for s in slot_sizes(runner.max_size):
-            for rows in prefill_token_buckets(s, runner.max_tokens, runner.reserved):
-                keys.append((s, rows, 0, e.drafting, False))
-    return keys
+    return runner.engine.window_kind.start_keys(runner)
 
 
-def start_buckets(runner) -> list[tuple]:
+def start_buckets(runner) -> list[BucketKey]:
     """The reachable buckets captured at start: every decode bucket, prefill buckets of at most
     `START_MAX_ROWS` rows."""
-    return [key for key in reachable_buckets(runner) if key[2] or key[1] <= START_MAX_ROWS]
+    return [key for key in reachable_buckets(runner) if key.max_query_len or key.tokens <= START_MAX_ROWS]
 
 
 @torch.no_grad()             # as `SpecEngine.step`: the body writes the cache in place
@@ -101,12 +74,12 @@ def capture_buckets(runner, keys: list[tuple] | None = None) -> tuple[int, float
     done = 0
     try:
         for key in keys:
-            if bucket_size(key[0]) != key[0]:
+            key = BucketKey(*key)
+            if bucket_size(key.size) != key.size:
                 raise ValueError(f"capture_buckets: key {key}: request slots must be a power of two")
             inp = runner.buckets.get(key)
             if inp is None:
-                size, tokens, qmax, chain, tree = key
-                inp = runner.buckets[key] = StepInputs(e, size, tokens, qmax, chain=chain, static=True, tree=tree)
+                inp = runner.buckets[key] = StepInputs.of_key(e, key, static=True)
             if inp.graph is not None:
                 continue
             e.window_kind.fill(e, inp, [], [])
@@ -123,6 +96,6 @@ def capture_buckets(runner, keys: list[tuple] | None = None) -> tuple[int, float
     seconds = time.perf_counter() - t0
     if done:
         log.info("captured %d step graphs before serving in %.2f s (buckets of %s request slots)",
-                 done, seconds, sorted({key[0] for key in keys}))
+                 done, seconds, sorted({key.size for key in keys}))
     runner.startup_capture = (done, seconds)
     return done, seconds

@@ -40,6 +40,7 @@ from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
+from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
 from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
 from nwor_lab.engine.request import Request, check_prompt, fit_context
@@ -160,8 +161,8 @@ class SpecEngine:
         # asked before each step, whose draft chain drafts that window (nwor_lab.serve.AdaptiveK)
         self.draft_counts = None
         capture = can_capture(self)
-        self.graphed_off = eager_reason(self) if capture else None   # why steps stay eager although graphs were asked for
         self.runner = StepRunner(self, max_num_seqs, max_num_batched_tokens, capture=capture)
+        self.graphed_off = eager_reason(self) if capture else None   # why steps stay eager although graphs were asked for
         self.trace: list[WindowTrace] = []
         self.step_index = 0
         self.target_forwards = 0
@@ -354,18 +355,9 @@ class SpecEngine:
 
 def eager_reason(e) -> str | None:
     """The one line that says why an engine that asked for CUDA graphs runs its steps eagerly (the
-    first that applies; None: its steps replay graphs). `StepRunner.capturable` decides per step;
-    these are the settings that decide it for every step."""
-    if e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log:
-        return "a ring whose policy reads evicted rows from its log runs every step eagerly: captured steps read no log"
-    if e.window_kind.eager_reason:
-        return e.window_kind.eager_reason
-    if e.scv.mode == "off":
-        return ("scv_mode='off' computes each window's acceptance in a host loop, which a CUDA graph cannot hold: "
-                "every step with drafts runs eagerly (scv_mode='graph' computes the same acceptance on the device)")
-    if e.config.debug:
-        return "debug=True checks every step on the host: every step runs eagerly (debug=False replays graphs)"
-    return None
+    first rule of `engine.eager_rules.EAGER_RULES` that holds; None: its steps replay graphs).
+    `StepRunner.capturable` decides per step; these are the settings that decide it for every step."""
+    return eager_rule(e, e.runner, True)
 
 
 def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVCacheSpec:

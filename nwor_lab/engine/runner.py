@@ -23,17 +23,22 @@ so does every step under a state strategy that declares `capture_off`.
 Sampling at T > 0 is captured: every draw comes from `engine.generator`, registered with each graph
 (`rng_generators`), so a replay draws what the body run eagerly on the same buffers draws.
 
-Buckets: padded request slots (1, 2, 4, ...) and rows: a decode step (every request t_last + its
-drafts) has (k + 1) rows a request slot plus one padding row; a step with prefills pads its rows to
-`token_bucket`. Either way the step's one sync is the packed readback (sampled ids, accepted lengths,
-next drafts). After it the host does the bookkeeping, the same for every kind of run: each
-policy's `WindowRecord` from a CPU window of the real requests (`WritePolicy.account`).
+Buckets (`BucketKey`): padded request slots (1, 2, 4, ...) and rows. A decode step (every request
+t_last + its drafts) is keyed by its draft count d, the most drafts any request verifies now or may
+draft for its next window (`window_chain.step_drafts`; d = k unless a `draft_counts` hook cuts the
+counts): (d + 1) rows a request slot plus one padding row, a chain of d drafts (d - 1 head passes;
+none at d = 0, a decode step whose head pass only keeps the head's cache). A step with prefills
+pads its rows to `token_bucket` and keeps k. Either way the step's one sync is the packed readback
+(sampled ids, accepted lengths, next drafts). After it the host does the bookkeeping, the same for
+every kind of run: each policy's `WindowRecord` from a CPU window of the real requests
+(`WritePolicy.account`).
 """
 from __future__ import annotations
 
 import torch
 
-from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.buffers import BucketKey, bucket_size, token_bucket
+from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
 from nwor_lab.ops.graphs import capture_graph
@@ -112,36 +117,31 @@ class StepRunner:
         return token_bucket(sum(len(r.scheduled()[0]) for r in requests)) <= self.reserved
 
     def never_static(self) -> bool:
-        """True when no step of this engine may run from a bucket, whatever its requests: the
-        settings that keep every step eager (`engine.eager_reason` names them in one line)."""
-        e = self.engine
-        if not e.window_kind.capturable(self):      # the kind declares it (a static or sampled tree)
-            return True
-        ring_log = e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log
-        if not self.pad or e.observers or e.config.debug or ring_log or (self.capture and e.scv.mode == "off"):
-            return True
-        # T > 0 is captured: the sampler and the drafter draw from `engine.generator` only, which
-        # every capture registers (`rng_generators`), and never per-request generators
-        return e.states is not None and (e.states.capture_off or not e.states.fits_device_layout(e.k + 1))
+        """True when no step of this engine may run from a bucket, whatever its requests: a runner
+        that pads nothing, or a setting of `engine.eager_rules.EAGER_RULES` (which
+        `engine.eager_reason` names in one line)."""
+        return not self.pad or eager_rule(self.engine, self, self.capture) is not None
 
     def rng_generators(self) -> list:
         """The generators a captured step draws from (registered with each graph): the engine's."""
         return [self.engine.generator]
 
-    def _key(self, requests, static: bool) -> tuple:
-        """(request slots, rows, max query length (0: unknown), chain aboard, tree window) of the
-        step's buffers: the bucket's when `static`, else the step's exact sizes (the window kind's)."""
-        return self.engine.window_kind.bucket_key(self.engine, requests, static)
+    def _key(self, requests, static: bool, limits: list[int] | None = None) -> BucketKey:
+        """The step's `BucketKey` (the window kind's): the bucket's when `static` (a decode bucket's
+        by the step's draft count, which `limits`, the next window's counts, bound too; None: asked
+        now, `draft_limits`), else the step's exact sizes."""
+        e = self.engine
+        limits = draft_limits(e, requests) if limits is None else limits
+        return e.window_kind.bucket_key(e, requests, static, limits)
 
-    def _inputs(self, requests, static: bool) -> StepInputs:
-        key = self._key(requests, static)
+    def _inputs(self, requests, static: bool, limits: list[int] | None = None) -> StepInputs:
+        key = self._key(requests, static, limits)
         table = self.buckets if static else self.exact
         inp = table.get(key)
         if inp is None:
-            size, tokens, qmax, chain, tree = key
             if not static and len(self.exact) > 16:
                 self.exact.clear()
-            inp = table[key] = StepInputs(self.engine, size, tokens, qmax, chain=chain, static=static, tree=tree)
+            inp = table[key] = StepInputs.of_key(self.engine, key, static)
         return inp
 
     # -- one step --------------------------------------------------------------------------------
@@ -177,16 +177,21 @@ class StepRunner:
             inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
             features, probs = inp.features, inp.next_probs
         else:
-            static = self.capturable(requests)
-            inp = self._inputs(requests, static)
-            limits, self.limits = self.limits, None
-            e.window_kind.fill(e, inp, requests, limits[1] if limits and limits[0] == [id(r) for r in requests] else None)
+            # the next window's draft counts, asked once a step (a pre-launch decision made already
+            # is kept in `limits`): a decode bucket is keyed by them too
+            decided, self.limits = self.limits, None
+            limits = decided[1] if decided and decided[0] == [id(r) for r in requests] else draft_limits(e, requests)
+            inp = self._inputs(requests, self.capturable(requests), limits)
+            e.window_kind.fill(e, inp, requests, limits)
+            self._keep_lent_probs(inp, requests)      # (after `fill` read this step's requests' drafts)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
         if probs is not None and inp.graph is not None:
-            # T > 0: the drafts' probabilities are the graph's output buffer, which the bucket's next
-            # replay overwrites (a pre-launched one at once); the requests keep a copy
-            probs = probs.clone()
+            # T > 0: the drafts' probabilities [B, k, V] are the graph's output buffer, handed to the
+            # requests as views (no per-step copy): the bucket's next replay overwrites them, which is
+            # harmless for the requests aboard it (their next step read them already: `fill`, or the
+            # pre-launch's device copy); `_keep_lent_probs` copies out the rows of any other
+            inp.lent = list(requests)
         if self._can_prelaunch(inp, requests):
             self._prelaunch(inp, requests)
         e.target_forwards += 1
@@ -201,6 +206,21 @@ class StepRunner:
         rows = inp.readback.rows(handle, len(requests))              # the step's one sync
         return StepResult(inp, rows, features, probs, e.window_kind)
 
+    def _keep_lent_probs(self, inp: StepInputs, requests) -> None:
+        """Before `inp`'s graph replays: a request handed views of its probabilities output by an
+        earlier replay that is not aboard this one (the scheduler left it out of a step for the token
+        budget, or it left for another engine) gets its own copy of its rows, which the replay would
+        overwrite. The requests aboard read theirs before the replay or never (a pre-launch)."""
+        lent, inp.lent = inp.lent, []
+        if not lent or inp.graph is None or inp.next_probs is None:
+            return
+        aboard = {id(r) for r in requests}
+        out = inp.next_probs.untyped_storage().data_ptr()
+        for r in lent:
+            p = r.draft_probs
+            if id(r) not in aboard and p is not None and p.untyped_storage().data_ptr() == out:
+                r.draft_probs = p.clone()
+
     def _launch(self, inp: StepInputs):
         """Run (eagerly, warm up, capture, or replay) the body on `inp` -> (packed outputs, head
         features, next draft probabilities); policies count every window once (see `account`)."""
@@ -214,6 +234,7 @@ class StepRunner:
             if inp.graph is not None:
                 inp.graph.replay()
                 self.replays += 1
+                inp.replays += 1
                 packed, inp.features, inp.next_probs = inp.outputs
                 return packed, inp.features, inp.next_probs
             if not inp.static or not inp.warmed or not self.capture:
@@ -236,7 +257,7 @@ class StepRunner:
     # -- pre-launch ------------------------------------------------------------------------------
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
         """The next step is this bucket again, on the inputs this step computed for it: every request
-        runs on with k drafts (none can emit its last token now: 2k + 2 or more left; no end token is
+        runs on with the bucket's k drafts (its draft count d; none can emit its last token now: 2k + 2 or more left; no end token is
         watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
         graph exists; no request of this step was aborted or preempted while it ran."""
         e = self.engine
@@ -268,9 +289,9 @@ class StepRunner:
 
     def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
         """With a `draft_counts` hook, the pre-launched step's chain drafts with the limits already in
-        its buffer (k each: this step drafted k for everyone). Asked now, the hook decides the next
-        window's counts; any count below k keeps the step for the host, which fills that decision
-        in (kept in `limits`: one decision per step)."""
+        its buffer (the bucket's k each, its draft count d: this step drafted d for everyone). Asked
+        now, the hook decides the next window's counts; any other count keeps the step for the host,
+        which fills that decision in and keys its bucket by it (kept in `limits`: one decision per step)."""
         e = self.engine
         if e.draft_counts is None:
             return True
@@ -294,9 +315,10 @@ class StepRunner:
         inp.inputs.upload_only("tables")
         if inp.draft_probs is not None and inp.next_probs is not None:
             # T > 0: the next verify reads the probabilities of the drafts this step's chain proposed,
-            # copied on the device as `fill` copies them from the requests (padding slots: zeros)
-            real = (inp.remaining > 0)[:, None, None]
-            inp.draft_probs.copy_(torch.where(real, inp.next_probs, 0.0).view(inp.draft_probs.shape))
+            # copied on the device in place as `fill` copies them from the requests (padding slots: zeros)
+            probs = inp.draft_probs.view(inp.next_probs.shape)
+            probs.copy_(inp.next_probs).masked_fill_((inp.remaining <= 0)[:, None, None], 0.0)
+        self._keep_lent_probs(inp, requests)
         packed, features, _ = self._launch(inp)
         self.pending = (inp, list(requests), inp.readback.start(packed))
         self.prelaunched += 1

@@ -52,13 +52,19 @@ def chain_k(e) -> int:
 
 class StepInputs:
     """Buffers of one step: `size` request slots, `tokens` rows, `k` draft slots per request
-    (the engine's k; 0 without drafting). `static`: padded to a bucket for capture (device
-    metadata, `max_query_len` a bound fixed per bucket) rather than the step's exact size."""
+    (default the engine's k, 0 without drafting; a decode bucket's is the step's draft count d,
+    `BucketKey`: its verify has d + 1 rows a request and its chain drafts at most d). `static`:
+    padded to a bucket for capture (device metadata, `max_query_len` a bound fixed per bucket)
+    rather than the step's exact size."""
 
     def __init__(self, engine, size: int, tokens: int, max_query_len: int, *, chain: bool, static: bool,
-                 tree: bool = False):
+                 tree: bool = False, k: int | None = None):
         e, dev = engine, engine.device
-        k = chain_k(e)
+        k = chain_k(e) if k is None else k
+        if not 0 <= k <= chain_k(e):
+            raise ValueError(f"StepInputs: k={k} draft slots a request; the engine drafts 0..{chain_k(e)}")
+        if chain and not k:
+            raise ValueError("StepInputs: a draft chain aboard needs k >= 1 draft slots (chain=False for k = 0)")
         self.size, self.tokens, self.k, self.static = size, tokens, k, static
         self.max_query_len = max_query_len
         # with trees: every step drafts a tree for the next window after its commit; `tree`: this
@@ -98,16 +104,16 @@ class StepInputs:
         in_buffer = e.policy.window_in_buffer
         kernel = KernelArgs(self.tables, self.cache_lens, self.qsl, self.rows if in_buffer else None,
                             self.qsl if in_buffer else None, *_sliding_args(e), max_query_len=max_query_len)
-        if _reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
+        if reads_log(e):   # cow on a ring: each request's drafts' evicted positions, from the log (`window_chain.place_log`)
             kernel.log_lo = torch.zeros(size, dtype=torch.int32, device=dev)
             kernel.log_start = torch.zeros(size + 1, dtype=torch.int32, device=dev)
         self.md = AttentionMetadata(self.positions, slots, e.cache, e.policy, kernel, attention=e.config.attention,
                                     sliding=e.sliding, ledger=e.ledger)
-        self.chain = ChainInputs(e, size, self.tables, static) if chain else None
+        self.chain = ChainInputs(e, size, self.tables, static, k) if chain else None
         self.drafts_next = chain or self.tree_draft   # the body drafts the next window (a chain or a tree)
         # the readback: sampled ids, the accepted length, then the next window's drafts (the kind's width)
         self.readback = Readback(dev, (size, self.sampled_width + 1
-                                       + (e.window_kind.draft_width if self.drafts_next else 0)))
+                                       + (e.window_kind.draft_width(k) if self.drafts_next else 0)))
         # a decode bucket computes the next step's inputs itself (every request t_last + k drafts
         # again, at the positions this step's acceptance gives), so the runner can launch the next
         # step before it has read this one (`StepRunner._can_prelaunch`)
@@ -116,8 +122,16 @@ class StepInputs:
         self.features = None          # head output at each request's last kept row [size, h], or None
         self.next_probs = None        # the chain's draft probabilities [size, k, V] (T > 0), or None
         self.graph = None             # the runner's: the captured body, and its outputs
+        self.replays = 0              # steps replayed from `graph` (the runner counts them)
+        self.lent: list = []          # requests holding views of `next_probs` (`StepRunner._keep_lent_probs`)
         self.outputs = None
         self.warmed = False
+
+    @classmethod
+    def of_key(cls, engine, key, static: bool) -> "StepInputs":
+        """The buffers of `key` (a `BucketKey`)."""
+        return cls(engine, key.size, key.tokens, key.max_query_len, chain=key.chain, static=static, tree=key.tree,
+                   k=key.k)
 
     # -- host ----------------------------------------------------------------------------------
     def fill(self, engine, requests, limits: list[int] | None = None) -> None:
@@ -213,12 +227,13 @@ class StepInputs:
 
 
 class ChainInputs:
-    """Buffers of the EAGLE draft chain d_1..d_k for `size` request slots: the first draft from the
-    verify pass's head features, then k - 1 head passes, one row per request each (step-major rows),
-    in one draft-policy window on the head's layer, committed with every row rejected."""
+    """Buffers of the EAGLE draft chain d_1..d_k for `size` request slots (k: the bucket's draft
+    slots, at most the engine's): the first draft from the verify pass's head features, then k - 1
+    head passes, one row per request each (step-major rows), in one draft-policy window on the
+    head's layer, committed with every row rejected."""
 
-    def __init__(self, engine, size: int, tables: torch.Tensor, static: bool):
-        e, dev, k = engine, engine.device, engine.k
+    def __init__(self, engine, size: int, tables: torch.Tensor, static: bool, k: int):
+        e, dev = engine, engine.device
         pol = e.drafter.policy
         self.size, self.k, self.tables = size, k, tables
         rows = size * max(0, k - 1)
@@ -272,7 +287,7 @@ def _sliding_args(e) -> tuple[int, int]:
     return (s.size, s.ring_slots or 0) if s is not None else (0, 0)
 
 
-def _reads_log(e) -> bool:
+def reads_log(e) -> bool:
     """A ring under a policy that declares `evicted_in_log` (cow): the verify pass reads the positions
     its drafts' writes evict from the policy's log (the runner keeps these steps eager)."""
     return e.sliding is not None and e.sliding.ring_slots is not None and e.policy.evicted_in_log

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.buffers import BucketKey, bucket_size, prefill_token_buckets, slot_sizes, token_bucket
 from nwor_lab.kv import build_slot_mapping
 from nwor_lab.speculative import check_against_sampler, rejection_sample
 from nwor_lab.window import Acceptance, Window
@@ -73,20 +73,32 @@ def host_rows_window(h: dict, result):
     return window, Acceptance.from_accepted_len(window, result.accepted)
 
 
-def rows_key(e, requests, static: bool, k: int, chain: bool) -> tuple:
-    """(request slots, rows, max query length (0: unknown), chain aboard, tree window) of a rows
-    step: the bucket's when `static`, else the step's exact sizes (one padding row when a request has
-    fewer drafts than k: it stands in for the missing ones)."""
+def rows_key(e, requests, static: bool, k: int, chain: bool, limits: list[int]) -> BucketKey:
+    """The `BucketKey` of a rows step: the bucket's when `static`, else the step's exact sizes (one
+    padding row when a request has fewer drafts than k: it stands in for the missing ones; the
+    sampler's layout keeps k slots a request). A decode bucket is keyed by the step's draft count
+    d (`step_drafts`): d + 1 rows a request slot and a chain of d drafts (none at d = 0: a decode
+    step, whose head pass only keeps the head's cache); a step with prefills keeps k."""
     n = len(requests)
     tokens = sum(len(r.scheduled()[0]) for r in requests)
     prefill = any(r.is_prefill for r in requests)
     if not static:
         short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
-        return n, tokens + (1 if short else 0), 0 if prefill else k + 1, chain, False
+        return BucketKey(n, tokens + (1 if short else 0), 0 if prefill else k + 1, chain, False, k)
     if prefill:
-        return bucket_size(n), token_bucket(tokens), 0, chain, False
-    size = bucket_size(n)
-    return size, size * (k + 1) + 1, k + 1, chain, False
+        return BucketKey(bucket_size(n), token_bucket(tokens), 0, chain, False, k)
+    return decode_key(bucket_size(n), step_drafts(requests, limits) if chain else 0)
+
+
+def decode_key(size: int, d: int) -> BucketKey:
+    """The decode bucket of `size` request slots and draft count d."""
+    return BucketKey(size, size * (d + 1) + 1, d + 1, d > 0, False, d)
+
+
+def step_drafts(requests, limits: list[int]) -> int:
+    """A decode step's draft count d: the most drafts any request verifies now or may draft for its
+    next window (`limits`, `step.draft_limits`): the step's verify rows and its chain both fit d."""
+    return max([len(r.drafts) for r in requests] + list(limits), default=0)
 
 
 # -- the draft chain -------------------------------------------------------------------------------
@@ -114,7 +126,7 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
     from the features, the rest from k - 1 head passes in the draft policy's window.
     -> (drafts [B, k] int64, -1 past `counts[j]`; probabilities [B, k, V] or None when greedy)."""
     e = engine
-    head, pol, k = e.head, e.drafter.policy, e.k
+    head, pol, k = e.head, e.drafter.policy, chain.k
     chain.place(e, base, counts)
     g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
     token, q = e.drafter.propose(g)
@@ -168,7 +180,19 @@ class ChainKind:
         return max(1, self.k - 1) if self.engine.drafting else 0
 
     eager_reason = None     # nothing about chains keeps every step eager
-    captures_at_start = True   # its buckets' keys are known before any request (engine.capture_sizes)
+
+    def start_keys(self, runner) -> list[BucketKey]:
+        """Every bucket a step of this engine can reach, known before any request (captured at start,
+        `engine.capture_sizes`): decode buckets by request slots and draft count d (d = k with a
+        fixed k, every d in 0..k with a `draft_counts` hook), then the prefill buckets (none for
+        a hybrid target, whose prefills stay eager)."""
+        e = self.engine
+        counts = range(self.k + 1) if e.draft_counts is not None and self.k else [self.k]
+        keys = [decode_key(s, d) for s in slot_sizes(runner.max_size) for d in counts]
+        if e.states is None:
+            keys += [BucketKey(s, rows, 0, e.drafting, False, self.k) for s in slot_sizes(runner.max_size)
+                     for rows in prefill_token_buckets(s, runner.max_tokens, runner.reserved)]
+        return keys
 
     def capturable(self, runner) -> bool:
         return True         # every chain step may run from a bucket's graph (the runner's other rules apply)
@@ -176,10 +200,9 @@ class ChainKind:
     def schedule(self, requests):
         return requests                                   # prefills and decodes share a step
 
-    @property
-    def draft_width(self) -> int:
-        """Readback columns of the next window's drafts: k."""
-        return self.k
+    def draft_width(self, k: int) -> int:
+        """Readback columns of the next window's drafts in buffers of k draft slots: k."""
+        return k
 
     def draft_need(self, req, start: int, q: int, n: int) -> int:
         """Positions the step may write for `req` with the chain aboard: up to the most this window
@@ -190,8 +213,8 @@ class ChainKind:
         """Forced acceptance's conditional rates per draft index `[k]` (the sampler's `synthetic_rates`)."""
         return acceptance.conditional(self.engine.k, device)
 
-    def bucket_key(self, e, requests, static: bool) -> tuple:
-        return rows_key(e, requests, static, self.k, e.drafting)
+    def bucket_key(self, e, requests, static: bool, limits: list[int]) -> BucketKey:
+        return rows_key(e, requests, static, self.k, e.drafting, limits)
 
     def fill(self, e, inp, requests, limits) -> None:
         inp.fill(e, requests, limits=limits)
@@ -233,8 +256,8 @@ class ChainKind:
         k = self.k
 
         def count(j: int) -> int:
-            drafts = result.drafts[j]
-            return drafts.index(-1) if -1 in drafts else k
+            drafts = result.drafts[j]           # the bucket's d columns, -1 past the count
+            return drafts.index(-1) if -1 in drafts else len(drafts)
 
         def give(j: int, r) -> None:
             n = count(j)

@@ -19,14 +19,14 @@ class WindowKind(Protocol):
     verify_rows: int     # rows a request slot of a decode bucket
     draft_rows: int      # rows a request slot of the head's draft window (0: no drafting)
     eager_reason: str | None   # why every step runs eagerly because of the kind (None: nothing)
-    draft_width: int     # readback columns of the next window's drafts (a chain's k, a tree's 2N)
-    captures_at_start: bool   # may its buckets be captured before the first step (engine.capture_sizes)
 
     # host, before the step
     def forced_tables(self, acceptance, device): ...                # forced acceptance's device tables
     def schedule(self, requests) -> list: ...                       # which scheduled requests share a step
     def capturable(self, runner) -> bool: ...                        # may this kind's steps replay graphs
-    def bucket_key(self, engine, requests, static: bool) -> tuple: ...   # the step's buffers (runner)
+    def bucket_key(self, engine, requests, static: bool, limits) -> tuple: ...   # the step's BucketKey (runner)
+    def start_keys(self, runner) -> list: ...                       # buckets captured at start ([]: first use)
+    def draft_width(self, k: int) -> int: ...                       # readback columns of the next window's drafts
     def fill(self, engine, inp, requests, limits) -> None: ...      # the requests into the buffers
     def draft_need(self, req, start: int, q: int, n: int) -> int: ...   # positions written, the draft window's too
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.engine.buffers import bucket_size, token_bucket
+from nwor_lab.engine.buffers import BucketKey, bucket_size, token_bucket
 from nwor_lab.engine.tree_plan import host_path
 from nwor_lab.engine.window_chain import accept_rows, hand_out_each, head_ids_rows, host_rows_window, verify_rows
 from nwor_lab.speculative.tree_accept import accept_tree_from_sampled, accept_tree_greedy, accept_tree_sampled
@@ -132,7 +132,6 @@ class TreeKind:
     (k = 0). Either drafts the next tree."""
 
     k = 0           # draft slots a request in the sampler's layout: a tree engine's prefills verify with none
-    captures_at_start = False   # tree buckets are captured at their first use (not enumerated before serving)
 
     def __init__(self, engine):
         self.plan = engine.tree_plan
@@ -165,9 +164,12 @@ class TreeKind:
         # (no test of it padded or captured): its steps stay eager rather than unverified.
         return not self.static_tree and not self.sampled and runner.tree_graphs
 
-    @property
-    def draft_width(self) -> int:
-        """Readback columns of the next tree: N node tokens, then N parents."""
+    def start_keys(self, runner) -> list:
+        """None: tree buckets are captured at their first use (not enumerated before serving)."""
+        return []
+
+    def draft_width(self, k: int) -> int:
+        """Readback columns of the next tree: N node tokens, then N parents (whatever `k`)."""
         return 2 * self.plan.nodes
 
     def draft_need(self, req, start: int, q: int, n: int) -> int:
@@ -187,15 +189,16 @@ class TreeKind:
             return [r for r in requests if r.is_prefill]
         return requests
 
-    def bucket_key(self, e, requests, static: bool) -> tuple:
+    def bucket_key(self, e, requests, static: bool, limits: list[int]) -> BucketKey:
         """A tree window (N + 1 rows a request slot, short trees padded) or a prefill (plain rows,
         k = 0, the next tree drafted after it); padded to a bucket when static."""
         n = len(requests)
         if any(r.is_prefill for r in requests):
             tokens = sum(len(r.scheduled()[0]) for r in requests)
-            return (bucket_size(n), token_bucket(tokens), 0, False, False) if static else (n, tokens, 0, False, False)
+            return BucketKey(bucket_size(n), token_bucket(tokens), 0, False, False, self.k) if static \
+                else BucketKey(n, tokens, 0, False, False, self.k)
         size = bucket_size(n) if static else n
-        return size, size * self.verify_rows, self.verify_rows, False, True
+        return BucketKey(size, size * self.verify_rows, self.verify_rows, False, True, self.k)
 
     def fill(self, e, inp, requests, limits) -> None:
         if inp.tree is not None:

@@ -1,0 +1,35 @@
+"""A CPU stand-in for the runner's CUDA graphs (tests only): what a captured bucket does to its
+outputs, without a GPU. The real capture is tested in tests/gpu/."""
+import nwor_lab.engine.runner as runner_mod
+
+
+def graph_like(monkeypatch):
+    """A CPU stand-in for CUDA graphs: the bucket's body runs once at capture, and every replay runs
+    it again and copies its outputs into the first run's tensors (a graph's fixed output buffers,
+    overwritten by each replay). Draws and cache writes happen once per step, as with a real graph."""
+    real_step = runner_mod.run_step
+
+    def run_step(e, inp):
+        out = real_step(e, inp)
+        if inp.outputs is None:
+            return out
+        for dst, src in zip(inp.outputs, out):
+            if dst is not None:
+                dst.copy_(src)
+        return inp.outputs
+
+    class Graph:
+        def __init__(self, fn):
+            self.fn, self.fresh = fn, True
+
+        def replay(self):
+            if self.fresh:          # the capture's own run stands for its first replay
+                self.fresh = False
+                return
+            self.fn()
+
+    def capture_graph(fn, warmup=0, device=None, generators=()):
+        fn()
+        return Graph(fn)
+    monkeypatch.setattr(runner_mod, "run_step", run_step)
+    monkeypatch.setattr(runner_mod, "capture_graph", capture_graph)
