@@ -114,7 +114,9 @@ def profile_mode(target, head, mode: str, device, args) -> dict:
     others = [x for x in tp.launched_in(events, steps) if id(x) not in mine]
     copy_streams = tp.streams(copies)
     other_streams = tp.streams(others)
-    out.update(copies={"events": len(copies),  # 0: the tier launched nothing the trace could tie to its ranges "streams": copy_streams, "us": round(tp.busy_us(tp.span(x) for x in copies), 1)},
+    # copies.events 0: the tier launched nothing the trace could tie to its ranges (then nothing is claimed)
+    out.update(copies={"events": len(copies), "streams": copy_streams,
+                       "us": round(tp.busy_us(tp.span(x) for x in copies), 1)},
                step_device_streams=other_streams,
                copies_on_their_own_stream=bool(copies) and not set(copy_streams) & set(other_streams),
                copy_overlap_with_step_device_us=round(tp.overlap_us([tp.span(x) for x in copies],
