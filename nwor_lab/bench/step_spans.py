@@ -35,8 +35,6 @@ import contextlib
 import statistics
 import time
 
-import torch
-
 # (piece, owner path from the engine or a class, attribute)
 PIECES = (
     ("schedule", "scheduler", "schedule"),
@@ -187,7 +185,3 @@ class StepSpans:
                 "note": "readback holds the wait for the device (the step's one sync); every other piece is host "
                         "work, except launch on an eager step (the body's kernels are launched there)"}
 
-
-def device_sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)

@@ -29,7 +29,7 @@ import torch
 
 from nwor_lab.bench import trace_profile as tp
 from nwor_lab.bench.output import save_json
-from nwor_lab.bench.step_spans import TIER, StepSpans, device_sync
+from nwor_lab.bench.step_spans import TIER, StepSpans
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.config import LabConfig, nwor_modes
@@ -75,8 +75,7 @@ def profile_mode(target, head, mode: str, device, args) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     walls, kinds = [], []
     with StepSpans(e, tier=True) as spans:
-        def each_step():
-            device_sync(device)
+        def each_step():          # no sync before the step: its wall time is the engine's own pace
             n0 = (e.prefix.host.counts["host_offloads"], e.prefix.host.counts["host_restores"])
             t0 = time.perf_counter()
             spans.step()
