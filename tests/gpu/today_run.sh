@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Today's GPU runs, one part per 10-minute call (each cut by `lim` to end before its budget), JSON under $OUT
 # (at most 7 files a part: the device's limit on what comes back is 8). Written without a GPU.
-#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/today_run.sh PART
+#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/today_run.sh PART [PART ...]   (in order, one budget)
 #
 #   nccl      (two GPUs: nvidia-h200-x2)  the NCCL hand-off: tests/gpu/test_gpu_handoff_nccl.py (prefill on
 #             cuda:0, decode on cuda:1, every exact strategy, greedy and T 0.8, off and stage), then bench disagg
@@ -14,9 +14,11 @@
 #   spans     (one GPU)  the step's host time by piece at 32 clients, target and EAGLE-3 k 4 (stage and off)
 #             -> step_spans_8b_<card>.json
 #   chain     (one GPU)  the graphed 8B step's kernels at batch 64, off / cow / stage -> chain_kernels_8b_<card>.json
-#   profiles  tier, spans and chain in one call
+#   profiles  tier, spans and chain (about 9 minutes: `tier chain` then `spans` as two calls is safer)
 set -uo pipefail
-PART=${1:?PART: nccl, ipc8b, tier, spans, chain or profiles}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain or profiles}
+PARTS=${PARTS/profiles/tier spans chain}
+PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
 gpu_begin 575
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # NVLink multicast stays off
@@ -49,9 +51,10 @@ chain() {
   echo "step_profile chain exit $?"; tail -3 "$OUT/chain_kernels.log" | cut -c1-300
 }
 
+for PART in $PARTS; do
 case "$PART" in
   nccl)
-    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "nccl: needs two GPUs (kind nvidia-h200-x2)"; exit 2; }
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "nccl: needs two GPUs (kind nvidia-h200-x2)"; continue; }
     stage "pytest tests/gpu/test_gpu_handoff_nccl.py"
     timeout $(lim 220) python3 -m pytest -q -s -rs -m gpu tests/gpu/test_gpu_handoff_nccl.py -p no:cacheprovider \
       > "$OUT/test_gpu_handoff_nccl.log" 2>&1
@@ -68,7 +71,7 @@ case "$PART" in
   tier) stage tier; tier ;;
   spans) stage spans; spans ;;
   chain) stage chain; chain ;;
-  profiles) stage tier; tier; stage spans; spans; stage chain; chain ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain or profiles"; exit 2 ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain or profiles" ;;
 esac
+done
 stage done
