@@ -30,6 +30,7 @@ was written on): tests/gpu/test_gpu_handoff_nccl.py and tests/gpu/today_run.sh n
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import torch
@@ -148,7 +149,8 @@ def _rounds_rank(group, pair: EnginePair, transport: str, ipc_device: str, promp
         else:
             out.append(_recv_round(pair.fresh(models), link, group, max_new_tokens, item, sampler_stream, sync,
                                    profile_to if i == profile_round else None))
-        group.barrier()            # both ranks start the next round together (the round's engine is gone)
+        gc.collect()               # the round's engine (reference cycles) and its cache go before the next
+        group.barrier()            # both ranks start the next round together
     return out
 
 
