@@ -5,6 +5,8 @@ profiles rest on (nwor_lab.bench.trace_profile), on the CPU:
   fresh engines: every hand-off round decodes the reference's tokens, write_all ships more bytes than
   nwor on prompts with partial blocks, and the rows travel as their own messages (the NCCL path's
   wire, here on the CPU);
+- the wire itself (a loopback in this process): bf16, fp8, float32 and empty rows come back bit for bit,
+  in the frame's order, each row a raw message of its own;
 - the profiled round's trace holds the receive and the decode ranges, one after the other;
 - the trace helpers on planted events: device work attributed to the range that launched it, overlap
   of device intervals, host syncs named with the range holding them (what a CUDA trace carries; the
@@ -95,3 +97,39 @@ def test_trace_helpers_on_planted_events():
     out = tp.handoff_overlap(ev)
     assert out["overlap_us"] == 5.0 and not out["transfer_ends_before_decode"]   # the planted kernel runs late
     assert out["transfer_kernels"] == ["ncclDevKernel_SendRecv"]
+
+
+class LoopbackGroup:
+    """A rank's group whose point-to-point messages go through a queue in this process (both ends here)."""
+    world_size, rank, device, backend, process_group = 2, 0, torch.device("cpu"), "loopback", None
+
+    def _run(self, what, fn):
+        return fn()
+
+
+def test_wire_sends_the_rows_as_raw_messages_in_any_dtype(monkeypatch):
+    """The TorchDistributed wire (NCCL's on the GPU): the frame, then each row tensor as raw bytes; bf16
+    and fp8 rows, an empty one, and the wire order come back bit for bit."""
+    from collections import deque
+
+    import torch.distributed as dist
+
+    from nwor_lab.disagg import Shipment, TorchDistributed
+    queue, sizes = deque(), []
+    monkeypatch.setattr(dist, "send", lambda t, peer, group=None: (queue.append(t.clone()), sizes.append(t.numel())))
+    monkeypatch.setattr(dist, "recv", lambda t, peer, group=None: t.copy_(queue.popleft()))
+    g = torch.Generator().manual_seed(0)
+    tensors = {"key.0": torch.randn(5, 2, 4, generator=g).to(torch.bfloat16),
+               "generator": torch.arange(16, dtype=torch.uint8),
+               "value.0": torch.randn(5, 2, 4, generator=g).to(torch.float8_e4m3fn),
+               "state.conv": torch.zeros(0, 3), "key.1": torch.randn(5, 2, 4, generator=g)}
+    link = TorchDistributed(LoopbackGroup(), peer=1)
+    link.send(Shipment({"protocol": 1, "rows": 5}, tensors))
+    got = link.recv()
+    assert list(got.tensors) == list(tensors) and got.header == {"protocol": 1, "rows": 5}
+    for name, t in tensors.items():
+        assert got.tensors[name].dtype == t.dtype and got.tensors[name].shape == t.shape
+        assert torch.equal(got.tensors[name].view(torch.uint8), t.view(torch.uint8)), name
+    # length, frame, then key.0, value.0, key.1 (the empty state tensor sends nothing)
+    assert sizes[2:] == [t.nbytes for n, t in tensors.items() if n.startswith(("key.", "value.")) and t.numel()]
+    assert link.bytes_sent == sum(sizes[1:]) and not queue
