@@ -8,16 +8,14 @@ which hid differences of a few tenths of a per cent in the step (issue 27's N = 
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from nwor_lab.bench.timing import in_turn
+from nwor_lab.bench.trace_profile import trace_of
 
 PAUSE_S = 0.003      # the idle gap after each replay: longer than any gap inside one (kernels run back to back)
 GAP_US = 1500.0      # a device-side gap this long separates two replays
@@ -76,10 +74,6 @@ def replay_profile(graphs: Mapping[str, torch.cuda.CUDAGraph], rounds: int = 6, 
                 torch.cuda.synchronize()
                 time.sleep(PAUSE_S)
                 order.append(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    events = [e for e in trace_of(prof) if e.get("cat") == "kernel"]
     groups = split_replays(events, len(order))
     return None if groups is None else per_replay_kernels(order, groups, top)

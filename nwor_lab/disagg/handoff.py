@@ -7,9 +7,8 @@
         every shipment installed on the decode engine, which runs to the end
     handoff(prefill_engine, decode_engine, prompts, ..., transport=InProcess()) -> HandoffResult
         both in this process, every frame through `transport`
-    run_handoff(pair, prompts, ..., transport="gloo") -> HandoffResult
-        two processes (nwor_lab.distributed.launch): rank 0 prefills and sends, rank 1 receives and
-        decodes; `pair` is an `EnginePair` (picklable: each rank builds its own engine)
+    EnginePair                   how each rank builds its engine (picklable)
+    (two processes: nwor_lab.disagg.ranks, run_handoff / run_ipc_handoff / run_rounds)
 
 The prompts of one hand-off are prefilled in one step, as one engine would prefill them in its
 first step: the decode engine then runs the batch one engine would run, and at T > 0 draws from
@@ -26,7 +25,7 @@ from nwor_lab.config import LabConfig
 from nwor_lab.disagg.observer import RejectedRows
 from nwor_lab.disagg.shipment import Shipment, check_exportable, export_request, install
 from nwor_lab.disagg.strategies import handoff_strategy
-from nwor_lab.disagg.transport import InProcess, TorchDistributed, check_transport
+from nwor_lab.disagg.transport import InProcess
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.generate import acceptance_stats
 
@@ -141,7 +140,8 @@ class EnginePair:
     head: str = "eagle3"
     acceptance: str = ""
 
-    def build(self, device="cpu") -> SpecEngine:
+    def models(self, device="cpu") -> tuple:
+        """-> (target, head) on `device` (both ranks draw the same weights: the seeds are the pair's)."""
         if self.model == "toy":
             from nwor_lab.model.toy import toy_pair
             target, head = toy_pair(self.seed)
@@ -158,94 +158,15 @@ class EnginePair:
             head = random_head(target, self.head, self.model, seed=self.seed + 1)
         else:
             raise ValueError(f"EnginePair(model={self.model!r}): choose toy, tiny, hybrid, 8b or 8b-mini")
+        return target.to(device), head.to(device)
+
+    def fresh(self, models: tuple) -> SpecEngine:
+        """A fresh engine on `models` (from `models()`): a repeat builds a new engine, not new weights."""
         kw = dict(self.engine)
         if self.acceptance:
             from nwor_lab.speculative.synthetic import ForcedAcceptance
             kw["acceptance"] = ForcedAcceptance.parse(self.acceptance, kw.get("k", 0))
-        return SpecEngine(target.to(device), head.to(device), self.config, **kw)
+        return SpecEngine(*models, self.config, **kw)
 
-
-def _rank(group, pair: EnginePair, prompts, max_new_tokens, strategy, sampler_stream):
-    """Rank 0 prefills and sends, rank 1 receives and decodes (nwor_lab.distributed.launch's fn)."""
-    engine = pair.build(group.device)
-    link = TorchDistributed(group, peer=1 - group.rank)
-    if group.rank == 0:
-        t0 = time.perf_counter()
-        shipped = prefill(engine, prompts, max_new_tokens, strategy)
-        t1 = time.perf_counter()
-        group.broadcast_(torch.tensor([len(shipped)], dtype=torch.long, device=group.device), src=0)
-        for s in shipped:
-            link.send(s)
-        return {"prefill_s": t1 - t0, "send_s": time.perf_counter() - t1}
-    n = torch.zeros(1, dtype=torch.long, device=group.device)
-    group.broadcast_(n, src=0)
-    t1 = time.perf_counter()
-    received = [link.recv() for _ in range(int(n))]
-    t2 = time.perf_counter()
-    tokens = decode(engine, received, sampler_stream=sampler_stream)
-    t3 = time.perf_counter()
-    return _result(strategy, group.backend, received, tokens, engine, (0.0, t2 - t1, t3 - t2))
-
-
-def run_handoff(pair: EnginePair, prompts, max_new_tokens: int, strategy="nwor", *, transport: str = "gloo",
-                sampler_stream: bool = True, timeout_s: float = 60.0) -> HandoffResult:
-    """The hand-off between two processes over `transport` ("gloo" on CPU; "nccl": each rank on its
-    own GPU, cuda:0 and cuda:1, not run here; "cuda_ipc": both on cuda:0, nwor_lab.disagg.ipc). -> the decode rank's result, with the prefill time."""
-    check_transport(transport)
-    if transport == "cuda_ipc":
-        return run_ipc_handoff(pair, prompts, max_new_tokens, strategy, sampler_stream=sampler_stream,
-                               timeout_s=timeout_s)
-    if transport == "inprocess":
-        return handoff(pair.build(), pair.build(), prompts, max_new_tokens, strategy, sampler_stream=sampler_stream)
-    from nwor_lab.distributed.launcher import launch
-    device = "cuda" if transport == "nccl" else "cpu"
-    sent, result = launch(_rank, 2, (pair, prompts, max_new_tokens, handoff_strategy(strategy).name, sampler_stream),
-                          device=device, backend=transport, timeout_s=timeout_s, threads=1)
-    result.prefill_s = sent["prefill_s"]
-    result.extra["send_s"] = sent["send_s"]
-    return result
-
-
-def _ipc_rank(group, pair, device: str, prompts, max_new_tokens, strategy, sampler_stream):
-    """Rank 0 prefills on `device` and sends by IPC handle; rank 1 receives on the same device and
-    decodes (nwor_lab.distributed.launch's fn, the group a gloo group on the CPU)."""
-    torch.cuda.set_device(torch.device(device))
-    from nwor_lab.disagg.ipc import CudaIpc
-    engine = pair.build(device)
-    link = CudaIpc(group, peer=1 - group.rank)
-    count = torch.zeros(1, dtype=torch.long)
-    if group.rank == 0:
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        shipped = prefill(engine, prompts, max_new_tokens, strategy, on_device=True)
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        count[0] = len(shipped)
-        group.broadcast_(count, src=0)
-        for s in shipped:
-            link.send(s)
-        return {"prefill_s": t1 - t0, "send_s": time.perf_counter() - t1, "control_bytes": link.control_bytes}
-    group.broadcast_(count, src=0)
-    t1 = time.perf_counter()
-    received = [link.recv() for _ in range(int(count))]
-    t2 = time.perf_counter()
-    tokens = decode(engine, received, sampler_stream=sampler_stream)
-    torch.cuda.synchronize()
-    t3 = time.perf_counter()
-    return _result(strategy, "cuda_ipc", received, tokens, engine, (0.0, t2 - t1, t3 - t2))
-
-
-def run_ipc_handoff(pair, prompts, max_new_tokens: int, strategy="nwor", *, device: str = "cuda:0",
-                    sampler_stream: bool = True, timeout_s: float = 300.0):
-    """The hand-off between two processes sharing one GPU (`device`) through CUDA IPC. -> the decode
-    rank's HandoffResult, with the prefill time and the control channel's bytes in `extra`."""
-    from nwor_lab.distributed.launcher import launch
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"transport='cuda_ipc' on device={device!r}: CUDA IPC shares GPU memory between "
-                         f"processes and needs a CUDA device; use transport='gloo' on the CPU")
-    sent, result = launch(_ipc_rank, 2, (pair, device, prompts, max_new_tokens, handoff_strategy(strategy).name,
-                                         sampler_stream),
-                          device="cpu", backend="gloo", timeout_s=timeout_s, threads=1)
-    result.prefill_s = sent["prefill_s"]
-    result.extra.update(send_s=sent["send_s"], control_bytes=sent["control_bytes"])
-    return result
+    def build(self, device="cpu") -> SpecEngine:
+        return self.fresh(self.models(device))

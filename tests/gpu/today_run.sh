@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Today's GPU runs, one part per 10-minute call (each cut by `lim` to end before its budget), JSON under $OUT
+# (at most 7 files a part: the device's limit on what comes back is 8). Written without a GPU.
+#   usage (repo root, GPU machine):  OUT=/path bash tests/gpu/today_run.sh PART [PART ...]   (in order, one budget)
+#
+#   nccl      (two GPUs: nvidia-h200-x2)  the NCCL hand-off: tests/gpu/test_gpu_handoff_nccl.py (prefill on
+#             cuda:0, decode on cuda:1, every exact strategy, greedy and T 0.8, off and stage), then bench disagg
+#             on the 8B shape over NCCL: 8 prompts x 500 tokens (partial blocks), 32 new, k 4, off and stage,
+#             nwor and write_all, 1 warm-up round and 3 interleaved repeats with one engine (on cuda:1), one
+#             profiled round -> disagg_8b_nccl_<card>x2.json (both cards named; `overlap`: transfer vs decode)
+#   ipc8b     (one GPU)  tests/gpu/test_gpu_handoff_ipc.py (the rounds code now carries it), then the same
+#             bench over CUDA IPC with partial blocks -> disagg_8b_partial_<card>.json
+#   tier      (one GPU)  the host tier under torch.profiler, off / cow / stage -> tier_profile_<card>.json
+#   spans     (one GPU)  the step's host time by piece at 32 clients, target and EAGLE-3 k 4 (stage and off)
+#             -> step_spans_8b_<card>.json
+#   chain     (one GPU)  the graphed 8B step's kernels at batch 64, off / cow / stage -> chain_kernels_8b_<card>.json
+#   profiles  tier, spans and chain (about 9 minutes: `tier chain` then `spans` as two calls is safer)
+set -uo pipefail
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain or profiles}
+PARTS=${PARTS/profiles/tier spans chain}
+PART=${PARTS// /_}
+source "$(dirname "$0")/common.sh"
+gpu_begin 575
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # NVLink multicast stays off
+stage "setup $PART"
+gpu_device "device_$PART.txt"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >> "$OUT/device_$PART.txt"
+# the CUDA extension once, before any process uses it (its log with the device's)
+timeout $(lim 150) python3 -c "from nwor_lab.ops import _ext; _ext.load(); print(_ext.build_info())" \
+  >> "$OUT/device_$PART.txt" 2>&1; echo "extension build exit $?"
+
+disagg() {  # disagg TRANSPORT OUTFILE LIMIT
+  timeout $(lim "$3") python3 -m nwor_lab.bench.disagg --model 8b --device cuda --transport "$1" \
+    --strategies nwor,write_all --nwor off,stage --prompts 8 --prompt-len 500 --max-new-tokens 32 --k 4 \
+    --warmup 1 --repeats 3 --profile "/tmp/disagg_${1}_trace.json" --out "$OUT/$2" > "$OUT/${2%.json}.log" 2>&1
+  echo "bench disagg $1 exit $?"; grep -E '^\{' "$OUT/${2%.json}.log" | cut -c1-300 | tail -8
+}
+tier() {
+  timeout $(lim 150) python3 -m nwor_lab.bench.tier_profile --device cuda --nwor off,cow,stage \
+    --out "$OUT/tier_profile_$TAG.json" > "$OUT/tier_profile.log" 2>&1
+  echo "tier_profile exit $?"; grep -E '^\{' "$OUT/tier_profile.log" | cut -c1-400
+}
+spans() {
+  timeout $(lim 300) python3 -m nwor_lab.bench.step_profile spans --model 8b --clients 32 --nwor stage,off \
+    --out "$OUT/step_spans_8b_$TAG.json" > "$OUT/step_spans.log" 2>&1
+  echo "step_profile spans exit $?"; grep -E '^\{' "$OUT/step_spans.log" | cut -c1-300
+}
+chain() {
+  timeout $(lim 240) python3 -m nwor_lab.bench.step_profile chain --batch 64 --k 4 --rate 0.5 \
+    --out "$OUT/chain_kernels_8b_$TAG.json" > "$OUT/chain_kernels.log" 2>&1
+  echo "step_profile chain exit $?"; tail -3 "$OUT/chain_kernels.log" | cut -c1-300
+}
+
+for PART in $PARTS; do
+case "$PART" in
+  nccl)
+    [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "nccl: needs two GPUs (kind nvidia-h200-x2)"; continue; }
+    stage "pytest tests/gpu/test_gpu_handoff_nccl.py"
+    timeout $(lim 220) python3 -m pytest -q -s -rs -m gpu tests/gpu/test_gpu_handoff_nccl.py -p no:cacheprovider \
+      > "$OUT/test_gpu_handoff_nccl.log" 2>&1
+    echo "pytest exit $?"; grep -E "K/V bytes|passed|failed|skipped" "$OUT/test_gpu_handoff_nccl.log" | tail -6
+    stage "bench disagg --transport nccl"
+    disagg nccl "disagg_8b_nccl_${TAG}x2.json" 600 ;;
+  ipc8b)
+    stage "pytest tests/gpu/test_gpu_handoff_ipc.py"
+    timeout $(lim 200) python3 -m pytest -q -m gpu tests/gpu/test_gpu_handoff_ipc.py -p no:cacheprovider \
+      > "$OUT/test_gpu_handoff_ipc.log" 2>&1
+    echo "pytest exit $?"; tail -3 "$OUT/test_gpu_handoff_ipc.log"
+    stage "bench disagg --transport cuda_ipc, partial blocks"
+    disagg cuda_ipc "disagg_8b_partial_$TAG.json" 600 ;;
+  tier) stage tier; tier ;;
+  spans) stage spans; spans ;;
+  chain) stage chain; chain ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain or profiles" ;;
+esac
+done
+stage done
