@@ -18,6 +18,7 @@ which (an int32 answer where the spec says int64 fails, even when the numbers ag
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -59,17 +60,37 @@ class Prediction:
 
 @dataclass
 class Exercise:
+    """One exercise, as its module declares it; its reference is `solutions.<name>` (the spec is
+    that function's docstring), found by name so the two cannot disagree."""
+
     name: str
-    reference: Callable
     cases: Callable[[int, int], Iterator[Case]]        # (seed, n) -> cases
     compare: Callable[[object, object, Case], str | None]   # (expected, got, case) -> what differs, or None
     draw: Callable[[Case, object, object], object]     # (case, expected, got) -> go.Figure
-    show: Callable[[object], str] = None               # output -> short text
+    show: Callable[[object], str] = None               # output -> short text (falls back to repr if it raises)
     letter: str = ""                                   # "(a)" .. : how chapters and the kit name it
     title: str = ""                                    # what the learner writes, in a few words
     chapter: str = ""                                  # the chapter it lives in (file stem)
     hints: tuple[str, ...] = ()                        # hint 1, hint 2 (the reference is the third)
     predict: Prediction | None = None
+
+    @property
+    def reference(self) -> Callable:
+        from nwor_lab.exercises import solutions
+        return getattr(solutions, self.name)
+
+    def checker(self) -> Callable[..., "CheckResult"]:
+        """`check_<name>(user_fn, n_cases=300, seed=0, *, show=None)`: this exercise's checker as a
+        function of its own (what `exercises.check_<name>` is)."""
+        def check(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None) -> CheckResult:
+            return run_check(self, user_fn, n_cases, seed, show=show)
+        check.__name__ = check.__qualname__ = f"check_{self.name}"
+        sig = inspect.signature(self.reference)
+        check.__doc__ = (f"Check `user_fn({', '.join(sig.parameters)}) -> {sig.return_annotation}` against "
+                         f"`solutions.{self.name}` on "
+                         f"`n_cases` cases; prints PASS, the first counterexample, or \"not attempted yet\", and "
+                         f"returns a CheckResult.")
+        return check
 
 
 @dataclass
@@ -117,7 +138,7 @@ def run_check(ex: Exercise, user_fn: Callable, n_cases: int = 300, seed: int = 0
     """Run `user_fn` against `ex.reference` on `n_cases` cases; print PASS, the first
     counterexample, or "not attempted yet" for an untouched stub; display the counterexample's
     figure when `show` (default: only inside a Jupyter kernel)."""
-    fmt = ex.show or _fmt
+    fmt = _shown_by(ex.show) if ex.show else _fmt
     result = None
     for i, case in enumerate(ex.cases(seed, n_cases)):
         expected = ex.reference(**_copy(case.inputs))
@@ -171,6 +192,17 @@ def _failure(ex, i, n, case, expected, got, error, diff, fmt) -> CheckResult:
         figure = None
         lines.append(f"  (no picture: {type(err).__name__}: {err})")
     return CheckResult(ex.name, False, n, "\n".join(lines), i, case, expected, got, error, figure)
+
+
+def _shown_by(show: Callable[[object], str]) -> Callable[[object], str]:
+    """An exercise's `show`, falling back to `repr` where the output is not what it can read (a wrong
+    answer's shape must not break the report that names it)."""
+    def fmt(x) -> str:
+        try:
+            return show(x)
+        except Exception:  # noqa: BLE001 - an unreadable answer is reported as it is
+            return repr(x)
+    return fmt
 
 
 def _copy(inputs: dict) -> dict:

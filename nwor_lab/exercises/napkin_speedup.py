@@ -15,8 +15,8 @@ import torch
 
 from nwor_lab.bench.engine8b import H100_ANCHOR
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction
 from nwor_lab.speculative.synthetic import SHIPPED_PROFILE
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
@@ -39,17 +39,18 @@ def cases(seed: int, n: int):
         _case(ANCHOR["decode_ms"], ANCHOR["verify_ms"], ANCHOR["head_pass_ms"], SHIPPED_K4,
               "edge: the H100 anchor, EAGLE-1, the shipped pair's profile"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        k = d.int(1, 8)
-        p, profile = 1.0, []
-        for _ in range(k):
-            p *= d.int(0, 100) / 100
-            profile.append(round(p, 4))
-        decode = d.int(50, 3000) / 100
-        yield _case(decode, decode * d.int(100, 180) / 100, decode * d.int(2, 25) / 100, profile)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    k = d.int(1, 8)
+    p, profile = 1.0, []
+    for _ in range(k):
+        p *= d.int(0, 100) / 100
+        profile.append(round(p, 4))
+    decode = d.int(50, 3000) / 100
+    return _case(decode, decode * d.int(100, 180) / 100, decode * d.int(2, 25) / 100, profile)
 
 
 def compare(expected, got, case) -> str | None:
@@ -104,11 +105,6 @@ HINTS = (
     "L × decode_ms for them. Return two Python floats.",
 )
 
-EXERCISE = Exercise("napkin_speedup", solutions.napkin_speedup, cases, compare, draw, letter="(n)",
+EXERCISE = Exercise("napkin_speedup", cases, compare, draw, letter="(n)",
                     title="EAGLE's napkin speedup from measured components", chapter="11_performance", hints=HINTS,
                     predict=PREDICT)
-
-
-def check_napkin_speedup(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(decode_ms, verify_ms, head_pass_ms, k, profile) -> (L, speedup)`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)

@@ -16,8 +16,8 @@ import plotly.graph_objects as go
 import torch
 
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.viz.theme import base_layout
 
 TOL = 1e-12
@@ -64,11 +64,12 @@ def cases(seed: int, n: int):
         _case([0, 1, 2], [[1, 2, 1], [1, 2, 1], [1, 1, 2], [3, 1, 1]], [[1, 1, 1], [1, 1, 1], [1, 1, 1]],
               [0.95, 0.1, 0.1], note="edge: rejected first, later drafts would pass"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        yield _random(d)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    return _random(d)
 
 
 def compare(expected, got, case) -> str | None:
@@ -119,11 +120,8 @@ def draw(case, expected, got):
 
 
 def _show(out) -> str:
-    try:
-        a, p = out
-        return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
-    except Exception:  # noqa: BLE001
-        return repr(out)
+    a, p = out
+    return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
 
 
 PREDICT = Prediction(
@@ -145,11 +143,6 @@ HINTS = (
     "draft_probs[a]).clamp_min(0); return r / r.sum(), or target_probs[a] when r.sum() == 0.",
 )
 
-EXERCISE = Exercise("sampled_verdict", solutions.sampled_verdict, cases, compare, draw, _show, letter="(w)",
+EXERCISE = Exercise("sampled_verdict", cases, compare, draw, _show, letter="(w)",
                     title="the accepted length and the next token's distribution at T > 0",
                     chapter="17_sampling", hints=HINTS, predict=PREDICT)
-
-
-def check_sampled_verdict(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(draft_ids, target_probs, draft_probs, u) -> (int, [V] float64)`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)

@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 import torch
 
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
 TOLERANCE = 1e-12
@@ -37,20 +37,21 @@ def cases(seed: int, n: int):
         _case([(5, 4, 1), (12, 0, 0)], "edge: a prefill rides in the window (its rows are kept by both)"),
         _case([(5, 4, 1)] * 8, "edge: t_last counts: (1 + a) / (1 + k), not a / k"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed), 1, 16)
-        pairs = []
-        for _ in range(d.int(1, size)):
-            kind = d.choice(("spec", "spec", "spec", "prefill", "decode"))
-            if kind == "spec":
-                k = d.int(1, 6)
-                pairs.append((1 + k, k, d.int(0, k)))
-            else:
-                pairs.append((d.int(2, 20) if kind == "prefill" else 1, 0, 0))
-        yield _case(pairs)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count, 1, 16)
+    pairs = []
+    for _ in range(d.int(1, size)):
+        kind = d.choice(("spec", "spec", "spec", "prefill", "decode"))
+        if kind == "spec":
+            k = d.int(1, 6)
+            pairs.append((1 + k, k, d.int(0, k)))
+        else:
+            pairs.append((d.int(2, 20) if kind == "prefill" else 1, 0, 0))
+    return _case(pairs)
 
 
 def compare(expected, got, case) -> str | None:
@@ -98,11 +99,6 @@ HINTS = (
     "an empty trace, and a Python float.",
 )
 
-EXERCISE = Exercise("write_share", solutions.write_share, cases, compare, draw, letter="(m)",
+EXERCISE = Exercise("write_share", cases, compare, draw, letter="(m)",
                     title="the share of off's rows stage writes, from a trace", chapter="01_why", hints=HINTS,
                     predict=PREDICT)
-
-
-def check_write_share(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(scheduled, drafted, accepted) -> float`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
