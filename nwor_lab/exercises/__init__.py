@@ -1,28 +1,7 @@
 """Exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample — one or
 more in every teaching chapter.
 
-  (a) slot_mapping           where each window token's K/V goes           12_exercises
-  (b) acceptance_mask        which drafts survived, counted as SCV does   04_scv
-  (c) stage_commit_rows      which staged rows the commit writes, where   12_exercises
-  (d) cow_restore            put back the rejected drafts' old bits       12_exercises
-  (e) ring_evictions         what a write-all window loses on a ring      07_sliding_window
-  (f) storage_offsets        where each KV head lives in memory, NHD/HND  02_paged_cache
-  (g) spec_decode_indices    SpecDecodeMetadata's three index vectors     03_verify_window
-  (h) greedy_sampled_ids     what the greedy rejection sampler returns    03_verify_window
-  (i) window_attention_mask  which staged rows each query reads           05_stage
-  (j) cow_restore_plan       what cow restores (masked in data), bytes    06_cow
-  (k) acceptance_stats       mean acceptance length, rate by position     08_eagle
-  (l) rejected_slots         which slots hold rejected K/V under `off`    00_tour
-  (m) write_share            the share of off's rows stage writes         01_why
-  (n) napkin_speedup         EAGLE's speedup from measured components     11_performance
-  (o) vllm_key_offsets       a key's elements in vLLM's CPU cache         09_vllm
-  (p) sweep_medians          a sweep's rows into the report's figure      10_sweep
-  (r) state_commit           the recurrent state to commit, conv kept     13_state
-  (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
-  (t) prefix_blocks          the blocks a commit registers for sharing    15_prefix
-  (u) shipped_rows           the rows a hand-off ships, per strategy      15_prefix
-  (v) window_key_rows        where stage's attention reads each key       16_stage_read_path
-  (w) sampled_verdict        accepted length, next token's law at T > 0   17_sampling
+The exercises (letter, name, title, chapter) are listed once, in `nwor_lab/exercises/catalogue.py`.
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -44,15 +23,8 @@ import importlib
 import inspect
 
 from nwor_lab.exercises import solutions
+from nwor_lab.exercises.catalogue import NAMES
 from nwor_lab.exercises.check import FAIL, NOT_ATTEMPTED, PASS, CheckResult, run_check
-
-NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
-         "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
-         "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
-         "vllm_key_offsets", "sweep_medians", "state_commit",
-         "tree_commit_plan", "prefix_blocks", "shipped_rows",
-         "window_key_rows", "sampled_verdict")
-
 
 def exercise(name: str):
     """The `Exercise` behind `name` (reference, cases, letter, chapter, hints, prediction)."""

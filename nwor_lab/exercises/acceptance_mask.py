@@ -3,7 +3,7 @@ counts them (chapter 04).
 
 Write `acceptance_mask(draft_token_ids, cu_num_draft_tokens, sampled_token_ids)
 -> (draft_mask, accepted_len)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.acceptance_mask`. Check it with `check_acceptance_mask(your_fn)`.
+`nwor_lab.exercises.solutions.acceptance_mask`. Check it with `exercises.check_acceptance_mask(your_fn)`.
 
 Cases are what a rejection sampler returns (accepted drafts, one token of its own, -1): no
 requests, requests without drafts, all / none accepted, fewer sampled columns than drafts + 1
@@ -165,5 +165,4 @@ HINTS = (
     "(torch.int32), the mask bool.",
 )
 
-EXERCISE = Exercise("acceptance_mask", cases, compare, draw, letter="(b)",
-                    title="the SCV acceptance mask", chapter="04_scv", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("acceptance_mask", cases, compare, draw, hints=HINTS, predict=PREDICT)

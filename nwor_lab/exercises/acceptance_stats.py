@@ -3,7 +3,7 @@ draft position, counting only what was emitted (chapter 08).
 
 Write `acceptance_stats(drafted, accepted, emitted, k) -> (mean_acceptance_length, by_position)`;
 the spec is the docstring of `nwor_lab.exercises.solutions.acceptance_stats`. Check it with
-`check_acceptance_stats(your_fn)`.
+`exercises.check_acceptance_stats(your_fn)`.
 
 Cases: no pairs, only prefills / decodes (no drafts), every draft accepted, none accepted, a last
 window cut short by max_new_tokens (accepted + 1 would count tokens nobody received), k above the
@@ -123,6 +123,4 @@ HINTS = (
     "where the count is > 0 (else 0.0), return a float64 tensor of shape [k].",
 )
 
-EXERCISE = Exercise("acceptance_stats", cases, compare, draw, letter="(k)",
-                    title="mean acceptance length and acceptance by position", chapter="08_eagle", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("acceptance_stats", cases, compare, draw, hints=HINTS, predict=PREDICT)

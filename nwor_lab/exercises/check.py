@@ -60,19 +60,27 @@ class Prediction:
 
 @dataclass
 class Exercise:
-    """One exercise, as its module declares it; its reference is `solutions.<name>` (the spec is
-    that function's docstring), found by name so the two cannot disagree."""
+    """One exercise, as its module declares it. Found by its name: the reference
+    `solutions.<name>` (the spec is that function's docstring) and, in `catalogue.CATALOGUE`, its
+    letter, title and chapter, so none of them is written twice."""
 
     name: str
     cases: Callable[[int, int], Iterator[Case]]        # (seed, n) -> cases
     compare: Callable[[object, object, Case], str | None]   # (expected, got, case) -> what differs, or None
     draw: Callable[[Case, object, object], object]     # (case, expected, got) -> go.Figure
     show: Callable[[object], str] = None               # output -> short text (falls back to repr if it raises)
-    letter: str = ""                                   # "(a)" .. : how chapters and the kit name it
-    title: str = ""                                    # what the learner writes, in a few words
-    chapter: str = ""                                  # the chapter it lives in (file stem)
     hints: tuple[str, ...] = ()                        # hint 1, hint 2 (the reference is the third)
     predict: Prediction | None = None
+    letter: str = field(init=False)                    # "(a)" .. : how chapters and the kit name it
+    title: str = field(init=False)                     # what the learner writes, in a few words
+    chapter: str = field(init=False)                   # the chapter it lives in (file stem)
+
+    def __post_init__(self):
+        from nwor_lab.exercises.catalogue import ENTRIES
+        if self.name not in ENTRIES:
+            raise ValueError(f"Exercise(name={self.name!r}): no such row in nwor_lab/exercises/catalogue.py; "
+                             f"add (letter, name, title, chapter) there first")
+        self.letter, self.title, self.chapter = ENTRIES[self.name]
 
     @property
     def reference(self) -> Callable:

@@ -2,7 +2,7 @@
 
 Write `cow_restore(key_cache, value_cache, log_key, log_value, draft_slots, draft_mask)
 -> (key_cache, value_cache)`; the spec is the docstring of `nwor_lab.exercises.solutions.cow_restore`.
-Check it with `check_cow_restore(your_fn)`. Compared bit for bit.
+Check it with `exercises.check_cow_restore(your_fn)`. Compared bit for bit.
 
 Cases: no drafts, all / none accepted, padding drafts (slot -1: restoring "slot -1" would hit the
 cache's last slot), float32 / bfloat16 / float8_e4m3fn caches holding random bits (NaN payloads
@@ -223,5 +223,4 @@ HINTS = (
     "(an integer view of the same memory), so NaN payloads, -0.0 and fp8 bytes come back exactly.",
 )
 
-EXERCISE = Exercise("cow_restore", cases, compare, draw, letter="(d)",
-                    title="the CoW restore, bit for bit", chapter="12_exercises", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("cow_restore", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ bytes `cow` logs and restores (chapter 06).
 
 Write `cow_restore_plan(draft_slots, draft_mask, num_layers, bytes_per_token_layer)
 -> (restore_slots, bytes_logged, bytes_restored)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.cow_restore_plan`. Check it with `check_cow_restore_plan(your_fn)`.
+`nwor_lab.exercises.solutions.cow_restore_plan`. Check it with `exercises.check_cow_restore_plan(your_fn)`.
 
 Cases: no drafts, every draft accepted, none accepted, padding drafts (slot -1: never logged, never
 restored), a rejected padding draft, mixed windows of several requests.
@@ -123,5 +123,4 @@ HINTS = (
     "not -1, each times num_layers * bytes_per_token_layer. Return Python ints (int(t.sum())).",
 )
 
-EXERCISE = Exercise("cow_restore_plan", cases, compare, draw, letter="(j)",
-                    title="the CoW restore plan and its bytes", chapter="06_cow", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("cow_restore_plan", cases, compare, draw, hints=HINTS, predict=PREDICT)

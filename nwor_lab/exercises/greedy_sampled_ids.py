@@ -3,7 +3,7 @@
 
 Write `greedy_sampled_ids(draft_token_ids, cu_num_draft_tokens, target_argmax, max_spec_len)
 -> [R, max_spec_len + 1] int32`; the spec is the docstring of
-`nwor_lab.exercises.solutions.greedy_sampled_ids`. Check it with `check_greedy_sampled_ids(your_fn)`.
+`nwor_lab.exercises.solutions.greedy_sampled_ids`. Check it with `exercises.check_greedy_sampled_ids(your_fn)`.
 
 Cases: no requests, plain decodes (the bonus only), all drafts accepted (+ bonus), the first draft
 rejected, padding drafts, a draft after a rejection that "matches" (it must not be emitted),
@@ -120,6 +120,4 @@ HINTS = (
     "int32 (torch.full((R, max_spec_len + 1), -1, dtype=torch.int32)).",
 )
 
-EXERCISE = Exercise("greedy_sampled_ids", cases, compare, draw, letter="(h)",
-                    title="the greedy rejection sampler's output", chapter="03_verify_window", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("greedy_sampled_ids", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,7 +1,7 @@
 """Exercise (n): EAGLE's napkin speedup from measured components (chapter 11).
 
 Write `napkin_speedup(decode_ms, verify_ms, head_pass_ms, k, profile) -> (L, speedup)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.napkin_speedup`. Check it with `check_napkin_speedup(fn)`.
+docstring of `nwor_lab.exercises.solutions.napkin_speedup`. Check it with `exercises.check_napkin_speedup(fn)`.
 
 Cases: nothing ever accepted (L = 1: EAGLE is slower), everything accepted (L = k + 1), k = 1, the H100
 anchor of `nwor_lab.bench.engine8b` with the shipped pair's profile, random components and profiles.
@@ -105,6 +105,4 @@ HINTS = (
     "L × decode_ms for them. Return two Python floats.",
 )
 
-EXERCISE = Exercise("napkin_speedup", cases, compare, draw, letter="(n)",
-                    title="EAGLE's napkin speedup from measured components", chapter="11_performance", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("napkin_speedup", cases, compare, draw, hints=HINTS, predict=PREDICT)

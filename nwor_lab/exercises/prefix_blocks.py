@@ -3,7 +3,7 @@
 
 Write `prefix_blocks(block_size, block_table, num_computed, num_drafts, accepted_len, write_policy)
 -> [m] int64`; the spec is the docstring of `nwor_lab.exercises.solutions.prefix_blocks`. Check it
-with `check_prefix_blocks(fn)`.
+with `exercises.check_prefix_blocks(fn)`.
 
 Cases: nothing accepted and no block filled; t_last alone fills a block; write-all (`off`) fills a
 block with drafts that were rejected (written is not committed); every draft accepted across two
@@ -157,6 +157,4 @@ HINTS = (
     "ids, not indices.",
 )
 
-EXERCISE = Exercise("prefix_blocks", cases, compare, draw, _show, letter="(t)",
-                    title="the blocks a window's commit registers in the prefix cache", chapter="15_prefix",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("prefix_blocks", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

@@ -1,7 +1,7 @@
 """Exercise (l): which slots hold rejected K/V after an `off` window (chapter 00).
 
 Write `rejected_slots(slots, token_req, token_draft_pos, accepted_len) -> [N] int64`; the spec is the
-docstring of `nwor_lab.exercises.solutions.rejected_slots`. Check it with `check_rejected_slots(fn)`.
+docstring of `nwor_lab.exercises.solutions.rejected_slots`. Check it with `exercises.check_rejected_slots(fn)`.
 
 Cases: no drafts at all (prefills and decodes), every draft accepted, none accepted, a padding token
 (slot -1), the accepted length's own draft (kept: `>` not `>=`), random mixed windows.
@@ -103,6 +103,4 @@ HINTS = (
     "Return torch.tensor(list, dtype=torch.int64) (an empty list gives shape [0]).",
 )
 
-EXERCISE = Exercise("rejected_slots", cases, compare, draw, letter="(l)",
-                    title="which slots hold rejected K/V after an `off` window", chapter="00_tour", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("rejected_slots", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ still need them, on a sliding-window ring cache (chapter 07).
 
 Write `ring_evictions(ring_slots, sliding_window, start, num_tokens) -> [(ring index, position)]`;
 the spec is the docstring of `nwor_lab.exercises.solutions.ring_evictions`. Check it with
-`check_ring_evictions(your_fn)`.
+`exercises.check_ring_evictions(your_fn)`.
 
 Cases: a ring that has not wrapped yet, the window that wraps it, slack of exactly k (nothing
 lost) and of k - 1 (one entry), t_last alone, W = 1, W smaller than the ring, windows near
@@ -117,6 +117,4 @@ HINTS = (
     "pairs in position order.",
 )
 
-EXERCISE = Exercise("ring_evictions", cases, compare, draw, _show, letter="(e)",
-                    title="what a write-all window evicts on a ring", chapter="07_sliding_window",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("ring_evictions", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

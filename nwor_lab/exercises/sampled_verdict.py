@@ -2,7 +2,7 @@
 distribution the target's own token is drawn from (chapter 17).
 
 Write `sampled_verdict(draft_ids, target_probs, draft_probs, u) -> (a, next_probs)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.sampled_verdict`. Check it with `check_sampled_verdict(fn)`.
+docstring of `nwor_lab.exercises.solutions.sampled_verdict`. Check it with `exercises.check_sampled_verdict(fn)`.
 
 Cases: every draft accepted (the bonus row), the first draft rejected, a ratio exactly equal to u
 (accepted: the test is >=), a draft whose own probability is 0 (rejected however large p is), a
@@ -143,6 +143,4 @@ HINTS = (
     "draft_probs[a]).clamp_min(0); return r / r.sum(), or target_probs[a] when r.sum() == 0.",
 )
 
-EXERCISE = Exercise("sampled_verdict", cases, compare, draw, _show, letter="(w)",
-                    title="the accepted length and the next token's distribution at T > 0",
-                    chapter="17_sampling", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("sampled_verdict", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `shipped_rows(block_size, num_computed, target_layers, head_layers, strategy) -> [L, P] bool`;
 the spec is the docstring of `nwor_lab.exercises.solutions.shipped_rows`. Check it with
-`check_shipped_rows(fn)`.
+`exercises.check_shipped_rows(fn)`.
 
 Cases: a prompt that ends on a block boundary (write_all ships no junk); one row into a new block
 (write_all ships a whole block for it); nothing computed; block size 1; several head layers; every
@@ -127,6 +127,4 @@ HINTS = (
     "write_all else n, and layers = target_layers for no_head else target_layers + head_layers.",
 )
 
-EXERCISE = Exercise("shipped_rows", cases, compare, draw, _show, letter="(u)",
-                    title="the rows a hand-off ships, per strategy", chapter="15_prefix", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("shipped_rows", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

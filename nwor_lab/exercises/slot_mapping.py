@@ -2,7 +2,7 @@
 
 Write `slot_mapping(block_tables, token_req, positions, block_size) -> slots`; the spec is the
 docstring of `nwor_lab.exercises.solutions.slot_mapping`. Check it with
-`check_slot_mapping(your_fn)`.
+`exercises.check_slot_mapping(your_fn)`.
 
 Cases: padding tokens (-1), requests with no token in the window, tokens on block boundaries,
 block_size 1, block tables whose physical blocks are not in order, wide tables ending in -1.
@@ -122,5 +122,4 @@ HINTS = (
     "then put -1 back with `torch.where(positions >= 0, slots, -1)`. The result is int64, shape [T].",
 )
 
-EXERCISE = Exercise("slot_mapping", cases, compare, draw, letter="(a)",
-                    title="the slot mapping", chapter="12_exercises", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("slot_mapping", cases, compare, draw, hints=HINTS, predict=PREDICT)

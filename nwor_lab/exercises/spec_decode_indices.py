@@ -3,7 +3,7 @@ of those rows verify drafts or sample the bonus token (chapter 03).
 
 Write `spec_decode_indices(num_draft_tokens, cu_num_scheduled_tokens) -> (logits_indices,
 target_logits_indices, bonus_logits_indices)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.spec_decode_indices`. Check it with `check_spec_decode_indices(your_fn)`.
+`nwor_lab.exercises.solutions.spec_decode_indices`. Check it with `exercises.check_spec_decode_indices(your_fn)`.
 
 Cases: no requests, plain decodes only, a long prefill without drafts, vLLM's own docstring
 example, requests with more scheduled tokens than drafts + 1.
@@ -125,6 +125,4 @@ HINTS = (
     "All three results are int32 tensors.",
 )
 
-EXERCISE = Exercise("spec_decode_indices", cases, compare, draw, letter="(g)",
-                    title="SpecDecodeMetadata's index vectors", chapter="03_verify_window", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("spec_decode_indices", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -2,7 +2,7 @@
 
 Write `stage_commit_rows(token_req, token_draft_pos, accepted_len, slot_mapping) -> (rows, slots)`;
 the spec is the docstring of `nwor_lab.exercises.solutions.stage_commit_rows`. Check it with
-`check_stage_commit_rows(your_fn)`.
+`exercises.check_stage_commit_rows(your_fn)`.
 
 Cases: an empty window, only padding, all / none accepted, a single prefill request, an accepted
 draft whose slot is -1 (kept, but nothing to write).
@@ -103,5 +103,4 @@ HINTS = (
     "ascending) and `slots = slot_mapping[rows]`.",
 )
 
-EXERCISE = Exercise("stage_commit_rows", cases, compare, draw, letter="(c)",
-                    title="the stage commit's rows", chapter="12_exercises", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("stage_commit_rows", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `state_commit(window_states, conv_history, num_drafts, accepted_len, conv_width) -> (state,
 conv_state)`; the spec is the docstring of `nwor_lab.exercises.solutions.state_commit`. Check it with
-`check_state_commit(fn)`.
+`exercises.check_state_commit(fn)`.
 
 Cases: no request, every draft accepted (the same answer as `off`'s), none accepted (the state after
 t_last), a plain decode beside a speculative request, a conv of width 2 (one entry), a conv wider
@@ -176,6 +176,4 @@ HINTS = (
     "return float32 tensors (an empty batch gives shapes [0, S] and [0, W - 1, C]).",
 )
 
-EXERCISE = Exercise("state_commit", cases, compare, draw, _show, letter="(r)",
-                    title="the recurrent state to commit and the conv inputs to keep", chapter="13_state",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("state_commit", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ NHD and the HND layout (chapter 02).
 
 Write `storage_offsets(slots, layout, block_size, num_kv_heads, head_size) -> [n, H] int64`; the
 spec is the docstring of `nwor_lab.exercises.solutions.storage_offsets`. Check it with
-`check_storage_offsets(your_fn)`.
+`exercises.check_storage_offsets(your_fn)`.
 
 Cases: both layouts, one KV head (the layouts coincide), block_size == num_kv_heads (the trap of
 chapter 02: the shapes agree, the offsets do not), padding slots, no slots, head_size 1, the last
@@ -134,6 +134,4 @@ HINTS = (
     "every head of a padding slot with torch.where(slots[:, None] >= 0, offsets, -1). Shape [n, H], int64.",
 )
 
-EXERCISE = Exercise("storage_offsets", cases, compare, draw, letter="(f)",
-                    title="where each KV head lives in memory (NHD / HND)", chapter="02_paged_cache",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("storage_offsets", cases, compare, draw, hints=HINTS, predict=PREDICT)

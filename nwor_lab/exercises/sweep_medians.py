@@ -2,7 +2,7 @@
 repeats pooled, failed runs left out (chapter 10).
 
 Write `sweep_medians(rows, metric, policies, ks) -> [P, K] float64`; the spec is the docstring of
-`nwor_lab.exercises.solutions.sweep_medians`. Check it with `check_sweep_medians(fn)`.
+`nwor_lab.exercises.solutions.sweep_medians`. Check it with `exercises.check_sweep_medians(fn)`.
 
 Cases: no rows, a failed run (its metrics must not count), an even number of repeats (the mean of the two
 middle values), a configuration with no row (NaN, not 0), a row without the metric, one noisy repeat that a
@@ -126,6 +126,4 @@ HINTS = (
     "answers as well).",
 )
 
-EXERCISE = Exercise("sweep_medians", cases, compare, draw, letter="(p)",
-                    title="a sweep's rows into the report's figure: medians over repeats", chapter="10_sweep",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("sweep_medians", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,7 +1,7 @@
 """Exercise (s): a tree window's commit — the accepted path, and the rows its commit copies where.
 
 Write `tree_commit_plan(parents, draft_tokens, target_argmax, slots) -> (path, src, dst)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.tree_commit_plan`. Check it with `check_tree_commit_plan(your_fn)`.
+docstring of `nwor_lab.exercises.solutions.tree_commit_plan`. Check it with `exercises.check_tree_commit_plan(your_fn)`.
 
 Cases: no node matches (nothing accepted), a chain accepted whole, the path through a later sibling, a
 grandchild that matches under a rejected parent (not accepted), a path already in place (node j at
@@ -114,6 +114,4 @@ HINTS = (
     "Write-all wrote node j at position n + j: src = slots[path]. Return int64 tensors (empty ones when a = 0).",
 )
 
-EXERCISE = Exercise("tree_commit_plan", cases, compare, draw, letter="(s)",
-                    title="a tree window's accepted path and its commit's rows", chapter="14_trees", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("tree_commit_plan", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `vllm_key_offsets(slots, head, block_size, num_kv_heads, head_size) -> [N, head_size] int64`; the
 spec is the docstring of `nwor_lab.exercises.solutions.vllm_key_offsets`. Check it with
-`check_vllm_key_offsets(fn)`.
+`exercises.check_vllm_key_offsets(fn)`.
 
 vLLM's CPU backend needs a block size that is a multiple of 32; the cases use small blocks so that the
 picture of one (block, head) run fits a slide. Cases: slot 0, the last offset of a block, a later head,
@@ -107,6 +107,4 @@ HINTS = (
     "Return a [N, head_size] int64 tensor, a row of -1 for a padding slot.",
 )
 
-EXERCISE = Exercise("vllm_key_offsets", cases, compare, draw, letter="(o)",
-                    title="where a token's key lives in vLLM's CPU cache (keys transposed)", chapter="09_vllm",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("vllm_key_offsets", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ window may read (chapter 05).
 
 Write `window_attention_mask(query_lens) -> [T, T] bool`; the spec is the docstring of
 `nwor_lab.exercises.solutions.window_attention_mask`. Check it with
-`check_window_attention_mask(your_fn)`.
+`exercises.check_window_attention_mask(your_fn)`.
 
 Cases: an empty window, one row, one speculative request, two requests (neither may see the
 other's rows), a request with no rows between two others, a prefill beside speculative requests.
@@ -90,5 +90,4 @@ HINTS = (
     "[T, T] comparisons with &; the result is bool.",
 )
 
-EXERCISE = Exercise("window_attention_mask", cases, compare, draw, letter="(i)",
-                    title="which staged rows each query reads", chapter="05_stage", hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("window_attention_mask", cases, compare, draw, hints=HINTS, predict=PREDICT)

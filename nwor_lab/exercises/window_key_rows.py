@@ -2,7 +2,7 @@
 row of the staging buffer (chapter 16).
 
 Write `window_key_rows(cache_lens, win_rows, win_start, request) -> [n] int64`; the spec is the
-docstring of `nwor_lab.exercises.solutions.window_key_rows`. Check it with `check_window_key_rows(fn)`.
+docstring of `nwor_lab.exercises.solutions.window_key_rows`. Check it with `exercises.check_window_key_rows(fn)`.
 
 Cases: an empty cache (a first decode after a one-token prompt's prefill: every key from the window),
 a window of t_last alone, the last request of a batch, staging rows in order and shuffled (the buffer
@@ -107,6 +107,4 @@ HINTS = (
     "[-1] * cache_lens[r] followed by win_rows[win_start[r]:win_start[r + 1]], as int64.",
 )
 
-EXERCISE = Exercise("window_key_rows", cases, compare, draw, letter="(v)",
-                    title="where stage's verify attention reads each key of a request", chapter="16_stage_read_path",
-                    hints=HINTS, predict=PREDICT)
+EXERCISE = Exercise("window_key_rows", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,7 +1,7 @@
 """Exercise (m): the share of `off`'s K/V rows that `stage` writes, from a trace (chapter 01).
 
 Write `write_share(scheduled, drafted, accepted) -> float`; the spec is the docstring of
-`nwor_lab.exercises.solutions.write_share`. Check it with `check_write_share(fn)`.
+`nwor_lab.exercises.solutions.write_share`. Check it with `exercises.check_write_share(fn)`.
 
 Cases: an empty trace, no drafts, every draft accepted, none accepted (1 / (1 + k)), prefill rows
 riding in the windows, the fork's way of counting (drafts only) as a trap, random traces.
@@ -99,6 +99,4 @@ HINTS = (
     "an empty trace, and a Python float.",
 )
 
-EXERCISE = Exercise("write_share", cases, compare, draw, letter="(m)",
-                    title="the share of off's rows stage writes, from a trace", chapter="01_why", hints=HINTS,
-                    predict=PREDICT)
+EXERCISE = Exercise("write_share", cases, compare, draw, hints=HINTS, predict=PREDICT)
