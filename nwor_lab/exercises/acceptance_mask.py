@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing
 from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids

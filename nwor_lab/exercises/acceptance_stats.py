@@ -11,14 +11,11 @@ drafts of every window, random runs.
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference, tensor_problem
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
 TOLERANCE = 1e-9
@@ -64,11 +61,8 @@ def compare(expected, got, case) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return f"expected a pair (mean_acceptance_length, by_position), got {type(got).__name__}"
     mean, rates = got
-    if not isinstance(mean, float):
-        return f"mean_acceptance_length: expected a float, got {type(mean).__name__} {mean!r} (return float(x))"
-    if not math.isclose(mean, expected[0], rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-        return f"mean_acceptance_length: expected {expected[0]:.6g}, got {mean:.6g}"
-    problem = tensor_problem(expected[1], rates, "by_position")
+    problem = (float_difference(expected[0], mean, "mean_acceptance_length", TOLERANCE)
+               or tensor_problem(expected[1], rates, "by_position"))
     if problem:
         return problem
     close = torch.isclose(rates, expected[1], rtol=TOLERANCE, atol=TOLERANCE)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -255,6 +256,16 @@ def tensor_problem(expected: torch.Tensor, got, what: str) -> str | None:
                 f"(expected a {want}, got shape {list(got.shape)})")
     if tuple(got.shape) != tuple(expected.shape):
         return f"{what}: shape {list(got.shape)}, expected {list(expected.shape)} ({want})"
+    return None
+
+
+def float_difference(expected: float, got, what: str, tolerance: float = 1e-9) -> str | None:
+    """None if `got` is a Python float within `tolerance` of `expected` (relative or absolute), else
+    one line saying what is off (a tensor or an int is not a float: the spec asks for `float(x)`)."""
+    if isinstance(got, torch.Tensor) or not isinstance(got, float):
+        return f"{what}: expected a Python float, got {type(got).__name__} {got!r} (return float(x))"
+    if not math.isclose(got, expected, rel_tol=tolerance, abs_tol=tolerance):
+        return f"{what}: expected {expected:.6g}, got {got:.6g}"
     return None
 
 

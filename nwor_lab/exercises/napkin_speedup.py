@@ -8,15 +8,12 @@ anchor of `nwor_lab.bench.engine8b` with the shipped pair's profile, random comp
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
 from nwor_lab.bench.engine8b import H100_ANCHOR
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random
-from nwor_lab.exercises.check import Case, Exercise, Prediction
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference
 from nwor_lab.speculative.synthetic import SHIPPED_PROFILE
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
@@ -56,12 +53,8 @@ def _random_case(d: Dice, i: int, count: int) -> Case:
 def compare(expected, got, case) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return f"expected a pair (L, speedup), got {type(got).__name__}"
-    for what, want, have in (("L", expected[0], got[0]), ("speedup", expected[1], got[1])):
-        if isinstance(have, torch.Tensor) or not isinstance(have, float):
-            return f"{what}: expected a Python float, got {type(have).__name__} {have!r} (return float(x))"
-        if not math.isclose(have, want, rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-            return f"{what}: expected {want:.6g}, got {have:.6g}"
-    return None
+    return (float_difference(expected[0], got[0], "L", TOLERANCE)
+            or float_difference(expected[1], got[1], "speedup", TOLERANCE))
 
 
 def draw(case, expected, got):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random
 from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
@@ -97,6 +96,10 @@ def compare(expected, got, case) -> str | None:
             f"{i['write_policy']}). The request's blocks: {where}.{why}")
 
 
+def _show(out) -> str:
+    return f"blocks {out.tolist()}"
+
+
 def draw(case, expected, got):
     i = case.inputs
     bs, n, k = i["block_size"], i["num_computed"], i["num_drafts"]
@@ -132,10 +135,6 @@ def draw(case, expected, got):
                                    f"{i['write_policy']}. Cell: the block's id, R where the answer registers it; "
                                    f"outlined where yours differs",
                           x_title="the request's blocks (the positions each holds)", cell_px=70)
-
-
-def _show(out) -> str:
-    return f"blocks {out.tolist()}"
 
 
 PREDICT = Prediction(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing, random_accepted, window_counts
 from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids

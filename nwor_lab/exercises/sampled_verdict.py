@@ -15,7 +15,6 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random
 from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.viz.theme import base_layout
@@ -100,6 +99,11 @@ def compare(expected, got, case) -> str | None:
     return None
 
 
+def _show(out) -> str:
+    a, p = out
+    return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
+
+
 def draw(case, expected, got):
     a, probs = expected
     V = probs.numel()
@@ -117,11 +121,6 @@ def draw(case, expected, got):
     fig.update_xaxes(title="token id", dtick=1)
     fig.update_yaxes(title="probability")
     return fig
-
-
-def _show(out) -> str:
-    a, p = out
-    return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
 
 
 PREDICT = Prediction(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random
 from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
@@ -83,6 +82,10 @@ def compare(expected, got, case) -> str | None:
             f"got {_where(got, case)}.")
 
 
+def _show(out) -> str:
+    return f"{int(out.sum())} rows of {out.numel()} ({list(out.shape)})"
+
+
 def draw(case, expected, got):
     i = case.inputs
     n = i["num_computed"]
@@ -104,10 +107,6 @@ def draw(case, expected, got):
                           categories=CATEGORIES, stacked=True, title="shipped_rows: what the hand-off ships",
                           subtitle=f"{case.note}; {i['strategy']}, n = {n}, BS = {i['block_size']}; outlined "
                                    f"where yours differs", x_title="position in the request's blocks", cell_px=28)
-
-
-def _show(out) -> str:
-    return f"{int(out.sum())} rows of {out.numel()} ({list(out.shape)})"
 
 
 PREDICT = Prediction(

@@ -20,7 +20,6 @@ import math
 
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing
 from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
@@ -107,6 +106,11 @@ def _row_index(rows, value) -> int | None:
     return next((i for i in range(rows.shape[0]) if torch.equal(rows[i], value)), None)
 
 
+def _show(out) -> str:
+    state, conv = out
+    return f"(state {state.tolist()}, conv_state {conv.tolist()})"
+
+
 def draw(case, expected, got):
     i = case.inputs
     W, R = i["conv_width"], len(i["num_drafts"])
@@ -150,11 +154,6 @@ def draw(case, expected, got):
                           subtitle=f"{case.note}; W = {W}, k = {k}. S: the position whose state is committed; "
                                    f"c: a conv input kept (W - 1 of them); outlined where yours differs",
                           x_title="the conv's inputs: its state before the window, then the window's tokens")
-
-
-def _show(out) -> str:
-    state, conv = out
-    return f"(state {state.tolist()}, conv_state {conv.tolist()})"
 
 
 PREDICT = Prediction(

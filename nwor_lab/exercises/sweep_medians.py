@@ -13,7 +13,6 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing
 from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, base_layout

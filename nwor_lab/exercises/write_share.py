@@ -8,14 +8,11 @@ riding in the windows, the fork's way of counting (drafts only) as a trap, rando
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
 from nwor_lab.exercises.cases import Dice, edge_then_random, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
 TOLERANCE = 1e-12
@@ -55,11 +52,7 @@ def _random_case(d: Dice, i: int, count: int) -> Case:
 
 
 def compare(expected, got, case) -> str | None:
-    if isinstance(got, torch.Tensor) or not isinstance(got, float):
-        return f"expected a Python float, got {type(got).__name__} {got!r} (return float(x))"
-    if not math.isclose(got, expected, rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-        return f"share: expected {expected:.6g}, got {got:.6g}"
-    return None
+    return float_difference(expected, got, "share", TOLERANCE)
 
 
 def draw(case, expected, got):
