@@ -44,21 +44,11 @@ class Dispatch:
     started: float  # time.monotonic()
     started_at: str  # ISO 8601, for the row
 
-    @property
-    def result_path(self) -> Path:
-        return self.work / "result.json"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.work / "metrics.json"
-
-    @property
-    def notebook_path(self) -> Path:
-        return self.work / "executed.ipynb"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work / "run.log"
+    # the files the worker writes for the run, in `work`
+    result_path = property(lambda self: self.work / "result.json")
+    metrics_path = property(lambda self: self.work / "metrics.json")
+    notebook_path = property(lambda self: self.work / "executed.ipynb")
+    log_path = property(lambda self: self.work / "run.log")
 
 
 class Worker:
