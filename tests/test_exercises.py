@@ -2,10 +2,10 @@
 and catches planted wrong solutions (each exercise its own, dtype mistakes included), reporting the
 first counterexample in words and in a picture. The references agree with the package where it
 defines the same thing."""
-import plotly.graph_objects as go
 import pytest
 import torch
 
+from exercise_tools import failed
 from nwor_lab import exercises
 from nwor_lab.exercises import solutions
 from nwor_lab.kv import build_slot_mapping
@@ -84,15 +84,6 @@ def test_predictions_are_answered_by_the_reference():
     assert answers["greedy_sampled_ids"] == [5, 7, 6, -1]
     assert answers["cow_restore"] is False                 # NaN != NaN: a value comparison fails a perfect restore
     assert answers["acceptance_stats"] == 3.0
-
-
-def failed(result, name, note_part):
-    assert not result and result.exercise == name and result.status == "fail"
-    assert result.message.startswith(f"FAIL {name}: case ") and note_part in result.message, result.message
-    assert "expected:" in result.message and "got:" in result.message
-    assert isinstance(result.figure, go.Figure)
-    result.figure.to_json()
-    return result
 
 
 def as_dtype(fn, index, dtype):
@@ -597,6 +588,23 @@ def stats_with_prefills(drafted, accepted, emitted, k):
     """Averages over every window, the prefills and decodes too."""
     mean, rates = solutions.acceptance_stats(drafted, accepted, emitted, k)
     return (float(emitted.double().mean()) if len(emitted) else 1.0), rates
+
+
+def test_acceptance_stats_reference_is_the_engines_rule():
+    """The reference is written out for the learner (its source is the last hint), so it cannot call
+    the engine's `acceptance_stats`: the two are pinned here instead, on the checker's own cases
+    turned into traces (one verify window per pair, a draft window beside it that must not count)."""
+    from nwor_lab.engine.generate import acceptance_stats
+    from nwor_lab.engine.trace import WindowTrace
+    for case in exercises.exercise("acceptance_stats").cases(3, 60):
+        i = case.inputs
+        trace = []
+        for step, (n, a, e) in enumerate(zip(i["drafted"].tolist(), i["accepted"].tolist(), i["emitted"].tolist())):
+            trace += [WindowTrace(step, "verify", [0], drafted=[n], accepted=[a], emitted=[list(range(e))]),
+                      WindowTrace(step, "draft", [0], drafted=[n], accepted=[0], emitted=[])]
+        mean, rates = solutions.acceptance_stats(**i)
+        engine_mean, engine_rates = acceptance_stats(trace, i["k"])
+        assert mean == pytest.approx(engine_mean) and rates.tolist() == pytest.approx(engine_rates), case.note
 
 
 def test_acceptance_stats_catches_accepted_plus_one():

@@ -5,21 +5,12 @@ is checked for every exercise in tests/test_exercises.py.)"""
 import math
 import statistics
 
-import plotly.graph_objects as go
 import pytest
 import torch
 
+from exercise_tools import failed
 from nwor_lab import exercises
 from nwor_lab.exercises import solutions
-
-
-def failed(result, name, note_part=""):
-    assert not result and result.exercise == name and result.status == "fail"
-    assert result.message.startswith(f"FAIL {name}: case ") and note_part in result.message, result.message
-    assert "expected:" in result.message and "got:" in result.message
-    assert isinstance(result.figure, go.Figure)
-    result.figure.to_json()
-    return result
 
 
 def test_predictions_l_to_p():
