@@ -43,8 +43,8 @@ def by_chapter() -> dict[str, list]:
 
 def choose(name: str, user_fn, use_solutions: bool = False):
     """`solutions.<name>` when `use_solutions` (CI and instructors run the chapters that way), else `user_fn`."""
-    exercise(name)
-    return getattr(solutions, name) if use_solutions else user_fn
+    reference = exercise(name).reference
+    return reference if use_solutions else user_fn
 
 
 def spec(name: str) -> str:
