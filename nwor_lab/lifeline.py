@@ -50,6 +50,29 @@ def parent_death_supported() -> bool:
     return _prctl is not None
 
 
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a /proc/<pid>/stat line after "pid (comm) ": state, ppid, ... (comm may hold
+    spaces and parentheses, so split after its last ")")."""
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def processes(name: str):
+    """(pid, contents of /proc/<pid>/<name>) for every process whose file can be read (Linux; nothing
+    elsewhere): one gone meanwhile, or not ours to read, is passed over."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/{name}", "rb") as f:
+                yield int(entry), f.read()
+        except OSError:
+            continue
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or None:
     with the pid, it names one process even after pids wrap around."""
@@ -58,7 +81,7 @@ def start_time(pid: int) -> int | None:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = stat_fields(stat)
     return int(fields[19]) if len(fields) > 19 else None
 
 
@@ -78,23 +101,8 @@ def alive(pid: int, started: int | None = None) -> bool:
 
 def marked(token: str) -> list[int]:
     """Pids of live processes (other than this one) whose environment holds `MARKER_ENV=token`."""
-    needle = f"{MARKER_ENV}={token}".encode() + b"\0"
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read() + b"\0"
-        except OSError:   # gone meanwhile, or not ours to read
-            continue
-        if b"\0" + needle in b"\0" + env:
-            found.append(int(entry))
-    return found
+    needle = b"\0" + f"{MARKER_ENV}={token}".encode() + b"\0"
+    return [pid for pid, env in processes("environ") if pid != os.getpid() and needle in b"\0" + env + b"\0"]
 
 
 def reap(token: str, timeout_s: float = 10.0) -> list[int]:
@@ -148,16 +156,16 @@ def environment(**values):
     """`values` in os.environ for the block (None: the name unset), the old values back after it:
     what the children started inside the block inherit."""
     old = {k: os.environ.get(k) for k in values}
+    _set_environment(values)
+    try:
+        yield
+    finally:
+        _set_environment(old)
+
+
+def _set_environment(values: dict) -> None:
     for k, v in values.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -19,8 +19,33 @@ import torch
 from nwor_lab._checks import INDEX_DTYPES, check_tensor, check_whole
 
 
+class DraftCounts:
+    """What the per-request draft counts `num_draft_tokens` (a host list, one entry per request) say,
+    on the host without a device sync: shared by `Window` and `SpecDecodeMetadata`, which both carry
+    them."""
+
+    num_draft_tokens: list[int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.num_draft_tokens)
+
+    @property
+    def num_drafts(self) -> int:
+        """Dtot: the drafts of all requests."""
+        return sum(self.num_draft_tokens)
+
+    total_draft_tokens = num_drafts        # SpecDecodeMetadata's name for it
+
+    @property
+    def max_spec_len(self) -> int:
+        """Most drafts of any request in the window (0 for an empty batch); sampled ids have
+        `max_spec_len + 1` columns."""
+        return max(self.num_draft_tokens, default=0)
+
+
 @dataclass
-class Window:
+class Window(DraftCounts):
     slot_mapping: torch.Tensor        # [T] int64, -1 = padding
     token_req: torch.Tensor           # [T] int32
     token_draft_pos: torch.Tensor     # [T] int32
@@ -85,18 +110,6 @@ class Window:
     @property
     def num_tokens(self) -> int:
         return len(self.token_req)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.num_draft_tokens)
-
-    @property
-    def num_drafts(self) -> int:
-        return sum(self.num_draft_tokens)
-
-    @property
-    def max_spec_len(self) -> int:
-        return max(self.num_draft_tokens, default=0)
 
     @property
     def draft_slots(self) -> torch.Tensor:

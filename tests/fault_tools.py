@@ -1,5 +1,5 @@
 """Helpers for the fault-injection tests: a small tmpfs (full or read-only disks), processes found by a
-marker in their environment, and checks that a file is whole."""
+marker in their environment, checks that a file is whole, and a deadline for calls that could hang."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nwor_lab import lifeline
 from nwor_lab.atomic import TMP_MARK
 
 MARK = "NWOR_TEST_CRASH_MARK"       # set by a test on the command it starts; every descendant inherits it
@@ -28,6 +29,24 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+class Hung(TimeoutError):
+    """A call still running after its `deadline`: a hang, reported instead of hanging the suite."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail instead of hanging when the block runs longer than `seconds` (SIGALRM: main thread only)."""
+    def on_alarm(signum, frame):
+        raise Hung(f"still running after {seconds} s: a hang")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def new_mark() -> str:
     return uuid.uuid4().hex
 
@@ -35,16 +54,7 @@ def new_mark() -> str:
 def marked(token: str) -> list[int]:
     """Live processes (zombies excluded: their environment reads empty) carrying MARK=token."""
     needle = f"{MARK}={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                env = Path(f"/proc/{entry}/environ").read_bytes()
-            except OSError:
-                continue
-            if needle in env.split(b"\0"):
-                found.append(int(entry))
-    return found
+    return [pid for pid, env in lifeline.processes("environ") if pid != os.getpid() and needle in env.split(b"\0")]
 
 
 def wait_gone(token: str, timeout: float = 10.0) -> list[int]:

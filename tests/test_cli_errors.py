@@ -11,7 +11,6 @@ API: the same cases raise one clear exception, and neither the engine's KV cache
 changes. Then: --traceback / NWOR_LAB_DEBUG=1 show the stack, doctor and --help work whatever the
 environment holds, and Ctrl-C during a streaming generate exits 130 with the text so far.
 """
-import contextlib
 import hashlib
 import json
 import math
@@ -29,7 +28,7 @@ import pytest
 import torch
 
 import nwor_lab
-from fault_tools import default_sigint
+from fault_tools import deadline, default_sigint
 from nwor_lab.config import LabConfig
 
 REPO = Path(nwor_lab.__file__).resolve().parents[1]
@@ -37,20 +36,6 @@ TIMEOUT = 240            # seconds per subprocess: generous for 2 busy cores; a 
 HAS_CUDA = torch.cuda.is_available()
 LONG_PROMPT = "abc " * 600          # 1200 tokens with the shipped tokenizer: past its 1024 positions
 PROBE = str(REPO / "tests" / "data" / "sweep_probe.ipynb")
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail instead of hanging when an API call runs longer than `seconds` (SIGALRM, main thread)."""
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @dataclass

@@ -2,18 +2,11 @@
 took, in words and in a picture, and the reference commits what the `stage` state policy commits.
 (That it passes, says "not attempted yet" for a stub and answers its prediction is checked for every
 exercise in tests/test_exercises.py.)"""
-import plotly.graph_objects as go
 import torch
 
+from exercise_tools import failed
 from nwor_lab import exercises
 from nwor_lab.exercises import solutions
-
-
-def failed(result, note_part):
-    assert not result and result.status == "fail" and note_part in result.message, result.message
-    assert isinstance(result.figure, go.Figure)
-    result.figure.to_json()
-    return result
 
 
 def commit_last(window_states, conv_history, num_drafts, accepted_len, conv_width):
@@ -36,18 +29,18 @@ def state_one_late(window_states, conv_history, num_drafts, accepted_len, conv_w
 
 
 def test_state_commit_catches_offs_choice_off_by_ones_and_float64():
-    r = failed(exercises.check_state_commit(commit_last), "no draft accepted")
+    r = failed(exercises.check_state_commit(commit_last), "state_commit", "no draft accepted")
     assert "expected request 0's state after t_last, got request 0's state after d_3" in r.message
     assert r.figure.layout.shapes, "the cells that differ are outlined"
-    r = failed(exercises.check_state_commit(conv_one_early), "every draft accepted")
+    r = failed(exercises.check_state_commit(conv_one_early), "state_commit", "every draft accepted")
     assert "conv_state of request 0, entry 0" in r.message and "got request 0's input of t_last" in r.message
-    failed(exercises.check_state_commit(state_one_late), "no draft accepted")
+    failed(exercises.check_state_commit(state_one_late), "state_commit", "no draft accepted")
 
     def float64(**kw):
         state, conv = solutions.state_commit(**kw)
         return state.double(), conv
-    r = failed(exercises.check_state_commit(float64), "no request")
-    assert "state: dtype float64, the spec says float32" in r.message
+    failed(exercises.check_state_commit(float64), "state_commit", "no request",
+           "state: dtype float64, the spec says float32")
 
 
 def test_the_reference_commits_what_the_stage_policy_commits():

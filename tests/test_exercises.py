@@ -2,10 +2,10 @@
 and catches planted wrong solutions (each exercise its own, dtype mistakes included), reporting the
 first counterexample in words and in a picture. The references agree with the package where it
 defines the same thing."""
-import plotly.graph_objects as go
 import pytest
 import torch
 
+from exercise_tools import failed
 from nwor_lab import exercises
 from nwor_lab.exercises import solutions
 from nwor_lab.kv import build_slot_mapping
@@ -86,15 +86,6 @@ def test_predictions_are_answered_by_the_reference():
     assert answers["acceptance_stats"] == 3.0
 
 
-def failed(result, name, note_part):
-    assert not result and result.exercise == name and result.status == "fail"
-    assert result.message.startswith(f"FAIL {name}: case ") and note_part in result.message, result.message
-    assert "expected:" in result.message and "got:" in result.message
-    assert isinstance(result.figure, go.Figure)
-    result.figure.to_json()
-    return result
-
-
 def as_dtype(fn, index, dtype):
     """Wrap a right answer so that its output `index` (None: the whole output) has the wrong dtype."""
     def wrong(**kw):
@@ -132,8 +123,8 @@ def test_slot_mapping_catches_off_by_one():
 
 
 def test_slot_mapping_catches_int32():
-    r = failed(exercises.check_slot_mapping(as_dtype(solutions.slot_mapping, None, torch.int32)), "slot_mapping", "edge")
-    assert "slots: dtype int32, the spec says int64" in r.message
+    failed(exercises.check_slot_mapping(as_dtype(solutions.slot_mapping, None, torch.int32)), "slot_mapping", "edge",
+           "slots: dtype int32, the spec says int64")
 
 
 # -- (b) acceptance_mask -------------------------------------------------------------------------
@@ -217,8 +208,7 @@ def test_stage_commit_rows_catches_off_by_one():
 
 
 def test_stage_commit_rows_catches_padding():
-    r = failed(exercises.check_stage_commit_rows(commit_rows_with_padding), "stage_commit_rows", "slot -1")
-    assert "rows: shape" in r.message
+    failed(exercises.check_stage_commit_rows(commit_rows_with_padding), "stage_commit_rows", "slot -1", "rows: shape")
 
 
 def test_stage_commit_rows_catches_int32_rows():
@@ -317,18 +307,15 @@ def test_ring_evictions_reference_agrees_with_the_package():
 
 
 def test_ring_evictions_catches_forgetting_the_window():
-    r = failed(exercises.check_ring_evictions(evictions_whole_ring), "ring_evictions", "edge")
-    assert "not evicted-and-needed" in r.message
+    failed(exercises.check_ring_evictions(evictions_whole_ring), "ring_evictions", "edge", "not evicted-and-needed")
 
 
 def test_ring_evictions_catches_an_off_by_one_window():
-    r = failed(exercises.check_ring_evictions(evictions_off_by_one), "ring_evictions", "edge")
-    assert "missing [(" in r.message
+    failed(exercises.check_ring_evictions(evictions_off_by_one), "ring_evictions", "edge", "missing [(")
 
 
 def test_ring_evictions_catches_empty_slots_counted_as_evictions():
-    r = failed(exercises.check_ring_evictions(evictions_of_empty_slots), "ring_evictions", "edge")
-    assert "was never written" in r.message
+    failed(exercises.check_ring_evictions(evictions_of_empty_slots), "ring_evictions", "edge", "was never written")
 
 
 # -- (f) storage_offsets ---------------------------------------------------------------------------
@@ -397,13 +384,13 @@ def indices_from_the_first_token(num_draft_tokens, cu_num_scheduled_tokens):
 
 
 def test_spec_decode_indices_catches_positions_for_rows():
-    r = failed(exercises.check_spec_decode_indices(indices_bonus_as_positions), "spec_decode_indices", "prefill chunk")
-    assert "bonus_logits_indices: first difference" in r.message
+    failed(exercises.check_spec_decode_indices(indices_bonus_as_positions), "spec_decode_indices", "prefill chunk",
+           "bonus_logits_indices: first difference")
 
 
 def test_spec_decode_indices_catches_a_prefill_read_from_its_start():
-    r = failed(exercises.check_spec_decode_indices(indices_from_the_first_token), "spec_decode_indices", "prefill")
-    assert "logits_indices: first difference at entry 0: expected 99 int32, got 0 int32" in r.message
+    failed(exercises.check_spec_decode_indices(indices_from_the_first_token), "spec_decode_indices", "prefill",
+           "logits_indices: first difference at entry 0: expected 99 int32, got 0 int32")
 
 
 def test_spec_decode_indices_catches_int64():
@@ -546,13 +533,13 @@ def plan_counting_padding(draft_slots, draft_mask, num_layers, bytes_per_token_l
 
 
 def test_cow_restore_plan_catches_compaction():
-    r = failed(exercises.check_cow_restore_plan(plan_compacted), "cow_restore_plan", "every draft accepted")
-    assert "restore_slots: shape [0], expected [3]" in r.message
+    failed(exercises.check_cow_restore_plan(plan_compacted), "cow_restore_plan", "every draft accepted",
+           "restore_slots: shape [0], expected [3]")
 
 
 def test_cow_restore_plan_catches_counting_padding():
-    r = failed(exercises.check_cow_restore_plan(plan_counting_padding), "cow_restore_plan", "padding drafts")
-    assert "bytes_logged: expected 2,048, got 6,144" in r.message
+    failed(exercises.check_cow_restore_plan(plan_counting_padding), "cow_restore_plan", "padding drafts",
+           "bytes_logged: expected 2,048, got 6,144")
 
 
 def test_cow_restore_plan_catches_a_tensor_for_an_int_and_int32_slots():
@@ -597,6 +584,23 @@ def stats_with_prefills(drafted, accepted, emitted, k):
     """Averages over every window, the prefills and decodes too."""
     mean, rates = solutions.acceptance_stats(drafted, accepted, emitted, k)
     return (float(emitted.double().mean()) if len(emitted) else 1.0), rates
+
+
+def test_acceptance_stats_reference_is_the_engines_rule():
+    """The reference is written out for the learner (its source is the last hint), so it cannot call
+    the engine's `acceptance_stats`: the two are pinned here instead, on the checker's own cases
+    turned into traces (one verify window per pair, a draft window beside it that must not count)."""
+    from nwor_lab.engine.generate import acceptance_stats
+    from nwor_lab.engine.trace import WindowTrace
+    for case in exercises.exercise("acceptance_stats").cases(3, 60):
+        i = case.inputs
+        trace = []
+        for step, (n, a, e) in enumerate(zip(i["drafted"].tolist(), i["accepted"].tolist(), i["emitted"].tolist())):
+            trace += [WindowTrace(step, "verify", [0], drafted=[n], accepted=[a], emitted=[list(range(e))]),
+                      WindowTrace(step, "draft", [0], drafted=[n], accepted=[0], emitted=[])]
+        mean, rates = solutions.acceptance_stats(**i)
+        engine_mean, engine_rates = acceptance_stats(trace, i["k"])
+        assert mean == pytest.approx(engine_mean) and rates.tolist() == pytest.approx(engine_rates), case.note
 
 
 def test_acceptance_stats_catches_accepted_plus_one():

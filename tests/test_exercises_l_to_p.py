@@ -5,21 +5,12 @@ is checked for every exercise in tests/test_exercises.py.)"""
 import math
 import statistics
 
-import plotly.graph_objects as go
 import pytest
 import torch
 
+from exercise_tools import failed
 from nwor_lab import exercises
 from nwor_lab.exercises import solutions
-
-
-def failed(result, name, note_part=""):
-    assert not result and result.exercise == name and result.status == "fail"
-    assert result.message.startswith(f"FAIL {name}: case ") and note_part in result.message, result.message
-    assert "expected:" in result.message and "got:" in result.message
-    assert isinstance(result.figure, go.Figure)
-    result.figure.to_json()
-    return result
 
 
 def test_predictions_l_to_p():
@@ -97,8 +88,7 @@ def test_write_share_catches_counting_drafts_only_forgetting_prefills_and_a_tens
     r = failed(exercises.check_write_share(share_drafts_only), "write_share", "no draft accepted")
     assert "share: expected 0.2, got 0" in r.message
     failed(exercises.check_write_share(share_without_prefills), "write_share", "a prefill rides")
-    r = failed(exercises.check_write_share(share_tensor), "write_share", "empty trace")
-    assert "expected a Python float" in r.message
+    failed(exercises.check_write_share(share_tensor), "write_share", "empty trace", "expected a Python float")
 
 
 def test_write_share_reference_agrees_with_the_claims_formula():
@@ -192,14 +182,20 @@ def test_vllm_key_offsets_agree_with_the_labs_view_of_vllms_cache():
 
 
 # -- (p) sweep_medians -------------------------------------------------------------------------------
-def medians_by_mean(rows, metric, policies, ks):
-    out = solutions.sweep_medians(rows, metric, policies, ks)
+def cells(rows, metric, policies, ks):
+    """(i, j, values) of every cell (policies[i], ks[j]) some finished run recorded `metric` for."""
     for i, p in enumerate(policies):
         for j, k in enumerate(ks):
             v = [r["metrics"][metric] for r in rows if r["status"] == "ok" and r["params"]["nwor_mode"] == p
                  and r["params"]["k"] == k and r["metrics"].get(metric) is not None]
             if v:
-                out[i, j] = statistics.fmean(v)
+                yield i, j, v
+
+
+def medians_by_mean(rows, metric, policies, ks):
+    out = solutions.sweep_medians(rows, metric, policies, ks)
+    for i, j, v in cells(rows, metric, policies, ks):
+        out[i, j] = statistics.fmean(v)
     return out
 
 
@@ -222,20 +218,16 @@ def medians_numpy(rows, metric, policies, ks, dtype="float64"):
     """A correct answer written with numpy: np.median over each cell's values, NaN where none."""
     import numpy as np
     out = np.full((len(policies), len(ks)), np.nan, dtype=dtype)
-    for i, p in enumerate(policies):
-        for j, k in enumerate(ks):
-            v = [r["metrics"][metric] for r in rows if r["status"] == "ok" and r["params"]["nwor_mode"] == p
-                 and r["params"]["k"] == k and r["metrics"].get(metric) is not None]
-            if v:
-                out[i, j] = np.median(v)
+    for i, j, v in cells(rows, metric, policies, ks):
+        out[i, j] = np.median(v)
     return out
 
 
 def test_sweep_medians_accepts_a_correct_numpy_answer_and_still_names_a_wrong_dtype():
     assert exercises.check_sweep_medians(medians_numpy, show=False).passed
     assert exercises.check_sweep_medians(lambda **kw: medians_numpy(**kw).tolist(), show=False).passed
-    r = failed(exercises.check_sweep_medians(lambda **kw: medians_numpy(**kw, dtype="float32")), "sweep_medians", "")
-    assert "dtype float32" in r.message
+    failed(exercises.check_sweep_medians(lambda **kw: medians_numpy(**kw, dtype="float32")), "sweep_medians", "",
+           "dtype float32")
 
 
 def test_sweep_medians_reads_rows_as_the_results_log_stores_them(tmp_path):

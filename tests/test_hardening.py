@@ -4,15 +4,14 @@ One regression test per bug and guardrail, on the API (the toy pair: seconds on 
 command line's side of the same cases, and the check that nothing was changed, is in
 tests/test_cli_errors.py. Every call that could hang runs under `deadline`.
 """
-import contextlib
 import io
 import math
-import signal
 
 import numpy as np
 import pytest
 import torch
 
+from fault_tools import deadline
 from nwor_lab.config import KV_LAYOUTS, LabConfig, check_int, check_temperature
 from nwor_lab.engine import SpecEngine, generate, prepare
 from nwor_lab.kv import KVCacheSpec, KVLayout, PagedKVCache
@@ -20,24 +19,6 @@ from nwor_lab.kv.cache import CACHE_DTYPES
 from nwor_lab.model.toy import toy_config, toy_pair
 
 VOCAB = 16
-
-
-class Hung(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail (instead of hanging the suite) when the block runs longer than `seconds`."""
-    def on_alarm(signum, frame):
-        raise Hung(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ hybrid target, by name; a checkpoint corrupted on the host is named by the debug
 import pytest
 import torch
 
+from host_tier_tools import corrupt_on_evict
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.offload import HostTierMismatch
@@ -79,16 +80,7 @@ def test_seeded_sampling_unchanged_by_the_host_tier(pair):
 def test_a_checkpoint_dropped_on_the_host_changes_the_state_and_is_named(pair):
     """The checkpoint is what makes a host hit exact: zero it on the host and the debug check names
     the store (the tokens would otherwise decode from a cleared state)."""
-    def corrupt(e):
-        tier = e.prefix.host
-        evict = tier.on_evict
-
-        def on_evict(block, h):
-            evict(block, h)
-            slot = tier.pool.slot_of.get(h)
-            if slot is not None:
-                tier.pool.rows["state.recurrent"][slot] += 1.0
-        tier.on_evict = on_evict
+    corrupt = corrupt_on_evict(lambda pool, slot: pool.rows["state.recurrent"][slot].add_(1.0))
     with pytest.raises(HostTierMismatch, match="state.recurrent"):
         run(pair, prefix=host(), hook=corrupt)
 

@@ -5,6 +5,7 @@ check names a block that came back different; the pool's LRU and what is refused
 import pytest
 import torch
 
+from host_tier_tools import corrupt_on_evict
 from nwor_lab.config import NWOR_MODES, LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.offload import OFFLOADS, HostTierMismatch
@@ -128,16 +129,8 @@ def test_restored_blocks_equal_what_left_bit_for_bit(pair, offload):
 
 
 def test_debug_check_names_a_block_that_came_back_different(pair):
-    def corrupt(e):
-        tier = e.prefix.host
-        evict = tier.on_evict
-
-        def on_evict(block, h):
-            evict(block, h)
-            slot = tier.pool.slot_of.get(h)
-            if slot is not None:
-                tier.pool.key[slot, 0, 0, 0, 0] += 1.0      # one element of the target's layer 0
-        tier.on_evict = on_evict
+    # one element of the target's layer 0
+    corrupt = corrupt_on_evict(lambda pool, slot: pool.key[slot, 0, 0, 0, 0].add_(1.0))
     with pytest.raises(HostTierMismatch, match="target layers"):
         run(pair, prefix=host(), hook=corrupt)
 

@@ -7,11 +7,10 @@ import torch
 
 from nwor_lab.config import LabConfig
 from nwor_lab.ops.gated_delta import causal_conv_reference, gated_delta_recurrent_reference
-from nwor_lab.ops.generators import gated_delta_inputs
 from nwor_lab.state import STATE_POLICIES, make_state_policy, make_state_store
 from nwor_lab.state.checkpoints import BlockStates
-from nwor_lab.window import Acceptance, Window
-from test_state import NAMES, SPEC, WINDOWS
+from nwor_lab.window import Window
+from test_state import NAMES, SPEC, WINDOWS, feed_and_commit
 
 BS = 2
 
@@ -42,14 +41,7 @@ def test_checkpoints_hold_committed_rows_only(mode, device_layout):
                          max_query_len=max(rows))
         else:
             policy.begin(window, slots)
-        fed = []
-        for layer in range(SPEC.num_layers):
-            c = gated_delta_inputs(sum(rows), SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
-                                   SPEC.conv_width, seed=i * 10 + layer)
-            policy.conv(layer, c["x"], c["weight"])
-            policy.recur(layer, *(c[n] for n in NAMES))
-            fed.append(c)
-        policy.commit(Acceptance.from_accepted_len(window, accepted) if sum(drafts) else None)
+        fed = feed_and_commit(policy, window, accepted, seed=i)
         start = 0
         for s, d, slot, a in zip(rows, drafts, slots, accepted):      # the oracle: committed rows one by one
             p0 = pos.get(slot, 0)

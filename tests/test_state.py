@@ -20,15 +20,21 @@ def run_window(policy, rows, drafts, slots, accepted, seed):
     """One window over every layer; -> the per-request inputs of each layer (for the oracle)."""
     window = Window.from_counts(rows, drafts, torch.arange(sum(rows)))
     policy.begin(window, slots)
+    return window, feed_and_commit(policy, window, accepted, seed)
+
+
+def feed_and_commit(policy, window, accepted, seed):
+    """A begun window: every layer's conv and recurrence fed random rows (seeded by `seed` and the
+    layer), then the commit of `accepted`; -> the inputs of each layer."""
     fed = []
     for layer in range(SPEC.num_layers):
-        c = gated_delta_inputs(sum(rows), SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
+        c = gated_delta_inputs(window.num_tokens, SPEC.num_heads, SPEC.head_k_dim, SPEC.head_v_dim, SPEC.conv_dim,
                                SPEC.conv_width, seed=seed * 10 + layer)
         policy.conv(layer, c["x"], c["weight"])
         policy.recur(layer, *(c[n] for n in NAMES))
         fed.append(c)
-    policy.commit(Acceptance.from_accepted_len(window, accepted) if sum(drafts) else None)
-    return window, fed
+    policy.commit(Acceptance.from_accepted_len(window, accepted) if window.num_drafts else None)
+    return fed
 
 
 class Oracle:

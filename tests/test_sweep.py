@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep_tools import kernel_sees_this_checkout  # noqa: F401 - autouse: this checkout on PYTHONPATH
 from nwor_lab.sweep import (METRICS_ENV, SweepInputError, expand_grid, latest_rows, parse_grid, parse_set,
                             parse_value, read_rows, record_metrics, run_id, write_report)
 from nwor_lab.sweep.cli import add_parsers, main
@@ -58,15 +59,6 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 pass
     return found
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernel_sees_this_checkout():
-    """Workers and kernels inherit the environment: make them import this checkout's nwor_lab."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        mp.delenv(METRICS_ENV, raising=False)
-        yield
 
 
 @pytest.fixture(scope="module")

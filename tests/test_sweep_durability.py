@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from fault_tools import MARK, jsonl_rows, kill_marked, marked, new_mark, wait_gone
+from sweep_tools import kernel_sees_this_checkout  # noqa: F401 - autouse: this checkout on PYTHONPATH
 from nwor_lab import lifeline
-from nwor_lab.sweep import METRICS_ENV, read_rows, write_report
+from nwor_lab.sweep import read_rows, write_report
 from nwor_lab.sweep.cli import main
 from nwor_lab.sweep.results import ResultsLog
 
@@ -29,14 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = REPO / "tests" / "data" / "sweep_probe.ipynb"
 SWEEP = ["sweep", str(PROBE), "--no-progress"]
 LINUX = sys.platform.startswith("linux")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernel_sees_this_checkout():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        mp.delenv(METRICS_ENV, raising=False)
-        yield
 
 
 @pytest.fixture(scope="module")

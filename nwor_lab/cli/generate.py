@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
-from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names, interrupted_exit_code, run
-from nwor_lab.commandline.generate_flags import FLAGS, SEPARATOR, block_options, blocks_line, parser, stats_line
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, UsageError, flag_names, interrupted_exit_code, run
+from nwor_lab.commandline.generate_flags import (FLAGS, SEPARATOR, block_options, blocks_line, exit_status, parser,
+                                                stats_line)
 
 
 def add_parsers(subparsers) -> None:
@@ -160,12 +161,7 @@ def cli_generate(argv=None) -> int:
         line = blocks_line(res.summary())
         if line:
             print(line)
-    if interrupted:
-        sys.stdout.flush()
-        print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "
-              f"so far", file=sys.stderr)
-        return code
-    return 0
+    return exit_status(res, interrupted, code)
 
 
 if __name__ == "__main__":          # through the one error path, as `nwor-lab generate`

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-from nwor_lab.commandline.errors import EXIT_INTERRUPTED, PROG, UsageError, flag_names
-from nwor_lab.commandline.generate_flags import SEPARATOR, stats_line
+from nwor_lab.commandline.errors import EXIT_INTERRUPTED, UsageError, flag_names
+from nwor_lab.commandline.generate_flags import SEPARATOR, exit_status, stats_line
 
 
 def cli_generate_tp(args, cfg, device, flags: dict) -> int:
@@ -47,9 +46,4 @@ def cli_generate_tp(args, cfg, device, flags: dict) -> int:
         print(stats_line(res, args, cfg) + f", tp={args.tp} (KV heads per rank: "
               f"{' '.join(str(r.kv_heads) for r in res.ranks)})"
               + (" (interrupted: statistics so far)" if interrupted else ""))
-    if interrupted:
-        sys.stdout.flush()
-        print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "
-              f"so far", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0
+    return exit_status(res, interrupted, EXIT_INTERRUPTED)

@@ -24,6 +24,7 @@ first differs (`equals_target_only`, `first_divergence` in --json).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError
@@ -153,3 +154,14 @@ def stats_line(res, args, cfg) -> str:
     tree = f" tree={cfg.tree}" if cfg.tree and args.k else ""
     return (f"nwor={cfg.nwor_mode} scv={cfg.scv_mode} k={args.k}{tree}: {res.target_forwards} target forwards, "
             f"mean acceptance length {res.mean_acceptance_length:.2f}, acceptance by position {by_pos}")
+
+
+def exit_status(res, interrupted: bool, code: int) -> int:
+    """The command's exit status after it printed `res`: 0, or `code` (130 / 143) for a run stopped
+    by Ctrl-C or SIGTERM, which says so on stderr after the text and statistics so far."""
+    if not interrupted:
+        return 0
+    sys.stdout.flush()
+    print(f"{PROG}: interrupted after {res.target_forwards} target forwards; printed what was generated "
+          f"so far", file=sys.stderr)
+    return code

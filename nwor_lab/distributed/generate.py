@@ -24,8 +24,7 @@ from nwor_lab.distributed.group import DEFAULT_TIMEOUT_S, TPGroup
 from nwor_lab.distributed.launcher import TensorParallelError, run_ranks, stop_requested
 from nwor_lab.distributed.shard import check_tp, kv_heads, load_head_tp, load_llama_tp, q_heads, shard_head, \
     shard_llama
-from nwor_lab.engine.generate import acceptance_stats, check_window_limits, prepare
-from nwor_lab.engine.trace import WindowTrace
+from nwor_lab.engine.generate import GenerationRecord, acceptance_stats, check_window_limits, prepare
 
 RUN_KEYS = ("config", "k", "temperature", "seed", "head", "max_new_tokens")
 
@@ -53,26 +52,17 @@ class RankReport:
 
 
 @dataclass
-class TPGenerationResult:
-    """As `engine.GenerationResult` (rank 0's view; no engine object: it lives in the rank), plus
-    `tp` and one `RankReport` per rank (one only, this rank's, under torchrun)."""
+class TPGenerationResult(GenerationRecord):
+    """A `GenerationRecord` as rank 0 saw it (no engine object: it lives in the rank), plus `tp` and
+    one `RankReport` per rank (one only, this rank's, under torchrun)."""
 
-    token_ids: list[list[int]]
-    texts: list[str] | None
-    trace: list[WindowTrace]
-    mean_acceptance_length: float
-    acceptance_by_position: list[float]
-    target_forwards: int
     tp: int
     config: LabConfig
     ranks: list[RankReport] = field(default_factory=list)
     complete: bool = True
 
     def summary(self) -> dict:
-        return {"mean_acceptance_length": self.mean_acceptance_length,
-                "acceptance_by_position": self.acceptance_by_position,
-                "target_forwards": self.target_forwards,
-                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete, "tp": self.tp}
+        return {**super().summary(), "complete": self.complete, "tp": self.tp}
 
 
 class CheckpointPair:

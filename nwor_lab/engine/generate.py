@@ -6,6 +6,7 @@ at any point with `result()`. `generate(...)` is `prepare(...).run().result()`.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +24,10 @@ from nwor_lab.engine.trace import WindowTrace
 
 
 @dataclass
-class GenerationResult:
-    """texts / token_ids per prompt (generated part only); trace: every window in order.
+class GenerationRecord:
+    """What a run reports, whoever ran it (one engine here, tensor-parallel ranks in
+    `distributed.generate`): texts / token_ids per prompt (generated part only); trace: every
+    window in order.
 
     mean_acceptance_length: tokens emitted per target forward of a speculative request: the
     mean, over (request, verify window) pairs that had drafts, of the tokens that window appended
@@ -40,17 +43,25 @@ class GenerationResult:
     mean_acceptance_length: float
     acceptance_by_position: list[float]
     target_forwards: int
+
+    def summary(self) -> dict:
+        return {"mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_by_position": self.acceptance_by_position,
+                "target_forwards": self.target_forwards,
+                "tokens": sum(len(t) for t in self.token_ids)}
+
+
+@dataclass
+class GenerationResult(GenerationRecord):
+    """A `GenerationRecord` of one engine, with the engine itself and what its summary adds."""
+
     engine: SpecEngine = field(repr=False)
     complete: bool = True          # False: taken before every request finished (e.g. interrupted)
     kv: dict = field(default_factory=dict)   # the strategy and the KV memory per request (`kv_summary`)
     blocks: dict = field(default_factory=dict)   # prefix caching and preemption (`block_summary`)
 
     def summary(self) -> dict:
-        return {"mean_acceptance_length": self.mean_acceptance_length,
-                "acceptance_by_position": self.acceptance_by_position,
-                "target_forwards": self.target_forwards,
-                "tokens": sum(len(t) for t in self.token_ids), "complete": self.complete, **self.kv,
-                **self.blocks}
+        return {**super().summary(), "complete": self.complete, **self.kv, **self.blocks}
 
 
 def block_summary(engine: SpecEngine) -> dict:
@@ -158,7 +169,8 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
             acceptance=None, prefix_cache: PrefixCacheConfig | None = None,
             preemption: Preemption | None = None) -> Generation:
     """`generate`'s set-up: every argument checked (before the shipped model is loaded and before
-    the cache is allocated), the engine built, every prompt queued. Arguments as `generate`."""
+    the cache is allocated), the engine built, every prompt queued. The arguments are documented at
+    `generate`, which takes these very ones."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts: expected a list of prompts (each a str or a list of token ids), got "
                         f"{type(prompts).__name__}; for one prompt pass [prompt]")
@@ -220,17 +232,11 @@ def prepare(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | N
     return Generation(engine, reqs, tokenizer, engine.tree_plan.depth if engine.tree is not None else k)
 
 
-def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | None = None, *,
-             target=None, head=None, tokenizer=None, temperature: float = 0.0, seed: int = 0,
-             num_blocks: int | None = None, block_size: int = 16, max_num_seqs: int = 8,
-             max_num_batched_tokens: int = 1024, device="cpu", dtype=torch.float32,
-             stop_at_eos: bool = False, cache_dtype: str = "auto", observers=(),
-             truncate_prompts: bool = False, max_cache_memory: int | None = None,
-             acceptance=None, prefix_cache: PrefixCacheConfig | None = None,
-             preemption: Preemption | None = None) -> GenerationResult:
+def generate(prompts, *args, **kwargs) -> GenerationResult:
     """Generate for every prompt (a list: each a str with a tokenizer, or a list of token ids) with
     EAGLE drafts.
 
+    Arguments and defaults are `prepare`'s (one signature: `inspect.signature(generate)` shows it).
     target/head/tokenizer default to the shipped tiny pair; k=0 (or head=None with a custom
     target) runs target-only decoding. `config` picks the NWOR and SCV modes; `cache_dtype`
     `auto` / `fp8_e4m3` / `fp8_e5m2` the cache storage (fp8 scales 1.0 unless set on the engine).
@@ -245,9 +251,7 @@ def generate(prompts, max_new_tokens: int = 32, k: int = 4, config: LabConfig | 
     the cache runs out (nwor_lab.engine.preemption); the result's `summary()` reports both
     (`block_summary`). A prompt longer than `max_num_batched_tokens` is prefilled in chunks.
     """
-    return prepare(prompts, max_new_tokens, k, config, target=target, head=head, tokenizer=tokenizer,
-                   temperature=temperature, seed=seed, num_blocks=num_blocks, block_size=block_size,
-                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, device=device,
-                   dtype=dtype, stop_at_eos=stop_at_eos, cache_dtype=cache_dtype, observers=observers,
-                   truncate_prompts=truncate_prompts, max_cache_memory=max_cache_memory,
-                   acceptance=acceptance, prefix_cache=prefix_cache, preemption=preemption).run().result()
+    return prepare(prompts, *args, **kwargs).run().result()
+
+
+generate.__signature__ = inspect.signature(prepare).replace(return_annotation="GenerationResult")

@@ -1,28 +1,7 @@
 """Exercises in the GPU-Puzzles habit: a spec, a checker, a picture of the counterexample — one or
 more in every teaching chapter.
 
-  (a) slot_mapping           where each window token's K/V goes           12_exercises
-  (b) acceptance_mask        which drafts survived, counted as SCV does   04_scv
-  (c) stage_commit_rows      which staged rows the commit writes, where   12_exercises
-  (d) cow_restore            put back the rejected drafts' old bits       12_exercises
-  (e) ring_evictions         what a write-all window loses on a ring      07_sliding_window
-  (f) storage_offsets        where each KV head lives in memory, NHD/HND  02_paged_cache
-  (g) spec_decode_indices    SpecDecodeMetadata's three index vectors     03_verify_window
-  (h) greedy_sampled_ids     what the greedy rejection sampler returns    03_verify_window
-  (i) window_attention_mask  which staged rows each query reads           05_stage
-  (j) cow_restore_plan       what cow restores (masked in data), bytes    06_cow
-  (k) acceptance_stats       mean acceptance length, rate by position     08_eagle
-  (l) rejected_slots         which slots hold rejected K/V under `off`    00_tour
-  (m) write_share            the share of off's rows stage writes         01_why
-  (n) napkin_speedup         EAGLE's speedup from measured components     11_performance
-  (o) vllm_key_offsets       a key's elements in vLLM's CPU cache         09_vllm
-  (p) sweep_medians          a sweep's rows into the report's figure      10_sweep
-  (r) state_commit           the recurrent state to commit, conv kept     13_state
-  (s) tree_commit_plan       a tree's accepted path, the commit's rows    14_trees
-  (t) prefix_blocks          the blocks a commit registers for sharing    15_prefix
-  (u) shipped_rows           the rows a hand-off ships, per strategy      15_prefix
-  (v) window_key_rows        where stage's attention reads each key       16_stage_read_path
-  (w) sampled_verdict        accepted length, next token's law at T > 0   17_sampling
+The exercises (letter, name, title, chapter) are listed once, in `nwor_lab/exercises/catalogue.py`.
 
 Each spec is the docstring of the reference in `nwor_lab.exercises.solutions`. Around each one a
 chapter shows, in order:
@@ -44,37 +23,8 @@ import importlib
 import inspect
 
 from nwor_lab.exercises import solutions
+from nwor_lab.exercises.catalogue import NAMES
 from nwor_lab.exercises.check import FAIL, NOT_ATTEMPTED, PASS, CheckResult, run_check
-from nwor_lab.exercises.slot_mapping import check_slot_mapping
-from nwor_lab.exercises.acceptance_mask import check_acceptance_mask
-from nwor_lab.exercises.stage_commit_rows import check_stage_commit_rows
-from nwor_lab.exercises.cow_restore import check_cow_restore
-from nwor_lab.exercises.ring_evictions import check_ring_evictions
-from nwor_lab.exercises.storage_offsets import check_storage_offsets
-from nwor_lab.exercises.spec_decode_indices import check_spec_decode_indices
-from nwor_lab.exercises.greedy_sampled_ids import check_greedy_sampled_ids
-from nwor_lab.exercises.window_attention_mask import check_window_attention_mask
-from nwor_lab.exercises.cow_restore_plan import check_cow_restore_plan
-from nwor_lab.exercises.acceptance_stats import check_acceptance_stats
-from nwor_lab.exercises.rejected_slots import check_rejected_slots
-from nwor_lab.exercises.write_share import check_write_share
-from nwor_lab.exercises.napkin_speedup import check_napkin_speedup
-from nwor_lab.exercises.vllm_key_offsets import check_vllm_key_offsets
-from nwor_lab.exercises.sweep_medians import check_sweep_medians
-from nwor_lab.exercises.state_commit import check_state_commit
-from nwor_lab.exercises.tree_commit_plan import check_tree_commit_plan
-from nwor_lab.exercises.prefix_blocks import check_prefix_blocks
-from nwor_lab.exercises.shipped_rows import check_shipped_rows
-from nwor_lab.exercises.window_key_rows import check_window_key_rows
-from nwor_lab.exercises.sampled_verdict import check_sampled_verdict
-
-NAMES = ("slot_mapping", "acceptance_mask", "stage_commit_rows", "cow_restore", "ring_evictions",
-         "storage_offsets", "spec_decode_indices", "greedy_sampled_ids", "window_attention_mask",
-         "cow_restore_plan", "acceptance_stats", "rejected_slots", "write_share", "napkin_speedup",
-         "vllm_key_offsets", "sweep_medians", "state_commit",
-         "tree_commit_plan", "prefix_blocks", "shipped_rows",
-         "window_key_rows", "sampled_verdict")
-
 
 def exercise(name: str):
     """The `Exercise` behind `name` (reference, cases, letter, chapter, hints, prediction)."""
@@ -93,8 +43,8 @@ def by_chapter() -> dict[str, list]:
 
 def choose(name: str, user_fn, use_solutions: bool = False):
     """`solutions.<name>` when `use_solutions` (CI and instructors run the chapters that way), else `user_fn`."""
-    exercise(name)
-    return getattr(solutions, name) if use_solutions else user_fn
+    reference = exercise(name).reference
+    return reference if use_solutions else user_fn
 
 
 def spec(name: str) -> str:
@@ -174,11 +124,11 @@ def predict(name: str, guess=None) -> PredictionResult:
     return PredictionResult(name, p.question, guess, answer, p.explain(answer))
 
 
+# `check_<name>`: each exercise's checker as a function of its own, made by its `Exercise` (the
+# tests call these; chapters call `check(name, ...)`)
+for _name in NAMES:
+    globals()[f"check_{_name}"] = exercise(_name).checker()
+del _name
+
 __all__ = ["solutions", "CheckResult", "PASS", "FAIL", "NOT_ATTEMPTED", "NAMES", "exercise", "by_chapter", "choose",
-           "spec", "check", "hints", "hint", "predict", "Hints", "check_slot_mapping", "check_acceptance_mask",
-           "check_stage_commit_rows", "check_cow_restore", "check_ring_evictions", "check_storage_offsets",
-           "check_spec_decode_indices", "check_greedy_sampled_ids", "check_window_attention_mask",
-           "check_cow_restore_plan", "check_acceptance_stats", "check_rejected_slots", "check_write_share",
-           "check_napkin_speedup", "check_vllm_key_offsets", "check_sweep_medians", "check_state_commit",
-           "check_tree_commit_plan", "check_prefix_blocks", "check_shipped_rows",
-           "check_window_key_rows", "check_sampled_verdict"]
+           "spec", "check", "hints", "hint", "predict", "Hints", *(f"check_{n}" for n in NAMES)]

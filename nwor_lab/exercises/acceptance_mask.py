@@ -3,7 +3,7 @@ counts them (chapter 04).
 
 Write `acceptance_mask(draft_token_ids, cu_num_draft_tokens, sampled_token_ids)
 -> (draft_mask, accepted_len)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.acceptance_mask`. Check it with `check_acceptance_mask(your_fn)`.
+`nwor_lab.exercises.solutions.acceptance_mask`. Check it with `exercises.check_acceptance_mask(your_fn)`.
 
 Cases are what a rejection sampler returns (accepted drafts, one token of its own, -1): no
 requests, requests without drafts, all / none accepted, fewer sampled columns than drafts + 1
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import TOKEN_COLOURS
 
@@ -60,28 +59,29 @@ def cases(seed: int, n: int):
         _case([[5, 6]], [], num_cols=0, note="edge: no sampled columns at all"),
         _case([[5], [1, 2]], [[5, 3, 4]], note="edge: a malformed row, more ids than drafts + 1: clamp to n_r"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        vocab = d.int(2, 6)                      # few ids: accidental matches happen
-        drafts, rows = [], []
-        for _ in range(d.int(1, size + 1)):
-            k = d.int(0, 4)
-            ids = [-1 if d.chance(0.1) else d.int(0, vocab - 1) for _ in range(k)]
-            limit = ids.index(-1) if -1 in ids else k        # the sampler never accepts a padding draft
-            a = d.int(0, limit)
-            if a < k and d.chance(0.15):                     # zero-probability draft: recovered as itself
-                own = ids[a] if ids[a] != -1 else 0
-            else:
-                own = d.int(0, vocab - 1)
-                if a < k and own == ids[a]:
-                    own = (own + 1) % vocab
-            drafts.append(ids)
-            rows.append(sampler_row(ids, a, own))
-        cols = None if d.chance(0.8) else d.int(0, max(len(x) for x in drafts))
-        yield _case(drafts, rows, cols)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    vocab = d.int(2, 6)                      # few ids: accidental matches happen
+    drafts, rows = [], []
+    for _ in range(d.int(1, size + 1)):
+        k = d.int(0, 4)
+        ids = [-1 if d.chance(0.1) else d.int(0, vocab - 1) for _ in range(k)]
+        limit = ids.index(-1) if -1 in ids else k        # the sampler never accepts a padding draft
+        a = d.int(0, limit)
+        if a < k and d.chance(0.15):                     # zero-probability draft: recovered as itself
+            own = ids[a] if ids[a] != -1 else 0
+        else:
+            own = d.int(0, vocab - 1)
+            if a < k and own == ids[a]:
+                own = (own + 1) % vocab
+        drafts.append(ids)
+        rows.append(sampler_row(ids, a, own))
+    cols = None if d.chance(0.8) else d.int(0, max(len(x) for x in drafts))
+    return _case(drafts, rows, cols)
 
 
 def compare(expected, got, case) -> str | None:
@@ -164,11 +164,4 @@ HINTS = (
     "(torch.int32), the mask bool.",
 )
 
-EXERCISE = Exercise("acceptance_mask", solutions.acceptance_mask, cases, compare, draw, letter="(b)",
-                    title="the SCV acceptance mask", chapter="04_scv", hints=HINTS, predict=PREDICT)
-
-
-def check_acceptance_mask(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(draft_token_ids, cu_num_draft_tokens, sampled_token_ids) -> (draft_mask,
-    accepted_len)` against the reference; prints PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("acceptance_mask", cases, compare, draw, hints=HINTS, predict=PREDICT)

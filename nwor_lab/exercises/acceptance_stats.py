@@ -3,7 +3,7 @@ draft position, counting only what was emitted (chapter 08).
 
 Write `acceptance_stats(drafted, accepted, emitted, k) -> (mean_acceptance_length, by_position)`;
 the spec is the docstring of `nwor_lab.exercises.solutions.acceptance_stats`. Check it with
-`check_acceptance_stats(your_fn)`.
+`exercises.check_acceptance_stats(your_fn)`.
 
 Cases: no pairs, only prefills / decodes (no drafts), every draft accepted, none accepted, a last
 window cut short by max_new_tokens (accepted + 1 would count tokens nobody received), k above the
@@ -11,14 +11,11 @@ drafts of every window, random runs.
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference, tensor_problem
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
 TOLERANCE = 1e-9
@@ -41,33 +38,31 @@ def cases(seed: int, n: int):
         _case([(2, 1, 2), (0, 0, 3), (2, 2, 3)], 4, "edge: k above every window's drafts, a prefill between"),
         _case([(4, 3, 2)], 4, "edge: cut inside the accepted drafts: only d1, d2 count"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed), 1, 12)
-        k = d.int(1, 5)
-        pairs = []
-        for _ in range(d.int(0, size)):
-            if d.chance(0.15):
-                pairs.append((0, 0, d.int(1, 4)))
-                continue
-            m = d.int(1, k)
-            a = d.int(0, m)
-            e = a + 1 if not d.chance(0.15) else d.int(1, a + 1)      # a window cut short at its end
-            pairs.append((m, a, e))
-        yield _case(pairs, k)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count, 1, 12)
+    k = d.int(1, 5)
+    pairs = []
+    for _ in range(d.int(0, size)):
+        if d.chance(0.15):
+            pairs.append((0, 0, d.int(1, 4)))
+            continue
+        m = d.int(1, k)
+        a = d.int(0, m)
+        e = a + 1 if not d.chance(0.15) else d.int(1, a + 1)      # a window cut short at its end
+        pairs.append((m, a, e))
+    return _case(pairs, k)
 
 
 def compare(expected, got, case) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return f"expected a pair (mean_acceptance_length, by_position), got {type(got).__name__}"
     mean, rates = got
-    if not isinstance(mean, float):
-        return f"mean_acceptance_length: expected a float, got {type(mean).__name__} {mean!r} (return float(x))"
-    if not math.isclose(mean, expected[0], rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-        return f"mean_acceptance_length: expected {expected[0]:.6g}, got {mean:.6g}"
-    problem = tensor_problem(expected[1], rates, "by_position")
+    problem = (float_difference(expected[0], mean, "mean_acceptance_length", TOLERANCE)
+               or tensor_problem(expected[1], rates, "by_position"))
     if problem:
         return problem
     close = torch.isclose(rates, expected[1], rtol=TOLERANCE, atol=TOLERANCE)
@@ -122,12 +117,4 @@ HINTS = (
     "where the count is > 0 (else 0.0), return a float64 tensor of shape [k].",
 )
 
-EXERCISE = Exercise("acceptance_stats", solutions.acceptance_stats, cases, compare, draw, letter="(k)",
-                    title="mean acceptance length and acceptance by position", chapter="08_eagle", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_acceptance_stats(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(drafted, accepted, emitted, k) -> (mean_acceptance_length, by_position)`; prints
-    PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("acceptance_stats", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,6 +1,8 @@
 """Small random pieces the exercises' case generators share."""
 from __future__ import annotations
 
+from typing import Callable, Iterator, Sequence
+
 import torch
 
 from nwor_lab.window import Window
@@ -24,6 +26,20 @@ class Dice:
 
     def perm(self, n: int) -> torch.Tensor:
         return torch.randperm(n, generator=self.gen)
+
+
+def edge_then_random(fixed: Sequence, seed: int, n: int,
+                     random_case: Callable[["Dice", int, int], object]) -> Iterator:
+    """The `n` cases of an exercise: its edge cases `fixed` first (as many as `n` allows), then
+    `count = n - len(fixed)` random ones, `random_case(d, i, count)` for `i` in `0 .. count - 1`, all
+    drawn from one `Dice(seed)`. An edge case may be given as a function of that dice that makes it
+    (cow_restore's draw their random bits from it, in order, and only when they are used)."""
+    d = Dice(seed)
+    for c in fixed[:n]:
+        yield c(d) if callable(c) else c
+    count = max(0, n - len(fixed))
+    for i in range(count):
+        yield random_case(d, i, count)
 
 
 def growing(i: int, n: int, lo: int = 1, hi: int = 6) -> int:

@@ -18,6 +18,8 @@ which (an int32 answer where the spec says int64 fails, even when the numbers ag
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -59,17 +61,45 @@ class Prediction:
 
 @dataclass
 class Exercise:
+    """One exercise, as its module declares it. Found by its name: the reference
+    `solutions.<name>` (the spec is that function's docstring) and, in `catalogue.CATALOGUE`, its
+    letter, title and chapter, so none of them is written twice."""
+
     name: str
-    reference: Callable
     cases: Callable[[int, int], Iterator[Case]]        # (seed, n) -> cases
     compare: Callable[[object, object, Case], str | None]   # (expected, got, case) -> what differs, or None
     draw: Callable[[Case, object, object], object]     # (case, expected, got) -> go.Figure
-    show: Callable[[object], str] = None               # output -> short text
-    letter: str = ""                                   # "(a)" .. : how chapters and the kit name it
-    title: str = ""                                    # what the learner writes, in a few words
-    chapter: str = ""                                  # the chapter it lives in (file stem)
+    show: Callable[[object], str] = None               # output -> short text (falls back to repr if it raises)
     hints: tuple[str, ...] = ()                        # hint 1, hint 2 (the reference is the third)
     predict: Prediction | None = None
+    letter: str = field(init=False)                    # "(a)" .. : how chapters and the kit name it
+    title: str = field(init=False)                     # what the learner writes, in a few words
+    chapter: str = field(init=False)                   # the chapter it lives in (file stem)
+
+    def __post_init__(self):
+        from nwor_lab.exercises.catalogue import ENTRIES
+        if self.name not in ENTRIES:
+            raise ValueError(f"Exercise(name={self.name!r}): no such row in nwor_lab/exercises/catalogue.py; "
+                             f"add (letter, name, title, chapter) there first")
+        self.letter, self.title, self.chapter = ENTRIES[self.name]
+
+    @property
+    def reference(self) -> Callable:
+        from nwor_lab.exercises import solutions
+        return getattr(solutions, self.name)
+
+    def checker(self) -> Callable[..., "CheckResult"]:
+        """`check_<name>(user_fn, n_cases=300, seed=0, *, show=None)`: this exercise's checker as a
+        function of its own (what `exercises.check_<name>` is)."""
+        def check(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None) -> CheckResult:
+            return run_check(self, user_fn, n_cases, seed, show=show)
+        check.__name__ = check.__qualname__ = f"check_{self.name}"
+        sig = inspect.signature(self.reference)
+        check.__doc__ = (f"Check `user_fn({', '.join(sig.parameters)}) -> {sig.return_annotation}` against "
+                         f"`solutions.{self.name}` on "
+                         f"`n_cases` cases; prints PASS, the first counterexample, or \"not attempted yet\", and "
+                         f"returns a CheckResult.")
+        return check
 
 
 @dataclass
@@ -117,7 +147,7 @@ def run_check(ex: Exercise, user_fn: Callable, n_cases: int = 300, seed: int = 0
     """Run `user_fn` against `ex.reference` on `n_cases` cases; print PASS, the first
     counterexample, or "not attempted yet" for an untouched stub; display the counterexample's
     figure when `show` (default: only inside a Jupyter kernel)."""
-    fmt = ex.show or _fmt
+    fmt = _shown_by(ex.show) if ex.show else _fmt
     result = None
     for i, case in enumerate(ex.cases(seed, n_cases)):
         expected = ex.reference(**_copy(case.inputs))
@@ -173,6 +203,17 @@ def _failure(ex, i, n, case, expected, got, error, diff, fmt) -> CheckResult:
     return CheckResult(ex.name, False, n, "\n".join(lines), i, case, expected, got, error, figure)
 
 
+def _shown_by(show: Callable[[object], str]) -> Callable[[object], str]:
+    """An exercise's `show`, falling back to `repr` where the output is not what it can read (a wrong
+    answer's shape must not break the report that names it)."""
+    def fmt(x) -> str:
+        try:
+            return show(x)
+        except Exception:  # noqa: BLE001 - an unreadable answer is reported as it is
+            return repr(x)
+    return fmt
+
+
 def _copy(inputs: dict) -> dict:
     """Fresh copies, so a function that writes its inputs in place cannot change the next run's."""
     return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in inputs.items()}
@@ -215,6 +256,16 @@ def tensor_problem(expected: torch.Tensor, got, what: str) -> str | None:
                 f"(expected a {want}, got shape {list(got.shape)})")
     if tuple(got.shape) != tuple(expected.shape):
         return f"{what}: shape {list(got.shape)}, expected {list(expected.shape)} ({want})"
+    return None
+
+
+def float_difference(expected: float, got, what: str, tolerance: float = 1e-9) -> str | None:
+    """None if `got` is a Python float within `tolerance` of `expected` (relative or absolute), else
+    one line saying what is off (a tensor or an int is not a float: the spec asks for `float(x)`)."""
+    if isinstance(got, torch.Tensor) or not isinstance(got, float):
+        return f"{what}: expected a Python float, got {type(got).__name__} {got!r} (return float(x))"
+    if not math.isclose(got, expected, rel_tol=tolerance, abs_tol=tolerance):
+        return f"{what}: expected {expected:.6g}, got {got:.6g}"
     return None
 
 

@@ -2,7 +2,7 @@
 
 Write `cow_restore(key_cache, value_cache, log_key, log_value, draft_slots, draft_mask)
 -> (key_cache, value_cache)`; the spec is the docstring of `nwor_lab.exercises.solutions.cow_restore`.
-Check it with `check_cow_restore(your_fn)`. Compared bit for bit.
+Check it with `exercises.check_cow_restore(your_fn)`. Compared bit for bit.
 
 Cases: no drafts, all / none accepted, padding drafts (slot -1: restoring "slot -1" would hit the
 cache's last slot), float32 / bfloat16 / float8_e4m3fn caches holding random bits (NaN payloads
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, dtype_name, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, dtype_name
 from nwor_lab.ops.quant import raw
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState
@@ -55,38 +54,41 @@ def _case(d: Dice, geometry, groups, slots, note="random") -> Case:
                 dict(names=names))
 
 
+F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
+
+
 def cases(seed: int, n: int):
-    d = Dice(seed)
-    f32, bf16, fp8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
-    fixed = [
-        lambda: _case(d, (2, 4, 2, 2, f32, "NHD"), [], [], "edge: no drafts"),
-        lambda: _case(d, (2, 4, 2, 2, f32, "NHD"), [(3, 3)], [1, 2, 3], "edge: all accepted"),
-        lambda: _case(d, (2, 4, 2, 2, f32, "NHD"), [(3, 0)], [1, 2, 3], "edge: none accepted"),
-        lambda: _case(d, (2, 4, 2, 2, f32, "NHD"), [(3, 1)], [4, -1, 5],
-                      "edge: a rejected padding draft (slot -1)"),
-        lambda: _case(d, (3, 2, 2, 3, f32, "HND"), [(2, 1), (2, 0)], [0, 3, 4, 1],
-                      "edge: HND layout with block_size == num_kv_heads"),
-        lambda: _case(d, (2, 4, 1, 4, bf16, "NHD"), [(3, 1)], [0, 6, 7], "edge: bfloat16 random bits"),
-        lambda: _case(d, (2, 4, 2, 4, fp8, "HND"), [(4, 2)], [2, 3, 4, 5], "edge: fp8 random bits, HND"),
+    fixed = [   # each draws its cache's random bits from the cases' dice when it is made
+        lambda d: _case(d, (2, 4, 2, 2, F32, "NHD"), [], [], "edge: no drafts"),
+        lambda d: _case(d, (2, 4, 2, 2, F32, "NHD"), [(3, 3)], [1, 2, 3], "edge: all accepted"),
+        lambda d: _case(d, (2, 4, 2, 2, F32, "NHD"), [(3, 0)], [1, 2, 3], "edge: none accepted"),
+        lambda d: _case(d, (2, 4, 2, 2, F32, "NHD"), [(3, 1)], [4, -1, 5],
+                        "edge: a rejected padding draft (slot -1)"),
+        lambda d: _case(d, (3, 2, 2, 3, F32, "HND"), [(2, 1), (2, 0)], [0, 3, 4, 1],
+                        "edge: HND layout with block_size == num_kv_heads"),
+        lambda d: _case(d, (2, 4, 1, 4, BF16, "NHD"), [(3, 1)], [0, 6, 7], "edge: bfloat16 random bits"),
+        lambda d: _case(d, (2, 4, 2, 4, FP8, "HND"), [(4, 2)], [2, 3, 4, 5], "edge: fp8 random bits, HND"),
     ]
-    for make in fixed[:n]:
-        yield make()
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        bs = d.choice((1, 2, 4, 8))
-        h = bs if d.chance(0.3) else d.int(1, 3)
-        geometry = (d.int(1, size + 1), bs, h, d.int(1, 4), d.choice((f32, f32, bf16, fp8)),
-                    d.choice(("NHD", "HND")))
-        num_slots = geometry[0] * bs
-        groups, total = [], 0
-        for _ in range(d.int(0, size + 1)):
-            k = min(d.int(1, 4), num_slots - total)   # draft slots are distinct: at most one per slot
-            if k:
-                groups.append((k, d.int(0, k)))
-                total += k
-        slots = d.perm(num_slots)[:total].tolist()
-        slots = [-1 if d.chance(0.15) else s for s in slots]
-        yield _case(d, geometry, groups, slots)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes grow with it)."""
+    size = growing(i, count)
+    bs = d.choice((1, 2, 4, 8))
+    h = bs if d.chance(0.3) else d.int(1, 3)
+    geometry = (d.int(1, size + 1), bs, h, d.int(1, 4), d.choice((F32, F32, BF16, FP8)),
+                d.choice(("NHD", "HND")))
+    num_slots = geometry[0] * bs
+    groups, total = [], 0
+    for _ in range(d.int(0, size + 1)):
+        k = min(d.int(1, 4), num_slots - total)   # draft slots are distinct: at most one per slot
+        if k:
+            groups.append((k, d.int(0, k)))
+            total += k
+    slots = d.perm(num_slots)[:total].tolist()
+    slots = [-1 if d.chance(0.15) else s for s in slots]
+    return _case(d, geometry, groups, slots)
 
 
 def _slot_diff(expected: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
@@ -220,11 +222,4 @@ HINTS = (
     "(an integer view of the same memory), so NaN payloads, -0.0 and fp8 bytes come back exactly.",
 )
 
-EXERCISE = Exercise("cow_restore", solutions.cow_restore, cases, compare, draw, letter="(d)",
-                    title="the CoW restore, bit for bit", chapter="12_exercises", hints=HINTS, predict=PREDICT)
-
-
-def check_cow_restore(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(key_cache, value_cache, log_key, log_value, draft_slots, draft_mask) ->
-    (key_cache, value_cache)` bit for bit against the reference; prints PASS or a counterexample."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("cow_restore", cases, compare, draw, hints=HINTS, predict=PREDICT)

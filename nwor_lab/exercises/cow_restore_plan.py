@@ -3,7 +3,7 @@ bytes `cow` logs and restores (chapter 06).
 
 Write `cow_restore_plan(draft_slots, draft_mask, num_layers, bytes_per_token_layer)
 -> (restore_slots, bytes_logged, bytes_restored)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.cow_restore_plan`. Check it with `check_cow_restore_plan(your_fn)`.
+`nwor_lab.exercises.solutions.cow_restore_plan`. Check it with `exercises.check_cow_restore_plan(your_fn)`.
 
 Cases: no drafts, every draft accepted, none accepted, padding drafts (slot -1: never logged, never
 restored), a rejected padding draft, mixed windows of several requests.
@@ -14,9 +14,8 @@ import numbers
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import STATE_COLOURS, TOKEN_COLOURS
@@ -40,20 +39,21 @@ def cases(seed: int, n: int):
         _case([3, 7, -1, 12, 13], [True, False, False, False, True], 32, 4096, note="edge: a mixed window, 32 layers"),
         _case([20, 21, 22, 40, 41], [True, True, False, False, False], 1, 2, note="edge: two requests, one layer"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        slots, mask = [], []
-        free = d.perm(64).tolist()
-        for _ in range(d.int(0, size + 1)):
-            k = d.int(1, 4)
-            a = d.int(0, k)
-            for j in range(k):
-                slots.append(-1 if d.chance(0.15) else free.pop())
-                mask.append(j < a and slots[-1] >= 0)
-        yield _case(slots, mask, d.choice((1, 2, 4, 32)), d.choice((2, 64, 512, 4096)))
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    slots, mask = [], []
+    free = d.perm(64).tolist()
+    for _ in range(d.int(0, size + 1)):
+        k = d.int(1, 4)
+        a = d.int(0, k)
+        for j in range(k):
+            slots.append(-1 if d.chance(0.15) else free.pop())
+            mask.append(j < a and slots[-1] >= 0)
+    return _case(slots, mask, d.choice((1, 2, 4, 32)), d.choice((2, 64, 512, 4096)))
 
 
 def _is_int(x) -> bool:
@@ -122,11 +122,4 @@ HINTS = (
     "not -1, each times num_layers * bytes_per_token_layer. Return Python ints (int(t.sum())).",
 )
 
-EXERCISE = Exercise("cow_restore_plan", solutions.cow_restore_plan, cases, compare, draw, letter="(j)",
-                    title="the CoW restore plan and its bytes", chapter="06_cow", hints=HINTS, predict=PREDICT)
-
-
-def check_cow_restore_plan(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(draft_slots, draft_mask, num_layers, bytes_per_token_layer) -> (restore_slots,
-    bytes_logged, bytes_restored)`; prints PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("cow_restore_plan", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `greedy_sampled_ids(draft_token_ids, cu_num_draft_tokens, target_argmax, max_spec_len)
 -> [R, max_spec_len + 1] int32`; the spec is the docstring of
-`nwor_lab.exercises.solutions.greedy_sampled_ids`. Check it with `check_greedy_sampled_ids(your_fn)`.
+`nwor_lab.exercises.solutions.greedy_sampled_ids`. Check it with `exercises.check_greedy_sampled_ids(your_fn)`.
 
 Cases: no requests, plain decodes (the bonus only), all drafts accepted (+ bonus), the first draft
 rejected, padding drafts, a draft after a rejection that "matches" (it must not be emitted),
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import TOKEN_COLOURS
 
@@ -46,21 +45,22 @@ def cases(seed: int, n: int):
         _case([[5, -1, -1]], [[5, 8, 2, 1]], note="edge: padding drafts (-1) are rejected"),
         _case([[1]], [[1, 4]], max_spec_len=3, note="edge: max_spec_len above the request's drafts"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        vocab = d.int(2, 8)
-        drafts, rows = [], []
-        for _ in range(d.int(1, size + 1)):
-            k = d.int(0, 4)
-            argmax = [d.int(0, vocab - 1) for _ in range(k + 1)]
-            a = d.int(0, k)
-            ids = [argmax[j] if j < a else (-1 if d.chance(0.1) else d.int(0, vocab - 1)) for j in range(k)]
-            drafts.append(ids)
-            rows.append(argmax)
-        yield _case(drafts, rows, max(len(x) for x in drafts) + (d.int(0, 2) if d.chance(0.2) else 0))
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    vocab = d.int(2, 8)
+    drafts, rows = [], []
+    for _ in range(d.int(1, size + 1)):
+        k = d.int(0, 4)
+        argmax = [d.int(0, vocab - 1) for _ in range(k + 1)]
+        a = d.int(0, k)
+        ids = [argmax[j] if j < a else (-1 if d.chance(0.1) else d.int(0, vocab - 1)) for j in range(k)]
+        drafts.append(ids)
+        rows.append(argmax)
+    return _case(drafts, rows, max(len(x) for x in drafts) + (d.int(0, 2) if d.chance(0.2) else 0))
 
 
 def compare(expected, got, case) -> str | None:
@@ -119,12 +119,4 @@ HINTS = (
     "int32 (torch.full((R, max_spec_len + 1), -1, dtype=torch.int32)).",
 )
 
-EXERCISE = Exercise("greedy_sampled_ids", solutions.greedy_sampled_ids, cases, compare, draw, letter="(h)",
-                    title="the greedy rejection sampler's output", chapter="03_verify_window", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_greedy_sampled_ids(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(draft_token_ids, cu_num_draft_tokens, target_argmax, max_spec_len) -> [R, K + 1] int32`;
-    prints PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("greedy_sampled_ids", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,22 +1,19 @@
 """Exercise (n): EAGLE's napkin speedup from measured components (chapter 11).
 
 Write `napkin_speedup(decode_ms, verify_ms, head_pass_ms, k, profile) -> (L, speedup)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.napkin_speedup`. Check it with `check_napkin_speedup(fn)`.
+docstring of `nwor_lab.exercises.solutions.napkin_speedup`. Check it with `exercises.check_napkin_speedup(fn)`.
 
 Cases: nothing ever accepted (L = 1: EAGLE is slower), everything accepted (L = k + 1), k = 1, the H100
 anchor of `nwor_lab.bench.engine8b` with the shipped pair's profile, random components and profiles.
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
 from nwor_lab.bench.engine8b import H100_ANCHOR
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference
 from nwor_lab.speculative.synthetic import SHIPPED_PROFILE
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
@@ -39,28 +36,25 @@ def cases(seed: int, n: int):
         _case(ANCHOR["decode_ms"], ANCHOR["verify_ms"], ANCHOR["head_pass_ms"], SHIPPED_K4,
               "edge: the H100 anchor, EAGLE-1, the shipped pair's profile"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        k = d.int(1, 8)
-        p, profile = 1.0, []
-        for _ in range(k):
-            p *= d.int(0, 100) / 100
-            profile.append(round(p, 4))
-        decode = d.int(50, 3000) / 100
-        yield _case(decode, decode * d.int(100, 180) / 100, decode * d.int(2, 25) / 100, profile)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    k = d.int(1, 8)
+    p, profile = 1.0, []
+    for _ in range(k):
+        p *= d.int(0, 100) / 100
+        profile.append(round(p, 4))
+    decode = d.int(50, 3000) / 100
+    return _case(decode, decode * d.int(100, 180) / 100, decode * d.int(2, 25) / 100, profile)
 
 
 def compare(expected, got, case) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return f"expected a pair (L, speedup), got {type(got).__name__}"
-    for what, want, have in (("L", expected[0], got[0]), ("speedup", expected[1], got[1])):
-        if isinstance(have, torch.Tensor) or not isinstance(have, float):
-            return f"{what}: expected a Python float, got {type(have).__name__} {have!r} (return float(x))"
-        if not math.isclose(have, want, rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-            return f"{what}: expected {want:.6g}, got {have:.6g}"
-    return None
+    return (float_difference(expected[0], got[0], "L", TOLERANCE)
+            or float_difference(expected[1], got[1], "speedup", TOLERANCE))
 
 
 def draw(case, expected, got):
@@ -104,11 +98,4 @@ HINTS = (
     "L × decode_ms for them. Return two Python floats.",
 )
 
-EXERCISE = Exercise("napkin_speedup", solutions.napkin_speedup, cases, compare, draw, letter="(n)",
-                    title="EAGLE's napkin speedup from measured components", chapter="11_performance", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_napkin_speedup(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(decode_ms, verify_ms, head_pass_ms, k, profile) -> (L, speedup)`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("napkin_speedup", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `prefix_blocks(block_size, block_table, num_computed, num_drafts, accepted_len, write_policy)
 -> [m] int64`; the spec is the docstring of `nwor_lab.exercises.solutions.prefix_blocks`. Check it
-with `check_prefix_blocks(fn)`.
+with `exercises.check_prefix_blocks(fn)`.
 
 Cases: nothing accepted and no block filled; t_last alone fills a block; write-all (`off`) fills a
 block with drafts that were rejected (written is not committed); every draft accepted across two
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import STATE_COLOURS
@@ -48,13 +47,14 @@ def cases(seed: int, n: int):
         _case(1, 5, 3, 2, "stage", note="edge: block size 1: every committed row is a block"),
         _case(4, 13, 4, 2, "off", note="edge: three full blocks before the window (registered already)"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        bs = d.choice((1, 2, 4, 8, 16))
-        k = d.int(1, 6)
-        yield _case(bs, d.int(0, 40), k, d.int(0, k), d.choice(POLICIES), d)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    bs = d.choice((1, 2, 4, 8, 16))
+    k = d.int(1, 6)
+    return _case(bs, d.int(0, 40), k, d.int(0, k), d.choice(POLICIES), d)
 
 
 def _blocks(case: Case) -> list[str]:
@@ -96,6 +96,10 @@ def compare(expected, got, case) -> str | None:
             f"{i['write_policy']}). The request's blocks: {where}.{why}")
 
 
+def _show(out) -> str:
+    return f"blocks {out.tolist()}"
+
+
 def draw(case, expected, got):
     i = case.inputs
     bs, n, k = i["block_size"], i["num_computed"], i["num_drafts"]
@@ -133,13 +137,6 @@ def draw(case, expected, got):
                           x_title="the request's blocks (the positions each holds)", cell_px=70)
 
 
-def _show(out) -> str:
-    try:
-        return f"blocks {out.tolist()}"
-    except Exception:  # noqa: BLE001
-        return repr(out)
-
-
 PREDICT = Prediction(
     question="Block size 16, n = 30 positions committed before the window, k = 4 drafts, 1 accepted, under `off` "
              "(write-all); the request's blocks are [7, 3, 9]. Which block ids does the commit register? (a list)",
@@ -159,11 +156,4 @@ HINTS = (
     "ids, not indices.",
 )
 
-EXERCISE = Exercise("prefix_blocks", solutions.prefix_blocks, cases, compare, draw, _show, letter="(t)",
-                    title="the blocks a window's commit registers in the prefix cache", chapter="15_prefix",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_prefix_blocks(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(block_size, block_table, num_computed, num_drafts, accepted_len, write_policy) -> [m] int64`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("prefix_blocks", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

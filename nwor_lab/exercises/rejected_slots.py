@@ -1,7 +1,7 @@
 """Exercise (l): which slots hold rejected K/V after an `off` window (chapter 00).
 
 Write `rejected_slots(slots, token_req, token_draft_pos, accepted_len) -> [N] int64`; the spec is the
-docstring of `nwor_lab.exercises.solutions.rejected_slots`. Check it with `check_rejected_slots(fn)`.
+docstring of `nwor_lab.exercises.solutions.rejected_slots`. Check it with `exercises.check_rejected_slots(fn)`.
 
 Cases: no drafts at all (prefills and decodes), every draft accepted, none accepted, a padding token
 (slot -1), the accepted length's own draft (kept: `>` not `>=`), random mixed windows.
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing, random_accepted, window_counts
-from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing, random_accepted, window_counts
+from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import TOKEN_COLOURS
 
@@ -38,17 +37,18 @@ def cases(seed: int, n: int):
         _case([4], [3], [1], [8, 9, 10, 11], "edge: d1 accepted (kept: rejected means j > a, not j >= a)"),
         _case([3, 2], [2, 1], [0, 0], [5, 6, -1, 20, 21], "edge: a rejected draft on a padding slot wrote nothing"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        reqs = growing(i, n - len(fixed), 1, 5)
-        sched, drafts = window_counts(d, reqs, 4)
-        accepted = random_accepted(d, drafts, d.choice(("random", "random", "all", "none")))
-        total = sum(sched)
-        slots = d.perm(4 * total + 8)[:total].long().tolist()
-        slots = [-1 if d.chance(0.1) else s for s in slots]
-        yield _case(sched, drafts, accepted, slots)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    reqs = growing(i, count, 1, 5)
+    sched, drafts = window_counts(d, reqs, 4)
+    accepted = random_accepted(d, drafts, d.choice(("random", "random", "all", "none")))
+    total = sum(sched)
+    slots = d.perm(4 * total + 8)[:total].long().tolist()
+    slots = [-1 if d.chance(0.1) else s for s in slots]
+    return _case(sched, drafts, accepted, slots)
 
 
 def compare(expected, got, case) -> str | None:
@@ -102,11 +102,4 @@ HINTS = (
     "Return torch.tensor(list, dtype=torch.int64) (an empty list gives shape [0]).",
 )
 
-EXERCISE = Exercise("rejected_slots", solutions.rejected_slots, cases, compare, draw, letter="(l)",
-                    title="which slots hold rejected K/V after an `off` window", chapter="00_tour", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_rejected_slots(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(slots, token_req, token_draft_pos, accepted_len) -> [N] int64`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("rejected_slots", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ still need them, on a sliding-window ring cache (chapter 07).
 
 Write `ring_evictions(ring_slots, sliding_window, start, num_tokens) -> [(ring index, position)]`;
 the spec is the docstring of `nwor_lab.exercises.solutions.ring_evictions`. Check it with
-`check_ring_evictions(your_fn)`.
+`exercises.check_ring_evictions(your_fn)`.
 
 Cases: a ring that has not wrapped yet, the window that wraps it, slack of exactly k (nothing
 lost) and of k - 1 (one entry), t_last alone, W = 1, W smaller than the ring, windows near
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.ring import ring_cells
 from nwor_lab.viz.states import SlotState
@@ -38,16 +37,17 @@ def cases(seed: int, n: int):
         _case(16, 6, 9, 8, "edge: W below the ring near position 0"),
         _case(1, 1, 5, 1, "edge: a ring of one slot"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed), 2, 40)
-        s = d.int(1, size)
-        w = d.int(1, s)
-        k = d.int(1, s)
-        start = d.int(0, 3 * size)
-        yield _case(s, w, start, k, "random")
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count, 2, 40)
+    s = d.int(1, size)
+    w = d.int(1, s)
+    k = d.int(1, s)
+    start = d.int(0, 3 * size)
+    return _case(s, w, start, k, "random")
 
 
 def compare(expected, got, case) -> str | None:
@@ -116,12 +116,4 @@ HINTS = (
     "pairs in position order.",
 )
 
-EXERCISE = Exercise("ring_evictions", solutions.ring_evictions, cases, compare, draw, _show, letter="(e)",
-                    title="what a write-all window evicts on a ring", chapter="07_sliding_window",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_ring_evictions(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(ring_slots, sliding_window, start, num_tokens) -> [(ring index, position)]`
-    against the reference on `n_cases` cases; prints PASS or the first counterexample."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("ring_evictions", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

@@ -2,7 +2,7 @@
 distribution the target's own token is drawn from (chapter 17).
 
 Write `sampled_verdict(draft_ids, target_probs, draft_probs, u) -> (a, next_probs)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.sampled_verdict`. Check it with `check_sampled_verdict(fn)`.
+docstring of `nwor_lab.exercises.solutions.sampled_verdict`. Check it with `exercises.check_sampled_verdict(fn)`.
 
 Cases: every draft accepted (the bonus row), the first draft rejected, a ratio exactly equal to u
 (accepted: the test is >=), a draft whose own probability is 0 (rejected however large p is), a
@@ -15,9 +15,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.viz.theme import base_layout
 
 TOL = 1e-12
@@ -64,11 +63,12 @@ def cases(seed: int, n: int):
         _case([0, 1, 2], [[1, 2, 1], [1, 2, 1], [1, 1, 2], [3, 1, 1]], [[1, 1, 1], [1, 1, 1], [1, 1, 1]],
               [0.95, 0.1, 0.1], note="edge: rejected first, later drafts would pass"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        yield _random(d)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    return _random(d)
 
 
 def compare(expected, got, case) -> str | None:
@@ -99,6 +99,11 @@ def compare(expected, got, case) -> str | None:
     return None
 
 
+def _show(out) -> str:
+    a, p = out
+    return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
+
+
 def draw(case, expected, got):
     a, probs = expected
     V = probs.numel()
@@ -116,14 +121,6 @@ def draw(case, expected, got):
     fig.update_xaxes(title="token id", dtick=1)
     fig.update_yaxes(title="probability")
     return fig
-
-
-def _show(out) -> str:
-    try:
-        a, p = out
-        return f"a = {a}, next_probs = {[round(v, 4) for v in torch.as_tensor(p).tolist()]}"
-    except Exception:  # noqa: BLE001
-        return repr(out)
 
 
 PREDICT = Prediction(
@@ -145,11 +142,4 @@ HINTS = (
     "draft_probs[a]).clamp_min(0); return r / r.sum(), or target_probs[a] when r.sum() == 0.",
 )
 
-EXERCISE = Exercise("sampled_verdict", solutions.sampled_verdict, cases, compare, draw, _show, letter="(w)",
-                    title="the accepted length and the next token's distribution at T > 0",
-                    chapter="17_sampling", hints=HINTS, predict=PREDICT)
-
-
-def check_sampled_verdict(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(draft_ids, target_probs, draft_probs, u) -> (int, [V] float64)`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("sampled_verdict", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

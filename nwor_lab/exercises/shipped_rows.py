@@ -3,7 +3,7 @@
 
 Write `shipped_rows(block_size, num_computed, target_layers, head_layers, strategy) -> [L, P] bool`;
 the spec is the docstring of `nwor_lab.exercises.solutions.shipped_rows`. Check it with
-`check_shipped_rows(fn)`.
+`exercises.check_shipped_rows(fn)`.
 
 Cases: a prompt that ends on a block boundary (write_all ships no junk); one row into a new block
 (write_all ships a whole block for it); nothing computed; block size 1; several head layers; every
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import STATE_COLOURS
@@ -42,11 +41,12 @@ def cases(seed: int, n: int):
         _case(1, 5, 3, 1, "write_all", "edge: block size 1: whole blocks are committed rows"),
         _case(4, 6, 2, 2, "no_head", "edge: two head layers, both after the target's"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        yield _case(d.choice((1, 2, 4, 8, 16)), d.int(0, 40), d.int(1, 4), d.int(1, 2), d.choice(STRATEGIES))
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    return _case(d.choice((1, 2, 4, 8, 16)), d.int(0, 40), d.int(1, 4), d.int(1, 2), d.choice(STRATEGIES))
 
 
 def _where(mask: torch.Tensor, case: Case) -> str:
@@ -82,6 +82,10 @@ def compare(expected, got, case) -> str | None:
             f"got {_where(got, case)}.")
 
 
+def _show(out) -> str:
+    return f"{int(out.sum())} rows of {out.numel()} ({list(out.shape)})"
+
+
 def draw(case, expected, got):
     i = case.inputs
     n = i["num_computed"]
@@ -105,13 +109,6 @@ def draw(case, expected, got):
                                    f"where yours differs", x_title="position in the request's blocks", cell_px=28)
 
 
-def _show(out) -> str:
-    try:
-        return f"{int(out.sum())} rows of {out.numel()} ({list(out.shape)})"
-    except Exception:  # noqa: BLE001
-        return repr(out)
-
-
 PREDICT = Prediction(
     question="Block size 16, n = 20 committed positions, 32 target layers + 1 head layer. How many more rows "
              "(layer, position) does write_all ship than nwor? (an int)",
@@ -129,11 +126,4 @@ HINTS = (
     "write_all else n, and layers = target_layers for no_head else target_layers + head_layers.",
 )
 
-EXERCISE = Exercise("shipped_rows", solutions.shipped_rows, cases, compare, draw, _show, letter="(u)",
-                    title="the rows a hand-off ships, per strategy", chapter="15_prefix", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_shipped_rows(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(block_size, num_computed, target_layers, head_layers, strategy) -> [L, P] bool`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("shipped_rows", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

@@ -2,7 +2,7 @@
 
 Write `slot_mapping(block_tables, token_req, positions, block_size) -> slots`; the spec is the
 docstring of `nwor_lab.exercises.solutions.slot_mapping`. Check it with
-`check_slot_mapping(your_fn)`.
+`exercises.check_slot_mapping(your_fn)`.
 
 Cases: padding tokens (-1), requests with no token in the window, tokens on block boundaries,
 block_size 1, block tables whose physical blocks are not in order, wide tables ending in -1.
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState
 
@@ -51,22 +50,23 @@ def cases(seed: int, n: int):
         _case(4, [[3, 1, -1]], [(8, 4)], "edge: a table row ending in -1 entries"),
         _case(8, [[1], [0]], [(0, 0), (0, 0)], "edge: only padding tokens", pad=((0, 3),)),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        bs = d.choice((1, 2, 4, 8, 16))
-        num_reqs = d.int(1, size + 1)
-        lengths = [d.int(0, 2 * bs * size) for _ in range(num_reqs)]
-        need = [-(-ctx // bs) for ctx in lengths]
-        free = d.perm(sum(need) + d.int(0, 3)).tolist()  # physical blocks handed out in random order
-        tables, window = [], []
-        for ctx, k in zip(lengths, need):
-            tables.append([free.pop() for _ in range(k)] + [-1] * d.int(0, 1))
-            window.append((ctx, d.int(0, min(ctx, 6))))
-        pad = [(d.int(0, num_reqs - 1), d.int(1, 2))] if d.chance(0.3) else []
-        yield _case(bs, tables, window, "random", pad)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    bs = d.choice((1, 2, 4, 8, 16))
+    num_reqs = d.int(1, size + 1)
+    lengths = [d.int(0, 2 * bs * size) for _ in range(num_reqs)]
+    need = [-(-ctx // bs) for ctx in lengths]
+    free = d.perm(sum(need) + d.int(0, 3)).tolist()  # physical blocks handed out in random order
+    tables, window = [], []
+    for ctx, k in zip(lengths, need):
+        tables.append([free.pop() for _ in range(k)] + [-1] * d.int(0, 1))
+        window.append((ctx, d.int(0, min(ctx, 6))))
+    pad = [(d.int(0, num_reqs - 1), d.int(1, 2))] if d.chance(0.3) else []
+    return _case(bs, tables, window, "random", pad)
 
 
 def compare(expected, got, case) -> str | None:
@@ -121,11 +121,4 @@ HINTS = (
     "then put -1 back with `torch.where(positions >= 0, slots, -1)`. The result is int64, shape [T].",
 )
 
-EXERCISE = Exercise("slot_mapping", solutions.slot_mapping, cases, compare, draw, letter="(a)",
-                    title="the slot mapping", chapter="12_exercises", hints=HINTS, predict=PREDICT)
-
-
-def check_slot_mapping(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(block_tables, token_req, positions, block_size) -> slots [T]` against the
-    reference on `n_cases` cases; prints PASS or the first counterexample, returns a CheckResult."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("slot_mapping", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@ of those rows verify drafts or sample the bonus token (chapter 03).
 
 Write `spec_decode_indices(num_draft_tokens, cu_num_scheduled_tokens) -> (logits_indices,
 target_logits_indices, bonus_logits_indices)`; the spec is the docstring of
-`nwor_lab.exercises.solutions.spec_decode_indices`. Check it with `check_spec_decode_indices(your_fn)`.
+`nwor_lab.exercises.solutions.spec_decode_indices`. Check it with `exercises.check_spec_decode_indices(your_fn)`.
 
 Cases: no requests, plain decodes only, a long prefill without drafts, vLLM's own docstring
 example, requests with more scheduled tokens than drafts + 1.
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import TOKEN_COLOURS
 
@@ -40,17 +39,18 @@ def cases(seed: int, n: int):
         _case([3, 0, 2, 0, 1], [4, 100, 3, 100, 2], "edge: vLLM's docstring example"),
         _case([2, 2], [6, 3], "edge: a request schedules more than drafts + 1 tokens"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        drafts, scheduled = [], []
-        for _ in range(d.int(1, size + 1)):
-            k = d.int(0, 4)
-            drafts.append(k)
-            scheduled.append(k + 1 + (d.int(0, 8) if d.chance(0.3) else 0))
-        yield _case(drafts, scheduled)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    drafts, scheduled = [], []
+    for _ in range(d.int(1, size + 1)):
+        k = d.int(0, 4)
+        drafts.append(k)
+        scheduled.append(k + 1 + (d.int(0, 8) if d.chance(0.3) else 0))
+    return _case(drafts, scheduled)
 
 
 def compare(expected, got, case) -> str | None:
@@ -124,12 +124,4 @@ HINTS = (
     "All three results are int32 tensors.",
 )
 
-EXERCISE = Exercise("spec_decode_indices", solutions.spec_decode_indices, cases, compare, draw, letter="(g)",
-                    title="SpecDecodeMetadata's index vectors", chapter="03_verify_window", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_spec_decode_indices(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(num_draft_tokens, cu_num_scheduled_tokens) -> (logits_indices,
-    target_logits_indices, bonus_logits_indices)`; prints PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("spec_decode_indices", cases, compare, draw, hints=HINTS, predict=PREDICT)

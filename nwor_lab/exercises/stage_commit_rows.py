@@ -2,7 +2,7 @@
 
 Write `stage_commit_rows(token_req, token_draft_pos, accepted_len, slot_mapping) -> (rows, slots)`;
 the spec is the docstring of `nwor_lab.exercises.solutions.stage_commit_rows`. Check it with
-`check_stage_commit_rows(your_fn)`.
+`exercises.check_stage_commit_rows(your_fn)`.
 
 Cases: an empty window, only padding, all / none accepted, a single prefill request, an accepted
 draft whose slot is -1 (kept, but nothing to write).
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing, host_window, random_accepted, unique_slots, window_counts
-from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing, host_window, random_accepted, unique_slots, window_counts
+from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, first_difference
 from nwor_lab.viz.cache import cache_grids
 from nwor_lab.viz.states import SlotState, token_labels
 
@@ -37,15 +36,16 @@ def cases(seed: int, n: int):
         _case([2, 1], [1, 0], [1, 0], [-1, -1, -1], "edge: only padding"),
         _case([4, 1, 4], [3, 0, 3], [1, 0, 2], [16, 17, 18, 19, 5, 24, 25, 26, 27], "edge: mixed batch"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        sched, drafts = window_counts(d, d.int(1, size + 1), max_k=4)
-        accepted = random_accepted(d, drafts, d.choice(("random", "random", "all", "none")))
-        slots = unique_slots(d, sum(sched), NUM_BLOCKS * BLOCK_SIZE, pad_p=0.15)
-        yield _case(sched, drafts, accepted, slots)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    sched, drafts = window_counts(d, d.int(1, size + 1), max_k=4)
+    accepted = random_accepted(d, drafts, d.choice(("random", "random", "all", "none")))
+    slots = unique_slots(d, sum(sched), NUM_BLOCKS * BLOCK_SIZE, pad_p=0.15)
+    return _case(sched, drafts, accepted, slots)
 
 
 def compare(expected, got, case) -> str | None:
@@ -102,11 +102,4 @@ HINTS = (
     "ascending) and `slots = slot_mapping[rows]`.",
 )
 
-EXERCISE = Exercise("stage_commit_rows", solutions.stage_commit_rows, cases, compare, draw, letter="(c)",
-                    title="the stage commit's rows", chapter="12_exercises", hints=HINTS, predict=PREDICT)
-
-
-def check_stage_commit_rows(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(token_req, token_draft_pos, accepted_len, slot_mapping) -> (rows, slots)`
-    against the reference; prints PASS or the first counterexample."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("stage_commit_rows", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `state_commit(window_states, conv_history, num_drafts, accepted_len, conv_width) -> (state,
 conv_state)`; the spec is the docstring of `nwor_lab.exercises.solutions.state_commit`. Check it with
-`check_state_commit(fn)`.
+`exercises.check_state_commit(fn)`.
 
 Cases: no request, every draft accepted (the same answer as `off`'s), none accepted (the state after
 t_last), a plain decode beside a speculative request, a conv of width 2 (one entry), a conv wider
@@ -20,9 +20,8 @@ import math
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import STATE_COLOURS, TOKEN_COLOURS, SlotState
 
@@ -57,14 +56,15 @@ def cases(seed: int, n: int):
         _case([2], [0], 2, 6, "edge: a conv wider than the window: kept inputs reach into the old conv state"),
         _case([4, 1, 2], [1, 1, 0], 4, 4, "edge: fewer drafts than k: padding rows (NaN) are never kept"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        reqs = growing(i, n - len(fixed), 1, 6)
-        k, W = d.int(1, 6), d.int(2, 6)
-        drafts = [d.choice((0, d.int(1, k), k, k)) for _ in range(reqs)]
-        yield _case(drafts, [d.int(0, n_) for n_ in drafts], k, W)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    reqs = growing(i, count, 1, 6)
+    k, W = d.int(1, 6), d.int(2, 6)
+    drafts = [d.choice((0, d.int(1, k), k, k)) for _ in range(reqs)]
+    return _case(drafts, [d.int(0, n_) for n_ in drafts], k, W)
 
 
 def _where(value: torch.Tensor, case: Case, what: str) -> str:
@@ -104,6 +104,11 @@ def compare(expected, got, case) -> str | None:
 def _row_index(rows, value) -> int | None:
     """The first row of `rows` equal to `value` (where a returned state or conv entry came from), or None."""
     return next((i for i in range(rows.shape[0]) if torch.equal(rows[i], value)), None)
+
+
+def _show(out) -> str:
+    state, conv = out
+    return f"(state {state.tolist()}, conv_state {conv.tolist()})"
 
 
 def draw(case, expected, got):
@@ -151,14 +156,6 @@ def draw(case, expected, got):
                           x_title="the conv's inputs: its state before the window, then the window's tokens")
 
 
-def _show(out) -> str:
-    try:
-        state, conv = out
-        return f"(state {state.tolist()}, conv_state {conv.tolist()})"
-    except Exception:  # noqa: BLE001
-        return repr(out)
-
-
 PREDICT = Prediction(
     question="k = 4 drafts, conv width W = 4; the sampler accepted 2 drafts. Of the conv inputs written during "
              "the window (t_last, d1 .. d4), which does the conv state keep after the commit? (a list of names, "
@@ -178,11 +175,4 @@ HINTS = (
     "return float32 tensors (an empty batch gives shapes [0, S] and [0, W - 1, C]).",
 )
 
-EXERCISE = Exercise("state_commit", solutions.state_commit, cases, compare, draw, _show, letter="(r)",
-                    title="the recurrent state to commit and the conv inputs to keep", chapter="13_state",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_state_commit(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(window_states, conv_history, num_drafts, accepted_len, conv_width) -> (state, conv_state)`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("state_commit", cases, compare, draw, _show, hints=HINTS, predict=PREDICT)

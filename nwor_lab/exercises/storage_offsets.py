@@ -3,7 +3,7 @@ NHD and the HND layout (chapter 02).
 
 Write `storage_offsets(slots, layout, block_size, num_kv_heads, head_size) -> [n, H] int64`; the
 spec is the docstring of `nwor_lab.exercises.solutions.storage_offsets`. Check it with
-`check_storage_offsets(your_fn)`.
+`exercises.check_storage_offsets(your_fn)`.
 
 Cases: both layouts, one KV head (the layouts coincide), block_size == num_kv_heads (the trap of
 chapter 02: the shapes agree, the offsets do not), padding slots, no slots, head_size 1, the last
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.states import SlotState
 from nwor_lab.viz.theme import STATE_COLOURS
@@ -43,17 +43,18 @@ def cases(seed: int, n: int):
         _case([6, -1], "HND", 2, 4, 3, 1, "edge: head_size 1 and a padding slot"),
         _case([11], "HND", 3, 4, 2, 2, "edge: the last slot of the cache"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        bs = d.choice((1, 2, 4, 8))
-        h = bs if d.chance(0.3) and bs <= 4 else d.int(1, 4)
-        nb = d.int(1, size + 1)
-        count = d.int(0, min(nb * bs, size + 2))
-        slots = [-1 if d.chance(0.15) else int(s) for s in d.perm(nb * bs)[:count]]
-        yield _case(slots, d.choice(("NHD", "HND")), nb, bs, h, d.int(1, 8))
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    bs = d.choice((1, 2, 4, 8))
+    h = bs if d.chance(0.3) and bs <= 4 else d.int(1, 4)
+    nb = d.int(1, size + 1)
+    count = d.int(0, min(nb * bs, size + 2))
+    slots = [-1 if d.chance(0.15) else int(s) for s in d.perm(nb * bs)[:count]]
+    return _case(slots, d.choice(("NHD", "HND")), nb, bs, h, d.int(1, 8))
 
 
 def compare(expected, got, case) -> str | None:
@@ -133,12 +134,4 @@ HINTS = (
     "every head of a padding slot with torch.where(slots[:, None] >= 0, offsets, -1). Shape [n, H], int64.",
 )
 
-EXERCISE = Exercise("storage_offsets", solutions.storage_offsets, cases, compare, draw, letter="(f)",
-                    title="where each KV head lives in memory (NHD / HND)", chapter="02_paged_cache",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_storage_offsets(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(slots, layout, block_size, num_kv_heads, head_size) -> [n, H] int64` against the
-    reference; prints PASS, the first counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("storage_offsets", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -2,7 +2,7 @@
 repeats pooled, failed runs left out (chapter 10).
 
 Write `sweep_medians(rows, metric, policies, ks) -> [P, K] float64`; the spec is the docstring of
-`nwor_lab.exercises.solutions.sweep_medians`. Check it with `check_sweep_medians(fn)`.
+`nwor_lab.exercises.solutions.sweep_medians`. Check it with `exercises.check_sweep_medians(fn)`.
 
 Cases: no rows, a failed run (its metrics must not count), an even number of repeats (the mean of the two
 middle values), a configuration with no row (NaN, not 0), a row without the metric, one noisy repeat that a
@@ -13,9 +13,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check, tensor_problem
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, tensor_problem
 from nwor_lab.viz.theme import HIGHLIGHT, LEGEND_PX, base_layout
 
 POLICIES = ["off", "cow", "stage"]
@@ -41,18 +40,19 @@ def cases(seed: int, n: int):
         _case([row("off", 2, v, n=i) for i, v in enumerate((300.0, 302.0, 30.0))],
               note="edge: one disturbed repeat: the median does not follow it"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        ks = sorted({d.choice((1, 2, 3, 4, 6, 8)) for _ in range(d.int(1, 3))})
-        rows = []
-        for _ in range(growing(i, n - len(fixed), 1, 18)):
-            p, k = d.choice(POLICIES), d.choice(ks + [5])          # k 5: a run the figure does not draw
-            status = "failed" if d.chance(0.1) else "ok"
-            value = None if d.chance(0.05) else float(d.int(100, 900))
-            rows.append(row(p, k, value, status, n=len(rows)))
-        yield _case(rows, ks=ks)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    ks = sorted({d.choice((1, 2, 3, 4, 6, 8)) for _ in range(d.int(1, 3))})
+    rows = []
+    for _ in range(growing(i, count, 1, 18)):
+        p, k = d.choice(POLICIES), d.choice(ks + [5])          # k 5: a run the figure does not draw
+        status = "failed" if d.chance(0.1) else "ok"
+        value = None if d.chance(0.05) else float(d.int(100, 900))
+        rows.append(row(p, k, value, status, n=len(rows)))
+    return _case(rows, ks=ks)
 
 
 def _as_tensor(got):
@@ -125,11 +125,4 @@ HINTS = (
     "answers as well).",
 )
 
-EXERCISE = Exercise("sweep_medians", solutions.sweep_medians, cases, compare, draw, letter="(p)",
-                    title="a sweep's rows into the report's figure: medians over repeats", chapter="10_sweep",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_sweep_medians(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(rows, metric, policies, ks) -> [P, K] float64`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("sweep_medians", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -1,7 +1,7 @@
 """Exercise (s): a tree window's commit — the accepted path, and the rows its commit copies where.
 
 Write `tree_commit_plan(parents, draft_tokens, target_argmax, slots) -> (path, src, dst)`; the spec is the
-docstring of `nwor_lab.exercises.solutions.tree_commit_plan`. Check it with `check_tree_commit_plan(your_fn)`.
+docstring of `nwor_lab.exercises.solutions.tree_commit_plan`. Check it with `exercises.check_tree_commit_plan(your_fn)`.
 
 Cases: no node matches (nothing accepted), a chain accepted whole, the path through a later sibling, a
 grandchild that matches under a rejected parent (not accepted), a path already in place (node j at
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
 from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 
 VOCAB = 12
@@ -52,11 +51,12 @@ def cases(seed: int, n: int):
         _case([0, 1, 0, 2], [3, 4, 7, 5], [3, 4, 5, 9, 9], note="edge: the path's first nodes are already in place"),
         _case([0], [3], [3, 1], note="edge: a single node, accepted"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        yield _random(d, growing(i, n - len(fixed)))
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    return _random(d, growing(i, count))
 
 
 def compare(expected, got, case) -> str | None:
@@ -113,13 +113,4 @@ HINTS = (
     "Write-all wrote node j at position n + j: src = slots[path]. Return int64 tensors (empty ones when a = 0).",
 )
 
-EXERCISE = Exercise("tree_commit_plan", solutions.tree_commit_plan, cases, compare, draw, letter="(s)",
-                    title="a tree window's accepted path and its commit's rows", chapter="14_trees", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_tree_commit_plan(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(parents, draft_tokens, target_argmax, slots) -> (path, src, dst)` against the reference;
-    prints PASS or the first counterexample."""
-    from nwor_lab.exercises.check import run_check
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("tree_commit_plan", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -3,7 +3,7 @@
 
 Write `vllm_key_offsets(slots, head, block_size, num_kv_heads, head_size) -> [N, head_size] int64`; the
 spec is the docstring of `nwor_lab.exercises.solutions.vllm_key_offsets`. Check it with
-`check_vllm_key_offsets(fn)`.
+`exercises.check_vllm_key_offsets(fn)`.
 
 vLLM's CPU backend needs a block size that is a multiple of 32; the cases use small blocks so that the
 picture of one (block, head) run fits a slide. Cases: slot 0, the last offset of a block, a later head,
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, as_tensor, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import STATE_COLOURS, SlotState
 
@@ -39,15 +38,16 @@ def cases(seed: int, n: int):
         _case([-1, 2], 0, 4, 1, 2, "edge: a padding slot (-1) gives a row of -1"),
         _case([6], 0, 4, 1, 4, "edge: block_size == head_size: the shape cannot tell transposed keys apart"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        bs, heads, hs = d.choice((4, 8, 16)), d.int(1, 4), d.choice((2, 4, 8))
-        blocks = d.int(1, 6)
-        count = growing(i, n - len(fixed), 1, 8)
-        slots = [-1 if d.chance(0.1) else d.int(0, blocks * bs - 1) for _ in range(count)]
-        yield _case(slots, d.int(0, heads - 1), bs, heads, hs)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    bs, heads, hs = d.choice((4, 8, 16)), d.int(1, 4), d.choice((2, 4, 8))
+    blocks = d.int(1, 6)
+    count = growing(i, count, 1, 8)
+    slots = [-1 if d.chance(0.1) else d.int(0, blocks * bs - 1) for _ in range(count)]
+    return _case(slots, d.int(0, heads - 1), bs, heads, hs)
 
 
 def compare(expected, got, case) -> str | None:
@@ -106,11 +106,4 @@ HINTS = (
     "Return a [N, head_size] int64 tensor, a row of -1 for a padding slot.",
 )
 
-EXERCISE = Exercise("vllm_key_offsets", solutions.vllm_key_offsets, cases, compare, draw, letter="(o)",
-                    title="where a token's key lives in vLLM's CPU cache (keys transposed)", chapter="09_vllm",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_vllm_key_offsets(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(slots, head, block_size, num_kv_heads, head_size) -> [N, head_size] int64`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("vllm_key_offsets", cases, compare, draw, hints=HINTS, predict=PREDICT)

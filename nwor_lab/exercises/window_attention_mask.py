@@ -3,7 +3,7 @@ window may read (chapter 05).
 
 Write `window_attention_mask(query_lens) -> [T, T] bool`; the spec is the docstring of
 `nwor_lab.exercises.solutions.window_attention_mask`. Check it with
-`check_window_attention_mask(your_fn)`.
+`exercises.check_window_attention_mask(your_fn)`.
 
 Cases: an empty window, one row, one speculative request, two requests (neither may see the
 other's rows), a request with no rows between two others, a prefill beside speculative requests.
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.theme import STATE_COLOURS, SlotState
 
@@ -34,12 +33,13 @@ def cases(seed: int, n: int):
         _case([2, 0, 2], "edge: a request with no rows in the window"),
         _case([5, 1, 3], "edge: a prefill chunk, a decode, a speculative request"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed))
-        yield _case([d.int(0, 5) for _ in range(d.int(1, size + 1))])
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count)
+    return _case([d.int(0, 5) for _ in range(d.int(1, size + 1))])
 
 
 def compare(expected, got, case) -> str | None:
@@ -89,11 +89,4 @@ HINTS = (
     "[T, T] comparisons with &; the result is bool.",
 )
 
-EXERCISE = Exercise("window_attention_mask", solutions.window_attention_mask, cases, compare, draw, letter="(i)",
-                    title="which staged rows each query reads", chapter="05_stage", hints=HINTS, predict=PREDICT)
-
-
-def check_window_attention_mask(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(query_lens) -> [T, T] bool` against the reference; prints PASS, the first
-    counterexample, or "not attempted yet"."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("window_attention_mask", cases, compare, draw, hints=HINTS, predict=PREDICT)

@@ -2,7 +2,7 @@
 row of the staging buffer (chapter 16).
 
 Write `window_key_rows(cache_lens, win_rows, win_start, request) -> [n] int64`; the spec is the
-docstring of `nwor_lab.exercises.solutions.window_key_rows`. Check it with `check_window_key_rows(fn)`.
+docstring of `nwor_lab.exercises.solutions.window_key_rows`. Check it with `exercises.check_window_key_rows(fn)`.
 
 Cases: an empty cache (a first decode after a one-token prompt's prefill: every key from the window),
 a window of t_last alone, the last request of a batch, staging rows in order and shuffled (the buffer
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice
-from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random
+from nwor_lab.exercises.check import Case, Exercise, Prediction, first_difference
 from nwor_lab.exercises.pictures import labelled_grids
 from nwor_lab.viz.read_path import SOURCE_COLOURS, CACHE, WINDOW
 
@@ -42,12 +41,13 @@ def cases(seed: int, n: int):
         _case([3, 2, 7], [2, 4, 3], 2, rows=[8, 1, 4, 0, 6, 2, 3, 5, 7], note="edge: the last request of a batch"),
         _case([4], [4], 0, rows=[0, 1, 2, 3], note="edge: staging rows in order from 0"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for _ in range(max(0, n - len(fixed))):
-        R = d.int(1, 4)
-        yield _case([d.int(0, 12) for _ in range(R)], [d.int(1, 6) for _ in range(R)], d.int(0, R - 1), d=d)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    R = d.int(1, 4)
+    return _case([d.int(0, 12) for _ in range(R)], [d.int(1, 6) for _ in range(R)], d.int(0, R - 1), d=d)
 
 
 def compare(expected, got, case) -> str | None:
@@ -106,11 +106,4 @@ HINTS = (
     "[-1] * cache_lens[r] followed by win_rows[win_start[r]:win_start[r + 1]], as int64.",
 )
 
-EXERCISE = Exercise("window_key_rows", solutions.window_key_rows, cases, compare, draw, letter="(v)",
-                    title="where stage's verify attention reads each key of a request", chapter="16_stage_read_path",
-                    hints=HINTS, predict=PREDICT)
-
-
-def check_window_key_rows(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(cache_lens, win_rows, win_start, request) -> [n] int64`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("window_key_rows", cases, compare, draw, hints=HINTS, predict=PREDICT)

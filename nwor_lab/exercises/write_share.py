@@ -1,21 +1,18 @@
 """Exercise (m): the share of `off`'s K/V rows that `stage` writes, from a trace (chapter 01).
 
 Write `write_share(scheduled, drafted, accepted) -> float`; the spec is the docstring of
-`nwor_lab.exercises.solutions.write_share`. Check it with `check_write_share(fn)`.
+`nwor_lab.exercises.solutions.write_share`. Check it with `exercises.check_write_share(fn)`.
 
 Cases: an empty trace, no drafts, every draft accepted, none accepted (1 / (1 + k)), prefill rows
 riding in the windows, the fork's way of counting (drafts only) as a trap, random traces.
 """
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 import torch
 
-from nwor_lab.exercises import solutions
-from nwor_lab.exercises.cases import Dice, growing
-from nwor_lab.exercises.check import Case, Exercise, Prediction, run_check
+from nwor_lab.exercises.cases import Dice, edge_then_random, growing
+from nwor_lab.exercises.check import Case, Exercise, Prediction, float_difference
 from nwor_lab.viz.theme import LEGEND_PX, STATE_COLOURS, SlotState, base_layout
 
 TOLERANCE = 1e-12
@@ -37,28 +34,25 @@ def cases(seed: int, n: int):
         _case([(5, 4, 1), (12, 0, 0)], "edge: a prefill rides in the window (its rows are kept by both)"),
         _case([(5, 4, 1)] * 8, "edge: t_last counts: (1 + a) / (1 + k), not a / k"),
     ]
-    for c in fixed[:n]:
-        yield c
-    d = Dice(seed)
-    for i in range(max(0, n - len(fixed))):
-        size = growing(i, n - len(fixed), 1, 16)
-        pairs = []
-        for _ in range(d.int(1, size)):
-            kind = d.choice(("spec", "spec", "spec", "prefill", "decode"))
-            if kind == "spec":
-                k = d.int(1, 6)
-                pairs.append((1 + k, k, d.int(0, k)))
-            else:
-                pairs.append((d.int(2, 20) if kind == "prefill" else 1, 0, 0))
-        yield _case(pairs)
+    return edge_then_random(fixed, seed, n, _random_case)
+
+
+def _random_case(d: Dice, i: int, count: int) -> Case:
+    """Random case i of `count` (its sizes may grow with it)."""
+    size = growing(i, count, 1, 16)
+    pairs = []
+    for _ in range(d.int(1, size)):
+        kind = d.choice(("spec", "spec", "spec", "prefill", "decode"))
+        if kind == "spec":
+            k = d.int(1, 6)
+            pairs.append((1 + k, k, d.int(0, k)))
+        else:
+            pairs.append((d.int(2, 20) if kind == "prefill" else 1, 0, 0))
+    return _case(pairs)
 
 
 def compare(expected, got, case) -> str | None:
-    if isinstance(got, torch.Tensor) or not isinstance(got, float):
-        return f"expected a Python float, got {type(got).__name__} {got!r} (return float(x))"
-    if not math.isclose(got, expected, rel_tol=TOLERANCE, abs_tol=TOLERANCE):
-        return f"share: expected {expected:.6g}, got {got:.6g}"
-    return None
+    return float_difference(expected, got, "share", TOLERANCE)
 
 
 def draw(case, expected, got):
@@ -98,11 +92,4 @@ HINTS = (
     "an empty trace, and a Python float.",
 )
 
-EXERCISE = Exercise("write_share", solutions.write_share, cases, compare, draw, letter="(m)",
-                    title="the share of off's rows stage writes, from a trace", chapter="01_why", hints=HINTS,
-                    predict=PREDICT)
-
-
-def check_write_share(user_fn, n_cases: int = 300, seed: int = 0, *, show: bool | None = None):
-    """Check `user_fn(scheduled, drafted, accepted) -> float`."""
-    return run_check(EXERCISE, user_fn, n_cases, seed, show=show)
+EXERCISE = Exercise("write_share", cases, compare, draw, hints=HINTS, predict=PREDICT)

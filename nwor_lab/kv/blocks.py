@@ -32,14 +32,24 @@ class BlockAllocator:
         return len(self._free)
 
     def allocate(self, n: int) -> list[int]:
+        """`n` blocks, all or none: NoFreeBlocksError when fewer than `n` are free."""
         if n < 0:
             raise ValueError(f"n={n}: cannot allocate a negative number of blocks")
-        if n > len(self._free):
-            raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free)} of {self.num_blocks} "
-                                    f"free; make the cache bigger (num_blocks) or run fewer requests")
-        blocks = [self._free.pop() for _ in range(n)]
-        self._used.update(blocks)
-        return blocks
+        if n > self.num_free:
+            raise NoFreeBlocksError(f"asked for {n} blocks, {self.num_free} of {self.num_blocks} "
+                                    f"free{self._free_detail()}; make the cache bigger (num_blocks) or run "
+                                    f"fewer requests")
+        return [self._take() for _ in range(n)]
+
+    def _take(self) -> int:
+        """One free block, now in use (a subclass may take it from elsewhere: an evicted cached one)."""
+        b = self._free.pop()
+        self._used.add(b)
+        return b
+
+    def _free_detail(self) -> str:
+        """What the out-of-blocks message adds about the free blocks."""
+        return ""
 
     def free(self, blocks) -> None:
         for b in blocks:

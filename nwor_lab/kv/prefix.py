@@ -24,7 +24,7 @@ from array import array
 from collections import Counter, OrderedDict
 from typing import Callable, Sequence
 
-from nwor_lab.kv.blocks import BlockAllocator, NoFreeBlocksError
+from nwor_lab.kv.blocks import BlockAllocator
 
 __all__ = ["block_hash", "chain_hashes", "CachingAllocator"]
 
@@ -85,27 +85,21 @@ class CachingAllocator(BlockAllocator):
         """Registered blocks (held or idle)."""
         return len(self.hash_of)
 
-    def allocate(self, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError(f"n={n}: cannot allocate a negative number of blocks")
-        if n > self.num_free:
-            raise NoFreeBlocksError(f"asked for {n} blocks, {self.num_free} of {self.num_blocks} free "
-                                    f"({len(self.idle)} of them cached); make the cache bigger (num_blocks) "
-                                    f"or run fewer requests")
-        out = []
-        for _ in range(n):
-            if self._free:
-                b = self._free.pop()
-                self._used.add(b)
-            else:
-                b, _ = self.idle.popitem(last=False)       # least recently released first
-                h = self._forget(b)
-                self.evictions += 1
-                if self.on_evict is not None:
-                    self.on_evict(b, h)
-            self.refs[b] = 1
-            out.append(b)
-        return out
+    def _take(self) -> int:
+        """A never-registered free block first; else the least recently released idle one, evicted."""
+        if self._free:
+            b = super()._take()
+        else:
+            b, _ = self.idle.popitem(last=False)
+            h = self._forget(b)
+            self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(b, h)
+        self.refs[b] = 1
+        return b
+
+    def _free_detail(self) -> str:
+        return f" ({len(self.idle)} of them cached)"
 
     def free(self, blocks) -> None:
         blocks = list(blocks)

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from nwor_lab._checks import INDEX_DTYPES, check_tensor
+from nwor_lab.window import DraftCounts
 
 
 def _as_int_list(name: str, values) -> list[int]:
@@ -38,7 +39,7 @@ def _as_int_list(name: str, values) -> list[int]:
 
 
 @dataclass
-class SpecDecodeMetadata:
+class SpecDecodeMetadata(DraftCounts):
     """Draft ids and logits indices of one verify window (vLLM v1 fields, same meaning).
 
     draft_token_ids:       [Dtot] int32, drafts of all requests, request-major.
@@ -57,21 +58,6 @@ class SpecDecodeMetadata:
     target_logits_indices: torch.Tensor
     bonus_logits_indices: torch.Tensor
     logits_indices: torch.Tensor
-
-    @property
-    def max_spec_len(self) -> int:
-        """Most drafts of any request in the window (0 for an empty batch); sampled ids have
-        `max_spec_len + 1` columns."""
-        return max(self.num_draft_tokens, default=0)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.num_draft_tokens)
-
-    @property
-    def total_draft_tokens(self) -> int:
-        """Dtot, known on the host without a device sync."""
-        return sum(self.num_draft_tokens)
 
     @property
     def cu_num_sampled_tokens(self) -> torch.Tensor:

@@ -31,23 +31,8 @@ def child_pids(pid: int) -> list[int]:
     group misses it. ipykernel's parent poller would end it within a second or so, but only
     if the notebook's code lets that thread run; killing it here frees its (GPU) memory now.
     """
-    children = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return children
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and int(fields[1]) == pid:
-            children.append(int(entry))
-    return children
+    return [child for child, stat in lifeline.processes("stat")
+            if len(fields := lifeline.stat_fields(stat)) > 1 and int(fields[1]) == pid]
 
 
 @dataclass
@@ -59,21 +44,11 @@ class Dispatch:
     started: float  # time.monotonic()
     started_at: str  # ISO 8601, for the row
 
-    @property
-    def result_path(self) -> Path:
-        return self.work / "result.json"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.work / "metrics.json"
-
-    @property
-    def notebook_path(self) -> Path:
-        return self.work / "executed.ipynb"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work / "run.log"
+    # the files the worker writes for the run, in `work`
+    result_path = property(lambda self: self.work / "result.json")
+    metrics_path = property(lambda self: self.work / "metrics.json")
+    notebook_path = property(lambda self: self.work / "executed.ipynb")
+    log_path = property(lambda self: self.work / "run.log")
 
 
 class Worker:

@@ -35,7 +35,6 @@ import contextlib
 import glob
 import html
 import json
-import os
 import platform
 import re
 import time
@@ -43,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nwor_lab import atomic
+from nwor_lab import atomic, lifeline
 
 # nbformat, nbconvert and papermill are imported where they are used: `nwor-lab` builds its
 # parser from this module, and they take seconds to import.
@@ -142,21 +141,6 @@ def export(nb, out: Path, name: str, metrics: dict | None = None) -> tuple[str, 
     return export_page(nb, out, name), export_slides(nb, out, name, metrics)
 
 
-@contextlib.contextmanager
-def _environment(**values):
-    """Set environment variables for the kernels started inside (they inherit ours)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def exercise_entries(nb, stem: str, ran) -> list[dict]:
     """The chapter's exercises for the index: its "Exercise" headings, matched to the lab's exercises
     (`nwor_lab.exercises`, by name in the heading, then by letter, then the one left), with the state
@@ -194,7 +178,6 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
     import nbformat
     import papermill
 
-    from nwor_lab.lifeline import kernel_manager_class
     from nwor_lab.sweep.record import read_metrics
     from nwor_lab.workshop import chapters as ch
     from nwor_lab.workshop import figures
@@ -225,13 +208,13 @@ def build_chapter(path: Path, out: Path, timeout: float = DEFAULT_TIMEOUT, kerne
         metrics_file.unlink(missing_ok=True)
         start = time.perf_counter()
         try:
-            with _environment(NWOR_LAB_METRICS_OUT=str(metrics_file.resolve()),
-                              **figures.kernel_environment(out / ".work" / "kernel")):
+            with lifeline.environment(NWOR_LAB_METRICS_OUT=str(metrics_file.resolve()),
+                                      **figures.kernel_environment(out / ".work" / "kernel")):
                 papermill.execute_notebook(
                     str(path), str(running), parameters=dict(parameters or {"interactive": False}),
                     kernel_name=kernel_name, cwd=str(path.parent.resolve()), execution_timeout=timeout,
                     progress_bar=False, log_output=False, request_save_on_cell_execute=False,
-                    kernel_manager_class=kernel_manager_class())
+                    kernel_manager_class=lifeline.kernel_manager_class())
         except Exception as err:
             _raise_if_disk(err, running)               # the machine's problem, not the chapter's
             built.ok, built.status, built.error = False, "failed", error_text(err)
