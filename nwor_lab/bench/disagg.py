@@ -52,21 +52,12 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily. She", "The cat
 def one_engine(make, prompts, new: int, device=None) -> dict:
     import torch
 
-    from nwor_lab.engine.generate import acceptance_stats
+    from nwor_lab.disagg.ranks import one_engine_round
     sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
-    e = make()
-    reqs = [e.add_request(p, new) for p in prompts]
-    sync()
-    t0 = time.perf_counter()
-    e.step_with_progress()
-    sync()
-    t1 = time.perf_counter()
-    e.run()
-    sync()
-    t2 = time.perf_counter()
-    after_first = sum(len(r.output) - 1 for r in reqs)
-    return {"tokens": [r.output for r in reqs], "ttft_s": t1 - t0, "tpot_s": (t2 - t1) / max(after_first, 1),
-            "mean_acceptance_length": acceptance_stats(e.trace, e.k)[0]}
+    r = one_engine_round(make(), prompts, new, sync)
+    after_first = sum(len(t) - 1 for t in r["token_ids"])
+    return {"tokens": r["token_ids"], "ttft_s": r["prefill_s"], "tpot_s": r["decode_s"] / max(after_first, 1),
+            "mean_acceptance_length": r["mean_acceptance_length"]}
 
 
 def workload(args, device):

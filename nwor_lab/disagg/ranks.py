@@ -116,7 +116,9 @@ def _recv_round(engine, link, group, max_new_tokens, strategy, sampler_stream, s
     return res
 
 
-def _one_engine_round(engine, prompts, max_new_tokens, sync) -> dict:
+def one_engine_round(engine, prompts, max_new_tokens, sync) -> dict:
+    """Run `prompts` on one engine (the reference a hand-off is measured against) -> token ids, the
+    first step's seconds (prefill), the rest's (decode) and the mean acceptance length; `sync` waits for the device."""
     from nwor_lab.engine.generate import acceptance_stats
     reqs = [engine.add_request(p, max_new_tokens) for p in prompts]
     sync()
@@ -145,7 +147,7 @@ def _rounds_rank(group, pair: EnginePair, transport: str, ipc_device: str, promp
             out.append(None if item == ONE_ENGINE else
                        _send_round(pair.fresh(models), link, group, prompts, max_new_tokens, item, device, sync))
         elif item == ONE_ENGINE:
-            out.append(_one_engine_round(pair.fresh(models), prompts, max_new_tokens, sync))
+            out.append(one_engine_round(pair.fresh(models), prompts, max_new_tokens, sync))
         else:
             out.append(_recv_round(pair.fresh(models), link, group, max_new_tokens, item, sampler_stream, sync,
                                    profile_to if i == profile_round else None))
