@@ -37,7 +37,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 from nwor_lab.bench.output import save_json
 from nwor_lab.commandline import args as types

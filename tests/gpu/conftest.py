@@ -20,3 +20,13 @@ def ext():
 
     _ext.load()
     return torch.ops.nwor_lab
+
+
+@pytest.fixture(scope="module")
+def toy_pair16():
+    """The shipped toy pair's shape with heads of 16 (what Triton's tl.dot takes), on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from nwor_lab.model.toy import toy_config, toy_pair
+    target, head = toy_pair(0, cfg=toy_config(hidden_size=64))
+    return target.to("cuda"), head.to("cuda")

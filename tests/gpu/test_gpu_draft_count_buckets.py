@@ -15,7 +15,6 @@ from nwor_lab.config import NWOR_MODES
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.capture_sizes import reachable_buckets
 from nwor_lab.engine.runner import StepRunner
-from nwor_lab.model.toy import toy_config, toy_pair
 
 pytestmark = pytest.mark.gpu
 
@@ -24,11 +23,8 @@ COUNTS = [0, 0, 3, 3, 1, 1, 2, 2, 0, 3]
 
 
 @pytest.fixture(scope="module")
-def pair():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    target, head = toy_pair(0, cfg=toy_config(hidden_size=64))   # heads of 16: what Triton's tl.dot takes
-    return target.to("cuda"), head.to("cuda")
+def pair(toy_pair16):
+    return toy_pair16
 
 
 def decode(pair, *, mode="stage", k=3, temperature=0.0, hook=True, graphs=True, eager_buckets=False,

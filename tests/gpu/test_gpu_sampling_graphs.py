@@ -16,7 +16,6 @@ import torch
 from nwor_lab import LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.engine.runner import StepRunner
-from nwor_lab.model.toy import toy_config, toy_pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # tests/: the chi-square helper
 from chi_square import assert_follows  # noqa: E402
@@ -27,11 +26,8 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10], [11, 12, 13, 14], [3, 3, 3], [7,
 
 
 @pytest.fixture(scope="module")
-def pair():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    target, head = toy_pair(0, cfg=toy_config(hidden_size=64))   # heads of 16: what Triton's tl.dot takes
-    return target.to("cuda"), head.to("cuda")
+def pair(toy_pair16):
+    return toy_pair16
 
 
 def decode(pair, *, prompts=PROMPTS, max_new=16, mode="stage", temperature=0.8, seed=5, max_num_seqs=4,
