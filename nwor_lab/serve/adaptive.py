@@ -4,7 +4,8 @@ step-time model measured online.
 A step of n requests verifying k drafts each emits n x L(k) tokens in T(n, k) seconds, with
 
     L(k) = 1 + sum_{j=1..k} prod_{i<=j} c_i      c_i: the conditional acceptance rate of draft i
-                                                 (drafts 1..i-1 accepted), counted from the trace
+                                                 (drafts 1..i-1 accepted), counted from the trace,
+                                                 older steps' counts halved every `half_life` steps
     T(n, k)                                      the step's wall time (verify of n (1 + k) tokens,
                                                  the head's pass, the chain's k - 1 passes),
                                                  a model fitted to the measured steps
@@ -23,6 +24,14 @@ weight-bound, linear where it is compute-bound). The model is only as good as it
 while the cells near n hold too few steps at k = 0 or k = k_max the controller measures them
 first (exploration), and every `explore_every` decisions it re-measures the anchor it is not
 using (the cost of tracking a GPU whose step times drift).
+
+Traffic changes (a chat phase after a code phase: acceptance falls or rises mid-run), so the
+acceptance counts fade: every step multiplies them by 2^(-1/half_life) before adding its own. While
+the controller decodes (k = 0) nothing is verified, so what it knew fades towards the prior
+(`prior_rate`, optimistic on purpose): drafting is predicted to pay again after a few half-lives,
+one step with drafts measures the acceptance afresh, and the controller stays or falls back. That
+is how it notices a phase of high acceptance after a low one; its cost in a phase that stays low is
+one step with drafts now and then.
 
 Use it as the engine's `draft_counts` hook and feed it every step:
 
@@ -49,7 +58,7 @@ class AdaptiveK:
 
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
                  margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
-                 explore_every: int = 50, window: int = 32):
+                 explore_every: int = 50, window: int = 32, half_life: float | None = 16.0):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -60,6 +69,10 @@ class AdaptiveK:
         self.prior_rate, self.prior_weight = prior_rate, prior_weight
         self.margin, self.bandwidth = margin, bandwidth
         self.min_weight, self.explore_every = min_weight, explore_every
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"half_life={half_life}: steps over which the acceptance counts halve must be > 0 "
+                             f"(None: never forget)")
+        self.half_life = half_life
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
         self.cells: dict[tuple[int, int], list[float]] = {}   # (n, k) -> [mean seconds, steps]
@@ -77,6 +90,10 @@ class AdaptiveK:
         verify = [e for e in entries if e.kind == "verify"]
         if not verify:
             return
+        if self.half_life is not None:              # older acceptance fades (module docstring)
+            fade = 0.5 ** (1.0 / self.half_life)
+            self.tried *= fade
+            self.accepted *= fade
         for e in verify:
             for d, a in zip(e.drafted, e.accepted):
                 for i in range(min(d, self.k_max)):
@@ -188,7 +205,7 @@ class AdaptiveK:
             return {str(k): c for k, c in sorted(chosen.items())}, sum(1 for h in decisions if h[2] != "model")
         chosen, explored = counts(self.history)
         chosen_since, explored_since = counts(self.history[since:])
-        return {"k_max": self.k_max, "margin": self.margin,
+        return {"k_max": self.k_max, "margin": self.margin, "half_life_steps": self.half_life,
                 "acceptance_rates": [round(float(r), 3) for r in self.rates()],
                 "accept_length_k_max": round(self.accept_length(self.k_max), 3),
                 "chosen": chosen, "explored": explored,
