@@ -26,12 +26,18 @@ first (exploration), and every `explore_every` decisions it re-measures the anch
 using (the cost of tracking a GPU whose step times drift).
 
 Traffic changes (a chat phase after a code phase: acceptance falls or rises mid-run), so the
-acceptance counts fade: every step multiplies them by 2^(-1/half_life) before adding its own. While
-the controller decodes (k = 0) nothing is verified, so what it knew fades towards the prior
-(`prior_rate`, optimistic on purpose): drafting is predicted to pay again after a few half-lives,
-one step with drafts measures the acceptance afresh, and the controller stays or falls back. That
-is how it notices a phase of high acceptance after a low one; its cost in a phase that stays low is
-one step with drafts now and then.
+acceptance follows it three ways:
+  fading     every step multiplies the counts (and the prior's weight) by 2^(-1/half_life) before
+             adding its own: new steps outweigh old ones, and the estimate itself holds still while
+             nothing is verified (it does not drift back to the prior while the controller decodes)
+  a jump     when a step's first drafts are accepted far from the estimate (more than 3 standard
+             deviations of a binomial over that step's requests: at batch 4, 4 of 4 accepted against
+             an estimate of 0.1), the counts restart from that step (and the prior)
+  probes     while it decodes (k = 0) nothing is verified, so every few steps it verifies k_max drafts
+             to measure the acceptance afresh; the interval keeps the probes' extra time near
+             `probe_budget` of the run: (T(n, k_max) / T(n, 0) - 1) / probe_budget steps, between 4
+             and `explore_every`. A phase of high acceptance after a low one is noticed within one
+             interval; a phase that stays low pays about `probe_budget`.
 
 Use it as the engine's `draft_counts` hook and feed it every step:
 
@@ -58,7 +64,8 @@ class AdaptiveK:
 
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
                  margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
-                 explore_every: int = 50, window: int = 32, half_life: float | None = 16.0):
+                 explore_every: int = 50, window: int = 32, half_life: float | None = 16.0,
+                 probe_budget: float = 0.03):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -72,7 +79,12 @@ class AdaptiveK:
         if half_life is not None and not half_life > 0:
             raise ValueError(f"half_life={half_life}: steps over which the acceptance counts halve must be > 0 "
                              f"(None: never forget)")
-        self.half_life = half_life
+        if not 0 < probe_budget < 1:
+            raise ValueError(f"probe_budget={probe_budget}: the share of time probes may cost must be in (0, 1)")
+        self.half_life, self.probe_budget = half_life, probe_budget
+        self.prior = np.full(k_max, float(prior_weight))    # [k_max] the prior's weight, fading with the counts
+        self.since_drafts = 0                 # steps since one verified drafts (probes while decoding)
+        self.jumps = 0                        # restarts of the acceptance counts on a jump
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
         self.cells: dict[tuple[int, int], list[float]] = {}   # (n, k) -> [mean seconds, steps]
@@ -94,6 +106,14 @@ class AdaptiveK:
             fade = 0.5 ** (1.0 / self.half_life)
             self.tried *= fade
             self.accepted *= fade
+            self.prior = np.maximum(self.prior * fade, 1e-6)
+        first = [a >= 1 for e in verify for d, a in zip(e.drafted, e.accepted) if d >= 1]   # first drafts' verdicts
+        self.since_drafts = 0 if first else self.since_drafts + 1
+        if first:
+            p, m = float(self.rates()[0]), len(first)
+            if abs(sum(first) - m * p) > 3.0 * math.sqrt(m * p * (1.0 - p)) + 0.5:     # a jump: start afresh
+                self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, self.prior_weight
+                self.jumps += 1
         for e in verify:
             for d, a in zip(e.drafted, e.accepted):
                 for i in range(min(d, self.k_max)):
@@ -120,7 +140,7 @@ class AdaptiveK:
 
     def rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
-        return (self.accepted + self.prior_rate * self.prior_weight) / (self.tried + self.prior_weight)
+        return (self.accepted + self.prior_rate * self.prior) / (self.tried + self.prior)
 
     def accept_length(self, k: int) -> float:
         """L(k): expected tokens a request emits in a step verifying k drafts."""
@@ -180,12 +200,22 @@ class AdaptiveK:
         best = max(gain, key=gain.get)
         if best and gain[best] < (1.0 + self.margin) * gain[0]:
             best = 0
+        if not best and self.since_drafts >= self.probe_interval(n):
+            self.history.append((n, self.k_max, "probe"))      # measure the acceptance afresh
+            return self.k_max
         if self.explore_every and self.decisions % self.explore_every == 0:
             other = 0 if best else self.k_max     # keep the unused anchor's time current
             self.history.append((n, other, "refresh"))
             return other
         self.history.append((n, best, "model"))
         return best
+
+    def probe_interval(self, n: int) -> int:
+        """Steps between probes while decoding at batch n: a probe's extra time over a decode step,
+        spread so that probes cost about `probe_budget` (clipped to 4 .. explore_every, or 4 .. 50)."""
+        ratio = self.step_time(n, self.k_max) / self.step_time(n, 0)
+        most = self.explore_every or 50
+        return int(min(most, max(4, math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget))))
 
     def __call__(self, engine, requests) -> list[int]:
         """The engine's `draft_counts` hook: one count for every request of the next window, sized
@@ -206,6 +236,7 @@ class AdaptiveK:
         chosen, explored = counts(self.history)
         chosen_since, explored_since = counts(self.history[since:])
         return {"k_max": self.k_max, "margin": self.margin, "half_life_steps": self.half_life,
+                "probe_budget": self.probe_budget, "jumps": self.jumps,
                 "acceptance_rates": [round(float(r), 3) for r in self.rates()],
                 "accept_length_k_max": round(self.accept_length(self.k_max), 3),
                 "chosen": chosen, "explored": explored,
