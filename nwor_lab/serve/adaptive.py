@@ -30,14 +30,17 @@ acceptance follows it three ways:
   fading     every step multiplies the counts (and the prior's weight) by 2^(-1/half_life) before
              adding its own: new steps outweigh old ones, and the estimate itself holds still while
              nothing is verified (it does not drift back to the prior while the controller decodes)
-  a jump     when a step's first drafts are accepted far from the estimate (more than 3 standard
-             deviations of a binomial over that step's requests: at batch 4, 4 of 4 accepted against
-             an estimate of 0.1), the counts restart from that step (and the prior)
-  probes     while it decodes (k = 0) nothing is verified, so every few steps it verifies k_max drafts
-             to measure the acceptance afresh; the interval keeps the probes' extra time near
-             `probe_budget` of the run: (T(n, k_max) / T(n, 0) - 1) / probe_budget steps, between 4
-             and `explore_every`. A phase of high acceptance after a low one is noticed within one
-             interval; a phase that stays low pays about `probe_budget`.
+  a jump     when the first drafts verified since a window opened (up to 16 of them, over one step
+             or several) are accepted far from the estimate held when it opened (more than 3
+             standard deviations of a binomial: 4 of 4 accepted against 0.1, or 2 rejected in a row
+             against 0.9), the counts restart from the step that showed it, over a prior of one
+             draft's weight (the starting prior's four would outweigh the few drafts the jump rests on)
+  probes     a count below k_max verifies no draft beyond it (k = 0: none at all), so what it knew
+             of those positions holds still; every few steps it verifies k_max drafts to measure
+             them afresh. The interval keeps the probes' extra time near `probe_budget` of the run:
+             (T(n, k_max) / T(n, 0) - 1) / probe_budget steps, between 4 and `explore_every`. A
+             phase of high acceptance after a low one is noticed within one interval; a phase that
+             stays low pays about `probe_budget`.
 
 Use it as the engine's `draft_counts` hook and feed it every step:
 
@@ -83,7 +86,10 @@ class AdaptiveK:
             raise ValueError(f"probe_budget={probe_budget}: the share of time probes may cost must be in (0, 1)")
         self.half_life, self.probe_budget = half_life, probe_budget
         self.prior = np.full(k_max, float(prior_weight))    # [k_max] the prior's weight, fading with the counts
-        self.since_drafts = 0                 # steps since one verified drafts (probes while decoding)
+        self.since_full = 0                   # steps since one verified k_max drafts (probes below k_max)
+        self.pending: list[bool] = []         # first drafts' verdicts since the jump window opened
+        self.pending_rate = 0.0               # the estimate when it opened
+        self.pending_rests = False            # whether that estimate rested on drafts more than on the prior
         self.jumps = 0                        # restarts of the acceptance counts on a jump
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
@@ -108,12 +114,22 @@ class AdaptiveK:
             self.accepted *= fade
             self.prior = np.maximum(self.prior * fade, 1e-6)
         first = [a >= 1 for e in verify for d, a in zip(e.drafted, e.accepted) if d >= 1]   # first drafts' verdicts
-        self.since_drafts = 0 if first else self.since_drafts + 1
+        full = any(d >= self.k_max for e in verify for d in e.drafted)
+        self.since_full = 0 if full else self.since_full + 1
         if first:
-            p, m = float(self.rates()[0]), len(first)
-            if abs(sum(first) - m * p) > 3.0 * math.sqrt(m * p * (1.0 - p)) + 0.5:     # a jump: start afresh
-                self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, self.prior_weight
+            if not self.pending:
+                self.pending_rate = float(self.rates()[0])
+                self.pending_rests = bool(self.tried[0] >= self.prior[0])   # more drafts than prior behind it
+            self.pending += first
+            p, m = self.pending_rate, len(self.pending)
+            # a jump (start afresh) only from an estimate that rests on drafts, not on the prior alone
+            if self.pending_rests and \
+                    abs(sum(self.pending) - m * p) > 3.0 * math.sqrt(m * p * (1.0 - p)) + 0.5:
+                self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, min(1.0, self.prior_weight)
                 self.jumps += 1
+                self.pending = []
+            elif m >= 16:
+                self.pending = []
         for e in verify:
             for d, a in zip(e.drafted, e.accepted):
                 for i in range(min(d, self.k_max)):
@@ -200,8 +216,8 @@ class AdaptiveK:
         best = max(gain, key=gain.get)
         if best and gain[best] < (1.0 + self.margin) * gain[0]:
             best = 0
-        if not best and self.since_drafts >= self.probe_interval(n):
-            self.history.append((n, self.k_max, "probe"))      # measure the acceptance afresh
+        if best < self.k_max and self.since_full >= self.probe_interval(n):
+            self.history.append((n, self.k_max, "probe"))      # measure every position's acceptance afresh
             return self.k_max
         if self.explore_every and self.decisions % self.explore_every == 0:
             other = 0 if best else self.k_max     # keep the unused anchor's time current
