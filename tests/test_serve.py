@@ -96,11 +96,16 @@ def test_adaptive_k_interpolates_batch_sizes_it_has_not_seen():
 
 
 def test_adaptive_k_does_not_time_a_shapes_first_step():
-    ctl = AdaptiveK(4, explore_every=0)
+    ctl = AdaptiveK(4, explore_every=0, half_life=None)        # counts kept whole (they fade by default)
     feed(ctl, 8, 4, 0.040, accepted=3, times=1)   # the capture
     feed(ctl, 8, 4, 0.011, accepted=3)
     assert ctl.step_time(8, 4) == pytest.approx(0.011)
     assert ctl.tried[0] == 5 * 8                  # the acceptance counts every step
+    fading = AdaptiveK(4, half_life=1.0)
+    feed(fading, 8, 4, 0.011, accepted=3, times=3)
+    assert fading.tried[0] == pytest.approx(8 * (1 + 0.5 + 0.25))   # each step halves what came before
+    with pytest.raises(ValueError, match="half_life"):
+        AdaptiveK(4, half_life=0.0)
 
 
 def test_adaptive_k_refreshes_the_unused_anchor_and_checks_its_arguments():

@@ -3,6 +3,8 @@
     nwor-lab bench serve --device cpu --rates 1,2,4 --concurrency 1,4 --out serve_cpu.json
     nwor-lab bench serve --model 8b --device cuda --configs target,eagle3:4,eagle3:auto \\
         --rates 2,4,8,16,32 --concurrency 1,8,32 --out benchmarks/results/serve_8b_h100.json
+    nwor-lab bench serve --device cpu --configs target,eagle1:1,eagle1:4,eagle1:auto \\
+        --concurrency 4 --phases 0.9:0.1:0.9 --out serve_kauto_cpu.json
 
 Load (`nwor_lab.serve.driver`): open loop, a Poisson process at each `--rates` request rate
 (requests per second of wall time), and closed loop, each `--concurrency` clients sending their
@@ -12,6 +14,13 @@ lengths uniform in L (1 +- `--range-ratio`) (vLLM's random dataset); prompts are
 text for the shipped pair, random ids for the 8B shape (`--model 8b` / `8b-mini`, drafts accepted
 by the forced `--acceptance` profile, as `bench engine --model 8b`). Every output is generated
 to its length (no end token: vLLM's --ignore-eos).
+
+Phases (`--phases 0.9:0.1:0.9`, `nwor_lab.serve.phases`): every load point runs twice, `traffic`
+`steady` (the `--acceptance` profile throughout) and `phases` (the forced acceptance switches profile
+at equal shares of the point's output tokens: high, low, high), so a fixed k is wrong for part of the
+run. Forced acceptance then drives every EAGLE engine, the shipped pair's too.
+`kauto`: per point, `--k auto` against target-only and the best fixed k, paired repeat by repeat,
+with the rules' verdicts (`nwor_lab.bench.serve_kauto`).
 
 Configs (`--configs`): `target` (target-only), `HEAD:K` (eagle1 / eagle3, K drafts) and `HEAD:auto`
 (an engine with `--k-max` drafts whose count is chosen per step by `nwor_lab.serve.AdaptiveK`),
@@ -47,6 +56,8 @@ from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import SCV_MODES, nwor_modes
 from nwor_lab.serve import AdaptiveK, Slo, serve, summarize
 from nwor_lab.serve.driver import Progress
+from nwor_lab.serve.phases import Observers
+from nwor_lab.bench.serve_kauto import verdicts as kauto_verdicts
 from nwor_lab.serve.workload import poisson_arrivals, random_specs, specs_from_stream
 
 HEADS = ("eagle1", "eagle3")
@@ -106,7 +117,11 @@ def parser() -> LabArgumentParser:
     p.add_argument("--goodput", type=slo_text, default=Slo(), help="SLOs in ms, e.g. tpot:50 or ttft:500,tpot:50")
     p.add_argument("--warmup", type=types.integer(0, 100_000), default=None,
                    help="untimed requests before the first load point (default: 2 x max-num-seqs)")
-    p.add_argument("--acceptance", default="shipped", help="8B shape: forced acceptance profile (bench engine's)")
+    p.add_argument("--acceptance", default="shipped", help="8B shape (and --phases' steady points): forced "
+                   "acceptance profile (bench engine's)")
+    p.add_argument("--phases", type=phase_texts, default=None,
+                   help="forced-acceptance profiles separated by ':' (each as --acceptance), e.g. 0.9:0.1:0.9: every load "
+                        "point also runs with the profile switching at equal shares of its output tokens")
     p.add_argument("--seed", type=types.integer(0), default=0)
     p.add_argument("--repeats", type=types.integer(1, 100), default=3,
                    help="runs of every config at every load point, the configs' runs in turn (ABBA); rows give the "
@@ -121,14 +136,42 @@ def parser() -> LabArgumentParser:
     return p
 
 
+def phase_texts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(":"))
+    if len(parts) < 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give two or more forced-acceptance profiles separated by ':', "
+                                         f"e.g. 0.9:0.1:0.9 (high, low, high)")
+    return parts
+
+
 def load_points(args) -> list[dict]:
-    return ([{"mode": "open", "rate": r} for r in sorted(args.rates)]
-            + [{"mode": "closed", "concurrency": c} for c in sorted(args.concurrency)])
+    points = ([{"mode": "open", "rate": r} for r in sorted(args.rates)]
+              + [{"mode": "closed", "concurrency": c} for c in sorted(args.concurrency)])
+    if args.phases is None:
+        return points
+    return [{**p, "traffic": "steady"} for p in points] + [{**p, "traffic": "phases"} for p in points]
+
+
+def schedules(args) -> dict:
+    """{traffic: Phases} for --phases: `steady` (the --acceptance profile, one phase) and `phases`."""
+    from nwor_lab.serve.phases import Phases
+    try:
+        return {"steady": Phases([args.acceptance], args.k_max, args.seed),
+                "phases": Phases(args.phases, args.k_max, args.seed)}
+    except ValueError as err:
+        raise UsageError(f"argument --phases / --acceptance: {err}") from None
 
 
 def load_models(args, device, dtype):
     """-> (target, {head name: head}, request specs, acceptance or None)."""
     heads_needed = sorted({h for h, _ in args.configs if h})
+    forced = None
+    if args.model != "shipped" or args.phases is not None:
+        from nwor_lab.speculative.synthetic import ForcedAcceptance
+        try:
+            forced = ForcedAcceptance.parse(args.acceptance, args.k_max)
+        except ValueError as err:
+            raise UsageError(f"argument --acceptance: {err}") from None
     if args.model == "shipped":
         from nwor_lab.bench.engine import held_out_stream
         from nwor_lab.model.shipped import load_tiny
@@ -139,13 +182,9 @@ def load_models(args, device, dtype):
         heads = {h: heads[h] for h in heads_needed}
         stream = held_out_stream(tok)
         return target, heads, lambda n: specs_from_stream(stream, n, args.prompt_len, args.output_len,
-                                                          args.range_ratio, args.seed), None
+                                                          args.range_ratio, args.seed), forced
     from nwor_lab.model.shapes import random_head, random_target
-    from nwor_lab.speculative.synthetic import ForcedAcceptance
-    try:
-        acceptance = ForcedAcceptance.parse(args.acceptance, args.k_max)
-    except ValueError as err:
-        raise UsageError(f"argument --acceptance: {err}") from None
+    acceptance = forced
     target = random_target(args.model, device, dtype)
     heads = {h: random_head(target, h, args.model) for h in heads_needed}
     vocab = target.config.vocab_size
@@ -154,8 +193,12 @@ def load_models(args, device, dtype):
 
 
 def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs: int):
-    """One engine for every load point of a config, sized for its longest request at max_num_seqs."""
+    """One engine for every load point of a config, sized for its longest request at max_num_seqs
+    (with --phases, forced acceptance of its own that the phase schedules switch)."""
     from nwor_lab.bench.engine8b import build_engine
+    if args.phases is not None and acceptance is not None:
+        from nwor_lab.serve.phases import SwitchableAcceptance
+        acceptance = SwitchableAcceptance(acceptance.profile, acceptance.seed)
     longest_prompt = max(len(s.prompt) for s in specs)
     longest_output = max(s.output_len for s in specs)
     return build_engine(target, head, k, mode, args.scv, max_num_seqs, longest_prompt, longest_output,
@@ -178,9 +221,14 @@ def point_specs(point: dict, specs, args) -> list:
     return specs[:max(args.requests, args.requests_per_client * point["concurrency"])]
 
 
-def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> dict:
-    """One config at one load point -> its row (also printed as one JSON line)."""
+def run_point(engine, name: str, k_auto, point: dict, specs, args, device, phases=None) -> dict:
+    """One config at one load point -> its row (also printed as one JSON line). `phases`: the point's
+    schedule (`--phases`), restarted for this run on the engine's switchable acceptance."""
     specs = point_specs(point, specs, args)
+    controller = k_auto
+    if phases is not None:
+        phases.start(sum(s.output_len for s in specs), [engine.acceptance] if engine.acceptance is not None else [])
+        controller = Observers(k_auto, phases)
     first = len(engine.trace)
     arrivals = poisson_arrivals(len(specs), point["rate"], args.seed + 3) if point["mode"] == "open" else None
     label = f"{name} {'rate ' + str(point['rate']) if arrivals is not None else str(point['concurrency']) + ' clients'}"
@@ -188,14 +236,16 @@ def run_point(engine, name: str, k_auto, point: dict, specs, args, device) -> di
         torch.cuda.synchronize(device)
     decided = len(k_auto.history) if k_auto is not None else 0      # this point's decisions start here
     run = serve(engine, specs, arrivals=arrivals, concurrency=point.get("concurrency"), rate=point.get("rate"),
-                controller=k_auto, progress=None if args.quiet else Progress(len(specs), label))
+                controller=controller, progress=None if args.quiet else Progress(len(specs), label))
     row = {"config": name, **point, **summarize(run, args.goodput, engine.trace[first:], engine.k)}
+    if phases is not None and point.get("traffic") == "phases":
+        row["phases"] = phases.run_record()
     if k_auto is not None and not k_auto.decisions:
         raise RuntimeError(f"{name}: the engine never asked its draft_counts hook for a draft count (an engine "
                            f"without the hook would run k_max every step: not an adaptive k)")
     if k_auto is not None:
         row["k_auto"] = k_auto.describe(since=decided)     # chosen: from the warm-up on; chosen_since: this point
-    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto")}),
+    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "k_auto", "phases")}),
           flush=True)
     return row
 
@@ -223,7 +273,7 @@ def crossover(rows: list[dict]) -> list[dict]:
     (> 1: the config is faster); with repeats, each the median of the per-repeat ratios (repeat i of the
     config against repeat i of target-only, run next to each other) with their min–max."""
     def key(r):
-        return (r["mode"], r.get("rate"), r.get("concurrency"))
+        return (r["mode"], r.get("rate"), r.get("concurrency"), r.get("traffic"))
     base = {key(r): r for r in rows if r["config"] == "target-only"}
     out = []
     for r in rows:
@@ -234,6 +284,7 @@ def crossover(rows: list[dict]) -> list[dict]:
         ratios = [x / max(y, 1e-9) for x, y in zip(r.get("output_throughput_reps", [r["output_throughput"]]),
                                                    b.get("output_throughput_reps", [b["output_throughput"]]))]
         out.append({"config": r["config"], "mode": r["mode"], "rate": r.get("rate"), "concurrency": r.get("concurrency"),
+                    **({"traffic": r["traffic"]} if "traffic" in r else {}),
                     "tpot_p50_speedup": round(btpot / tpot, 3) if tpot and btpot else None,
                     "output_throughput_ratio": round(statistics.median(ratios), 3),
                     "output_throughput_ratio_min": round(min(ratios), 3),
@@ -269,6 +320,7 @@ def main(argv=None) -> dict:
             components.append(component_times(target, heads, bs, [args.k_max], context, args.attention, device))
             print(json.dumps(components[-1]), flush=True)
     args.component_rows = components
+    traffic = schedules(args) if args.phases is not None else {}
     rows = []
     configs = [(None, 0, "off")] if (None, 0) in args.configs else []
     configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
@@ -281,6 +333,8 @@ def main(argv=None) -> dict:
         if k == "auto":
             k_auto = AdaptiveK(k_engine)
             engine.draft_counts = k_auto
+        if traffic:                     # warm up under the steady profile
+            traffic["steady"].start(0, [engine.acceptance] if engine.acceptance is not None else [])
         warm_up(engine, name, k_auto, warmup, args)
         engines.append((engine, name, k_auto))
     # configs interleaved at each load point, repeat by repeat in ABBA order: a drift of the machine (a
@@ -289,16 +343,17 @@ def main(argv=None) -> dict:
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
             for engine, name, k_auto in in_turn(engines, rep):
-                runs.setdefault(name, []).append(run_point(engine, name, k_auto, point, specs, args, device))
+                runs.setdefault(name, []).append(run_point(engine, name, k_auto, point, specs, args, device,
+                                                           traffic.get(point.get("traffic"))))
         rows.extend(with_spread(runs[name]) for _, name, _ in engines)
         if args.out:                              # what is measured so far survives a timeout
-            write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=False)
+            write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, traffic, complete=False)
     del engines
     free_device(device)
-    return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete=True)
+    return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, traffic, complete=True)
 
 
-def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, complete: bool) -> dict:
+def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, traffic, complete: bool) -> dict:
     out = {"command": "nwor-lab bench serve " + " ".join(argv),
            "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
@@ -310,7 +365,9 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, co
            "acceptance": None if acceptance is None else {"source": args.acceptance, **acceptance.describe(args.k_max)},
            "scv": args.scv, "temperature": args.temperature, "repeats": args.repeats, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
-           "components": args.component_rows, "results": rows, "crossover": crossover(rows)}
+           "phases": traffic["phases"].describe() if traffic else None,
+           "components": args.component_rows, "results": rows, "crossover": crossover(rows),
+           "kauto": kauto_verdicts(rows)}
     save_json(out, args.out)
     return out
 

@@ -9,6 +9,8 @@
               vLLM's benchmarks/benchmark_serving.py and SGLang's bench_serving define them
   adaptive    AdaptiveK: each step's draft count (0..k) from the batch size, the measured acceptance
               per position and an online cost model of the step (the engine's `draft_counts` hook)
+  phases      a workload whose forced acceptance switches profile mid-run (high, low, high) at
+              stated shares of a run's output tokens: `bench serve --phases`
 
 The package drives the engine through its public API only (add_request, step, scheduler, trace).
 """

@@ -4,7 +4,8 @@ step-time model measured online.
 A step of n requests verifying k drafts each emits n x L(k) tokens in T(n, k) seconds, with
 
     L(k) = 1 + sum_{j=1..k} prod_{i<=j} c_i      c_i: the conditional acceptance rate of draft i
-                                                 (drafts 1..i-1 accepted), counted from the trace
+                                                 (drafts 1..i-1 accepted), counted from the trace,
+                                                 older steps' counts halved every `half_life` steps
     T(n, k)                                      the step's wall time (verify of n (1 + k) tokens,
                                                  the head's pass, the chain's k - 1 passes),
                                                  a model fitted to the measured steps
@@ -23,6 +24,23 @@ weight-bound, linear where it is compute-bound). The model is only as good as it
 while the cells near n hold too few steps at k = 0 or k = k_max the controller measures them
 first (exploration), and every `explore_every` decisions it re-measures the anchor it is not
 using (the cost of tracking a GPU whose step times drift).
+
+Traffic changes (a chat phase after a code phase: acceptance falls or rises mid-run), so the
+acceptance follows it three ways:
+  fading     every step multiplies the counts (and the prior's weight) by 2^(-1/half_life) before
+             adding its own: new steps outweigh old ones, and the estimate itself holds still while
+             nothing is verified (it does not drift back to the prior while the controller decodes)
+  a jump     when the first drafts verified since a window opened (up to 16 of them, over one step
+             or several) are accepted far from the estimate held when it opened (more than 3
+             standard deviations of a binomial: 4 of 4 accepted against 0.1, or 2 rejected in a row
+             against 0.9), the counts restart from the step that showed it, over a prior of one
+             draft's weight (the starting prior's four would outweigh the few drafts the jump rests on)
+  probes     a count below k_max verifies no draft beyond it (k = 0: none at all), so what it knew
+             of those positions holds still; every few steps it verifies k_max drafts to measure
+             them afresh. The interval keeps the probes' extra time near `probe_budget` of the run:
+             (T(n, k_max) / T(n, 0) - 1) / probe_budget steps, between 4 and `explore_every`. A
+             phase of high acceptance after a low one is noticed within one interval; a phase that
+             stays low pays about `probe_budget`.
 
 Use it as the engine's `draft_counts` hook and feed it every step:
 
@@ -49,7 +67,8 @@ class AdaptiveK:
 
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
                  margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
-                 explore_every: int = 50, window: int = 32):
+                 explore_every: int = 50, window: int = 32, half_life: float | None = 16.0,
+                 probe_budget: float = 0.03):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -60,6 +79,18 @@ class AdaptiveK:
         self.prior_rate, self.prior_weight = prior_rate, prior_weight
         self.margin, self.bandwidth = margin, bandwidth
         self.min_weight, self.explore_every = min_weight, explore_every
+        if half_life is not None and not half_life > 0:
+            raise ValueError(f"half_life={half_life}: steps over which the acceptance counts halve must be > 0 "
+                             f"(None: never forget)")
+        if not 0 < probe_budget < 1:
+            raise ValueError(f"probe_budget={probe_budget}: the share of time probes may cost must be in (0, 1)")
+        self.half_life, self.probe_budget = half_life, probe_budget
+        self.prior = np.full(k_max, float(prior_weight))    # [k_max] the prior's weight, fading with the counts
+        self.since_full = 0                   # steps since one verified k_max drafts (probes below k_max)
+        self.pending: list[bool] = []         # first drafts' verdicts since the jump window opened
+        self.pending_rate = 0.0               # the estimate when it opened
+        self.pending_rests = False            # whether that estimate rested on drafts more than on the prior
+        self.jumps = 0                        # restarts of the acceptance counts on a jump
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
         self.cells: dict[tuple[int, int], list[float]] = {}   # (n, k) -> [mean seconds, steps]
@@ -77,6 +108,28 @@ class AdaptiveK:
         verify = [e for e in entries if e.kind == "verify"]
         if not verify:
             return
+        if self.half_life is not None:              # older acceptance fades (module docstring)
+            fade = 0.5 ** (1.0 / self.half_life)
+            self.tried *= fade
+            self.accepted *= fade
+            self.prior = np.maximum(self.prior * fade, 1e-6)
+        first = [a >= 1 for e in verify for d, a in zip(e.drafted, e.accepted) if d >= 1]   # first drafts' verdicts
+        full = any(d >= self.k_max for e in verify for d in e.drafted)
+        self.since_full = 0 if full else self.since_full + 1
+        if first:
+            if not self.pending:
+                self.pending_rate = float(self.rates()[0])
+                self.pending_rests = bool(self.tried[0] >= self.prior[0])   # more drafts than prior behind it
+            self.pending += first
+            p, m = self.pending_rate, len(self.pending)
+            # a jump (start afresh) only from an estimate that rests on drafts, not on the prior alone
+            if self.pending_rests and \
+                    abs(sum(self.pending) - m * p) > 3.0 * math.sqrt(m * p * (1.0 - p)) + 0.5:
+                self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, min(1.0, self.prior_weight)
+                self.jumps += 1
+                self.pending = []
+            elif m >= 16:
+                self.pending = []
         for e in verify:
             for d, a in zip(e.drafted, e.accepted):
                 for i in range(min(d, self.k_max)):
@@ -103,7 +156,7 @@ class AdaptiveK:
 
     def rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
-        return (self.accepted + self.prior_rate * self.prior_weight) / (self.tried + self.prior_weight)
+        return (self.accepted + self.prior_rate * self.prior) / (self.tried + self.prior)
 
     def accept_length(self, k: int) -> float:
         """L(k): expected tokens a request emits in a step verifying k drafts."""
@@ -163,12 +216,22 @@ class AdaptiveK:
         best = max(gain, key=gain.get)
         if best and gain[best] < (1.0 + self.margin) * gain[0]:
             best = 0
+        if best < self.k_max and self.since_full >= self.probe_interval(n):
+            self.history.append((n, self.k_max, "probe"))      # measure every position's acceptance afresh
+            return self.k_max
         if self.explore_every and self.decisions % self.explore_every == 0:
             other = 0 if best else self.k_max     # keep the unused anchor's time current
             self.history.append((n, other, "refresh"))
             return other
         self.history.append((n, best, "model"))
         return best
+
+    def probe_interval(self, n: int) -> int:
+        """Steps between probes while decoding at batch n: a probe's extra time over a decode step,
+        spread so that probes cost about `probe_budget` (clipped to 4 .. explore_every, or 4 .. 50)."""
+        ratio = self.step_time(n, self.k_max) / self.step_time(n, 0)
+        most = self.explore_every or 50
+        return int(min(most, max(4, math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget))))
 
     def __call__(self, engine, requests) -> list[int]:
         """The engine's `draft_counts` hook: one count for every request of the next window, sized
@@ -188,7 +251,8 @@ class AdaptiveK:
             return {str(k): c for k, c in sorted(chosen.items())}, sum(1 for h in decisions if h[2] != "model")
         chosen, explored = counts(self.history)
         chosen_since, explored_since = counts(self.history[since:])
-        return {"k_max": self.k_max, "margin": self.margin,
+        return {"k_max": self.k_max, "margin": self.margin, "half_life_steps": self.half_life,
+                "probe_budget": self.probe_budget, "jumps": self.jumps,
                 "acceptance_rates": [round(float(r), 3) for r in self.rates()],
                 "accept_length_k_max": round(self.accept_length(self.k_max), 3),
                 "chosen": chosen, "explored": explored,
