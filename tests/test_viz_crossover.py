@@ -80,3 +80,20 @@ def test_ratio_curves_draw_each_config_per_result_with_the_goal():
     assert {"eagle3 k=2, 64", "eagle3 k=auto, 256", "target-only (ratio 1)", "goal"} <= names   # nwor=stage shared: dropped
     with pytest.raises(ValueError, match="--rates"):
         ratio_curves({"64": r}, "open")
+
+
+def test_phase_rows_stay_out_of_the_steady_figures():
+    """A `--phases` run holds phase-switching rows at the same loads: the crossover reads the steady ones."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from nwor_lab.viz.crossover import adaptive_points
+    from nwor_lab.viz.serving import serve_table
+    stored = json.loads((Path(__file__).parents[1] / "benchmarks/results/serve_8b_h200.json").read_text())
+    mixed = copy.deepcopy(stored)
+    for r in stored["results"]:
+        ghost = dict(r, traffic="phases", output_throughput=1.0, request_throughput=1.0)
+        mixed["results"].append(ghost)
+    assert serve_table(mixed) == serve_table(stored)
+    assert adaptive_points(mixed, "eagle3 k=auto nwor=stage") == adaptive_points(stored, "eagle3 k=auto nwor=stage")

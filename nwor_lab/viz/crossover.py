@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from nwor_lab.viz.serving import _components_at, serve_table
+from nwor_lab.viz.serving import _components_at, serve_table, steady_rows
 from nwor_lab.viz.tables import markdown_table
 
 
@@ -40,7 +40,7 @@ def ratios(result: Mapping, config: str, mode: str | None = None) -> list[dict]:
 
 
 def _closed(result: Mapping, config: str, clients: int) -> Mapping:
-    for r in result["results"]:
+    for r in steady_rows(result):
         if r["mode"] == "closed" and r["concurrency"] == clients and r["config"] == config:
             return r
     raise ValueError(f"no closed-loop row of {config!r} at {clients} clients: run bench serve with "
@@ -100,7 +100,7 @@ def adaptive_points(result: Mapping, config: str, fixed: str | None = None) -> l
     by_load = {(r["mode"], r["load"]): r for r in ratios(result, config)}
     other = {(r["mode"], r["load"]): r for r in ratios(result, fixed)} if fixed else {}
     out = []
-    for row in result["results"]:
+    for row in steady_rows(result):
         if row["config"] != config:
             continue
         load = row["rate"] if row["mode"] == "open" else row["concurrency"]

@@ -21,6 +21,12 @@ from plotly.subplots import make_subplots
 
 from nwor_lab.viz.perf import _layout, result_subtitle
 
+
+def steady_rows(result: Mapping) -> list:
+    """The bench's rows under steady traffic: a `--phases` run also holds phase-switching rows at the
+    same loads (`row["traffic"]`), which these figures must not mix in."""
+    return [r for r in result["results"] if r.get("traffic", "steady") == "steady"]
+
 _COLOURS = ["#9a9a9a", "#e69f00", "#56b4e9", "#cc79a7", "#009e73", "#d55e00", "#0072b2"]
 
 
@@ -31,7 +37,7 @@ def _load_key(row: Mapping):
 def serve_curves(result: Mapping, mode: str = "closed", title: str | None = None):
     """Two panels over the load of `mode` ("open": request rate, "closed": clients): TPOT p50 per
     config (p90 and p99 as a dotted line each) and output tokens/s."""
-    rows = [r for r in result["results"] if r["mode"] == mode]
+    rows = [r for r in steady_rows(result) if r["mode"] == mode]
     if not rows:
         raise ValueError(f"no {mode}-loop rows in this result: run bench serve with "
                          f"{'--rates' if mode == 'open' else '--concurrency'}")
@@ -125,9 +131,9 @@ def ratio_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal: 
 def serve_table(result: Mapping) -> list[dict]:
     """One row per (load point, config): TTFT and TPOT p50 / p90 / p99 ms, output tokens/s, the
     accept length, the mean batch, and TPOT / throughput against target-only at that load."""
-    base = {(r["mode"], _load_key(r)): r for r in result["results"] if r["config"] == "target-only"}
+    base = {(r["mode"], _load_key(r)): r for r in steady_rows(result) if r["config"] == "target-only"}
     out = []
-    for r in result["results"]:
+    for r in steady_rows(result):
         b = base.get((r["mode"], _load_key(r)))
         c = _load_key(r)
         row = {"load": f"{c:g} req/s" if r["mode"] == "open" else f"{c} client{'s' if c != 1 else ''}",
@@ -160,9 +166,9 @@ def explain(result: Mapping, config: str) -> list[dict]:
     def by_n(row, drafting: bool):
         steps = [s for s in row["steps_by_batch"] if (s["drafts"] > 0) == drafting]
         return {s["requests"]: s for s in steps}
-    base = {r["concurrency"]: r for r in result["results"] if r["mode"] == "closed" and r["config"] == "target-only"}
+    base = {r["concurrency"]: r for r in steady_rows(result) if r["mode"] == "closed" and r["config"] == "target-only"}
     out = []
-    for r in result["results"]:
+    for r in steady_rows(result):
         b = base.get(r.get("concurrency"))
         if r["mode"] != "closed" or r["config"] != config or b is None:
             continue
