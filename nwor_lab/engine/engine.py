@@ -38,6 +38,7 @@ import torch
 
 from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.engine.block_settings import preemption_for, prefix_cache_for, settled_config
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.eager_rules import eager_rule
@@ -79,6 +80,11 @@ class SpecEngine:
         # the config checked and its names looked up once (`prepare` hands its Choices down)
         choices = Choices.of(config)
         self.config, policy_cls = choices.config, choices.policy
+        # prefix caching and preemption: LabConfig fields or keyword objects, decided once here (which
+        # wins, and the contradiction refused: nwor_lab.engine.block_settings); self.config spells what runs
+        prefix_cache = prefix_cache_for(self.config, prefix_cache)
+        preemption = preemption_for(self.config, preemption)
+        self.config = settled_config(self.config, prefix_cache, preemption)
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
         # draft trees (LabConfig.tree): only with a head and k > 0 (k = 0 decodes target-only, as with
@@ -119,7 +125,7 @@ class SpecEngine:
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
                                    self.window_kind.lookahead,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
-        self.lifecycle = Lifecycle(self, check_preemption(preemption))
+        self.lifecycle = Lifecycle(self, preemption)
         self.observers: list = []          # shared with both policies: see the module docstring
         # debug on a sliding window: which position each slot holds, every cache read checked
         self.ledger = RingLedger(self.cache, self.sliding) if self.sliding and self.config.debug else None
@@ -256,6 +262,7 @@ class SpecEngine:
     @preemption.setter
     def preemption(self, value: Preemption) -> None:
         self.lifecycle.preemption = check_preemption(value)
+        self.config = self.config.replace(preemption=value.mode)      # the printed config stays what runs
 
     @property
     def preemption_stats(self) -> PreemptionStats:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-PREEMPTION_MODES = ("recompute", "swap")
+from nwor_lab.config import PREEMPTION_MODES   # the names LabConfig.preemption accepts (one home)
 
 
 @dataclass(frozen=True)
