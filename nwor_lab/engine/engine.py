@@ -44,7 +44,7 @@ from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
 from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
-from nwor_lab.engine.request import Request, check_prompt, fit_context
+from nwor_lab.engine.request import Request, check_prompt, check_request_generator, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
@@ -147,6 +147,7 @@ class SpecEngine:
             self.states = make_state_policy(state_config, store)
             self.free_state_slots = list(range(max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.seeded = False        # whether any request brought its own generator (add_request)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
         # its tables made once, on the device, in the window kind's form (checked now)
@@ -178,13 +179,21 @@ class SpecEngine:
         return self.drafter is not None and self.k > 0
 
     def add_request(self, prompt: list[int], max_new_tokens: int, *, truncate: bool = False,
-                    name: str = "prompt") -> Request:
+                    name: str = "prompt", generator: torch.Generator | None = None) -> Request:
         """Queue `prompt` (token ids in the model's vocabulary) for `max_new_tokens` tokens. Prompt +
         new tokens must fit the model's `max_model_len` positions; `truncate` keeps the prompt's last
-        tokens that fit instead of raising. Nothing is queued when this raises."""
+        tokens that fit instead of raising. Nothing is queued when this raises.
+
+        `generator`: the request's own random stream at T > 0 (vLLM's per-request seed): its drafts and
+        its acceptance draw from it alone, so its tokens do not depend on what else runs beside it, nor
+        on a preemption (`check_request_generator`: refused with trees, forced acceptance and CUDA graphs)."""
+        check_request_generator(self, generator)
         ids = check_prompt(name, prompt, self.vocab_size)
         ids = fit_context(name, ids, max_new_tokens, self.max_model_len, truncate)
         req = self.scheduler.add(ids, max_new_tokens)
+        if generator is not None:
+            req.generator = generator
+            self.seeded = True
         if self.acceptance is not None:
             # forced acceptance keys on the prompt, not the request id: the same prompt is accepted
             # alike in every run and engine (a benchmark's repeats replay the same steps)
