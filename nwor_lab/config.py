@@ -2,8 +2,8 @@
 
 Nothing here reads the environment implicitly: `LabConfig.from_env()` applies the sweep
 overrides (`NWOR_LAB_NWOR_MODE`, `NWOR_LAB_SCV_MODE`, `NWOR_LAB_BACKEND`, `NWOR_LAB_ATTENTION`,
-`NWOR_LAB_KV_RING`, `NWOR_LAB_STATE_MODE`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_TREE`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`,
-`NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
+`NWOR_LAB_KV_RING`, `NWOR_LAB_STATE_MODE`, `NWOR_LAB_SLIDING_WINDOW`, `NWOR_LAB_TREE`, `NWOR_LAB_PREFIX_CACHE`,
+`NWOR_LAB_PREEMPTION`, `NWOR_LAB_DEBUG`, `NWOR_LAB_VALIDATE`, `NWOR_LAB_CUDA_GRAPH`) on top of explicit values, so a notebook always sees the state it runs with.
 """
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ KV_LAYOUTS = ("NHD", "HND", "VLLM_CPU")                # the cache layouts of nw
 STATE_MODES = ("auto", "off", "snapshots", "cow", "replay", "stage")
 # How a sliding-window cache is kept (LabConfig.kv_ring; nwor_lab.kv.ring has the arithmetic):
 KV_RINGS = ("auto", "ring", "slack", "full", "guard")
+# What the engine does with a request whose blocks it takes away (nwor_lab.engine.preemption reads
+# these; LabConfig.preemption):
+PREEMPTION_MODES = ("recompute", "swap")
+# The keys of LabConfig.prefix_cache, in their canonical order (nwor_lab.engine.prefix_settings
+# .PrefixCacheConfig's fields: it holds the defaults and checks the strategy names, which live in
+# registries above config); host_blocks is a count, the others are names.
+PREFIX_CACHE_KEYS = ("head_cache", "lookahead", "host_blocks", "offload")
 
 
 class Names:
@@ -136,6 +143,16 @@ class LabConfig:
         (EAGLE-2's dynamic tree: expand the top-K children of the frontier for D levels, keep the best N
         nodes) or "paths=0|1|0.0|0.1" (a static tree: each path lists child ranks from t_last). Parsed
         and checked here (`tree_shape`); stored in its canonical spelling.
+    prefix_cache: committed blocks outlive their request and a new prompt reuses them
+        (nwor_lab.engine.prefix): "" (off), "on" (the defaults of `PrefixCacheConfig`), or some of
+        "head_cache=cached,lookahead=boundary,host_blocks=64,offload=target_head" (the rest default).
+        The form is checked here (`prefix_cache_settings`), the strategy names when the engine is
+        built (they live in the engine's registries). `SpecEngine(prefix_cache=PrefixCacheConfig(...))`
+        wins over this field left at "", and a different non-empty field is refused, naming both.
+    preemption: when a step's blocks do not fit, the newest request is preempted by `recompute`
+        (free its blocks, prefill again) or `swap` (its blocks to host memory and back)
+        (nwor_lab.engine.preemption). `SpecEngine(preemption=Preemption(...))` wins over this field
+        left at "recompute", and a different one is refused, naming both.
     debug:     log each window's lifecycle and assert committed == accepted every window; with a
         sliding window, name any read of a ring slot that no longer holds the position read.
     validate:  check slot ranges and mask shapes on the host (a device sync on GPU); skipped
@@ -154,6 +171,8 @@ class LabConfig:
     kv_ring: str = "auto"
     state_mode: str = "auto"
     tree: str = ""
+    prefix_cache: str = ""
+    preemption: str = "recompute"
     debug: bool = False
     validate: bool = True
     capture_at_start: bool = True
@@ -161,7 +180,7 @@ class LabConfig:
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
                                ("attention", ATTENTION_BACKENDS), ("kv_ring", KV_RINGS),
-                               ("state_mode", state_modes())):
+                               ("state_mode", state_modes()), ("preemption", PREEMPTION_MODES)):
             value = getattr(self, field)
             if value not in allowed:
                 raise ValueError(f"LabConfig.{field}={value!r}: choose one of {', '.join(allowed)}")
@@ -172,6 +191,8 @@ class LabConfig:
         object.__setattr__(self, "sliding_window", w.__index__())
         shape = parse_tree("LabConfig.tree", self.tree)
         object.__setattr__(self, "tree", "" if shape is None else shape.spelling)
+        object.__setattr__(self, "prefix_cache", prefix_cache_spelling(
+            parse_prefix_cache("LabConfig.prefix_cache", self.prefix_cache)))
         for f in dataclasses.fields(self):      # every switch: a real bool ('no' and 'false' are truthy)
             value = getattr(self, f.name)
             if f.type in ("bool", bool) and not isinstance(value, bool):
@@ -183,6 +204,11 @@ class LabConfig:
     def tree_shape(self) -> "TreeShape | None":
         """The parsed `tree` (None: chains)."""
         return parse_tree("LabConfig.tree", self.tree)
+
+    @property
+    def prefix_cache_settings(self) -> "dict | None":
+        """The parsed `prefix_cache`: the keys given, {key: value} (None: off; {}: every default)."""
+        return parse_prefix_cache("LabConfig.prefix_cache", self.prefix_cache)
 
     def replace(self, **changes) -> "LabConfig":
         return dataclasses.replace(self, **changes)
@@ -204,9 +230,9 @@ class LabConfig:
         for var, field in ENV_BOOLS:
             if var in env:
                 changes[field] = parse_bool(var, env[var])
-        for var, field in ENV_TEXT:
+        for var, field, parse in ENV_TEXT:
             if var in env:
-                parse_tree(f"LabConfig.{field} (from {var})", env[var])
+                parse(f"LabConfig.{field} (from {var})", env[var])
                 changes[field] = env[var].strip()
         for var, field in ENV_INTS:
             if env.get(var, "").strip():
@@ -235,10 +261,13 @@ ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_M
                ("NWOR_LAB_BACKEND", "backend", lambda: BACKENDS),
                ("NWOR_LAB_ATTENTION", "attention", lambda: ATTENTION_BACKENDS),
                ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS),
-               ("NWOR_LAB_STATE_MODE", "state_mode", state_modes))
+               ("NWOR_LAB_STATE_MODE", "state_mode", state_modes),
+               ("NWOR_LAB_PREEMPTION", "preemption", lambda: PREEMPTION_MODES))
 ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
 ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
-ENV_TEXT = (("NWOR_LAB_TREE", "tree"),)      # parsed by the field's own parser (parse_tree)
+# text fields, each parsed by the field's own parser: (variable, field, parser(name, text))
+ENV_TEXT = (("NWOR_LAB_TREE", "tree", lambda name, text: parse_tree(name, text)),
+            ("NWOR_LAB_PREFIX_CACHE", "prefix_cache", lambda name, text: parse_prefix_cache(name, text)))
 
 
 @dataclass(frozen=True)
@@ -304,6 +333,45 @@ def parse_tree(name: str, text) -> TreeShape | None:
         raise ValueError(f"{name}={text!r}: topk={k}, depth={d} propose at most {k + (d - 1) * k * k} nodes, "
                          f"not {n}; lower nodes or raise depth / topk")
     return TreeShape(topk=k, depth=d, nodes=n)
+
+
+PREFIX_CACHE_HELP = ('give "" (off), "on" (the defaults) or comma-separated key=value pairs of '
+                     + ", ".join(PREFIX_CACHE_KEYS) + ' (e.g. "head_cache=cached,lookahead=boundary,host_blocks=64,'
+                     'offload=target_head"; host_blocks an integer >= 0, the others names)')
+
+
+def parse_prefix_cache(name: str, text) -> dict | None:
+    """`LabConfig.prefix_cache` text -> {key: value} of the keys given (None: off; {}: "on", every
+    default), host_blocks as an int. Only the form is checked here; the strategy names are checked
+    by `PrefixCacheConfig` when the engine is built (their registries sit above config)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name}={text!r}: expected a string; {PREFIX_CACHE_HELP}")
+    t = text.strip().replace(" ", "").lower()
+    if t in ("", "off"):
+        return None
+    if t == "on":
+        return {}
+    given = {}
+    for part in t.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or not value or key not in PREFIX_CACHE_KEYS:
+            raise ValueError(f"{name}={text!r}: cannot read {part!r}; {PREFIX_CACHE_HELP}")
+        if key in given:
+            raise ValueError(f"{name}={text!r}: {key} is given twice")
+        if key == "host_blocks":
+            if not value.isdigit():
+                raise ValueError(f"{name}={text!r}: host_blocks={value!r}: a number of host block slots, an "
+                                 f"integer >= 0 (0: no host tier)")
+            value = int(value)
+        given[key] = value
+    return {k: given[k] for k in PREFIX_CACHE_KEYS if k in given}
+
+
+def prefix_cache_spelling(settings: dict | None) -> str:
+    """The canonical `LabConfig.prefix_cache` text of parsed settings (None: "", {}: "on")."""
+    if settings is None:
+        return ""
+    return ",".join(f"{k}={settings[k]}" for k in PREFIX_CACHE_KEYS if k in settings) or "on"
 
 
 # -- scalar argument checks, shared by the engine and the CLI ------------------------------------

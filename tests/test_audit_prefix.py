@@ -106,7 +106,7 @@ def test_a_registered_block_that_differs_from_target_only_is_named(pair):
     assert f.detail["max_abs_diff"] > report.run["tolerance"] >= report.run["noise_floor"]
 
 
-@pytest.mark.parametrize("argv, says", [(["--head-cache", "missing"], "needs --prefix-cache"),
+@pytest.mark.parametrize("argv, says", [(["--head-cache", "missing"], "add --prefix-cache"),
                                         (["--prefix-cache", "--lookahead", "nope"], "choose from drop_last, boundary"),
                                         (["--preemption", "nope"], "choose from recompute, swap")])
 def test_cli_refuses_bad_strategy_names(capsys, argv, says):

@@ -3,8 +3,9 @@
 - a cache too small for the batch decodes by preempting, and every request's tokens equal the run
   with a big cache (and target-only's), greedy, under every write policy, with and without a head;
 - swap copies a request's blocks (every layer) out and back bit for bit;
-- T > 0: the engine has one generator, so a preempted run draws in another order than an unpreempted
-  one; what is exact is the same seed and schedule giving the same tokens under every write policy;
+- T > 0 without per-request generators: the engine's one generator makes a preempted run draw in
+  another order than an unpreempted one; what is exact is the same seed and schedule giving the same
+  tokens under every write policy (seeded requests across preemption: tests/test_preemption_seeded.py);
 - abort of a waiting or running request, between steps and at every phase of a verify window;
   after it every live request's committed K/V (target layers and the head's) is target-only's.
 """

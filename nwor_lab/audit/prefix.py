@@ -160,7 +160,9 @@ class ReferenceBlocks:
         from nwor_lab.engine.prefix import PrefixCacheConfig
         longest = _maximal(prefixes, block_size)
         need = sum(len(p) // block_size + 2 for p in longest) + 1
-        self.engine = SpecEngine(target, None, config, k=0, block_size=block_size, num_blocks=need, max_num_seqs=1,
+        # its own prefix cache, never the audited engine's LabConfig.prefix_cache (a keyword contradicting a set field is refused)
+        self.engine = SpecEngine(target, None, config.replace(prefix_cache=""), k=0, block_size=block_size,
+                                 num_blocks=need, max_num_seqs=1,
                                  max_num_batched_tokens=max([len(p) for p in longest] + [1024]),
                                  prefix_cache=PrefixCacheConfig())
         for p in longest:
@@ -207,7 +209,8 @@ def head_reference(target, head, config, k: int, hits: dict[int, dict], block_si
         return {}
     items = sorted(hits.items())
     need = sum(len(s["tokens"]) // block_size + k // block_size + 3 for _, s in items) + 1
-    e = SpecEngine(target, head, config, k=k, block_size=block_size, num_blocks=need, max_num_seqs=len(items),
+    e = SpecEngine(target, head, config.replace(prefix_cache=""), k=k, block_size=block_size, num_blocks=need,
+                   max_num_seqs=len(items),
                    max_num_batched_tokens=max(1024, sum(len(s["tokens"]) for _, s in items)))
     reqs = [(req_id, s["h"], e.add_request(s["tokens"], 2)) for req_id, s in items]
     e.step()           # the prefill (one token emitted each, so every request still holds its blocks)

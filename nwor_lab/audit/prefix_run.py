@@ -71,7 +71,9 @@ def audit_conversations(config: LabConfig | None, pair, conv: Conversations, max
     turns = run_closed_loop(engine, conv, max_new_tokens)
 
     # target-only: the same closed loop (its tokens; its decoded blocks give the noise floor)
-    only = SpecEngine(pair.target, None, config, k=0, num_blocks=default_num_blocks(conv, max_new_tokens, 0, block_size),
+    # (its own prefix cache, never the audited engine's LabConfig.prefix_cache: see _target_only_cache)
+    only = SpecEngine(pair.target, None, config.replace(prefix_cache=""), k=0,
+                      num_blocks=default_num_blocks(conv, max_new_tokens, 0, block_size),
                       prefix_cache=_target_only_cache(engine), **common)
     ref_turns = run_closed_loop(only, conv, max_new_tokens)
     floor, tol = 0.0, DEFAULT_TOLERANCE if tolerance is None else float(tolerance)

@@ -19,6 +19,7 @@ import json
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.environment import check_device_arg, lab_config
 from nwor_lab.commandline.errors import UsageError, flag_names
+from nwor_lab.commandline.generate_flags import block_config
 from nwor_lab.config import KV_RINGS, nwor_modes, state_modes
 
 MODELS = ("tiny", "hybrid", "toy-hybrid")     # nwor_lab.audit.models.MODELS (kept torch-free here)
@@ -93,6 +94,7 @@ def run(args) -> int:
         raise UsageError(f"--kv-ring {args.kv_ring}: a ring needs --sliding-window W > 0")
     cfg = lab_config(nwor_mode=args.nwor_mode, state_mode=args.state_mode, sliding_window=args.sliding_window,
                      kv_ring=args.kv_ring)
+    cfg = block_config(args, cfg)       # prefix caching and preemption: LabConfig fields (flags over NWOR_LAB_*)
     device = check_device_arg("--device", args.device)
     from nwor_lab.audit import load_pair, table_rows
     from nwor_lab.audit.report import divergence_text
@@ -100,7 +102,7 @@ def run(args) -> int:
     if args.state_mode != "auto" and not hasattr(pair.target, "state_spec"):
         raise UsageError(f"--state-mode {args.state_mode}: --model {args.model} has no recurrent state; "
                          f"use --model hybrid (or leave --state-mode auto)")
-    if conversation_mode(args):
+    if conversation_mode(args, cfg):
         report = run_conversations(args, cfg, pair)
     else:
         report = run_prompts(args, cfg, pair)
@@ -118,27 +120,18 @@ def run(args) -> int:
     return 0
 
 
-def conversation_mode(args) -> bool:
-    """The multi-turn workload: prefix caching, preemption or a cache size asked for."""
-    if not args.prefix_cache and (args.head_cache or args.lookahead):
-        raise UsageError(f"--{'head-cache' if args.head_cache else 'lookahead'}: a prefix-cache strategy needs "
-                         f"--prefix-cache")
-    return bool(args.prefix_cache or args.preemption or args.num_blocks)
+def conversation_mode(args, cfg) -> bool:
+    """The multi-turn workload: prefix caching, preemption or a cache size asked for (by a flag or
+    NWOR_LAB_PREFIX_CACHE / NWOR_LAB_PREEMPTION, in `cfg`)."""
+    return bool(cfg.prefix_cache or args.preemption or cfg.preemption != "recompute" or args.num_blocks)
 
 
 def run_conversations(args, cfg, pair):
     from nwor_lab.audit.conversations import conversations
     from nwor_lab.audit.prefix_run import audit_conversations
-    from nwor_lab.engine.preemption import Preemption
-    from nwor_lab.engine.prefix import PrefixCacheConfig
-    prefix = None
-    if args.prefix_cache:
-        given = {name: v for name, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v}
-        prefix = PrefixCacheConfig(**given)
     conv = conversations(pair, args.conversations, args.turns, args.system_tokens)
     try:
-        return audit_conversations(cfg, pair, conv, args.max_new_tokens, k=args.k, prefix_cache=prefix,
-                                   preemption=Preemption(args.preemption) if args.preemption else None,
+        return audit_conversations(cfg, pair, conv, args.max_new_tokens, k=args.k,     # the engine reads cfg's
                                    num_blocks=args.num_blocks, block_size=args.block_size,
                                    max_num_seqs=args.max_num_seqs)
     except (ValueError, TypeError, MemoryError) as err:        # an engine limit: say it with the flags

@@ -14,7 +14,7 @@ import platform
 import shutil
 import subprocess
 
-from nwor_lab.config import BACKENDS, ENV_BOOLS, ENV_CHOICES, ENV_INTS, parse_bool
+from nwor_lab.config import BACKENDS, ENV_BOOLS, ENV_CHOICES, ENV_INTS, ENV_TEXT, parse_bool
 
 # Every NWOR_LAB_* variable something in the lab reads (config, the extension build, tests);
 # a command that reads a new one adds it here, or doctor reports it as ignored.
@@ -80,7 +80,18 @@ def settings_report(cli_backend: str | None = None, environ=None) -> tuple[dict,
             status = "invalid: expected an integer >= 0"
             problems.append(f"{var}={env[var]!r}: {status}; commands that read it will refuse to run")
         settings[var] = {"value": env[var], "status": status}
-    known = ({v for v, _, _ in ENV_CHOICES} | {v for v, _ in ENV_BOOLS} | {v for v, _ in ENV_INTS} | set(BUILD_VARS)
+    for var, field, parse in ENV_TEXT:          # each text field read by its own parser, as from_env does
+        if var not in env:
+            continue
+        status = f"sets LabConfig.{field}"
+        try:
+            parse(var, env[var])
+        except (ValueError, TypeError) as err:
+            status = "invalid"
+            problems.append(f"{err}; commands that read it will refuse to run")
+        settings[var] = {"value": env[var], "status": status}
+    known = ({v for v, _, _ in ENV_CHOICES} | {v for v, _ in ENV_BOOLS} | {v for v, _ in ENV_INTS}
+             | {v for v, _, _ in ENV_TEXT} | set(BUILD_VARS)
              | set(OTHER_VARS))
     for var in sorted(env):
         if var.startswith("NWOR_LAB_") and var not in known:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nwor_lab.commandline.environment import check_backend_arg, check_device_arg, lab_config
 from nwor_lab.commandline.errors import EXIT_INTERRUPTED, UsageError, flag_names, interrupted_exit_code, run
-from nwor_lab.commandline.generate_flags import (FLAGS, SEPARATOR, block_options, blocks_line, exit_status, parser,
+from nwor_lab.commandline.generate_flags import (FLAGS, SEPARATOR, block_config, blocks_line, exit_status, parser,
                                                 stats_line)
 
 
@@ -101,9 +101,11 @@ def cli_generate(argv=None) -> int:
                          f"tokenizer.json)")
     device = check_device_arg("--device", args.device)
     check_backend_arg(cfg, device)
-    blocks = block_options(args)        # prefix caching and preemption: engine keywords, not LabConfig
+    cfg = block_config(args, cfg)       # prefix caching and preemption: LabConfig fields (flags over NWOR_LAB_*)
+    blocks = [flag for flag, on in (("--prefix-cache", cfg.prefix_cache), ("--preemption",
+                                                                          cfg.preemption != "recompute")) if on]
     if args.tp > 1 and blocks:
-        raise UsageError(f"--{next(iter(blocks)).replace('_', '-')}: not with --tp > 1 (the tensor-parallel "
+        raise UsageError(f"{blocks[0]} (or its NWOR_LAB_* variable): not with --tp > 1 (the tensor-parallel "
                          f"ranks build their engines without prefix caching or a preemption mode)")
     if args.tp > 1:                # the ranks load and run the model themselves
         from nwor_lab.cli.generate_tp import cli_generate_tp
@@ -118,7 +120,7 @@ def cli_generate(argv=None) -> int:
                       temperature=args.temperature, seed=args.seed, device=device, stop_at_eos=args.stop_at_eos,
                       cache_dtype=args.cache_dtype, num_blocks=args.num_blocks, block_size=args.block_size,
                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                      max_cache_memory=args.max_cache_memory, truncate_prompts=args.truncate_prompt, **blocks)
+                      max_cache_memory=args.max_cache_memory, truncate_prompts=args.truncate_prompt)
     except (ValueError, TypeError, MemoryError) as err:      # an engine limit: say it with the flags
         raise UsageError(flag_names(str(err), FLAGS)) from err
 

@@ -28,7 +28,7 @@ import sys
 
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import PROG, LabArgumentParser, UsageError
-from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, SCV_MODES, nwor_modes, state_modes
+from nwor_lab.config import CACHE_DTYPE_NAMES, KV_RINGS, PREEMPTION_MODES, SCV_MODES, nwor_modes, state_modes
 
 SEPARATOR = "-" * 60
 
@@ -42,7 +42,6 @@ FLAGS = {"max_new_tokens": "--max-new-tokens", "max_num_seqs": "--max-num-seqs",
 
 
 def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    from nwor_lab.engine.preemption import PREEMPTION_MODES
     from nwor_lab.engine.prefix import HEAD_CACHES, LOOKAHEADS
     p = p or LabArgumentParser(prog=prog, description="Speculative decoding with the shipped tiny Llama + EAGLE "
                                                       "head. " + __doc__.split("\n\n")[1].replace("\n", " "))
@@ -99,7 +98,8 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                         help="keep each prompt's last tokens that fit the model's positions instead of failing")
     blocks = p.add_argument_group("blocks that outlive a request")
     blocks.add_argument("--prefix-cache", action="store_true",
-                        help="share committed blocks across requests (a prompt's cached prefix is not prefilled again)")
+                        help="share committed blocks across requests (a prompt's cached prefix is not prefilled again; "
+                             "default: NWOR_LAB_PREFIX_CACHE, which can also set the strategies and a host tier)")
     blocks.add_argument("--head-cache", choices=tuple(HEAD_CACHES), default=None, metavar="NAME",
                         help=f"with --prefix-cache, what the draft head's K/V of a hit holds: {', '.join(HEAD_CACHES)} "
                              f"(default cached)")
@@ -108,7 +108,8 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
                              f"(default boundary)")
     blocks.add_argument("--preemption", choices=PREEMPTION_MODES, default=None,
                         help="when the KV cache runs out, preempt the newest request: recompute (free its blocks, "
-                             "prefill again; default) or swap (copy its blocks to host memory and back)")
+                             "prefill again; default, or NWOR_LAB_PREEMPTION) or swap (copy its blocks to host memory "
+                             "and back)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     out.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
@@ -117,21 +118,26 @@ def parser(prog: str = f"{PROG} generate", p: argparse.ArgumentParser | None = N
     return p
 
 
-def block_options(args) -> dict:
-    """`prefix_cache` and `preemption` for the engine from the flags (absent ones: the engine's
-    defaults); --head-cache / --lookahead without --prefix-cache are refused (UsageError)."""
-    from nwor_lab.engine.preemption import Preemption
-    from nwor_lab.engine.prefix import PrefixCacheConfig
+def block_config(args, cfg):
+    """`cfg` (a LabConfig, NWOR_LAB_* applied) with prefix caching and preemption from the flags: a
+    flag wins over NWOR_LAB_PREFIX_CACHE / NWOR_LAB_PREEMPTION; --head-cache / --lookahead add to
+    the prefix cache's settings and need it on (--prefix-cache or NWOR_LAB_PREFIX_CACHE), else a
+    UsageError. The engine reads both fields (nwor_lab.engine.block_settings)."""
+    from nwor_lab.config import prefix_cache_spelling
     strategies = {f: v for f, v in (("head_cache", args.head_cache), ("lookahead", args.lookahead)) if v is not None}
-    if strategies and not args.prefix_cache:
+    settings = cfg.prefix_cache_settings
+    if args.prefix_cache and settings is None:
+        settings = {}
+    if strategies and settings is None:
         flag = "--" + next(iter(strategies)).replace("_", "-")
         raise UsageError(f"{flag}: a prefix-caching strategy; add --prefix-cache")
-    out = {}
-    if args.prefix_cache:
-        out["prefix_cache"] = PrefixCacheConfig(**strategies)
-    if args.preemption is not None:
-        out["preemption"] = Preemption(args.preemption)
-    return out
+    if settings is not None:
+        settings = {**settings, **strategies}
+    try:
+        return cfg.replace(prefix_cache=prefix_cache_spelling(settings),
+                           preemption=args.preemption if args.preemption is not None else cfg.preemption)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def blocks_line(summary: dict) -> str | None:

@@ -67,8 +67,8 @@ class AgreedDrafter(Drafter):
     def wrapping(cls, drafter: Drafter, group: TPGroup) -> "AgreedDrafter":
         return cls(drafter.head, drafter.policy, drafter.k, drafter.temperature, drafter.generator, group)
 
-    def propose(self, g: torch.Tensor):
-        ids, probs = super().propose(g)
+    def propose(self, g: torch.Tensor, generators: dict | None = None):
+        ids, probs = super().propose(g, generators)
         return self.group.broadcast_(ids.contiguous(), src=0), probs
 
 

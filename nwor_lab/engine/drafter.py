@@ -29,10 +29,11 @@ class Drafter:
         self.head, self.policy = head, policy
         self.k, self.temperature, self.generator = k, temperature, generator
 
-    def propose(self, g: torch.Tensor):
-        """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy)."""
+    def propose(self, g: torch.Tensor, generators: dict | None = None):
+        """Head outputs `[n, h]` -> (draft ids `[n]`, draft probs `[n, V]` or None when greedy).
+        `generators` {row: torch.Generator}: rows of requests with their own stream (eager steps only)."""
         logits = self.head.compute_logits(g)
         if self.temperature == 0:           # argmax of the model's dtype: no float copy of [n, V]
             return logits.argmax(-1), None
         q = torch.softmax(logits.float() / self.temperature, -1)
-        return sample_from_probs(q, self.generator), q
+        return sample_from_probs(q, self.generator, generators=generators), q

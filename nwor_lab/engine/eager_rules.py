@@ -37,8 +37,9 @@ EAGER_RULES = (
      "debug=True checks every step on the host: every step runs eagerly (debug=False replays graphs)"),
     (lambda e, runner, capture: bool(e.observers),
      "observers see every phase of every window on the host: every step runs eagerly (detach them to replay graphs)"),
-    # T > 0 is not here: the sampler and the drafter draw from `engine.generator` only, which every
-    # capture registers (`StepRunner.rng_generators`), never from per-request generators
+    # T > 0 is not here: captured steps draw from `engine.generator` only, which every capture
+    # registers (`StepRunner.rng_generators`); per-request generators are refused on an engine that
+    # captures (`request.check_request_generator`), so no captured step meets one
     (lambda e, runner, capture: e.states is not None and (bool(e.states.capture_off)
                                                           or not e.states.fits_device_layout(e.k + 1)),
      _state_reason),

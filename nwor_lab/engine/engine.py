@@ -38,12 +38,13 @@ import torch
 
 from nwor_lab._checks import check_backend_device
 from nwor_lab.config import LabConfig, check_int, check_temperature
+from nwor_lab.engine.block_settings import preemption_for, prefix_cache_for, settled_config
 from nwor_lab.engine.choices import Choices
 from nwor_lab.engine.drafter import Drafter
 from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.prefix import PrefixCacheConfig, PrefixCaching
 from nwor_lab.engine.preemption import Lifecycle, Preemption, PreemptionStats, check_preemption
-from nwor_lab.engine.request import Request, check_prompt, fit_context
+from nwor_lab.engine.request import Request, check_prompt, check_request_generator, fit_context
 from nwor_lab.engine.runner import StepRunner, can_capture
 from nwor_lab.engine.scheduler import Scheduler
 from nwor_lab.engine.trace import WindowTrace
@@ -79,6 +80,11 @@ class SpecEngine:
         # the config checked and its names looked up once (`prepare` hands its Choices down)
         choices = Choices.of(config)
         self.config, policy_cls = choices.config, choices.policy
+        # prefix caching and preemption: LabConfig fields or keyword objects, decided once here (which
+        # wins, and the contradiction refused: nwor_lab.engine.block_settings); self.config spells what runs
+        prefix_cache = prefix_cache_for(self.config, prefix_cache)
+        preemption = preemption_for(self.config, preemption)
+        self.config = settled_config(self.config, prefix_cache, preemption)
         k = check_int("k", k, 0)
         self.k = k if head is not None else 0
         # draft trees (LabConfig.tree): only with a head and k > 0 (k = 0 decodes target-only, as with
@@ -119,7 +125,7 @@ class SpecEngine:
         self.scheduler = Scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
                                    self.window_kind.lookahead,
                                    ring_slots=self.sliding.ring_slots if self.sliding else None)
-        self.lifecycle = Lifecycle(self, check_preemption(preemption))
+        self.lifecycle = Lifecycle(self, preemption)
         self.observers: list = []          # shared with both policies: see the module docstring
         # debug on a sliding window: which position each slot holds, every cache read checked
         self.ledger = RingLedger(self.cache, self.sliding) if self.sliding and self.config.debug else None
@@ -141,6 +147,7 @@ class SpecEngine:
             self.states = make_state_policy(state_config, store)
             self.free_state_slots = list(range(max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.seeded = False        # whether any request brought its own generator (add_request)
         # forced acceptance (benchmarks on random weights): drafts accepted by a profile, not the target
         self.acceptance = acceptance if self.k else None
         # its tables made once, on the device, in the window kind's form (checked now)
@@ -172,13 +179,21 @@ class SpecEngine:
         return self.drafter is not None and self.k > 0
 
     def add_request(self, prompt: list[int], max_new_tokens: int, *, truncate: bool = False,
-                    name: str = "prompt") -> Request:
+                    name: str = "prompt", generator: torch.Generator | None = None) -> Request:
         """Queue `prompt` (token ids in the model's vocabulary) for `max_new_tokens` tokens. Prompt +
         new tokens must fit the model's `max_model_len` positions; `truncate` keeps the prompt's last
-        tokens that fit instead of raising. Nothing is queued when this raises."""
+        tokens that fit instead of raising. Nothing is queued when this raises.
+
+        `generator`: the request's own random stream at T > 0 (vLLM's per-request seed): its drafts and
+        its acceptance draw from it alone, so its tokens do not depend on what else runs beside it, nor
+        on a preemption (`check_request_generator`: refused with trees, forced acceptance and CUDA graphs)."""
+        check_request_generator(self, generator)
         ids = check_prompt(name, prompt, self.vocab_size)
         ids = fit_context(name, ids, max_new_tokens, self.max_model_len, truncate)
         req = self.scheduler.add(ids, max_new_tokens)
+        if generator is not None:
+            req.generator = generator
+            self.seeded = True
         if self.acceptance is not None:
             # forced acceptance keys on the prompt, not the request id: the same prompt is accepted
             # alike in every run and engine (a benchmark's repeats replay the same steps)
@@ -256,6 +271,7 @@ class SpecEngine:
     @preemption.setter
     def preemption(self, value: Preemption) -> None:
         self.lifecycle.preemption = check_preemption(value)
+        self.config = self.config.replace(preemption=value.mode)      # the printed config stays what runs
 
     @property
     def preemption_stats(self) -> PreemptionStats:

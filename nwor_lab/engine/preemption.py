@@ -14,7 +14,11 @@ scheduler preempts the newest running request (vLLM's order) in one of two modes
                it continues with its drafts, as if it had never been preempted
 
 A request whose re-prefill would overwrite its own sliding-window ring positions (prompt + output
-longer than the ring) is swapped even under `recompute` (`PreemptionStats.swapped_for_budget`).
+longer than the ring) is swapped even under `recompute` (`PreemptionStats.swapped_for_budget`), and
+so is a request with its own generator at T > 0 (`swapped_for_seed`): swapped, it verifies the drafts
+it drew and draws on from its stream as if never preempted, so its tokens are its seed's (a re-prefill
+would sample its next token from a prefill row, another order of draws). A hybrid target's request
+preempted mid-window is recomputed whatever its generator: its seeded stream then differs.
 The engine's side of all this is `Lifecycle` (`engine.lifecycle`); the scheduler's is its
 `step_blocks` / `preempt` and the `on_preempt` / `on_resume` hooks.
 
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-PREEMPTION_MODES = ("recompute", "swap")
+from nwor_lab.config import PREEMPTION_MODES   # the names LabConfig.preemption accepts (one home)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class PreemptionStats:
     swapped_out_bytes: int = 0      # bytes copied to host memory (K/V of every layer, state slot)
     swapped_in_bytes: int = 0       # bytes copied back
     swapped_for_budget: int = 0     # recompute preemptions swapped instead (re-prefill longer than its ring)
+    swapped_for_seed: int = 0       # recompute preemptions swapped instead (a request with its own generator)
     dropped_windows: int = 0        # open windows of preempted or aborted requests, committed as nothing
     aborted: int = 0
 
@@ -288,12 +293,19 @@ class Lifecycle:
         e, stats = self.engine, self.stats
         stats.preemptions += 1
         r.preemptions += 1
-        swap = self.preemption.mode == "swap" or self.recompute_too_long(r)
+        # a request with its own generator is swapped even under recompute: a re-prefill would sample
+        # its next token from a prefill row, drawing from its stream in another order than the window
+        # it was drafting for, so its tokens would no longer be its seed's
+        seeded = r.generator is not None and e.temperature > 0
+        swap = self.preemption.mode == "swap" or self.recompute_too_long(r) or seeded
         if e.states is not None and self._mid_window:
             swap = False        # its state slot went past t_last with the dropped window
         if swap and r.num_computed > 0:
             if self.preemption.mode != "swap":
-                stats.swapped_for_budget += 1
+                if self.recompute_too_long(r):
+                    stats.swapped_for_budget += 1
+                else:
+                    stats.swapped_for_seed += 1
             store = e.states.store if e.states is not None else None
             r.swapped = swap_out(e.cache, r.block_table.blocks, store, r.state_slot)
             if e.ledger is not None:        # debug: the ring ledger's positions move with the bytes

@@ -84,6 +84,7 @@ class Request:
     acceptance_key: int = 0                               # forced acceptance: a hash of the prompt
     state_slot: int | None = None                         # a hybrid target's recurrent-state slot
     swapped: object | None = None                         # its stores in host memory while swapped out
+    generator: torch.Generator | None = None              # its own random stream at T > 0 (per-request seed)
     preemptions: int = 0                                  # times it was preempted
     aborted: bool = False                                 # engine.abort(): its tokens so far stay
     chunk: int | None = None                              # the most prefill tokens this step (the scheduler's)
@@ -131,3 +132,28 @@ class Request:
         end = start + len(toks) - n
         tokens = self.tokens
         return tokens[end] if end < len(tokens) else -1
+
+
+def check_request_generator(engine, generator) -> None:
+    """Refuse a per-request `generator` the engine cannot honour, by name: not a torch.Generator, on
+    another device, a tree window (its acceptance draws from the engine's generator only), forced
+    acceptance (its uniforms come from the prompt's key), or steps captured in CUDA graphs (which rows
+    redraw is a host decision each step; `LabConfig(cuda_graph=False)` keeps them eager). The CUDA
+    path of per-request generators is untested here (no GPU where this was written)."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator (e.g. torch.Generator().manual_seed(7)) or None, "
+                        f"got {type(generator).__name__}")
+    if generator.device.type != engine.device.type:
+        raise ValueError(f"generator: on {generator.device}, the engine runs on {engine.device}; make it there "
+                         f"(torch.Generator({str(engine.device)!r}))")
+    if engine.tree is not None:
+        raise ValueError(f"generator: per-request generators with LabConfig.tree={engine.config.tree!r} are not "
+                         f"built (a tree's acceptance draws from the engine's generator); use chains (tree='')")
+    if engine.acceptance is not None:
+        raise ValueError("generator: per-request generators with forced acceptance: its drafts are accepted by "
+                         "the prompt's key, not drawn; leave generator=None")
+    if engine.runner.capture:
+        raise ValueError("generator: per-request generators cannot run in captured steps (which rows redraw is "
+                         "decided on the host each step); build the engine with LabConfig(cuda_graph=False)")

@@ -47,7 +47,7 @@ def accept_rows(e, inp, w, hidden):
     # the logits stay in the model's dtype: greedy takes one argmax of them, T > 0 upcasts in the sampler
     logits = e.target.compute_logits(hidden[inp.rows_logits])
     sampled = rejection_sample(inp.spec, inp.draft_probs, logits, temperature=e.temperature, generator=e.generator,
-                               **_forced(e, inp))                                    # [B, k + 1]
+                               generators=seeded_rows(e, inp), **_forced(e, inp))   # [B, k + 1]
     acceptance = e.scv.accept(w, sampled, max_spec_len=inp.k)
     if e.config.debug:
         check_against_sampler(w, acceptance, sampled, e.config.scv_mode)
@@ -101,6 +101,20 @@ def step_drafts(requests, limits: list[int]) -> int:
     return max([len(r.drafts) for r in requests] + list(limits), default=0)
 
 
+def seeded_rows(e, inp, counts: torch.Tensor | None = None, step: int = 0) -> dict | None:
+    """{row: generator} of the step's requests with their own generator (`add_request(generator=)`),
+    None when none has one or T = 0. With `counts` (the chain's drafts per row), only rows that
+    draft at chain `step`: a request draws from its stream exactly what its own window needs, never
+    what its batch neighbours' drafts need (one host read of `counts`; such steps are eager)."""
+    if e.temperature == 0 or not e.seeded:
+        return None
+    rows = {r: req.generator for r, req in enumerate(inp.host["requests"]) if req.generator is not None}
+    if counts is not None and rows:
+        n = counts.tolist()
+        rows = {r: g for r, g in rows.items() if n[r] > step}
+    return rows or None
+
+
 # -- the draft chain -------------------------------------------------------------------------------
 def _forced(e, inp) -> dict:
     """Forced acceptance: each draft's u from its request's key and position (padding drafts are
@@ -121,7 +135,7 @@ def drafts_allowed(e, base: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.clamp(s.ring_slots - 1 - base, min=s.ring_slots - s.size), max=e.k)
 
 
-def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, features: torch.Tensor):
+def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, features: torch.Tensor, inp=None):
     """Drafts d_1..d_k of every request from the head's features at its last kept row: the first
     from the features, the rest from k - 1 head passes in the draft policy's window.
     -> (drafts [B, k] int64, -1 past `counts[j]`; probabilities [B, k, V] or None when greedy)."""
@@ -129,7 +143,7 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
     head, pol, k = e.head, e.drafter.policy, chain.k
     chain.place(e, base, counts)
     g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
-    token, q = e.drafter.propose(g)
+    token, q = e.drafter.propose(g, seeded_rows(e, inp, counts, 0) if inp is not None else None)
     drafts, probs = [token], [q]
     # Capture forbids branching on a device value: a captured chain runs its k - 1 passes with every
     # row padding when nobody drafts twice (the host traces none); an eager one reads the counts
@@ -139,7 +153,7 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
         pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
         for s in range(1, k):
             g = head(drafts[-1], g, chain.steps[s - 1])
-            token, q = e.drafter.propose(g)
+            token, q = e.drafter.propose(g, seeded_rows(e, inp, counts, s) if inp is not None else None)
             drafts.append(token)
             probs.append(q)
         pol.commit(chain.reject)
@@ -231,7 +245,7 @@ class ChainKind:
     def draft(self, e, inp, base, live, features):
         """-> ([drafts [B, k]], probabilities [B, k, V] or None)."""
         counts = torch.where(live, torch.minimum(drafts_allowed(e, base), inp.draft_limit), 0)
-        drafts, probs = draft_chain(e, inp.chain, base, counts, features)
+        drafts, probs = draft_chain(e, inp.chain, base, counts, features, inp)
         return [drafts], probs
 
     def unpack(self, inp, rows):
