@@ -13,16 +13,22 @@ The pieces (`PIECES`, in the order a step meets them):
                     offloads run inside it: `host_tier.restore`, `host_tier.offload` when wrapped)
     kind.schedule   the window kind's look at the scheduled requests
     fill            the window kind's `fill`: the step's inputs laid out on the host ...
+    host_rows       ... (StepInputs.host_rows, inside fill; alone on a pre-launched step: what the
+                    device fed itself, rebuilt on the host for the bookkeeping)
     upload          ... and copied to the device (StaticInputs.upload)
     launch          StepRunner._launch: the body run eagerly, captured, or its graph replayed
     readback.start  the packed outputs' copy to the host enqueued
+    prelaunch.check whether the next step may be launched now (StepRunner._can_prelaunch)
     prelaunch       the next step launched before this one is read (StepRunner._prelaunch)
     readback        Readback.rows: the step's one sync (waits for the device), then the rows
+    result          StepResult: the rows split into sampled ids, accepted lengths, next drafts
     advance         SpecEngine._advance: the host's bookkeeping after the readback, holding
     host_window     ... the verify window and its acceptance rebuilt on the host,
     records         ... the write policy's records of the window,
     hand_out        ... the next drafts handed to the requests,
-    trace           ... the window's trace entry
+    trace           ... the window's trace entry (each window's: verify and draft),
+    draft_record    ... the head's draft window and its record (every row rejected)
+    drops           the requests aborted or preempted while the step ran, applied (Lifecycle.apply_drops)
 
 Self time is a span's time minus the spans it holds; the root's self time is what no piece names.
 Every wrapper is removed on exit (instance attributes deleted, class attributes restored). What is
@@ -40,23 +46,30 @@ PIECES = (
     ("schedule", "scheduler", "schedule"),
     ("kind.schedule", "window_kind", "schedule"),
     ("fill", "window_kind", "fill"),
+    ("host_rows", "class:StepInputs", "host_rows"),
     ("upload", "class:StaticInputs", "upload"),
     ("launch", "runner", "_launch"),
     ("readback.start", "class:Readback", "start"),
+    ("prelaunch.check", "runner", "_can_prelaunch"),
     ("prelaunch", "runner", "_prelaunch"),
     ("readback", "class:Readback", "rows"),
+    ("result", "class:StepResult", "__init__"),
     ("advance", "", "_advance"),
     ("host_window", "window_kind", "host_window"),
     ("records", "runner", "records"),
     ("hand_out", "window_kind", "hand_out"),
     ("trace", "", "_end_window"),
+    ("draft_record", "", "_record_draft_window"),
+    ("drops", "lifecycle", "apply_drops"),
 )
 TIER = (("host_tier.offload", "on_evict"), ("host_tier.restore", "extend_hits"))
 
 
 def _classes() -> dict:
     from nwor_lab.engine.buffers import Readback, StaticInputs
-    return {"StaticInputs": StaticInputs, "Readback": Readback}
+    from nwor_lab.engine.runner import StepResult
+    from nwor_lab.engine.step import StepInputs
+    return {"StaticInputs": StaticInputs, "Readback": Readback, "StepInputs": StepInputs, "StepResult": StepResult}
 
 
 class StepSpans:
