@@ -68,8 +68,13 @@ def head_ids_rows(inp, w, sampled, accepted, kept):
 
 
 def host_rows_window(h: dict, result):
-    """(Window, Acceptance) on the CPU of a rows step's real requests (`StepInputs.host`)."""
-    window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
+    """(Window, Acceptance) on the CPU of a rows step's real requests (`StepInputs.host`). The
+    window's rows are the lists `host_rows` laid out (the rule of `Window.from_counts`, which would
+    walk the requests again and re-check counts the engine made); the acceptance is the readback's
+    accepted lengths, checked (`Acceptance.from_accepted_len`)."""
+    window = Window(torch.tensor(h["slots"], dtype=torch.long), torch.tensor(h["token_req"], dtype=torch.int32),
+                    torch.tensor(h["draft_pos"], dtype=torch.int32), torch.tensor(h["draft_rows"], dtype=torch.int64),
+                    list(h["qlens"]), list(h["ndrafts"]))
     return window, Acceptance.from_accepted_len(window, result.accepted)
 
 
