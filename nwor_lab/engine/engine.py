@@ -310,7 +310,7 @@ class SpecEngine:
             entry.emitted.append(self._emit(r, kind.emitted(r, result, i, a)))
             # drafts accepted past max_new_tokens (or an end token) were cut from the output: the
             # request's state stops at what it emitted (num_computed == len(tokens) - 1)
-            r.num_computed = min(r.num_computed, len(r.tokens) - 1)
+            r.num_computed = min(r.num_computed, r.num_tokens - 1)
             r.drafts, r.draft_probs, r.draft_parents = [], None, None
         self._end_window(entry, host_window)
         self._record_draft_window(kind.hand_out(self, requests, result, live))

@@ -192,7 +192,8 @@ class StepInputs:
         qsl, last, ndrafts, lens, ctx, qlens, kinds, chunk_next = [0], [], [], [], [], [], [], []
         rows_logits, draft_rows, drafts, real_draft_rows = [], [], [], []
         for r, req in enumerate(requests):
-            toks, start, n = req.scheduled()
+            sched = req.scheduled()
+            toks, start, n = sched
             q = len(toks)
             if ensure:
                 need = start + q
@@ -212,7 +213,7 @@ class StepInputs:
             ctx.append(start)
             qlens.append(q)
             kinds.append("prefill" if req.is_prefill else ("spec" if n else "decode"))
-            chunk_next.append(req.chunk_next())
+            chunk_next.append(req.chunk_next(sched))
             # t_last's row and the drafts' rows verify the drafts; drafts short of k (all k for a
             # prefill) are -1 at the padding row and read the request's last row, where the first
             # of them is rejected and the target's own token emitted
