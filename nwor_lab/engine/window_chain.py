@@ -259,18 +259,16 @@ class ChainKind:
         if result.drafts is None:
             return []
         k = self.k
-
-        def count(j: int) -> int:
-            drafts = result.drafts[j]           # the bucket's d columns, -1 past the count
-            return drafts.index(-1) if -1 in drafts else len(drafts)
+        # each request's drafts: the bucket's d columns, -1 past its count (counted once a request)
+        counts = [d.index(-1) if -1 in d else len(d) for d in result.drafts]
 
         def give(j: int, r) -> None:
-            n = count(j)
+            n = counts[j]
             r.drafts = result.drafts[j][:n]
             r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
             r.block_table.ensure(r.num_computed + 1, lookahead=k)   # the next window's slots
 
-        return hand_out_each(requests, live, lambda j: count(j) - 1 if count(j) >= 2 else 0, give)
+        return hand_out_each(requests, live, lambda j: counts[j] - 1 if counts[j] >= 2 else 0, give)
 
 
 def hand_out_each(requests, live: list[bool], draft_rows, give) -> list:
