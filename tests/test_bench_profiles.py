@@ -2,6 +2,7 @@
 
 - StepSpans names a step's pieces: their self times and the unnamed rest add up to the step's wall
   time, and every wrapper is gone after the `with` (the engine's and the classes' own methods back);
+  its pieces are torch.profiler ranges while a profiler records, and cost no range otherwise;
 - bench tier_profile runs evictions and host hits inside profiled decode steps on the CPU and says
   what it could not measure there; bench step_profile spans names the pieces at toy size, and its
   chain part is refused off CUDA by name;
@@ -39,6 +40,23 @@ def test_step_spans_add_up_and_unwrap():
     assert {n for n, _, _ in PIECES} >= set(t["pieces"]) - {"(unnamed)"}
     with pytest.raises(ValueError, match="host tier"):
         StepSpans(e, tier=True).__enter__()
+
+
+def test_step_spans_are_profiler_ranges_only_while_a_profiler_records(monkeypatch):
+    import torch.profiler as tprof
+    e = toy_engine()
+    e.add_request([1, 2, 3, 4], 8)
+    with StepSpans(e) as spans, tprof.profile(activities=[tprof.ProfilerActivity.CPU]) as prof:
+        spans.step()
+        spans.step()
+    assert {"step", "advance", "records", "host_window"} <= {ev.name for ev in prof.events()}
+
+    def no_range(name):
+        raise AssertionError(f"record_function({name!r}) entered with no profiler recording")
+    monkeypatch.setattr(tprof, "record_function", no_range)
+    with StepSpans(e) as spans:
+        spans.step()
+    assert "advance" in spans.table()["pieces"]
 
 
 def test_tier_profile_on_the_cpu_hits_and_evicts_inside_profiled_steps(tmp_path):

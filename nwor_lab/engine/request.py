@@ -91,14 +91,25 @@ class Request:
 
     @property
     def tokens(self) -> list[int]:
+        """prompt + output, a new list (its length and single tokens: `num_tokens`, `token_at`,
+        which the per-step checks use instead of copying the whole context every call)."""
         return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def token_at(self, i: int) -> int:
+        """tokens[i] for 0 <= i < num_tokens, without building `tokens`."""
+        n = len(self.prompt)
+        return self.prompt[i] if i < n else self.output[i - n]
 
     @property
     def is_prefill(self) -> bool:
         """More than t_last is still to compute: a new request, one whose prompt prefix came from the
         prefix cache (num_computed = the hit length, a whole number of blocks), one whose computed
         positions were given up (num_computed set back), or one part way through a chunked prefill."""
-        return self.num_computed < max(len(self.prompt), len(self.tokens) - 1)
+        return self.num_computed < max(len(self.prompt), self.num_tokens - 1)
 
     @property
     def remaining(self) -> int:
@@ -122,16 +133,16 @@ class Request:
         if self.is_prefill:
             todo = self.tokens[self.num_computed:]
             return (todo if self.chunk is None else todo[:self.chunk]), self.num_computed, 0
-        return [self.tokens[-1]] + list(self.drafts), self.num_computed, len(self.drafts)
+        return [self.token_at(self.num_tokens - 1)] + list(self.drafts), self.num_computed, len(self.drafts)
 
-    def chunk_next(self) -> int:
+    def chunk_next(self, scheduled: tuple[list[int], int, int] | None = None) -> int:
         """The token after this step's rows when they end before the request's last token (a chunk
         of a chunked prefill that is not its last: it samples nothing, and the head's row at its end
-        reads this prompt token), else -1 (the step samples the token after its rows)."""
-        toks, start, n = self.scheduled()
+        reads this prompt token), else -1 (the step samples the token after its rows).
+        `scheduled`: this step's `scheduled()`, when the caller has it already."""
+        toks, start, n = self.scheduled() if scheduled is None else scheduled
         end = start + len(toks) - n
-        tokens = self.tokens
-        return tokens[end] if end < len(tokens) else -1
+        return self.token_at(end) if end < self.num_tokens else -1
 
 
 def check_request_generator(engine, generator) -> None:

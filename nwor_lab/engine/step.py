@@ -190,9 +190,10 @@ class StepInputs:
         in_buffer = engine.policy.window_in_buffer
         ids, pos, token_req, draft_pos, slots = [], [], [], [], []
         qsl, last, ndrafts, lens, ctx, qlens, kinds, chunk_next = [0], [], [], [], [], [], [], []
-        rows_logits, draft_rows, drafts = [], [], []
+        rows_logits, draft_rows, drafts, real_draft_rows = [], [], [], []
         for r, req in enumerate(requests):
-            toks, start, n = req.scheduled()
+            sched = req.scheduled()
+            toks, start, n = sched
             q = len(toks)
             if ensure:
                 need = start + q
@@ -212,16 +213,21 @@ class StepInputs:
             ctx.append(start)
             qlens.append(q)
             kinds.append("prefill" if req.is_prefill else ("spec" if n else "decode"))
-            chunk_next.append(req.chunk_next())
+            chunk_next.append(req.chunk_next(sched))
             # t_last's row and the drafts' rows verify the drafts; drafts short of k (all k for a
             # prefill) are -1 at the padding row and read the request's last row, where the first
             # of them is rejected and the target's own token emitted
             rows_logits += list(range(row0 + q - n - 1, row0 + q)) + [row0 + q - 1] * (k - n)
-            draft_rows += list(range(row0 + q - n, row0 + q)) + [pad_row] * (k - n)
+            mine = range(row0 + q - n, row0 + q)
+            real_draft_rows += mine
+            draft_rows += list(mine) + [pad_row] * (k - n)
             drafts += list(req.drafts[:n]) + [-1] * (k - n)
         self.host = dict(requests=list(requests), ids=ids, slots=slots, qlens=qlens, ctx=ctx, ndrafts=ndrafts,
                          kinds=kinds, positions=pos, tables=[list(r.block_table.blocks) for r in requests],
-                         chunk_next=chunk_next)
+                         chunk_next=chunk_next,
+                         # the real rows' Window fields (`Window.from_counts`'s rule, laid out here
+                         # once): the host window is built from them without a second walk
+                         token_req=token_req, draft_pos=draft_pos, draft_rows=real_draft_rows)
         return dict(token_req=token_req, draft_pos=draft_pos, qsl=qsl, last=last, lens=lens,
                     rows_logits=rows_logits, draft_rows=draft_rows, drafts=drafts)
 

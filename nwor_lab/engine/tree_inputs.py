@@ -50,7 +50,7 @@ class TreeInputs:
             tokens.append(d)
             t["parents"][r] = p + [0] * (n - len(d))
             t["node_tokens"][r] = d + [-1] * (n - len(d))
-            ids += [req.tokens[-1]] + d + [0] * (n - len(d))
+            ids += [req.token_at(req.num_tokens - 1)] + d + [0] * (n - len(d))
             pos += [start + x for x in depth] + [start] * (n - len(d))
             slots += req.block_table.slots(range(start, start + 1 + len(d)))
             commit += req.block_table.slots([start + x for x in depth])

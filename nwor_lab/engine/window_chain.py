@@ -68,8 +68,13 @@ def head_ids_rows(inp, w, sampled, accepted, kept):
 
 
 def host_rows_window(h: dict, result):
-    """(Window, Acceptance) on the CPU of a rows step's real requests (`StepInputs.host`)."""
-    window = Window.from_counts(h["qlens"], h["ndrafts"], torch.tensor(h["slots"], dtype=torch.long))
+    """(Window, Acceptance) on the CPU of a rows step's real requests (`StepInputs.host`). The
+    window's rows are the lists `host_rows` laid out (the rule of `Window.from_counts`, which would
+    walk the requests again and re-check counts the engine made); the acceptance is the readback's
+    accepted lengths, checked (`Acceptance.from_accepted_len`)."""
+    window = Window(torch.tensor(h["slots"], dtype=torch.long), torch.tensor(h["token_req"], dtype=torch.int32),
+                    torch.tensor(h["draft_pos"], dtype=torch.int32), torch.tensor(h["draft_rows"], dtype=torch.int64),
+                    list(h["qlens"]), list(h["ndrafts"]))
     return window, Acceptance.from_accepted_len(window, result.accepted)
 
 
@@ -268,18 +273,16 @@ class ChainKind:
         if result.drafts is None:
             return []
         k = self.k
-
-        def count(j: int) -> int:
-            drafts = result.drafts[j]           # the bucket's d columns, -1 past the count
-            return drafts.index(-1) if -1 in drafts else len(drafts)
+        # each request's drafts: the bucket's d columns, -1 past its count (counted once a request)
+        counts = [d.index(-1) if -1 in d else len(d) for d in result.drafts]
 
         def give(j: int, r) -> None:
-            n = count(j)
+            n = counts[j]
             r.drafts = result.drafts[j][:n]
             r.draft_probs = None if result.probs is None or not n else result.probs[j, :n]
             r.block_table.ensure(r.num_computed + 1, lookahead=k)   # the next window's slots
 
-        return hand_out_each(requests, live, lambda j: count(j) - 1 if count(j) >= 2 else 0, give)
+        return hand_out_each(requests, live, lambda j: counts[j] - 1 if counts[j] >= 2 else 0, give)
 
 
 def hand_out_each(requests, live: list[bool], draft_rows, give) -> list:
