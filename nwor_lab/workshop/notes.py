@@ -9,9 +9,9 @@ metric the run did not record says so instead of guessing.
 `talk_min` and `hands_on_min` are the instructor's plan for the section on the full day (explaining,
 and the room's own exercise time); the agenda (`nwor_lab.workshop.agenda`) adds the chapter's
 measured run time to them (the three-hour path states its own, shorter minutes). `run_estimate_s`
-stands in where a build did not run a chapter (its kernel missing, or no build at hand): where its
-comment says *measured*, it is the longest of the chapter's runs under nbval on a shared 2-core CPU
-(the runs' spread is in the comment: the kit's own build replaces it with that machine's time).
+stands in where a build did not run a chapter (its kernel missing, or no build at hand): each is the
+chapter's time in one kit build (`nwor-lab workshop build`) on a quiet 2-core CPU, rounded up (09's, which
+needs vLLM, is an estimate); the kit's own build replaces it with that machine's time.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def fill(template: str, metrics: dict) -> str:
 
 NOTES = {n.stem: n for n in [
     ChapterNotes(
-        "00_tour", "Tour: one window, three policies", talk_min=10, hands_on_min=5, run_estimate_s=60,
+        "00_tour", "Tour: one window, three policies", talk_min=10, hands_on_min=5, run_estimate_s=9,
         say=("One verify window writes the K/V of t_last and of every draft into the paged cache before anyone "
              "knows which drafts survive: attention needs them there.",
              "The day's question is what a rejected draft's slot holds afterwards: `off` (vLLM today) leaves "
@@ -101,7 +101,7 @@ NOTES = {n.stem: n for n in [
                  "vLLM's prefix cache hashes token ids, not bytes, so any policy is correct there; a cache that hashes block contents needs `cow` or `stage` (equal contexts give equal digests only then, chapter 01 §3).",)),
     ChapterNotes(
         "01_why", "Why it matters: what rejected K/V costs", talk_min=12, hands_on_min=6,
-        run_estimate_s=78,                          # measured: 78 s (nbval, 2 shared CPU cores)
+        run_estimate_s=18,   # the kit build: 17.4 s (quiet 2-core machine, 2026-11-29)
         say=("Start from the promise a learner brings — \"~90 % fewer writes and 3x throughput\" — and answer it "
              "with the lab's measurements.",
              "Under `off` the cache's bytes depend on drafts that were thrown away: two runs with the same text "
@@ -131,7 +131,7 @@ NOTES = {n.stem: n for n in [
                  'At decode sizes the write path is launch-bound: the bytes cost microseconds in a step of milliseconds (the KV path is about a percent of the graphed step, chapter 11), so skipping them moves the step by about that much.',
                  "Measured here: the write share, block digests, the ring run; stored: ncu bytes, the 8B step, vLLM's cache counts; cited: the fork's figures, other engines' code, EAGLE's published speedups. To measure a cited one, run it the way the lab stores results: a benchmark that prints JSON, repeated, with its command.",)),
     ChapterNotes(
-        "02_paged_cache", "The paged cache: slots, layouts, fp8", talk_min=10, hands_on_min=8, run_estimate_s=15,
+        "02_paged_cache", "The paged cache: slots, layouts, fp8", talk_min=10, hands_on_min=8, run_estimate_s=6,
         say=("slot = block × block_size + offset; a request's blocks need not be contiguous — the block table "
              "is the indirection.",
              "Drafts need slots before they are verified: a speculative request holds lookahead slots.",
@@ -152,7 +152,7 @@ NOTES = {n.stem: n for n in [
                  "One scale for all heads is set by the largest head: heads with small values use few of fp8's levels and lose precision; a per-head scale fits each head.",)),
     ChapterNotes(
         "03_verify_window", "The verify window and the rejection sampler", talk_min=10, hands_on_min=8,
-        run_estimate_s=10,
+        run_estimate_s=6,   # the kit build: 5.8 s (quiet 2-core machine, 2026-11-29)
         say=("SpecDecodeMetadata reproduces vLLM's own docstring example: logits_indices are window positions, "
              "target and bonus indices are rows OF those logits.",
              "The sampler's row: the accepted drafts, exactly one token of the target's own, then -1. So "
@@ -174,7 +174,7 @@ NOTES = {n.stem: n for n in [
                  'A draft vLLM rejected (draft probability 0) can be recovered as the same id: comparing ids accepts it, counting emitted ids − 1 does not. The count is what the runner uses.',
                  'Only its last position: a prefill emits one token, so logits_indices holds the last prompt position; computing logits for the others would be wasted LM-head work.',)),
     ChapterNotes(
-        "04_scv", "SCV: acceptance masks on the device", talk_min=8, hands_on_min=8, run_estimate_s=10,
+        "04_scv", "SCV: acceptance masks on the device", talk_min=8, hands_on_min=8, run_estimate_s=6,
         say=("One read of the sampled ids gives three masks: draft_mask, accepted_len and the window's "
              "commit_mask = token_draft_pos <= accepted_len[token_req].",
              "Count, don't compare: accepted = emitted − 1, cut at a padding draft. A draft vLLM rejected "
@@ -193,7 +193,7 @@ NOTES = {n.stem: n for n in [
                  'A host sync stalls the GPU queue each window and cannot be captured: a CUDA graph needs fixed shapes, device-side inputs and no host reads, which the vectorised SCV provides.',
                  "From top-k/top-p filtering or a temperature that zeroes the draft's probability under the target's sampling parameters, or from a drafter whose distribution the target's filtering excludes.",)),
     ChapterNotes(
-        "05_stage", "Stage: a staging buffer and one commit", talk_min=10, hands_on_min=8, run_estimate_s=15,
+        "05_stage", "Stage: a staging buffer and one commit", talk_min=10, hands_on_min=8, run_estimate_s=7,
         say=("Under `stage` the window's K/V wait in a staging buffer; rejected drafts never reach the cache.",
              "Attention reads the prefix from the cache and the window from the buffer (window_in_buffer) — "
              "the same numbers in the same order, so the output does not change.",
@@ -213,7 +213,7 @@ NOTES = {n.stem: n for n in [
                  "The window's K and V of every layer, for every window token, in the layout attention reads — so the prefix comes from the cache and the window from the buffer, in the same order.",
                  'A copy into the buffer per layer: `stage` would then launch as much as `off` and move every row twice, losing its launch advantage under a graph.',)),
     ChapterNotes(
-        "06_cow", "Copy-on-write: log, write, restore", talk_min=8, hands_on_min=8, run_estimate_s=10,
+        "06_cow", "Copy-on-write: log, write, restore", talk_min=8, hands_on_min=8, run_estimate_s=7,
         say=("`cow` keeps the write path as it is: log the draft slots of every layer at begin (one launch), "
              "write every row like `off`, restore the rejected drafts at commit (one launch).",
              "The log holds raw bytes: NaN payloads and negative zeros come back exactly; a value comparison "
@@ -235,7 +235,7 @@ NOTES = {n.stem: n for n in [
                  'The log holds what the drafts evicted from the ring, so attention can read the positions its queries need and the restore puts them back; `off` lost them.',)),
     ChapterNotes(
         "07_sliding_window", "Sliding windows: where NWOR decides correctness", talk_min=10, hands_on_min=8,
-        run_estimate_s=30,
+        run_estimate_s=20,   # the kit build: 19.1 s (quiet 2-core machine, 2026-11-29)
         say=("A ring of S slots keeps position p at p mod S: writing position P evicts P − S.",
              "A write-all window on a ring of W evicts positions its own queries still need; rolling back by "
              "bookkeeping cannot bring them back, and the text diverges.",
@@ -255,7 +255,7 @@ NOTES = {n.stem: n for n in [
                  'Once the ring has wrapped, any draft would evict a needed entry, so the guard cuts every draft; with 512-token windows the ring wraps after the first 512 tokens.',
                  'A write is not wrong by itself; the corruption happens when a query reads an overwritten entry. Raising at the read names the step, request, layer, position and slot that went wrong.',)),
     ChapterNotes(
-        "08_eagle", "EAGLE end to end", talk_min=8, hands_on_min=8, run_estimate_s=40,
+        "08_eagle", "EAGLE end to end", talk_min=8, hands_on_min=8, run_estimate_s=8,
         say=("One EAGLE step is two windows: the verify window (target layers, then the head's layer over the "
              "same rows, one commit) and the draft chain (the head's layer only).",
              "The draft chain is committed with nothing accepted: what happens to its rows follows from what "
@@ -292,7 +292,7 @@ NOTES = {n.stem: n for n in [
         answers=("An attention backend that reads the window from a staging buffer (or from the QKV output directly), a commit kernel for vLLM's per-layer caches, and the hook where the runner's rejection sampler output is known — the lab's plugin does the first two on CPU.",
                  "After every window the plugin compares the cache's bytes with what the policy promises; at temperature > 0 the acceptance collapsed and runs with the same seed differed, which led to the expand kernel writing into a copy and never back.",)),
     ChapterNotes(
-        "10_sweep", "Sweeps: one parameter set in, one record out", talk_min=5, hands_on_min=6, run_estimate_s=20,
+        "10_sweep", "Sweeps: one parameter set in, one record out", talk_min=5, hands_on_min=6, run_estimate_s=8,
         say=("A chapter with a `parameters` cell is an experiment: papermill injects the parameters, "
              "`record_metrics` returns one flat record.",
              "`nwor-lab sweep --grid ...` runs the grid durably; `nwor-lab report` draws every varying metric.",
@@ -308,7 +308,7 @@ NOTES = {n.stem: n for n in [
                  'The exact ones: bytes written, skipped, logged and restored, launches per window, acceptance, tokens equal to target-only. Tokens/s on a laptop only with repeats, and then only as a median with its spread.',)),
     ChapterNotes(
         "11_performance", "Performance: what the write path costs on a GPU", talk_min=8, hands_on_min=6,
-        run_estimate_s=88,                          # measured: 61 and 88 s (nbval, 2 shared CPU cores)
+        run_estimate_s=24,   # the kit build: 23.1 s (quiet 2-core machine, 2026-11-29)
         say=("At decode sizes the KV write path is launch-bound: a write costs microseconds whatever it moves.",
              "One commit for all 32 layers replaces 32 per-layer writes; CUDA graphs remove most launch cost.",
              "The numbers shown are stored GPU measurements; on a GPU the chapter re-measures them live."),
@@ -324,7 +324,7 @@ NOTES = {n.stem: n for n in [
                  'Its launches saved are a few microseconds against milliseconds of weights read per step; at larger batches attention reads the window from the staging buffer through its window variant, which costs more than the launches saved.',)),
     ChapterNotes(
         "13_state", "State that cannot be rolled back: hybrid models", talk_min=10, hands_on_min=10,
-        run_estimate_s=30,                          # measured: 30 s (nbval, 2 shared CPU cores)
+        run_estimate_s=9,   # the kit build: 8.6 s (quiet 2-core machine, 2026-11-29)
         say=("A recurrent layer (gated DeltaNet, Mamba2) keeps one state matrix per head that every token updates: "
              "a verify window advances it through t_last and every draft.",
              "A rejected draft's update is inside the state: no rows to mask, no length to rewind. Write-all "
@@ -354,7 +354,7 @@ NOTES = {n.stem: n for n in [
                  "The W − 1 inputs that end with the last kept token (d_a, or t_last): when a + 1 < W − 1 the older "
                  "ones come from the conv state before the window, so a strategy must keep that state too.",)),
     ChapterNotes(
-        "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=32, run_estimate_s=10,
+        "12_exercises", "Exercises: the write path yourself", talk_min=2, hands_on_min=32, run_estimate_s=7,
         say=("Three checkers — slot mapping, stage commit rows, CoW restore — each with a question to predict "
              "first and two hints; give each six to eight minutes, and let fast finishers take an earlier chapter's.",
              "A failing checker shows the first counterexample and a picture of the cache; edge cases come "
@@ -371,7 +371,7 @@ NOTES = {n.stem: n for n in [
                  'All three are small index maps: each is easy in CUDA, and each should be tested the same way — against the plain reference on generated cases, edge cases first, and under compute-sanitizer.',)),
     ChapterNotes(
         "14_trees", "Trees: the commit is a compaction", talk_min=10, hands_on_min=10,
-        run_estimate_s=53,                          # measured: 15 and 53 s (nbval, 2 shared CPU cores)
+        run_estimate_s=12,   # the kit build: 11.3 s (quiet 2-core machine, 2026-11-29)
         say=("EAGLE-2 drafts a tree: the target verifies N nodes at once and keeps one root path, whose nodes are "
              "scattered through the window.",
              "The path's K/V belong at the next a positions: write-all engines copy them there after verify "
@@ -398,7 +398,7 @@ NOTES = {n.stem: n for n in [
                  "Tokens per second end to end: the tree drafts topk times the head rows per level, and its verify "
                  "window is N + 1 rows per request, which costs more once the batch is compute-bound.",)),
     ChapterNotes(
-        "15_prefix", "Blocks that outlive a request", talk_min=8, hands_on_min=8, run_estimate_s=75,
+        "15_prefix", "Blocks that outlive a request", talk_min=8, hands_on_min=8, run_estimate_s=25,
         say=("A block is registered in the prefix cache when a commit makes it full of kept tokens' K/V, never when "
              "a window writes it: under write-all a written block can hold rejected drafts.",
              "Its key is a chained hash: the parent block's key and the block's token ids, so it names the whole "
@@ -430,7 +430,7 @@ NOTES = {n.stem: n for n in [
                  "the commit, so its committed length does not move; bytes past it (write-all's) travel with the "
                  "blocks but are never read, never registered, and overwritten when the request verifies again.",)),
     ChapterNotes(
-        "16_stage_read_path", "The GPU read path of stage", talk_min=10, hands_on_min=6, run_estimate_s=30,
+        "16_stage_read_path", "The GPU read path of stage", talk_min=10, hands_on_min=6, run_estimate_s=8,
         in_agenda=False,
         say=("Under stage the window's K/V is not in the cache during the verify pass: attention reads the committed "
              "positions through the block table and the window's positions from staging-buffer rows, in one kernel.",
@@ -466,7 +466,7 @@ NOTES = {n.stem: n for n in [
                  "sampler, the head and the commit; a fraction of one kernel's time is below the step's run-to-run "
                  "spread, which a single stored run does not measure.")),
     ChapterNotes(
-        "17_sampling", "Sampling at T > 0: what NWOR must preserve", talk_min=10, hands_on_min=6, run_estimate_s=45,
+        "17_sampling", "Sampling at T > 0: what NWOR must preserve", talk_min=10, hands_on_min=6, run_estimate_s=7,
         in_agenda=False,
         say=("At T > 0 correct means the same distribution: each emitted token follows softmax(logits / T) of the "
              "target, whatever the drafter proposed. Rejection sampling guarantees it: accept with min(1, p/q), "
