@@ -152,6 +152,8 @@ class HostTier:
         self.copier = BlockCopier(cache.device)
         self.debug = engine.config.debug
         self.digests: dict[bytes, dict[str, str]] = {}      # debug: what left, per store
+        # the host's copy of each pooled block's boundary token (PrefixCaching.boundary_host follows it back)
+        self.boundary_host: dict[bytes, int] = {}
         self.counts = dict(host_offloads=0, host_offload_skips=0, host_offload_refused=0, host_restores=0,
                            host_hit_requests=0, host_hit_tokens=0, host_bytes_offloaded=0, host_bytes_restored=0)
 
@@ -172,11 +174,14 @@ class HostTier:
         if self.debug:
             self.digests[h] = self._stores(block)
         self.copier.copy(pairs)
+        if "boundary_token" in self.kept_rows:
+            self.boundary_host[h] = self.caching.boundary_host.get(block, -1)
         self.counts["host_offloads"] += 1
         self.counts["host_bytes_offloaded"] += pool.slot_bytes
 
     def _on_drop(self, h: bytes) -> None:
         self.digests.pop(h, None)
+        self.boundary_host.pop(h, None)
 
     # -- host -> device -------------------------------------------------------------------------
     def extend_hits(self, hashes: list[bytes], hits: list[int]) -> tuple[list[int], list[int]]:
@@ -231,6 +236,9 @@ class HostTier:
                 fills += [(cache.key[n:, b], 0.0), (cache.value[n:, b], 0.0)]
             fills += [(_row(store, b), store[2]) for name, store in self.all_rows.items() if name not in self.kept_rows]
         self.copier.copy(pairs, fills)
+        if self.caching.boundary_token is not None:     # kept: the token that left; dropped: unknown (-1)
+            for (_, h), b in zip(slots, blocks):
+                self.caching.boundary_host[b] = self.boundary_host.get(h, -1)
         if self.debug:
             for (slot, h), b in zip(slots, blocks):
                 self.check_restored(h, b)

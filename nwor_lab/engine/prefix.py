@@ -72,6 +72,10 @@ class PrefixCaching:
             h = engine.target.config.hidden_size
             self.boundary_feature = torch.zeros(nb + 1, h, dtype=engine.dtype, device=engine.device)
             self.boundary_token = torch.full((nb + 1,), -1, dtype=torch.long, device=engine.device)
+        # the host's copy of `boundary_token` for registered blocks (block id -> the token its last head row
+        # read, -1 unknown): admission decides on it without reading the device (no sync on the step's
+        # path); set where the device's is (commit, recompute_boundary, the host tier's restore)
+        self.boundary_host: dict[int, int] = {}
         self.block_states = None
         if engine.states is not None:
             # a hybrid target: the recurrent and conv state at each committed block end, kept beside it
@@ -135,6 +139,7 @@ class PrefixCaching:
         self.boundary_feature[new].copy_(self.boundary_feature[last])
         token = req.tokens[h]
         self.boundary_token[new] = token
+        self.boundary_host[new] = token
         if self.block_states is not None:
             self.block_states.copy(last, new)
         table = blocks[:-1] + [new]
@@ -214,6 +219,9 @@ class PrefixCaching:
             for b in range(len(hashes), r.num_computed // bs):
                 h = block_hash(hashes[-1] if hashes else None, tokens[b * bs:(b + 1) * bs])
                 hashes.append(h)
+                if self.boundary_token is not None:     # what `keep_boundary` wrote on the device: x[p + 1]
+                    end = (b + 1) * bs
+                    self.boundary_host[r.block_table.blocks[b]] = tokens[end] if end < len(tokens) else -1
                 self.counts["registered"] += al.register(r.block_table.blocks[b], h)
 
     def forget(self, req) -> None:

@@ -134,7 +134,13 @@ class KeepBoundary(Lookahead):
             return []
         bs = caching.block_size
         blocks = caching.share_blocks(hits)
-        kept = caching.boundary_token[torch.tensor(blocks, device=caching.boundary_token.device)].tolist()
+        kept = [caching.boundary_host.get(b, -1) for b in blocks]      # the host's copy: no device read
+        if caching.boundary_token.device.type == "cpu":
+            # free on the CPU: every CPU run checks the host copy against the device store it stands for
+            stored = caching.boundary_token[torch.tensor(blocks)].tolist()
+            if stored != kept:
+                raise RuntimeError(f"prefix cache: the host copy of the boundary tokens {kept} differs from the "
+                                   f"store's {stored} for blocks {blocks} (a write path that skips boundary_host)")
         for i in range(len(blocks)):
             h = (i + 1) * bs
             if kept[i] != req.tokens[h]:
