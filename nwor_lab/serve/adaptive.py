@@ -130,13 +130,13 @@ class AdaptiveK:
                 self.pending = []
             elif m >= 16:
                 self.pending = []
-        for e in verify:
-            for d, a in zip(e.drafted, e.accepted):
-                for i in range(min(d, self.k_max)):
-                    if a < i:
-                        break
-                    self.tried[i] += 1
-                    self.accepted[i] += a > i
+        # draft i of a window is verified when i < its drafts and the i before it were accepted (a >= i)
+        drafted = np.minimum(np.fromiter((d for e in verify for d in e.drafted), dtype=np.int64), self.k_max)
+        got = np.fromiter((a for e in verify for a in e.accepted), dtype=np.int64)
+        pos = np.arange(self.k_max)
+        seen = (drafted[:, None] > pos) & (got[:, None] >= pos)
+        self.tried += seen.sum(0)
+        self.accepted += (seen & (got[:, None] > pos)).sum(0)
         if any(k == "prefill" for e in verify for k in e.kinds):
             return
         n = sum(len(e.req_ids) for e in verify)
@@ -178,11 +178,16 @@ class AdaptiveK:
         return float(w[ks == k].sum())
 
     def step_time(self, n: int, k: int) -> float | None:
-        """T(n, k) in seconds, or None before any measurement. A count measured near n (weight >=
-        `min_weight`) is read from its own cells (a weighted mean of their medians): the cost need
-        not be linear in k (a pre-launched k_max step hides the host, a cut one does not); a count
-        between two measured ones, on the line between them; any other from the locally weighted
-        fit over every cell."""
+        """T(n, k) in seconds, or None before any measurement (`step_times`)."""
+        times = self.step_times(n, (k,))
+        return None if times is None else times[k]
+
+    def step_times(self, n: int, counts) -> dict[int, float] | None:
+        """T(n, k) in seconds for every k of `counts` (one pass over the cells for all of them), or None
+        before any measurement. A count measured near n (weight >= `min_weight`) is read from its own
+        cells (a weighted mean of their medians): the cost need not be linear in k (a pre-launched
+        k_max step hides the host, a cut one does not); a count between two measured ones, on the line
+        between them; any other from the locally weighted fit over every cell."""
         if not self.cells:
             return None
         ns, ks, w = self._weights(n)
@@ -192,31 +197,46 @@ class AdaptiveK:
             own = ks == c
             if w[own].sum() >= self.min_weight:
                 measured[c] = float((w[own] * means[own]).sum() / w[own].sum())
-        if k in measured:
-            return max(measured[k], 1e-9)
-        lo = max((c for c in measured if c < k), default=None)
-        hi = min((c for c in measured if c > k), default=None)
-        if lo is not None and hi is not None:                 # between two measured counts: a line
-            return max(measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo), 1e-9)
-        x = np.stack([np.ones_like(ns), ks, ns - n, (ns - n) * ks], 1)      # centred at n: the value is coef 0 + 1
-        sw = np.sqrt(w)[:, None]
-        ridge = 1e-3 * np.diag([0.0, 0.0, 1.0, 1.0]) * max(float(w.sum()), 1.0)
-        coef = np.linalg.solve((x * sw).T @ (x * sw) + ridge + 1e-12 * np.eye(4), (x * sw).T @ (means * sw[:, 0]))
-        return float(max(coef[0] + coef[1] * k, 1e-9))
+        coef = None
+        out = {}
+        for k in counts:
+            if k in measured:
+                out[k] = max(measured[k], 1e-9)
+                continue
+            lo = max((c for c in measured if c < k), default=None)
+            hi = min((c for c in measured if c > k), default=None)
+            if lo is not None and hi is not None:             # between two measured counts: a line
+                out[k] = max(measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo), 1e-9)
+                continue
+            if coef is None:                                  # the fit, once for every count that needs it
+                x = np.stack([np.ones_like(ns), ks, ns - n, (ns - n) * ks], 1)   # centred at n: coef 0 + 1
+                sw = np.sqrt(w)[:, None]
+                ridge = 1e-3 * np.diag([0.0, 0.0, 1.0, 1.0]) * max(float(w.sum()), 1.0)
+                coef = np.linalg.solve((x * sw).T @ (x * sw) + ridge + 1e-12 * np.eye(4),
+                                       (x * sw).T @ (means * sw[:, 0]))
+            out[k] = float(max(coef[0] + coef[1] * k, 1e-9))
+        return out
 
     # -- the decision --------------------------------------------------------------------------
     def choose(self, n: int) -> int:
         """The draft count for a step of n requests."""
         self.decisions += 1
-        for k in (self.k_max, 0):               # measure the anchors before trusting the fit
-            if self.anchor_weight(n, k) < self.min_weight:
+        if self.cells:                          # measure the anchors before trusting the fit
+            _, ks, w = self._weights(n)
+            anchors = {k: float(w[ks == k].sum()) for k in (self.k_max, 0)}
+        else:
+            anchors = {self.k_max: 0.0, 0: 0.0}
+        for k in (self.k_max, 0):
+            if anchors[k] < self.min_weight:
                 self.history.append((n, k, "explore"))
                 return k
-        gain = {k: self.accept_length(k) / self.step_time(n, k) for k in self.candidates}
+        times = self.step_times(n, self.candidates)         # one pass over the cells for every count
+        lengths = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.rates()))])    # L(0) .. L(k_max)
+        gain = {k: float(lengths[k]) / times[k] for k in self.candidates}
         best = max(gain, key=gain.get)
         if best and gain[best] < (1.0 + self.margin) * gain[0]:
             best = 0
-        if best < self.k_max and self.since_full >= self.probe_interval(n):
+        if best < self.k_max and self.since_full >= self._probe_interval(times):
             self.history.append((n, self.k_max, "probe"))      # measure every position's acceptance afresh
             return self.k_max
         if self.explore_every and self.decisions % self.explore_every == 0:
@@ -229,7 +249,10 @@ class AdaptiveK:
     def probe_interval(self, n: int) -> int:
         """Steps between probes while decoding at batch n: a probe's extra time over a decode step,
         spread so that probes cost about `probe_budget` (clipped to 4 .. explore_every, or 4 .. 50)."""
-        ratio = self.step_time(n, self.k_max) / self.step_time(n, 0)
+        return self._probe_interval(self.step_times(n, (self.k_max, 0)))
+
+    def _probe_interval(self, times: dict[int, float]) -> int:
+        ratio = times[self.k_max] / times[0]
         most = self.explore_every or 50
         return int(min(most, max(4, math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget))))
 
