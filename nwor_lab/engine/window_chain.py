@@ -106,18 +106,25 @@ def step_drafts(requests, limits: list[int]) -> int:
     return max([len(r.drafts) for r in requests] + list(limits), default=0)
 
 
-def seeded_rows(e, inp, counts: torch.Tensor | None = None, step: int = 0) -> dict | None:
+def seeded_rows(e, inp) -> dict | None:
     """{row: generator} of the step's requests with their own generator (`add_request(generator=)`),
-    None when none has one or T = 0. With `counts` (the chain's drafts per row), only rows that
-    draft at chain `step`: a request draws from its stream exactly what its own window needs, never
-    what its batch neighbours' drafts need (one host read of `counts`; such steps are eager)."""
+    None when none has one or T = 0."""
     if e.temperature == 0 or not e.seeded:
         return None
     rows = {r: req.generator for r, req in enumerate(inp.host["requests"]) if req.generator is not None}
-    if counts is not None and rows:
-        n = counts.tolist()
-        rows = {r: g for r, g in rows.items() if n[r] > step}
     return rows or None
+
+
+def chain_seeded_rows(e, inp, counts: torch.Tensor):
+    """-> step s -> {row: generator} of the seeded rows that draft at chain step s (`counts`: the chain's
+    drafts per row), so a request draws from its stream exactly what its own window needs, never what
+    its batch neighbours' drafts need; None when no row is seeded. One host read of `counts` for the
+    whole chain (such steps are eager: `check_request_generator`)."""
+    rows = seeded_rows(e, inp) if inp is not None else None
+    if rows is None:
+        return lambda s: None
+    n = counts.tolist()
+    return lambda s: {r: g for r, g in rows.items() if n[r] > s} or None
 
 
 # -- the draft chain -------------------------------------------------------------------------------
@@ -148,7 +155,8 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
     head, pol, k = e.head, e.drafter.policy, chain.k
     chain.place(e, base, counts)
     g = torch.where((counts > 0)[:, None], features, torch.zeros_like(features))
-    token, q = e.drafter.propose(g, seeded_rows(e, inp, counts, 0) if inp is not None else None)
+    seeded = chain_seeded_rows(e, inp, counts)
+    token, q = e.drafter.propose(g, seeded(0))
     drafts, probs = [token], [q]
     # Capture forbids branching on a device value: a captured chain runs its k - 1 passes with every
     # row padding when nobody drafts twice (the host traces none); an eager one reads the counts
@@ -158,7 +166,7 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
         pol.begin(chain.window, layers=range(layer, layer + 1), kind="draft")
         for s in range(1, k):
             g = head(drafts[-1], g, chain.steps[s - 1])
-            token, q = e.drafter.propose(g, seeded_rows(e, inp, counts, s) if inp is not None else None)
+            token, q = e.drafter.propose(g, seeded(s))
             drafts.append(token)
             probs.append(q)
         pol.commit(chain.reject)
