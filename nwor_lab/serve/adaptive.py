@@ -158,9 +158,13 @@ class AdaptiveK:
         """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
         return (self.accepted + self.prior_rate * self.prior) / (self.tried + self.prior)
 
+    def accept_lengths(self) -> np.ndarray:
+        """L(0) .. L(k_max) `[k_max + 1]`: expected tokens a request emits in a step verifying k drafts."""
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.rates()))])
+
     def accept_length(self, k: int) -> float:
-        """L(k): expected tokens a request emits in a step verifying k drafts."""
-        return float(1.0 + np.cumprod(self.rates()[:k]).sum()) if k else 1.0
+        """L(k) (`accept_lengths`)."""
+        return float(self.accept_lengths()[k])
 
     def _weights(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         keys = list(self.cells)
@@ -172,10 +176,14 @@ class AdaptiveK:
 
     def anchor_weight(self, n: int, k: int) -> float:
         """How many steps' worth of measurements near batch n at draft count k the model has."""
+        return self.anchor_weights(n, (k,))[k]
+
+    def anchor_weights(self, n: int, counts) -> dict[int, float]:
+        """`anchor_weight` of every k of `counts`, from one weighting of the cells."""
         if not self.cells:
-            return 0.0
-        ns, ks, w = self._weights(n)
-        return float(w[ks == k].sum())
+            return {k: 0.0 for k in counts}
+        _, ks, w = self._weights(n)
+        return {k: float(w[ks == k].sum()) for k in counts}
 
     def step_time(self, n: int, k: int) -> float | None:
         """T(n, k) in seconds, or None before any measurement (`step_times`)."""
@@ -221,17 +229,13 @@ class AdaptiveK:
     def choose(self, n: int) -> int:
         """The draft count for a step of n requests."""
         self.decisions += 1
-        if self.cells:                          # measure the anchors before trusting the fit
-            _, ks, w = self._weights(n)
-            anchors = {k: float(w[ks == k].sum()) for k in (self.k_max, 0)}
-        else:
-            anchors = {self.k_max: 0.0, 0: 0.0}
+        anchors = self.anchor_weights(n, (self.k_max, 0))     # measure the anchors before trusting the fit
         for k in (self.k_max, 0):
             if anchors[k] < self.min_weight:
                 self.history.append((n, k, "explore"))
                 return k
         times = self.step_times(n, self.candidates)         # one pass over the cells for every count
-        lengths = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.rates()))])    # L(0) .. L(k_max)
+        lengths = self.accept_lengths()
         gain = {k: float(lengths[k]) / times[k] for k in self.candidates}
         best = max(gain, key=gain.get)
         if best and gain[best] < (1.0 + self.margin) * gain[0]:
