@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import sys
 
 from nwor_lab.bench.output import save_json
+from nwor_lab.bench.spread import put_spread
+from nwor_lab.bench.spread import spread as spread_of
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser
 from nwor_lab.config import LabConfig, nwor_modes
@@ -90,9 +91,7 @@ def spread(rows: list[dict], keys=SPREAD) -> dict:
     """Per key: the median of the rows' values, `_min`, `_max` and every value in run order (`_reps`)."""
     out = {"repeats": len(rows)}
     for key in keys:
-        vals = [r[key] for r in rows]
-        out[key] = statistics.median(vals)
-        out[key + "_min"], out[key + "_max"], out[key + "_reps"] = min(vals), max(vals), vals
+        put_spread(out, key, [r[key] for r in rows])
     return out
 
 
@@ -183,8 +182,7 @@ def repeated_runs(pair, prompts, args, mode) -> tuple[list[dict], dict | None]:
         for key in ("ttft_s", "tpot_s"):
             ratios = [r[key] / ref[rep][key] for rep, r in runs if ref[rep][key] > 0]
             if ratios:
-                row["vs_one_engine"][key] = {"median": statistics.median(ratios), "min": min(ratios),
-                                             "max": max(ratios), "reps": ratios}
+                row["vs_one_engine"][key] = spread_of(ratios)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_reps")}), flush=True)
     overlap = None

@@ -43,13 +43,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 
 import torch
 
 from nwor_lab.bench.flags import add_engine_flags, parsed
 from nwor_lab.bench.output import save_json
+from nwor_lab.bench.spread import paired, put_spread
 from nwor_lab.commandline import args as types
 from nwor_lab.bench.timing import bench_device, device_name, free_device, in_turn
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
@@ -261,10 +261,7 @@ def with_spread(runs: list[dict]) -> dict:
     row = dict(runs[order[len(order) // 2]])
     row["repeats"] = len(runs)
     for key in SPREAD:
-        vals = [r[key] for r in runs]
-        row[key + "_reps"] = vals
-        row[key] = statistics.median(vals)
-        row[key + "_min"], row[key + "_max"] = min(vals), max(vals)
+        put_spread(row, key, [r[key] for r in runs])
     return row
 
 
@@ -281,15 +278,13 @@ def crossover(rows: list[dict]) -> list[dict]:
         if b is None or r["config"] == "target-only":
             continue
         tpot, btpot = r["p50_tpot_ms"], b["p50_tpot_ms"]
-        ratios = [x / max(y, 1e-9) for x, y in zip(r.get("output_throughput_reps", [r["output_throughput"]]),
-                                                   b.get("output_throughput_reps", [b["output_throughput"]]))]
+        ratio = paired(r.get("output_throughput_reps", [r["output_throughput"]]),
+                       b.get("output_throughput_reps", [b["output_throughput"]]), 3)
         out.append({"config": r["config"], "mode": r["mode"], "rate": r.get("rate"), "concurrency": r.get("concurrency"),
                     **({"traffic": r["traffic"]} if "traffic" in r else {}),
                     "tpot_p50_speedup": round(btpot / tpot, 3) if tpot and btpot else None,
-                    "output_throughput_ratio": round(statistics.median(ratios), 3),
-                    "output_throughput_ratio_min": round(min(ratios), 3),
-                    "output_throughput_ratio_max": round(max(ratios), 3),
-                    "output_throughput_ratio_reps": [round(x, 3) for x in ratios],
+                    "output_throughput_ratio": ratio["median"], "output_throughput_ratio_min": ratio["min"],
+                    "output_throughput_ratio_max": ratio["max"], "output_throughput_ratio_reps": ratio["reps"],
                     "mean_batch": r["occupancy"]["mean_batch"], "target_mean_batch": b["occupancy"]["mean_batch"],
                     "accept_length": r.get("accept_length")})
     return out

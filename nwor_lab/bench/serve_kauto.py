@@ -16,8 +16,9 @@ with no point to judge (no fixed-k config run, no phase point) is reported as no
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
+
+from nwor_lab.bench.spread import paired as paired_ratios
 
 RULES = {"over_target_only": 1.0, "over_best_fixed": 0.97, "over_best_fixed_phases": 1.10}
 
@@ -40,9 +41,7 @@ def _reps(row: Mapping) -> list[float]:
 
 def paired(mine: Mapping, other: Mapping) -> dict:
     """Repeat-by-repeat output tokens/s ratios of `mine` over `other` -> reps, median, min, max."""
-    ratios = [a / max(b, 1e-9) for a, b in zip(_reps(mine), _reps(other))]
-    return {"reps": [round(x, 4) for x in ratios], "median": round(statistics.median(ratios), 4),
-            "min": round(min(ratios), 4), "max": round(max(ratios), 4)}
+    return paired_ratios(_reps(mine), _reps(other), 4)
 
 
 def verdicts(rows: Sequence[Mapping], rules: Mapping[str, float] = RULES) -> dict:
