@@ -215,6 +215,8 @@ class PrefixCaching:
         bs, al = self.block_size, self.allocator
         for r in requests:
             hashes = self.hashes.setdefault(r.req_id, [])
+            if len(hashes) >= r.num_computed // bs:
+                continue                # no new full block this step (most steps): the context is not copied
             tokens = r.tokens
             for b in range(len(hashes), r.num_computed // bs):
                 h = block_hash(hashes[-1] if hashes else None, tokens[b * bs:(b + 1) * bs])
