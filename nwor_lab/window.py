@@ -226,8 +226,11 @@ class Acceptance:
 
     @classmethod
     def rejecting_all(cls, window: Window) -> "Acceptance":
-        """Every draft rejected, every non-draft token kept (e.g. an EAGLE draft chain)."""
-        return cls.from_accepted_len(window, [0] * window.num_reqs)
+        """Every draft rejected, every non-draft token kept (e.g. an EAGLE draft chain): laid out
+        directly (per step on the host for the head's chain), the same as `from_accepted_len` of zeros."""
+        dev = window.token_req.device
+        acc = torch.zeros(window.num_reqs, dtype=torch.int32, device=dev)
+        return cls(torch.zeros(window.num_drafts, dtype=torch.bool, device=dev), acc, window.commit_mask_from(acc))
 
     def to(self, device) -> "Acceptance":
         cm = None if self.commit_mask is None else self.commit_mask.to(device)

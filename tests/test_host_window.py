@@ -2,12 +2,12 @@
 verify window of a rows step (`window_chain.host_rows_window`, from `StepInputs.host_rows`' lists)
 equals `Window.from_counts` of the same counts and slots, field by field, on a step that mixes
 prefills, spec requests with k drafts and ones with fewer; the draft chain's all-rejected acceptance
-(`engine.chain_rejected`) equals `Acceptance.rejecting_all`."""
+(`Acceptance.rejecting_all`, laid out directly) equals `from_accepted_len` of zeros."""
 import torch
 
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
-from nwor_lab.engine.engine import chain_rejected, chain_window
+from nwor_lab.engine.engine import chain_window
 from nwor_lab.engine.window_chain import host_rows_window
 from nwor_lab.model.toy import toy_pair
 from nwor_lab.window import Acceptance, Window
@@ -47,9 +47,9 @@ def test_host_rows_window_is_from_counts_of_the_same_step():
     assert any(max(s) == 3 for s in seen)
 
 
-def test_chain_rejected_is_rejecting_all():
+def test_rejecting_all_is_accepted_len_zero():
     w = chain_window([[5, 6, 7], [], [9]], torch.device("cpu"))
-    got, want = chain_rejected(w), Acceptance.rejecting_all(w)
+    got, want = Acceptance.rejecting_all(w), Acceptance.from_accepted_len(w, [0] * w.num_reqs)
     for f in ("draft_mask", "accepted_len", "commit_mask"):
         x, y = getattr(got, f), getattr(want, f)
         assert x.dtype == y.dtype and torch.equal(x, y), f

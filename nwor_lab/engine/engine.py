@@ -346,7 +346,7 @@ class SpecEngine:
             return
         window = chain_window([slots for _, slots in drafted], self.cache.device)
         layer = self.head.layer_index
-        record = self.drafter.policy.account(window, chain_rejected(window), range(layer, layer + 1))
+        record = self.drafter.policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
         n = len(drafted)
         entry = WindowTrace(self.step_index, "draft", [r.req_id for r, _ in drafted], ["draft"] * n,
                             [len(s) for _, s in drafted], [0] * n, [[] for _ in drafted], record)
@@ -388,13 +388,6 @@ def _cache_spec(target, head, num_blocks, block_size, dtype, cache_dtype) -> KVC
     n_layers = target.num_layers + (1 if head is not None else 0)     # attention layers (a hybrid's too)
     return KVCacheSpec(n_layers, num_blocks, block_size, tc.num_key_value_heads, tc.head_dim, dtype=dtype,
                        cache_dtype=cache_dtype)
-
-
-def chain_rejected(window: Window) -> Acceptance:
-    """`Acceptance.rejecting_all(window)` of a `chain_window`, laid out directly: every row of a draft
-    chain is a draft, so nothing is accepted and no row is kept (all False; no token-map lookups)."""
-    return Acceptance(torch.zeros(window.num_drafts, dtype=torch.bool), torch.zeros(window.num_reqs, dtype=torch.int32),
-                      torch.zeros(window.num_tokens, dtype=torch.bool))
 
 
 def chain_window(slots: list[list[int]], device) -> Window:
