@@ -53,6 +53,10 @@ def test_ttft_tpot_itl_goodput_follow_vllm():
     occ = m["occupancy"]
     assert occ["mean_batch"] == pytest.approx(0.9 / 0.9) and occ["busy_fraction"] == pytest.approx(1.0)
     assert [(r["requests"], r["drafts"], r["steps"]) for r in m["steps_by_batch"]] == [(1, 0, 2), (1, 4, 1)]
+    kinds = m["steps_by_kind"]
+    assert {k: v["steps"] for k, v in kinds.items()} == {"prefill": 2, "decode, pre-launched": 0, "decode, host": 3}
+    assert kinds["prefill"]["time_share"] == pytest.approx(0.3 / 0.9, abs=1e-3)
+    assert kinds["decode, pre-launched"]["mean_ms"] is None
 
 
 def test_slo_parsing_names_the_bad_part():
@@ -270,6 +274,20 @@ def test_a_hook_that_keeps_k_lets_the_runner_prelaunch_and_tokens_stay_exact():
     seen = {d for w in e.trace if w.kind == "verify" for d in w.drafted}
     assert e.runner.prelaunched > 0 and {0, 1, 3} <= seen
     assert len(asked) <= e.runner.steps          # one decision per step at most
+
+
+def test_serve_counts_the_prelaunched_steps_as_the_runner_does():
+    """steps_by_kind's `decode, pre-launched` is the runner's own count of steps launched before the
+    host read the step before (the driver reads it from the runner, not from timings)."""
+    from nwor_lab.engine.runner import StepRunner
+    from nwor_lab.model.toy import toy_pair
+    target, head = toy_pair(0)
+    e = SpecEngine(target, head, LabConfig(nwor_mode="stage"), k=2, block_size=4, max_num_seqs=2)
+    e.runner = StepRunner(e, 2, 1024, capture=False, pad=True)
+    run = serve(e, random_specs(3, 4, 24, 0.0, 16, seed=1), concurrency=2)
+    kinds = summarize(run, Slo())["steps_by_kind"]
+    assert kinds["decode, pre-launched"]["steps"] == e.runner.prelaunched > 0
+    assert sum(v["steps"] for v in kinds.values()) == e.runner.steps
 
 
 def test_adaptive_k_reads_measured_counts_as_measured_and_shrugs_off_stalls():

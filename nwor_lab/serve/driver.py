@@ -49,6 +49,7 @@ class StepRecord:
     tokens: int
     running: int                        # after the step
     waiting: int                        # before the step
+    prelaunched: bool = False           # launched before the host read the step before (its host work hidden)
 
 
 @dataclass
@@ -131,12 +132,14 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
                 sleep(max(0.0, arrivals[issued] - (clock() - t0)))
                 continue
         before, waiting = len(engine.trace), len(sched.waiting)
+        runner = getattr(engine, "runner", None)
+        prelaunched = getattr(runner, "pending", None) is not None      # this step runs on the GPU already
         start = clock()
         engine.step_with_progress()
         end = clock()
         t = end - t0
         entries = engine.trace[before:]
-        step = _step_record(entries, start - t0, end - start, len(sched.running), waiting)
+        step = _step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched)
         steps.append(step)
         for entry in entries:
             if entry.kind != "verify":
@@ -163,10 +166,11 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
                     steps, duration, steady=(0.0, last_sent) if concurrency is not None else None)
 
 
-def _step_record(entries, start: float, seconds: float, running: int, waiting: int) -> StepRecord:
+def _step_record(entries, start: float, seconds: float, running: int, waiting: int,
+                 prelaunched: bool = False) -> StepRecord:
     verify = [e for e in entries if e.kind == "verify"]
     reqs = sum(len(e.req_ids) for e in verify)
     drafts = max((d for e in verify for d in e.drafted), default=0)
     prefill = any(k == "prefill" for e in verify for k in e.kinds)
     tokens = sum(len(out) for e in verify for out in e.emitted)
-    return StepRecord(start, seconds, reqs, drafts, prefill, tokens, running, waiting)
+    return StepRecord(start, seconds, reqs, drafts, prefill, tokens, running, waiting, prelaunched)

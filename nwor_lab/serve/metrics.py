@@ -110,6 +110,7 @@ def summarize(run: ServeRun, slo: Slo, trace=None, k: int = 0, timeline_points: 
         out["steady_output_throughput"] = steady_throughput(run)
     out["occupancy"] = occupancy(run, timeline_points)
     out["steps_by_batch"] = steps_by_batch(run)
+    out["steps_by_kind"] = steps_by_kind(run)
     if trace is not None and k:
         out |= acceptance(trace, k)
     return out
@@ -153,6 +154,23 @@ def steps_by_batch(run: ServeRun) -> list[dict]:
                      "p50_ms": round(float(np.median(ms)), 3),
                      "tokens_per_step": round(sum(s.tokens for s in ss) / len(ss), 3)})
     return rows
+
+
+def steps_by_kind(run: ServeRun) -> dict:
+    """Where the run's step time went, by kind of step: `prefill` (a prefill rode in it), `decode,
+    pre-launched` (launched before the host read the step before: its host work overlapped the GPU's)
+    and `decode, host` (laid out by the host after the readback: its host work in the step's time)
+    -> {kind: steps, share of steps, share of the steps' time, mean and p50 ms}."""
+    kinds = {"prefill": [], "decode, pre-launched": [], "decode, host": []}
+    for s in run.steps:
+        if s.requests:
+            kind = "prefill" if s.prefill else "decode, pre-launched" if s.prelaunched else "decode, host"
+            kinds[kind].append(1e3 * s.seconds)
+    n = max(1, sum(len(v) for v in kinds.values()))
+    total = max(1e-9, sum(sum(v) for v in kinds.values()))
+    return {kind: {"steps": len(ms), "step_share": round(len(ms) / n, 4), "time_share": round(sum(ms) / total, 4),
+                   "mean_ms": round(float(np.mean(ms)), 3) if ms else None,
+                   "p50_ms": round(float(np.median(ms)), 3) if ms else None} for kind, ms in kinds.items()}
 
 
 def acceptance(trace, k: int) -> dict:
