@@ -120,6 +120,36 @@ def _check_generators(generators, num_reqs: int) -> dict[int, torch.Generator]:
     return generators
 
 
+def _recovered_at_first_rejection(recovered, accepted_len, cu, n, safe, real, p, q, race, greedy_req):
+    """`recovered [Dtot]` (the greedy argmax per draft) with, for each stochastic request that has
+    drafts, the row of its first rejected draft (its last draft when all were accepted: unused)
+    replaced by a sample of normalize(max(p - q, 0)) with the request's noise row. Only that row's
+    recovered token can be emitted, so the residual is formed for R rows, not for every draft's
+    [Dtot, V]: the same values, row for row, as forming it everywhere. If the residual is empty the
+    draft could only be rejected through inconsistent q (or float noise): p is sampled instead, so
+    the token stays in the target's support."""
+    total = recovered.shape[0]
+    if total == 0:
+        return recovered
+    start = cu - n                                                          # [R] first draft row
+    row = start + torch.minimum(accepted_len, (n - 1).clamp(min=0))
+    p_r = p[row.clamp(max=total - 1)]                                       # [R, V]
+    if q is None:     # the point mass of a greedy drafter (padding drafts: zero)
+        at = safe[row.clamp(max=total - 1)]
+        q_r = torch.zeros_like(p_r).scatter_(1, at[:, None], real[row.clamp(max=total - 1)][:, None].float())
+    else:
+        q_r = q[row.clamp(max=total - 1)]
+    residual = (p_r - q_r).clamp_min(0)
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    # residual * (1 / E) rather than residual / E: the same race, rounded as vLLM rounds it.
+    sample = torch.argmax(torch.where(empty, p_r, residual) * race.reciprocal(), dim=-1)
+    # a request without drafts (or a greedy one) writes to a trash slot past the drafts' rows
+    keep = (n > 0) & ~greedy_req
+    out = torch.cat([recovered, recovered.new_zeros(1)])
+    out.scatter_(0, torch.where(keep, row, total), sample)
+    return out[:total]
+
+
 def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None,
                      target_logits: torch.Tensor, *, temperature=0.0,
                      generator: torch.Generator | None = None,
@@ -177,23 +207,23 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
     recovered = target_argmax
     bonus = row_argmax[metadata.bonus_logits_indices.long()]
 
+    stochastic = None
     if temp is not None:
         target_rows = target_logits[metadata.target_logits_indices.long()]   # [Dtot, V]
         bonus_rows = target_logits[metadata.bonus_logits_indices.long()]     # [R, V]
         greedy_req = temp == 0
         safe_t = torch.where(greedy_req, torch.ones_like(temp), temp)   # no 0-division for greedy rows
-        # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels).
-        p_bonus = torch.softmax(bonus_rows.float() / safe_t[:, None], dim=-1)
+        # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels). The scaling
+        # divides the float copy in place: the same numbers as `x.float() / t`, one [n, V] pass less.
+        p_bonus = torch.softmax(bonus_rows.float().div_(safe_t[:, None]), dim=-1)
         bonus = torch.where(greedy_req, bonus, sample_from_probs(p_bonus, generator, generators=generators))
 
-        p = torch.softmax(target_rows.float() / safe_t[req, None], dim=-1)
-        if draft_probs is None:
-            # Point mass on each real draft; a padding draft's row stays zero (residual = p).
-            q = torch.zeros_like(p).scatter_(1, safe[:, None], real[:, None].float())
-        else:
-            q = draft_probs.float()
+        p = torch.softmax(target_rows.float().div_(safe_t[req, None]), dim=-1)
+        # q: a point mass on each real draft when the drafter is greedy (a padding draft's row is
+        # zero: its residual is p), never laid out as [Dtot, V]: its value at the draft is `real`
+        q = None if draft_probs is None else draft_probs.float()
         p_x = p.gather(1, safe[:, None]).squeeze(1)
-        q_x = q.gather(1, safe[:, None]).squeeze(1)
+        q_x = real.float() if q is None else q.gather(1, safe[:, None]).squeeze(1)
 
         # 2. Acceptance: u ~ U[0, 1) float64, draft accepted iff q(x) > 0 and p(x)/q(x) >= u (the
         # ratio in float32, compared in float64, as vLLM's kernel does).
@@ -204,21 +234,15 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
                 u[lo:lo + metadata.num_draft_tokens[r]].uniform_(generator=g)
         s_accept = real & (q_x > 0) & ((p_x / q_x).double() >= u)
 
-        # 3. Recovered: sample normalize(max(p - q, 0)) with one noise row per request. If the
-        # residual is empty the draft could only be rejected through inconsistent q (or float
-        # noise): fall back to p so the token stays in the target's support.
-        residual = (p - q).clamp_min(0)
-        empty = residual.sum(dim=-1, keepdim=True) <= 0
+        # 3. The recovered token's noise, one row per request (drawn here, in vLLM's order; the
+        # sample itself waits for the accepted lengths: `_recovered_at_first_rejection`)
         race = torch.empty((num_reqs, vocab), dtype=torch.float32, device=device).exponential_(generator=generator)
         for r, g in generators.items():
             if metadata.num_draft_tokens[r]:
                 race[r].exponential_(generator=g)
-        # residual * (1 / E) rather than residual / E: the same race, rounded as vLLM rounds it.
-        s_recovered = torch.argmax(torch.where(empty, p, residual) * race.reciprocal()[req], dim=-1)
-
         greedy_draft = greedy_req[req]
         accept = torch.where(greedy_draft, accept, s_accept)
-        recovered = torch.where(greedy_draft, recovered, s_recovered)
+        stochastic = (p, q, race, greedy_req)
 
     if synthetic_rates is not None:
         # forced acceptance: the verdict comes from the profile, never from the target's opinion
@@ -242,14 +266,17 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
     draft_grid[flat] = drafts
     accept_grid = torch.zeros(num_reqs * width, dtype=torch.int32, device=device)
     accept_grid[flat] = accept.to(torch.int32)
+    draft_grid, accept_grid = draft_grid.view(num_reqs, width), accept_grid.view(num_reqs, width)
+    # Accepted length: prefix of matches (padding columns are 0, so a <= n_r).
+    accepted_len = torch.cumprod(accept_grid, dim=1).sum(dim=1)
+    if stochastic is not None:
+        recovered = _recovered_at_first_rejection(recovered, accepted_len, cu, n, safe, real, *stochastic)
     next_grid = torch.full((num_reqs, width), 0, dtype=torch.long, device=device)
     next_grid.scatter_(1, n[:, None], bonus[:, None])   # column n_r holds the bonus
     next_grid = next_grid.view(-1)
     next_grid[flat] = recovered
-    draft_grid, accept_grid, next_grid = (g.view(num_reqs, width) for g in (draft_grid, accept_grid, next_grid))
+    next_grid = next_grid.view(num_reqs, width)
 
-    # Accepted length: prefix of matches (padding columns are 0, so a <= n_r).
-    accepted_len = torch.cumprod(accept_grid, dim=1).sum(dim=1)
     cols = torch.arange(width, device=device)[None, :]
     a = accepted_len[:, None]
     emitted = next_grid.gather(1, a)
