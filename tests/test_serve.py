@@ -57,6 +57,7 @@ def test_ttft_tpot_itl_goodput_follow_vllm():
     assert {k: v["steps"] for k, v in kinds.items()} == {"prefill": 2, "decode, pre-launched": 0, "decode, host": 3}
     assert kinds["prefill"]["time_share"] == pytest.approx(0.3 / 0.9, abs=1e-3)
     assert kinds["decode, pre-launched"]["mean_ms"] is None
+    assert [(x["t_s"], x["kind"]) for x in m["slowest_steps"][:2]] == [(0.6, "decode, host"), (0.1, "decode, host")]
 
 
 def test_slo_parsing_names_the_bad_part():
@@ -288,6 +289,21 @@ def test_serve_counts_the_prelaunched_steps_as_the_runner_does():
     kinds = summarize(run, Slo())["steps_by_kind"]
     assert kinds["decode, pre-launched"]["steps"] == e.runner.prelaunched > 0
     assert sum(v["steps"] for v in kinds.values()) == e.runner.steps
+
+
+def test_serve_records_the_garbage_collections_inside_its_steps():
+    """A collection that runs during a step is counted in the run and charged to that step."""
+    import gc
+    from nwor_lab.serve.metrics import gc_summary, slowest_steps
+    from nwor_lab.serve.driver import gc_pauses
+    with gc_pauses() as pauses:
+        gc.collect()
+    assert len(pauses) == 1 and pauses[0][0] == 2 and pauses[0][2] >= 0
+    run = hand_run()
+    run.gc_pauses = [(2, 0.65, 0.01), (0, 0.15, 0.002)]
+    assert gc_summary(run) == {"gen0": {"count": 1, "total_ms": 2.0, "max_ms": 2.0},
+                               "gen2": {"count": 1, "total_ms": 10.0, "max_ms": 10.0}}
+    assert [x["gc_ms"] for x in slowest_steps(run, 2)] == [10.0, 2.0]
 
 
 def test_adaptive_k_reads_measured_counts_as_measured_and_shrugs_off_stalls():

@@ -245,7 +245,7 @@ def run_point(engine, name: str, k_auto, point: dict, specs, args, device, phase
                            f"without the hook would run k_max every step: not an adaptive k)")
     if k_auto is not None:
         row["k_auto"] = k_auto.describe(since=decided)     # chosen: from the warm-up on; chosen_since: this point
-    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "steps_by_kind", "k_auto", "phases")}),
+    print(json.dumps({k: v for k, v in row.items() if k not in ("occupancy", "steps_by_batch", "steps_by_kind", "slowest_steps", "gc_pauses", "k_auto", "phases")}),
           flush=True)
     return row
 

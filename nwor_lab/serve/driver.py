@@ -15,6 +15,8 @@ gap, as those benchmarks count it.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import time
 from dataclasses import dataclass, field
@@ -62,6 +64,27 @@ class ServeRun:
     steps: list[StepRecord]
     duration: float                     # first send to last token
     steady: tuple[float, float] | None = None   # closed loop: (0, when the last request was sent)
+    gc_pauses: list[tuple[int, float, float]] = field(default_factory=list)   # (generation, start s, seconds)
+
+
+@contextlib.contextmanager
+def gc_pauses():
+    """Python's garbage collections while the `with` runs, as (generation, start, seconds) in a list
+    (the `with`'s value, filled as they happen): a full collection over a large heap stalls the
+    host for tens of ms, which a serving loop sees as one slow step."""
+    pauses, started = [], {}
+
+    def callback(phase, info):
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started:
+            t = started.pop("t")
+            pauses.append((info.get("generation", -1), t, time.perf_counter() - t))
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
 
 
 class Progress:
@@ -117,53 +140,56 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
         live[req.req_id] = (rec, req)
         last_sent = at
 
-    issued = done = 0
-    if concurrency is not None:
-        while issued < min(concurrency, n):
-            send(issued, 0.0)
-            issued += 1
-    while done < n:
-        now = clock() - t0
-        if arrivals is not None:
-            while issued < n and arrivals[issued] <= now:
-                send(issued, arrivals[issued])
+    real0 = time.perf_counter()       # the collections' clock (`clock` may be a test's)
+    with gc_pauses() as pauses:
+        issued = done = 0
+        if concurrency is not None:
+            while issued < min(concurrency, n):
+                send(issued, 0.0)
                 issued += 1
-            if not sched.has_work:                  # idle: the next client has not sent yet
-                sleep(max(0.0, arrivals[issued] - (clock() - t0)))
-                continue
-        before, waiting = len(engine.trace), len(sched.waiting)
-        runner = getattr(engine, "runner", None)
-        prelaunched = getattr(runner, "pending", None) is not None      # this step runs on the GPU already
-        start = clock()
-        engine.step_with_progress()
-        end = clock()
-        t = end - t0
-        entries = engine.trace[before:]
-        step = _step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched)
-        steps.append(step)
-        for entry in entries:
-            if entry.kind != "verify":
-                continue
-            for rid, out in zip(entry.req_ids, entry.emitted):
-                rec, req = live[rid]
-                if out:
-                    rec.chunks.append((t, len(out)))
-                if req.finished and rec.finish is None:
-                    rec.finish = t
-                    del live[rid]
-                    done += 1
-                    if concurrency is not None and issued < n:
-                        send(issued, t)
-                        issued += 1
-        if controller is not None:
-            controller.observe_step(entries, end - start)
+        while done < n:
+            now = clock() - t0
+            if arrivals is not None:
+                while issued < n and arrivals[issued] <= now:
+                    send(issued, arrivals[issued])
+                    issued += 1
+                if not sched.has_work:                  # idle: the next client has not sent yet
+                    sleep(max(0.0, arrivals[issued] - (clock() - t0)))
+                    continue
+            before, waiting = len(engine.trace), len(sched.waiting)
+            runner = getattr(engine, "runner", None)
+            prelaunched = getattr(runner, "pending", None) is not None      # this step runs on the GPU already
+            start = clock()
+            engine.step_with_progress()
+            end = clock()
+            t = end - t0
+            entries = engine.trace[before:]
+            step = _step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched)
+            steps.append(step)
+            for entry in entries:
+                if entry.kind != "verify":
+                    continue
+                for rid, out in zip(entry.req_ids, entry.emitted):
+                    rec, req = live[rid]
+                    if out:
+                        rec.chunks.append((t, len(out)))
+                    if req.finished and rec.finish is None:
+                        rec.finish = t
+                        del live[rid]
+                        done += 1
+                        if concurrency is not None and issued < n:
+                            send(issued, t)
+                            issued += 1
+            if controller is not None:
+                controller.observe_step(entries, end - start)
+            if progress is not None:
+                progress.update(done)
         if progress is not None:
-            progress.update(done)
-    if progress is not None:
-        progress.update(done, force=True)
+            progress.update(done, force=True)
     duration = max((r.finish for r in records), default=0.0)
     return ServeRun("open" if arrivals is not None else "closed", rate, concurrency, sched.max_num_seqs, records,
-                    steps, duration, steady=(0.0, last_sent) if concurrency is not None else None)
+                    steps, duration, steady=(0.0, last_sent) if concurrency is not None else None,
+                    gc_pauses=[(g, t - real0, sec) for g, t, sec in pauses])
 
 
 def _step_record(entries, start: float, seconds: float, running: int, waiting: int,

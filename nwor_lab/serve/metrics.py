@@ -111,6 +111,8 @@ def summarize(run: ServeRun, slo: Slo, trace=None, k: int = 0, timeline_points: 
     out["occupancy"] = occupancy(run, timeline_points)
     out["steps_by_batch"] = steps_by_batch(run)
     out["steps_by_kind"] = steps_by_kind(run)
+    out["slowest_steps"] = slowest_steps(run)
+    out["gc_pauses"] = gc_summary(run)
     if trace is not None and k:
         out |= acceptance(trace, k)
     return out
@@ -164,13 +166,36 @@ def steps_by_kind(run: ServeRun) -> dict:
     kinds = {"prefill": [], "decode, pre-launched": [], "decode, host": []}
     for s in run.steps:
         if s.requests:
-            kind = "prefill" if s.prefill else "decode, pre-launched" if s.prelaunched else "decode, host"
-            kinds[kind].append(1e3 * s.seconds)
+            kinds[_kind(s)].append(1e3 * s.seconds)
     n = max(1, sum(len(v) for v in kinds.values()))
     total = max(1e-9, sum(sum(v) for v in kinds.values()))
     return {kind: {"steps": len(ms), "step_share": round(len(ms) / n, 4), "time_share": round(sum(ms) / total, 4),
                    "mean_ms": round(float(np.mean(ms)), 3) if ms else None,
                    "p50_ms": round(float(np.median(ms)), 3) if ms else None} for kind, ms in kinds.items()}
+
+
+def _kind(s) -> str:
+    return "prefill" if s.prefill else "decode, pre-launched" if s.prelaunched else "decode, host"
+
+
+def slowest_steps(run: ServeRun, n: int = 5) -> list[dict]:
+    """The `n` slowest steps (a stall shows here, not in a median): when, how long, their kind and
+    requests, and the garbage collections that ran inside them (ms)."""
+    rows = []
+    for s in sorted(run.steps, key=lambda s: -s.seconds)[:n]:
+        gc_ms = sum(sec for _, t, sec in run.gc_pauses if s.start <= t < s.start + s.seconds)
+        rows.append({"t_s": round(s.start, 4), "ms": round(1e3 * s.seconds, 3), "kind": _kind(s),
+                     "requests": s.requests, "gc_ms": round(1e3 * gc_ms, 3)})
+    return rows
+
+
+def gc_summary(run: ServeRun) -> dict:
+    """Python's garbage collections during the run, by generation: count, total and longest ms."""
+    out = {}
+    for g in sorted({g for g, _, _ in run.gc_pauses}):
+        ms = [1e3 * sec for gg, _, sec in run.gc_pauses if gg == g]
+        out[f"gen{g}"] = {"count": len(ms), "total_ms": round(sum(ms), 3), "max_ms": round(max(ms), 3)}
+    return out
 
 
 def acceptance(trace, k: int) -> dict:
