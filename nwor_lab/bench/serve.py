@@ -41,6 +41,7 @@ stderr (`--quiet`: none).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import time
@@ -332,18 +333,24 @@ def main(argv=None) -> dict:
             traffic["steady"].start(0, [engine.acceptance] if engine.acceptance is not None else [])
         warm_up(engine, name, k_auto, warmup, args)
         engines.append((engine, name, k_auto))
+    # what start-up left (models, engines, graphs) is moved out of the collector's sight, as vLLM does
+    # after its start-up: a full collection then walks what the runs themselves allocate, not the heap
+    gc.collect()
+    gc.freeze()
     # configs interleaved at each load point, repeat by repeat in ABBA order: a drift of the machine (a
     # neighbour's load, clocks) hits every config of a point alike, not one config's whole sweep
     for point in points:
         runs: dict[str, list] = {}
         for rep in range(args.repeats):
             for engine, name, k_auto in in_turn(engines, rep):
+                gc.collect()            # (untimed) every run starts with the collector's counts at zero
                 runs.setdefault(name, []).append(run_point(engine, name, k_auto, point, specs, args, device,
                                                            traffic.get(point.get("traffic"))))
         rows.extend(with_spread(runs[name]) for _, name, _ in engines)
         if args.out:                              # what is measured so far survives a timeout
             write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, traffic, complete=False)
     del engines
+    gc.unfreeze()
     free_device(device)
     return write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, traffic, complete=True)
 
@@ -353,6 +360,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, tr
            "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
+           "gc": "frozen after the warm-ups (gc.freeze, as vLLM after start-up); collected before each run (untimed)",
            "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,
                         "prompt_len": args.prompt_len, "output_len": args.output_len,
                         "range_ratio": args.range_ratio, "seed": args.seed, "warmup_requests": args.warmup,
