@@ -77,6 +77,12 @@ def test_step_profile_spans_at_toy_size_and_chain_refused_off_cuda():
                 "--output-len", "30", "--steps", "4", "--profile-steps", "2"])
     assert [r["config"] for r in out["rows"]] == ["target", "eagle3:4"]
     assert all(r["timed"]["steps"] == 4 and r["profiled"]["steps"] == 2 for r in out["rows"])
+    served = main(["spans", "--serve", "--model", "8b-mini", "--device", "cpu", "--clients", "2", "--prompt-len", "8",
+                   "--output-len", "12", "--nwor", "off"])
+    for r in served["rows"]:      # one table per kind of step, over every step of the run
+        assert sum(t["steps"] for t in r["timed_by_kind"].values()) == r["steps"]
+        assert {k: t["steps"] for k, t in r["timed_by_kind"].items()} == \
+            {k: v["steps"] for k, v in r["steps_by_kind"].items() if v["steps"]}
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA"):
             main(["chain", "--device", "cpu"])

@@ -14,6 +14,10 @@ bookkeeping: host window, records, hand-out, trace), then `--profile-steps` more
 torch.profiler: the host syncs inside the steps, named by piece, the device's busy time per step and
 the launches per step. `readback` is the wait for the device; the rest of the step is host time.
 
+`spans --serve`: the same pieces over closed-loop serving (requests join and finish: steps with a
+prefill, decode steps pre-launched, decode steps the host laid out after the readback), one table per
+kind of step, no profiler.
+
 `chain` (CUDA only; the graphed 8B step at batch `--batch`: verify, head pass, draft chain, as `bench
 step` builds it, EAGLE-1 head, forced rate `--rate`): each policy's captured step replayed in turn
 (ABBA, `bench.graph_profile.replay_profile`), every kernel's µs per step, median over the rounds; the
@@ -96,6 +100,37 @@ def spans_config(target, head, k: int, mode: str, device, args, acceptance) -> d
     return row
 
 
+def serve_spans_config(target, head, k: int, mode: str, device, args, acceptance) -> dict:
+    """`spans --serve`: closed-loop serving at `--clients` clients (4 requests a client, lengths
+    +-25 %, as `bench serve`), every step timed piece by piece, one table per kind of step (the
+    driver's: a prefill rode in it, decode pre-launched, decode laid out by the host), after one
+    untimed run of the same load (every bucket captured)."""
+    from nwor_lab.bench.engine8b import build_engine
+    from nwor_lab.bench.step_spans import StepSpans
+    from nwor_lab.bench.timing import free_device
+    from nwor_lab.serve.driver import serve
+    from nwor_lab.serve.metrics import step_kind, steps_by_kind
+    from nwor_lab.serve.workload import random_specs
+    cuda = device.type == "cuda"
+    vocab = target.config.vocab_size
+    specs = random_specs(4 * args.clients, args.prompt_len, args.output_len, 0.25, vocab, seed=5)
+    e = build_engine(target, head, k, mode, "graph" if cuda else "off", args.clients,
+                     max(len(s.prompt) for s in specs), max(s.output_len for s in specs), acceptance, "auto", cuda)
+    serve(e, random_specs(2 * args.clients, args.prompt_len, args.output_len, 0.25, vocab, seed=6),
+          concurrency=args.clients)                                  # warm-up
+    spans = StepSpans(e)
+    with spans:
+        run = serve(e, specs, concurrency=args.clients, step=spans.step)
+    kinds = [step_kind(s) for s in run.steps]
+    tables = {kind: spans.table([i for i, x in enumerate(kinds) if x == kind]) for kind in dict.fromkeys(kinds)}
+    row = {"config": "target" if not k else f"eagle3:{k}", "k": k, "nwor": mode if k else None,
+           "clients": args.clients, "serve": True, "steps_by_kind": steps_by_kind(run), "timed_by_kind": tables,
+           "steps": len(run.steps)}
+    del e
+    free_device(device)
+    return row
+
+
 def run_spans(args, device) -> dict:
     from nwor_lab.model.shapes import random_head, random_target
     from nwor_lab.speculative.synthetic import ForcedAcceptance
@@ -103,12 +138,16 @@ def run_spans(args, device) -> dict:
     target = random_target(args.model, device, dtype)
     head = random_head(target, "eagle3", args.model)
     acceptance = ForcedAcceptance.parse(args.acceptance, args.k)
-    rows = [spans_config(target, None, 0, "off", device, args, None)]
-    print(json.dumps({"config": "target", "timed_step_ms": rows[-1]["timed"]["step_ms"]}), flush=True)
+    one = serve_spans_config if args.serve else spans_config
+
+    def said(row):
+        short = ({kind: t["step_ms"] for kind, t in row["timed_by_kind"].items()} if args.serve
+                 else row["timed"]["step_ms"])
+        print(json.dumps({"config": row["config"], "nwor": row["nwor"], "timed_step_ms": short}), flush=True)
+        return row
+    rows = [said(one(target, None, 0, "off", device, args, None))]
     for mode in args.nwor:
-        rows.append(spans_config(target, head, args.k, mode, device, args, acceptance))
-        print(json.dumps({"config": rows[-1]["config"], "nwor": mode, "timed_step_ms": rows[-1]["timed"]["step_ms"]}),
-              flush=True)
+        rows.append(said(one(target, head, args.k, mode, device, args, acceptance)))
     return {"part": "spans", "model": f"{args.model} shape, random weights, EAGLE-3 head, forced acceptance "
                                       f"{args.acceptance!r}", "prompt_len": args.prompt_len,
             "output_len": args.output_len, "rows": rows}
@@ -179,6 +218,8 @@ def main(argv=None) -> dict:
     p.add_argument("--prompt-len", type=types.integer(1, 4096), default=64)
     p.add_argument("--output-len", type=types.integer(8, 4096), default=256)
     p.add_argument("--steps", type=types.integer(1, 1000), default=30, help="spans: steps timed piece by piece")
+    p.add_argument("--serve", action="store_true",
+                   help="spans: closed-loop serving at --clients (admissions, finishes), one table per kind of step")
     p.add_argument("--profile-steps", type=types.integer(1, 1000), default=8, help="spans: steps under torch.profiler")
     p.add_argument("--k", type=types.integer(1, 16), default=4)
     p.add_argument("--nwor", type=types.listed(types.one_of(nwor_modes()), "write policies"), default=("stage",),

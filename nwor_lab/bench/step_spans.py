@@ -183,23 +183,25 @@ class StepSpans:
             self._current = None
 
     # -- the answer -----------------------------------------------------------------------------
-    def table(self) -> dict:
-        """Per piece over the recorded steps: mean ms per step (inclusive and self), calls per step (the
-        share of steps it ran in), self share of the step's wall time; `(unnamed)` the root's self time."""
-        n = len(self.per_step)
+    def table(self, steps: list[int] | None = None) -> dict:
+        """Per piece over the recorded steps (`steps`: those indices of `per_step` only): mean ms per step
+        (inclusive and self), calls per step (the share of steps it ran in), self share of the step's
+        wall time; `(unnamed)` the root's self time."""
+        per_step = self.per_step if steps is None else [self.per_step[i] for i in steps]
+        n = len(per_step)
         if not n:
             raise ValueError("StepSpans.table: no step was recorded (call step())")
-        walls = [s["step"][0] for s in self.per_step]
+        walls = [s["step"][0] for s in per_step]
         wall = sum(walls) / n
         names = [p for p, _, _ in PIECES] + ([t for t, _ in TIER] if self.tier else [])
         pieces = {}
         for name in names:
-            hit = [s[name] for s in self.per_step if name in s]
+            hit = [s[name] for s in per_step if name in s]
             if hit:
                 inc, own = sum(h[0] for h in hit) / n, sum(h[1] for h in hit) / n
                 pieces[name] = {"ms": round(1e3 * own, 4), "inclusive_ms": round(1e3 * inc, 4),
                                 "steps_with_it": len(hit), "share": round(own / wall, 4)}
-        unnamed = sum(s["step"][1] for s in self.per_step) / n
+        unnamed = sum(s["step"][1] for s in per_step) / n
         pieces["(unnamed)"] = {"ms": round(1e3 * unnamed, 4), "inclusive_ms": round(1e3 * unnamed, 4),
                                "steps_with_it": n, "share": round(unnamed / wall, 4)}
         readback = pieces.get("readback", {}).get("ms", 0.0)

@@ -109,12 +109,13 @@ class Progress:
 
 def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = None, concurrency: int | None = None,
           rate: float | None = None, controller=None, progress: Progress | None = None,
-          clock=time.perf_counter, sleep=time.sleep) -> ServeRun:
+          clock=time.perf_counter, sleep=time.sleep, step=None) -> ServeRun:
     """Run `specs` through `engine` in wall-clock time -> ServeRun.
 
     Exactly one of `arrivals` (open loop: send offsets in seconds, non-decreasing, one per spec;
     `rate` is only recorded) and `concurrency` (closed loop) is given. `controller`: an object with
     `observe_step(entries, seconds)` (an AdaptiveK) told every step's windows and wall time.
+    `step`: what runs one engine step (default `engine.step_with_progress`; a profiler's wrapper).
     """
     if (arrivals is None) == (concurrency is None):
         raise ValueError("serve: give arrivals (open loop) or concurrency (closed loop), not both")
@@ -160,12 +161,11 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
             runner = getattr(engine, "runner", None)
             prelaunched = getattr(runner, "pending", None) is not None      # this step runs on the GPU already
             start = clock()
-            engine.step_with_progress()
+            (step or engine.step_with_progress)()
             end = clock()
             t = end - t0
             entries = engine.trace[before:]
-            step = _step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched)
-            steps.append(step)
+            steps.append(_step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched))
             for entry in entries:
                 if entry.kind != "verify":
                     continue

@@ -166,7 +166,7 @@ def steps_by_kind(run: ServeRun) -> dict:
     kinds = {"prefill": [], "decode, pre-launched": [], "decode, host": []}
     for s in run.steps:
         if s.requests:
-            kinds[_kind(s)].append(1e3 * s.seconds)
+            kinds[step_kind(s)].append(1e3 * s.seconds)
     n = max(1, sum(len(v) for v in kinds.values()))
     total = max(1e-9, sum(sum(v) for v in kinds.values()))
     return {kind: {"steps": len(ms), "step_share": round(len(ms) / n, 4), "time_share": round(sum(ms) / total, 4),
@@ -174,7 +174,8 @@ def steps_by_kind(run: ServeRun) -> dict:
                    "p50_ms": round(float(np.median(ms)), 3) if ms else None} for kind, ms in kinds.items()}
 
 
-def _kind(s) -> str:
+def step_kind(s) -> str:
+    """A StepRecord's kind: `prefill` (a prefill rode in it), `decode, pre-launched` or `decode, host`."""
     return "prefill" if s.prefill else "decode, pre-launched" if s.prelaunched else "decode, host"
 
 
@@ -184,7 +185,7 @@ def slowest_steps(run: ServeRun, n: int = 5) -> list[dict]:
     rows = []
     for s in sorted(run.steps, key=lambda s: -s.seconds)[:n]:
         gc_ms = sum(sec for _, t, sec in run.gc_pauses if s.start <= t < s.start + s.seconds)
-        rows.append({"t_s": round(s.start, 4), "ms": round(1e3 * s.seconds, 3), "kind": _kind(s),
+        rows.append({"t_s": round(s.start, 4), "ms": round(1e3 * s.seconds, 3), "kind": step_kind(s),
                      "requests": s.requests, "gc_ms": round(1e3 * gc_ms, 3)})
     return rows
 
