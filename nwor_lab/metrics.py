@@ -51,7 +51,10 @@ class LabMetrics:
     def __init__(self, keep_records: bool = True):
         self.registry = CollectorRegistry()
         self.keep_records = keep_records
-        self.records: list[WindowRecord] = []
+        self._records: list[WindowRecord] = []
+        # called before any read: the engine that owns these metrics counts the windows it deferred
+        # (`SpecEngine.flush_records`), so a reader always sees every window that ran
+        self.before_read = None
         labels = ["mode"]
         def counter(name, doc):
             return Counter(f"nwor_{name}", doc, labels, registry=self.registry)
@@ -77,10 +80,19 @@ class LabMetrics:
         self.bytes_logged.labels(m).inc(rec.bytes_logged)
         self.bytes_restored.labels(m).inc(rec.bytes_restored)
         if self.keep_records:
-            self.records.append(rec)
+            self._records.append(rec)
+
+    @property
+    def records(self) -> list[WindowRecord]:
+        """Every window's WindowRecord, in the order they ran."""
+        if self.before_read is not None:
+            self.before_read()
+        return self._records
 
     def value(self, name: str, mode: str) -> float:
         """Current value of counter `name` (e.g. 'accepted') for `mode`."""
+        if self.before_read is not None:
+            self.before_read()
         return getattr(self, name).labels(mode)._value.get()
 
     def summary(self) -> dict:
@@ -101,4 +113,6 @@ class LabMetrics:
 
     def exposition(self) -> str:
         """Prometheus text format of this lab's counters."""
+        if self.before_read is not None:
+            self.before_read()
         return generate_latest(self.registry).decode()

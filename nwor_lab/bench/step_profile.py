@@ -24,6 +24,7 @@ step` builds it, EAGLE-1 head, forced rate `--rate`): each policy's captured ste
 kernels whose time differs from `off`'s, largest first; and the replays' µs from CUDA events,
 interleaved (`bench.kernels.interleaved_time_us`), with each policy's ratio to off. One graph holds
 the whole step: the chain's own kernels are found by what differs, not by a separate pass.
+`chain --temperatures 0,0.8`: the same for `off` at each temperature (what sampling adds, kernel by kernel).
 """
 from __future__ import annotations
 
@@ -186,8 +187,14 @@ def run_chain(args, device) -> dict:
     if device.type != "cuda":
         raise UsageError("step_profile chain: the graphed step needs a CUDA device (no graph is captured on the CPU)")
     pair = make_pair("8b")
-    modes = nwor_modes()
-    cases = {m: StepCase(pair, args.batch, args.k, args.context, m, args.rate) for m in modes}
+    if args.temperatures:      # one policy (`off`) at each temperature: what sampling adds to the step
+        modes = [f"T{t:g}" for t in args.temperatures]
+        cases = {name: StepCase(pair, args.batch, args.k, args.context, "off", args.rate, temperature=t)
+                 for name, t in zip(modes, args.temperatures)}
+    else:
+        modes = nwor_modes()
+        cases = {m: StepCase(pair, args.batch, args.k, args.context, m, args.rate) for m in modes}
+    base = modes[0]
     bad = [m for m, c in cases.items() if c.inputs is None or c.inputs.graph is None]
     if bad:
         raise RuntimeError(f"step_profile chain: no captured decode graph for {bad} (the bucket stayed eager)")
@@ -197,13 +204,13 @@ def run_chain(args, device) -> dict:
     out = {"part": "chain", "model": "8b shape, random weights, EAGLE-1 head (bench step's)", "batch": args.batch,
            "k": args.k, "context": args.context, "rate": args.rate,
            "graph_us": {m: round(v, 1) for m, v in graph_us.items()},
-           "graph_vs_off": {m: round(graph_us[m] / graph_us["off"], 4) for m in modes}}
+           f"graph_vs_{base}": {m: round(graph_us[m] / graph_us[base], 4) for m in modes}}
     if kernels is None:
         out["kernels"] = None
         out["note"] = "the replays could not be told apart on the device's timeline (bench.graph_profile.split_replays)"
     else:
         out["kernels"] = kernels
-        out["differs_from_off"] = kernel_diff(kernels)
+        out[f"differs_from_{base}"] = kernel_diff(kernels, base)
     return out
 
 
@@ -228,6 +235,9 @@ def main(argv=None) -> dict:
     p.add_argument("--batch", type=types.integer(1, 512), default=64, help="chain: the batch")
     p.add_argument("--context", type=types.integer(1, 1 << 16), default=1024, help="chain: cached tokens per request")
     p.add_argument("--rate", type=types.fraction, default=0.5, help="chain: forced acceptance rate")
+    p.add_argument("--temperatures", type=types.listed(types.temperature, "temperatures"), default=None,
+                   help="chain: `off` at each of these temperatures instead of every policy at T 0 (kernels "
+                        "against the first)")
     p.add_argument("--rounds", type=types.integer(2, 64), default=6, help="chain: ABBA rounds under the profiler")
     p.add_argument("--top", type=types.integer(1, 500), default=40, help="chain: kernels listed per policy")
     p.add_argument("--out", type=types.output_file, default=None)

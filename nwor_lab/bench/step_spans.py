@@ -30,6 +30,8 @@ The pieces (`PIECES`, in the order a step meets them):
     trace           ... the window's trace entry (each window's: verify and draft),
     draft_record    ... the head's draft window and its record (every row rejected)
     drops           the requests aborted or preempted while the step ran, applied (Lifecycle.apply_drops)
+    records.flush   the step before's records, counted once this step is launched (SpecEngine.flush_records:
+                    `records` and `draft_record`'s count run inside it when the engine defers them)
 
 Self time is a span's time minus the spans it holds; the root's self time is what no piece names.
 Every wrapper is removed on exit (instance attributes deleted, class attributes restored). What is
@@ -62,6 +64,7 @@ PIECES = (
     ("trace", "", "_end_window"),
     ("draft_record", "", "_record_draft_window"),
     ("drops", "lifecycle", "apply_drops"),
+    ("records.flush", "", "flush_records"),
 )
 TIER = (("host_tier.offload", "on_evict"), ("host_tier.restore", "extend_hits"))
 

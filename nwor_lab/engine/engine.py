@@ -132,6 +132,8 @@ class SpecEngine:
         if self.ledger is not None:
             self.observers.append(self.ledger)
         self.metrics, self.draft_metrics = LabMetrics(), LabMetrics()
+        self._pending_records: list = []       # windows whose records wait for `flush_records`
+        self.metrics.before_read = self.draft_metrics.before_read = self.flush_records
         self.policy = policy_cls(self.cache, self.config, self.metrics, observers=self.observers)
         # without drafts every row commits whatever the mode: the host loop of scv_mode='off' would only keep
         # the steps out of CUDA graphs, so such an engine takes the vectorised form (same acceptance)
@@ -209,6 +211,7 @@ class SpecEngine:
         """Step until every request finished."""
         while self.scheduler.has_work:
             self.step_with_progress()
+        self.flush_records()
 
     def step_with_progress(self) -> None:
         """`step()`, raising instead of returning without a window while requests wait (a loop
@@ -307,10 +310,19 @@ class SpecEngine:
         chunked = [c >= 0 for c in h.get("chunk_next", [-1] * len(requests))]
         live = [a + 1 < r.remaining and r.req_id not in dropped and not c
                 for r, a, c in zip(requests, result.accepted, chunked)]
-        host_window, acceptance = kind.host_window(h, result)       # built once: the record and the trace
-        record = self.runner.records(host_window, acceptance)
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
-                            result.accepted, [], record)
+                            result.accepted, [])
+        host_window = None
+        if self._records_later():
+            policy = self.policy
+
+            def count() -> None:
+                window, acceptance = kind.host_window(h, result)
+                entry.record = self.runner.records(window, acceptance, policy)
+            self._defer_record(entry, count)
+        else:
+            host_window, acceptance = kind.host_window(h, result)   # built once: the record and the observers
+            entry.record = self.runner.records(host_window, acceptance)
         kind.note(entry, h, result)
         for i, r in enumerate(requests):
             r.chunk = None                 # the scheduler sets the next step's
@@ -344,13 +356,41 @@ class SpecEngine:
         rejected (the drafter policy's record; nothing when the head drafted for nobody)."""
         if not drafted:
             return
-        window = chain_window([slots for _, slots in drafted], self.cache.device)
-        layer = self.head.layer_index
-        record = self.drafter.policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
         n = len(drafted)
         entry = WindowTrace(self.step_index, "draft", [r.req_id for r, _ in drafted], ["draft"] * n,
-                            [len(s) for _, s in drafted], [0] * n, [[] for _ in drafted], record)
-        self._end_window(entry, window)
+                            [len(s) for _, s in drafted], [0] * n, [[] for _ in drafted])
+        layer = self.head.layer_index
+        policy = self.drafter.policy
+        slots = [s for _, s in drafted]
+
+        def count() -> Window:
+            window = chain_window(slots, self.cache.device)
+            entry.record = policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
+            return window
+        if self._records_later():
+            self._defer_record(entry, count)
+            self._end_window(entry, None)
+        else:
+            self._end_window(entry, count())
+
+    # -- records counted behind the next step ----------------------------------------------------
+    def _records_later(self) -> bool:
+        """Whether this step's window records may be counted after the next step is launched
+        (`flush_records`): the window kind allows it (`records_later`), and nobody reads them as the
+        window ends (no observers, no debug checks)."""
+        return self.window_kind.records_later and not self.observers and not self.config.debug
+
+    def _defer_record(self, entry: WindowTrace, count) -> None:
+        entry._resolve = self.flush_records
+        self._pending_records.append(count)
+
+    def flush_records(self) -> None:
+        """Count the windows whose records were deferred, in the order they ran. The runner calls it
+        once the next step is launched, before it waits for that step's readback, so the host's
+        bookkeeping (host windows, the policies' records and metrics) overlaps the GPU's work; any read
+        of a record or of the metrics calls it first."""
+        while self._pending_records:
+            self._pending_records.pop(0)()
 
     def _emit(self, r: Request, tokens: list[int]) -> list[int]:
         """Append `tokens` to the output, cut at max_new_tokens and after an end-of-sequence token."""

@@ -203,6 +203,7 @@ class StepRunner:
                     self.prefill_steps += 1
                 else:
                     self.mixed_steps += 1
+        e.flush_records()     # the step before's bookkeeping, while this step (and the next) run on the GPU
         rows = inp.readback.rows(handle, len(requests))              # the step's one sync
         return StepResult(inp, rows, features, probs, e.window_kind)
 
@@ -324,12 +325,13 @@ class StepRunner:
         self.prelaunched += 1
 
     # -- the host's records ----------------------------------------------------------------------
-    def records(self, window, acceptance):
+    def records(self, window, acceptance, policy=None):
         """The verify window's record from its host copy (`window_kind.host_window`: the real
-        requests' Window or TreeWindow, and what they accepted)."""
+        requests' Window or TreeWindow, and what they accepted), by `policy` (default: the engine's
+        write policy now; a deferred record passes the one that ran the window)."""
         e = self.engine
         written = range(e.target.num_layers + (1 if e.drafting else 0))
-        return e.policy.account(window, acceptance, written, opened=range(e.cache.num_layers))
+        return (policy or e.policy).account(window, acceptance, written, opened=range(e.cache.num_layers))
 
 
 def can_capture(engine) -> bool:

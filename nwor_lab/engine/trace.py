@@ -27,12 +27,32 @@ class WindowTrace:
     record: WindowRecord | None = None
     path_ranks: list | None = None      # a tree window: per request, the sibling rank of each accepted node
 
+    # The engine may count a window's record after the next step is launched (`SpecEngine.flush_records`:
+    # the host's bookkeeping behind the GPU's work); `_resolve` is then the engine's flush, and reading
+    # `record` runs it first, so a reader never sees a window's record missing.
+    _resolve = None
+
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("step", "kind", "req_ids", "kinds", "drafted", "accepted", "emitted")}
         d["record"] = None if self.record is None else self.record.to_dict()
         if self.path_ranks is not None:
             d["path_ranks"] = self.path_ranks
         return d
+
+
+def _get_record(self) -> WindowRecord | None:
+    if self._resolve is not None:
+        self._resolve()
+    return self._record
+
+
+def _set_record(self, record: WindowRecord | None) -> None:
+    self._record = record
+    self._resolve = None
+
+
+WindowTrace.record = property(_get_record, _set_record, doc="the policy's WindowRecord (counted on first read "
+                                                            "when the engine deferred it)")
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,10 @@ def draft_chain(engine, chain, base: torch.Tensor, counts: torch.Tensor, feature
 class ChainKind:
     """The chain's side of the window seam (see nwor_lab.engine.window_kind for the interface)."""
 
+    # a chain window's record reads only its host copy (`host_window`) and counts: it may be counted
+    # after the next step is launched (`SpecEngine.flush_records`)
+    records_later = True
+
 
     def __init__(self, engine):
         self.engine = engine        # (its drafter is made after the kind: the sizes below read it then)

@@ -19,6 +19,7 @@ class WindowKind(Protocol):
     verify_rows: int     # rows a request slot of a decode bucket
     draft_rows: int      # rows a request slot of the head's draft window (0: no drafting)
     eager_reason: str | None   # why every step runs eagerly because of the kind (None: nothing)
+    records_later: bool  # may a window's record be counted after the next step is launched (`flush_records`)
 
     # host, before the step
     def forced_tables(self, acceptance, device): ...                # forced acceptance's device tables

@@ -132,6 +132,9 @@ class TreeKind:
     (k = 0). Either drafts the next tree."""
 
     k = 0           # draft slots a request in the sampler's layout: a tree engine's prefills verify with none
+    # a tree window's record is counted as it ends: an eager tree step's compaction counts its moves in
+    # the policy (`_moved`), which the next step's body would overwrite before a deferred record read it
+    records_later = False
 
     def __init__(self, engine):
         self.plan = engine.tree_plan
