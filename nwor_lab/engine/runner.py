@@ -12,8 +12,10 @@
                `nwor_lab.engine.capture_sizes`)
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
-               the step computed for it on the device (nothing can change it: no request can
-               finish, nobody is admitted, no end token is watched)
+               the step computed for it on the device (the scheduler keeps every request and admits
+               nobody, no end token is watched). A request that finishes in this step rides the
+               next one dead: the device knows (`remaining` <= 0), so its rows write nothing and it
+               drafts nothing; the host leaves it out of that step's bookkeeping (`_can_prelaunch`)
 
 A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
@@ -47,10 +49,17 @@ from nwor_lab.ops.graphs import capture_graph
 class StepResult:
     """A step's outputs on the host: per request its sampled ids `[k + 1]`, accepted length, next
     token, next drafts (None without drafting) and their probabilities (T > 0); head features at the
-    last kept rows `[n, h]` (device) or None."""
+    last kept rows `[n, h]` (device) or None. `aboard`: the request slots the host reads (None: the
+    first len(rows)); a pre-launched step's dead riders' slots are left out."""
 
-    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs, kind):
+    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs, kind,
+                 aboard: list[int] | None = None):
         w = inp.sampled_width          # k + 1 (a chain), D + 1 (a tree window)
+        if aboard is not None:
+            rows = [rows[i] for i in aboard]
+            at = torch.tensor(aboard, dtype=torch.long, device=features.device if features is not None else None)
+            features = features[at] if features is not None else None
+            probs = probs[at.to(probs.device)] if probs is not None else None
         self.inputs = inp
         self.sampled = [row[:w] for row in rows]
         self.accepted = [row[w] for row in rows]
@@ -90,6 +99,7 @@ class StepRunner:
         self.prelaunch = True     # False: never launch a step before the host read the one before
         self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
+        self.dead_riders = 0      # request slots pre-launched steps carried dead (finished the step before)
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
@@ -163,17 +173,24 @@ class StepRunner:
 
     @property
     def pending_requests(self) -> list | None:
-        """The requests of the pre-launched step (the engine's next step), or None."""
-        return None if self.pending is None else list(self.pending[1])
+        """The requests of the pre-launched step that run on (the engine's next step), or None. Those
+        that finished in the step before ride it dead and are left out: the host does not step them.
+        Never empty: a step is pre-launched only while one request at least surely runs on."""
+        return None if self.pending is None else [r for r in self.pending[1] if not r.finished]
 
     def _step(self, requests) -> StepResult:
         e = self.engine
+        riders, aboard = requests, None         # the step's request slots; those the host reads (None: all)
         if self.pending is not None:
-            inp, preqs, handle = self.pending
+            inp, riders, handle = self.pending
             self.pending = None
-            if len(preqs) != len(requests) or any(x is not y for x, y in zip(preqs, requests)):
+            aboard = [i for i, r in enumerate(riders) if not r.finished]
+            if len(aboard) != len(requests) or any(riders[i] is not y for i, y in zip(aboard, requests)):
                 raise RuntimeError("engine: a step was pre-launched for other requests than the scheduler "
                                    "scheduled now (an engine bug; run with LabConfig(cuda_graph=False) meanwhile)")
+            self.dead_riders += len(riders) - len(aboard)
+            if len(aboard) == len(riders):
+                aboard = None
             inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
             features, probs = inp.features, inp.next_probs
         else:
@@ -192,8 +209,8 @@ class StepRunner:
             # harmless for the requests aboard it (their next step read them already: `fill`, or the
             # pre-launch's device copy); `_keep_lent_probs` copies out the rows of any other
             inp.lent = list(requests)
-        if self._can_prelaunch(inp, requests):
-            self._prelaunch(inp, requests)
+        if self._can_prelaunch(inp, riders):     # (a step carrying dead riders never passes: see there)
+            self._prelaunch(inp, riders)
         e.target_forwards += 1
         self.steps += 1
         if inp.static:
@@ -203,8 +220,8 @@ class StepRunner:
                     self.prefill_steps += 1
                 else:
                     self.mixed_steps += 1
-        rows = inp.readback.rows(handle, len(requests))              # the step's one sync
-        return StepResult(inp, rows, features, probs, e.window_kind)
+        rows = inp.readback.rows(handle, len(riders))                # the step's one sync
+        return StepResult(inp, rows, features, probs, e.window_kind, aboard)
 
     def _keep_lent_probs(self, inp: StepInputs, requests) -> None:
         """Before `inp`'s graph replays: a request handed views of its probabilities output by an
@@ -257,9 +274,12 @@ class StepRunner:
     # -- pre-launch ------------------------------------------------------------------------------
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
         """The next step is this bucket again, on the inputs this step computed for it: every request
-        runs on with the bucket's k drafts (its draft count d; none can emit its last token now: 2k + 2 or more left; no end token is
-        watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
-        graph exists; no request of this step was aborted or preempted while it ran."""
+        has the bucket's k drafts (its draft count d) and either runs on with them or, emitting its
+        last token now, rides the next step dead (`_finishing_may_ride`); no end token is watched
+        (only the host sees it), the scheduler keeps them all and admits nobody, and the graph
+        exists; no request of this step was aborted or preempted while it ran. `requests`: the
+        step's request slots, so a step that carries dead riders itself never passes (they left the
+        scheduler's running list): the host lays out the step after it."""
         e = self.engine
         k = inp.k
         sched = e.scheduler
@@ -270,21 +290,51 @@ class StepRunner:
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
                 and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
-                and all(r.remaining >= 2 * k + 2 for r in requests)
+                and self._finishing_may_ride(inp, requests)
                 and self._prelaunch_fits(inp, requests)
                 and self._hook_keeps_k(inp, requests))
 
+    def _finishing_may_ride(self, inp: StepInputs, requests) -> bool:
+        """Whether every request that may emit its last token in this step (k + 1 left or fewer: a
+        step emits at most k + 1) may ride the next step dead: one request at least surely runs on
+        (a step of dead riders alone would be a wasted forward) and `dead_rider_refusal` is None."""
+        finishing = sum(r.remaining <= inp.k + 1 for r in requests)
+        return not finishing or (finishing < len(requests) and self.dead_rider_refusal() is None)
+
+    def dead_rider_refusal(self) -> str | None:
+        """Why a request that may finish in this step may not ride the pre-launched next step dead
+        (then the step is not pre-launched), or None. On the device a dead rider writes and drafts
+        nothing whatever the policy, prefix caching or a `draft_counts` hook; what remains:"""
+        e = self.engine
+        if e.scheduler.waiting:
+            # the finishing request's seat: the host's next step admits a waiting request into it,
+            # a pre-launched one would keep that request waiting a step more
+            return "a request waits for a seat that a finishing request frees"
+        if e.states is not None:
+            # its state window would advance the finished request's state slot, which the host
+            # frees for the next request (and a prefix cache's checkpoints): kept out until built
+            return "a hybrid target's recurrent state (dead riders are not built for its state window)"
+        if e.temperature > 0:
+            # the engine's generator draws by request slot and bucket: a dead rider keeps its slot
+            # where the host compacts the requests (or picks a smaller bucket), so the next step's
+            # draws would differ from a host-filled step's (the same distribution, another stream);
+            # pre-launched and host-filled steps sample the same tokens (tests/test_sampling_buckets.py)
+            return "sampling at T > 0 (the draws are laid out by request slot)"
+        return None
+
     def _prelaunch_blocks(self, inp: StepInputs, r) -> int:
-        """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1)."""
+        """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1), never past
+        its worst case (a request that may finish now writes at most what it can still emit, + k)."""
         k = inp.k
-        return r.num_computed + k + 1 + (2 * k if inp.drafts_next else k + 1)
+        need = r.num_computed + k + 1 + (2 * k if inp.drafts_next else k + 1)
+        return min(need, r.worst_case_blocks * self.engine.scheduler.block_size)
 
     def _prelaunch_fits(self, inp: StepInputs, requests) -> bool:
         """The pre-launched step's blocks fit without preempting (admission reserves no worst case:
         when they do not, the host schedules the next step and preempts there)."""
         sched = self.engine.scheduler
-        need = sum(max(0, min(sched.blocks_for(self._prelaunch_blocks(inp, r)), r.worst_case_blocks)
-                       - len(r.block_table.blocks)) for r in requests)
+        need = sum(max(0, sched.blocks_for(self._prelaunch_blocks(inp, r)) - len(r.block_table.blocks))
+                   for r in requests)
         return need <= sched.allocator.num_free
 
     def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
