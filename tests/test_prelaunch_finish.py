@@ -39,8 +39,8 @@ def engine_for(pair, mode, *, k=3, prelaunch=True, prefix="", temperature=0.0, h
     return e
 
 
-def wave(e, prompts=PROMPTS):
-    reqs = [e.add_request(p, n) for p, n in zip(prompts, MAX_NEW)]
+def wave(e, prompts=PROMPTS, max_new=MAX_NEW):
+    reqs = [e.add_request(p, n) for p, n in zip(prompts, max_new)]
     e.run()
     return [r.output for r in reqs]
 
@@ -103,53 +103,52 @@ def test_target_only_decode_buckets_ride_dead_too(pair):
     assert e.runner.dead_riders > 0 and on == off and on_trace == off_trace
 
 
-@pytest.mark.parametrize("mode", NWOR_MODES)
-def test_a_dead_riders_blocks_are_not_written_while_its_step_runs(pair, mode):
-    """Around every pre-launched launch (CPU: the body runs then), the cache slots whose bytes
-    changed all lie in blocks of requests that run on; a request that finished in the step before
-    (a dead rider) keeps every byte of its blocks and every row of its verify and chain windows has
-    slot -1 (under stage and cow a rewrite of its t_last row would leave equal bytes: the slots are
-    what shows it); no request holds more blocks than its worst case."""
-    e = engine_for(pair, mode)
-    r = e.runner
+def watch_prelaunches(e) -> list:
+    """Spy on the runner's pre-launches -> the list each one appends to: (step index during which
+    it was launched, {req_id: blocks} of its riders, blocks whose cache bytes it changed, each of
+    its windows' (slots, request slot of each row), {req_id: request slot}). The snapshots are
+    device ops in stream order, so this holds for captured replays too."""
+    r, bs = e.runner, e.cache.spec.block_size
     launches = []
-    orig = r._launch
+    orig_launch, orig_pre = r._launch, r._prelaunch
+    riders = []
 
-    def spy(inp):
-        if not getattr(spy, "pre", False):
-            return orig(inp)
+    def launch(inp):
+        if not riders:
+            return orig_launch(inp)
         key, value = e.cache.key.clone(), e.cache.value.clone()
-        out = orig(inp)
-        bs = e.cache.spec.block_size
+        out = orig_launch(inp)
         changed = ((e.cache.key != key) | (e.cache.value != value)).flatten(3).any(-1).any(0)   # [NB, BS]
-        slots = set(torch.nonzero(changed.flatten()).flatten().tolist())
-        blocks = {q.req_id: list(q.block_table.blocks) for q in spy.riders}
+        written = {s // bs for s in torch.nonzero(changed.flatten()).flatten().tolist()}
         # each window's slots by request slot (verify, then the chain's): a dead rider's must all be -1
         windows = [(w.slot_mapping.clone(), w.token_req.long().clone())
                    for w in (inp.window, inp.chain.window if inp.chain is not None else None) if w is not None]
-        slot_of = {q.req_id: j for j, q in enumerate(spy.riders)}
-        launches.append((e.step_index, blocks, {s // bs for s in slots}, windows, slot_of))
+        launches.append((e.step_index, {q.req_id: list(q.block_table.blocks) for q in riders}, written, windows,
+                         {q.req_id: j for j, q in enumerate(riders)}))
         return out
 
-    orig_pre = r._prelaunch
-
-    def pre(inp, riders):
-        spy.pre, spy.riders = True, riders
+    def prelaunch(inp, requests):
+        riders[:] = requests
         try:
-            orig_pre(inp, riders)
+            orig_pre(inp, requests)
         finally:
-            spy.pre = False
-        assert all(len(q.block_table.blocks) <= q.worst_case_blocks for q in riders)
+            riders.clear()
+        assert all(len(q.block_table.blocks) <= q.worst_case_blocks for q in requests)
 
-    r._launch, r._prelaunch = spy, pre
-    wave(e)
-    assert r.dead_riders > 0
+    r._launch, r._prelaunch = launch, prelaunch
+    return launches
+
+
+def check_dead_riders_untouched(e, launches, write_all: bool) -> int:
+    """Every pre-launched step changed only blocks of requests that run on; a request whose last
+    window was the step before (a dead rider) kept its blocks' bytes and had slot -1 on every row of
+    the step's windows -> the dead riders seen (equal to the runner's count)."""
     last = {}
     for t in e.trace:
         if t.kind == "verify":
             for rid in t.req_ids:
                 last[rid] = t.step
-    dead_seen = 0
+    seen = 0
     for step, blocks, written, windows, slot_of in launches:
         # launched during step `step`, it runs as step + 1: riders whose last window was `step` ride dead
         dead = {rid for rid in blocks if last[rid] == step}
@@ -160,20 +159,53 @@ def test_a_dead_riders_blocks_are_not_written_while_its_step_runs(pair, mode):
             for slots, token_req in windows:            # (stage and cow would rewrite equal bytes)
                 mine = slots[token_req == slot_of[rid]]
                 assert mine.numel() and bool((mine == -1).all()), (step, rid, mine)
-        dead_seen += len(dead)
-        if mode == "off":
-            assert written                              # write-all: the live riders' rows landed (not vacuous)
-    assert dead_seen == r.dead_riders
+        if write_all:
+            assert written                              # the live riders' rows landed (the check is not vacuous)
+        seen += len(dead)
+    assert seen == e.runner.dead_riders
+    return seen
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_a_dead_riders_blocks_are_not_written_while_its_step_runs(pair, mode):
+    """Around every pre-launched launch (CPU: the body runs then), the cache slots whose bytes
+    changed all lie in blocks of requests that run on; a request that finished in the step before
+    (a dead rider) keeps every byte of its blocks and every row of its verify and chain windows has
+    slot -1 (under stage and cow a rewrite of its t_last row would leave equal bytes: the slots are
+    what shows it); no request holds more blocks than its worst case."""
+    e = engine_for(pair, mode)
+    launches = watch_prelaunches(e)
+    wave(e)
+    assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
 
 
 def test_refusals_that_remain_are_named(pair):
-    """At T > 0 (the draws are laid out by request slot) and while a request waits for a seat, a
-    request that may finish keeps the step for the host; the reason is one line."""
-    e = engine_for(pair, "stage", temperature=0.8)
-    wave(e)
-    assert e.runner.dead_riders == 0 and e.runner.prelaunched > 0
-    assert "T > 0" in e.runner.dead_rider_refusal()
+    """At T > 0 and while a request waits for a seat, a request that may finish keeps the step for
+    the host; the reason is one line. At T > 0 the engine's generator draws by request slot: with
+    these budgets (request 0 finishes first, the others run on) riding dead moved the others'
+    draws and changed their tokens against the host-filled run (measured with the refusal lifted);
+    with it, the pre-launch on and off sample the same tokens."""
+    budgets = [3, 20, 20, 20]
+    got = []
+    for prelaunch in (True, False):
+        e = engine_for(pair, "stage", temperature=0.8, prelaunch=prelaunch)
+        got.append(wave(e, max_new=budgets))
+        if prelaunch:
+            assert e.runner.dead_riders == 0 and e.runner.prelaunched > 0
+            assert "T > 0" in e.runner.dead_rider_refusal()
+    assert got[0] == got[1]
     e = engine_for(pair, "stage")
     assert e.runner.dead_rider_refusal() is None
+    e.runner.ride_dead = False
+    assert "ride_dead" in e.runner.dead_rider_refusal()
+    e.runner.ride_dead = True
     e.add_request([1, 2], 3)
     assert "waits" in e.runner.dead_rider_refusal()
+
+
+def test_riding_dead_off_keeps_the_old_rule(pair):
+    """`StepRunner.ride_dead = False` (a newcomer joins a step sooner): no dead riders, same tokens."""
+    e = engine_for(pair, "cow")
+    e.runner.ride_dead = False
+    assert wave(e) == wave(engine_for(pair, "cow", prelaunch=False))
+    assert e.runner.dead_riders == 0 and e.runner.prelaunched > 0

@@ -100,6 +100,9 @@ class StepRunner:
         self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
         self.dead_riders = 0      # request slots pre-launched steps carried dead (finished the step before)
+        # False: a request that may finish keeps the next step for the host, as before dead riders (a
+        # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
+        self.ride_dead = True
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
@@ -306,6 +309,8 @@ class StepRunner:
         (then the step is not pre-launched), or None. On the device a dead rider writes and drafts
         nothing whatever the policy, prefix caching or a `draft_counts` hook; what remains:"""
         e = self.engine
+        if not self.ride_dead:
+            return "StepRunner.ride_dead is False"
         if e.scheduler.waiting:
             # the finishing request's seat: the host's next step admits a waiting request into it,
             # a pre-launched one would keep that request waiting a step more

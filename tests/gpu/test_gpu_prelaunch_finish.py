@@ -1,0 +1,50 @@
+"""Dead riders under CUDA graphs: captured decode buckets pre-launched while a request finishes in
+the step before (it rides the replay dead: remaining 0 on the device, slot -1 on its rows, no
+drafts). The CPU tests run the same body eagerly on the same padded buffers
+(tests/test_prelaunch_finish.py); this is the replay itself. Greedy tokens, every window's trace
+and record equal the same captured engine's with the pre-launch off, with and without prefix
+caching (a second wave hits the first wave's blocks); the dead riders' blocks keep their bytes and
+their rows have slot -1 (snapshots taken in stream order around each pre-launched replay)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+from nwor_lab import LabConfig
+from nwor_lab.engine import SpecEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # tests/: the CPU file's helpers
+from test_prelaunch_finish import check_dead_riders_untouched, trace, watch_prelaunches, wave  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def pair(toy_pair16):
+    return toy_pair16
+
+
+def engine(pair, mode, prelaunch: bool, *, k=3, prefix=""):
+    target, head = pair
+    e = SpecEngine(target, head if k else None, LabConfig(nwor_mode=mode, scv_mode="graph", prefix_cache=prefix),
+                   k=k, block_size=4, max_num_seqs=4, num_blocks=128)
+    assert e.runner.capture and e.graphed_off is None, e.graphed_off
+    e.runner.prelaunch = prelaunch
+    return e
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("prefix", ["", "on"])
+@pytest.mark.parametrize("mode", ["off", "cow", "stage"])
+def test_gpu_replayed_steps_carry_dead_riders_and_decode_alike(pair, mode, prefix, k):
+    runs = []
+    for prelaunch in (True, False):
+        e = engine(pair, mode, prelaunch, k=k, prefix=prefix)
+        launches = watch_prelaunches(e) if prelaunch else None
+        tokens = [wave(e) for _ in range(2 if prefix else 1)]
+        runs.append((tokens, trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, e_off, _) = runs
+    assert e.runner.replays > 0 and e.runner.prelaunched > 0 and e_off.runner.prelaunched == 0
+    assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
+    assert on == off
+    assert on_trace == off_trace
