@@ -209,3 +209,22 @@ def test_riding_dead_off_keeps_the_old_rule(pair):
     e.runner.ride_dead = False
     assert wave(e) == wave(engine_for(pair, "cow", prelaunch=False))
     assert e.runner.dead_riders == 0 and e.runner.prelaunched > 0
+
+
+def test_the_serve_driver_sees_no_tokens_of_dead_riders(pair):
+    """Closed loop (a new request sent as one finishes): the driver times each request's chunks from
+    the trace; a dead rider's step lists it nowhere, so every request's tokens and chunk count match
+    its output, and each request decodes what it decodes with the pre-launch off."""
+    from nwor_lab.serve.driver import serve
+    from nwor_lab.serve.workload import random_specs
+    specs = random_specs(8, 6, 10, 0.5, 16, 0)
+    outs = []
+    for prelaunch in (True, False):
+        e = engine_for(pair, "stage", prelaunch=prelaunch)
+        run = serve(e, specs, concurrency=3)
+        done = sorted(e.scheduler.finished, key=lambda r: r.req_id)
+        assert [sum(n for _, n in rec.chunks) for rec in run.requests] == [s.output_len for s in specs]
+        outs.append([r.output for r in done])
+        if prelaunch:
+            assert e.runner.dead_riders > 0
+    assert outs[0] == outs[1]
