@@ -106,8 +106,10 @@ def test_target_only_decode_buckets_ride_dead_too(pair):
 def watch_prelaunches(e) -> list:
     """Spy on the runner's pre-launches -> the list each one appends to: (step index during which
     it was launched, {req_id: blocks} of its riders, blocks whose cache bytes it changed, each of
-    its windows' (slots, request slot of each row), {req_id: request slot}). The snapshots are
-    device ops in stream order, so this holds for captured replays too."""
+    its windows' (slots, request slot of each row), {req_id: request slot}, and for a hybrid target
+    {req_id: state slot} and the state slots whose rows changed, and the block checkpoints (prefix
+    caching) that changed). The snapshots are device ops in stream order, so this holds for
+    captured replays too."""
     r, bs = e.runner, e.cache.spec.block_size
     launches = []
     orig_launch, orig_pre = r._launch, r._prelaunch
@@ -117,14 +119,21 @@ def watch_prelaunches(e) -> list:
         if not riders:
             return orig_launch(inp)
         key, value = e.cache.key.clone(), e.cache.value.clone()
+        stores = states_of(e)
+        before = [t.clone() for t in stores]
         out = orig_launch(inp)
         changed = ((e.cache.key != key) | (e.cache.value != value)).flatten(3).any(-1).any(0)   # [NB, BS]
         written = {s // bs for s in torch.nonzero(changed.flatten()).flatten().tolist()}
+        # state store rows [L, S, ...] by slot (dim 1), `current` [S]; checkpoints [L, NB + 1, ...] by block
+        moved = [set(torch.nonzero((a != b).flatten(2).any(-1).any(0) if a.dim() > 1 else a != b)
+                     .flatten().tolist()) for a, b in zip(stores, before)]
+        state = ({q.req_id: q.state_slot for q in riders}, set().union(*moved[:3]) if moved else set(),
+                 set().union(*moved[3:]) if len(moved) > 3 else set())
         # each window's slots by request slot (verify, then the chain's): a dead rider's must all be -1
         windows = [(w.slot_mapping.clone(), w.token_req.long().clone())
                    for w in (inp.window, inp.chain.window if inp.chain is not None else None) if w is not None]
         launches.append((e.step_index, {q.req_id: list(q.block_table.blocks) for q in riders}, written, windows,
-                         {q.req_id: j for j, q in enumerate(riders)}))
+                         {q.req_id: j for j, q in enumerate(riders)}, state))
         return out
 
     def prelaunch(inp, requests):
@@ -139,17 +148,29 @@ def watch_prelaunches(e) -> list:
     return launches
 
 
+def states_of(e) -> list:
+    """A hybrid target's stores a step may write: the state store's recurrent, conv and current,
+    then prefix caching's block checkpoints (recurrent, conv); [] without recurrent state."""
+    if e.states is None:
+        return []
+    st = e.states.store
+    out = [st.recurrent, st.conv, st.current]
+    bsx = e.prefix.block_states if e.prefix is not None else None
+    return out + ([bsx.recurrent, bsx.conv] if bsx is not None else [])
+
+
 def check_dead_riders_untouched(e, launches, write_all: bool) -> int:
     """Every pre-launched step changed only blocks of requests that run on; a request whose last
-    window was the step before (a dead rider) kept its blocks' bytes and had slot -1 on every row of
-    the step's windows -> the dead riders seen (equal to the runner's count)."""
+    window was the step before (a dead rider) kept its blocks' bytes, its state slot's rows and its
+    blocks' checkpoints (a hybrid target), and had slot -1 on every row of the step's windows -> the
+    dead riders seen (equal to the runner's count)."""
     last = {}
     for t in e.trace:
         if t.kind == "verify":
             for rid in t.req_ids:
                 last[rid] = t.step
     seen = 0
-    for step, blocks, written, windows, slot_of in launches:
+    for step, blocks, written, windows, slot_of, (state_slot, moved, checkpoints) in launches:
         # launched during step `step`, it runs as step + 1: riders whose last window was `step` ride dead
         dead = {rid for rid in blocks if last[rid] == step}
         live_blocks = {b for rid, bl in blocks.items() if rid not in dead for b in bl}
@@ -159,6 +180,9 @@ def check_dead_riders_untouched(e, launches, write_all: bool) -> int:
             for slots, token_req in windows:            # (stage and cow would rewrite equal bytes)
                 mine = slots[token_req == slot_of[rid]]
                 assert mine.numel() and bool((mine == -1).all()), (step, rid, mine)
+            if e.states is not None:
+                assert state_slot[rid] not in moved, (step, rid, state_slot[rid])
+                assert not checkpoints & set(blocks[rid]), (step, rid)
         if write_all:
             assert written                              # the live riders' rows landed (the check is not vacuous)
         seen += len(dead)
@@ -228,3 +252,50 @@ def test_the_serve_driver_sees_no_tokens_of_dead_riders(pair):
         if prelaunch:
             assert e.runner.dead_riders > 0
     assert outs[0] == outs[1]
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    from nwor_lab.bench.state import toy_pair as hybrid_pair
+    return hybrid_pair()
+
+
+def hybrid_engine(pair, state_mode, prelaunch, *, k=3, prefix=""):
+    target, head = pair
+    e = SpecEngine(target, head if k else None, LabConfig(nwor_mode="stage", state_mode=state_mode, prefix_cache=prefix),
+                   k=k, block_size=4, max_num_seqs=4, num_blocks=128)
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    e.runner.prelaunch = prelaunch
+    return e
+
+
+@pytest.mark.parametrize("state_mode", ["off", "stage", "snapshots", "cow", "replay"])
+def test_a_hybrid_targets_dead_riders_run_their_state_window_on_the_scratch_slot(hybrid, state_mode):
+    """A hybrid target's decode buckets pre-launched with dead riders: every state strategy decodes
+    what it decodes with the pre-launch off (target-only's tokens, or under `off` the same wrong
+    ones), traces and records alike; the finished request's own state slot keeps its bytes."""
+    from nwor_lab.state import STATE_POLICIES
+    assert state_mode in STATE_POLICIES
+    runs = []
+    for prelaunch in (True, False):
+        e = hybrid_engine(hybrid, state_mode, prelaunch)
+        launches = watch_prelaunches(e)
+        runs.append((wave(e), trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, _, _) = runs
+    assert check_dead_riders_untouched(e, launches, write_all=False) > 0
+    assert on == off and on_trace == off_trace
+    if state_mode != "off":
+        assert on == wave(hybrid_engine(hybrid, "stage", False, k=0))
+
+
+def test_a_hybrid_targets_block_checkpoints_survive_dead_riders(hybrid):
+    """With prefix caching (state checkpoints at committed block ends), a second wave of the same
+    prompts restores the first wave's checkpoints: the same tokens with the pre-launch on and off."""
+    runs = []
+    for prelaunch in (True, False):
+        e = hybrid_engine(hybrid, "stage", prelaunch, prefix="on")
+        launches = watch_prelaunches(e)
+        runs.append(([wave(e) for _ in range(2)], trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, e_off, _) = runs
+    assert check_dead_riders_untouched(e, launches, write_all=False) > 0 and e.prefix_stats()["hit_tokens"] > 0
+    assert on == off and on_trace == off_trace and e.prefix_stats() == e_off.prefix_stats()

@@ -307,7 +307,8 @@ class StepRunner:
     def dead_rider_refusal(self) -> str | None:
         """Why a request that may finish in this step may not ride the pre-launched next step dead
         (then the step is not pre-launched), or None. On the device a dead rider writes and drafts
-        nothing whatever the policy, prefix caching or a `draft_counts` hook; what remains:"""
+        nothing whatever the policy, prefix caching, a `draft_counts` hook or a hybrid target's state
+        strategy (`step.next_inputs`); what remains:"""
         e = self.engine
         if not self.ride_dead:
             return "StepRunner.ride_dead is False"
@@ -315,10 +316,6 @@ class StepRunner:
             # the finishing request's seat: the host's next step admits a waiting request into it,
             # a pre-launched one would keep that request waiting a step more
             return "a request waits for a seat that a finishing request frees"
-        if e.states is not None:
-            # its state window would advance the finished request's state slot, which the host
-            # frees for the next request (and a prefix cache's checkpoints): kept out until built
-            return "a hybrid target's recurrent state (dead riders are not built for its state window)"
         if e.temperature > 0:
             # the engine's generator draws by request slot and bucket: a dead rider keeps its slot
             # where the host compacts the requests (or picks a smaller bucket), so the next step's

@@ -364,7 +364,9 @@ def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     step can run before the host read this one. Padding request slots stay padding. A request that
     emits its last token in this step (remaining - a - 1 <= 0) keeps its inputs (positions inside
     its blocks and the tables) with remaining 0 and no drafts: in a pre-launched step it rides dead,
-    its rows write nothing (`verify_rows`: slot -1) and it drafts nothing (`run_step`'s `live`)."""
+    its rows write nothing (`verify_rows`: slot -1), it drafts nothing (`run_step`'s `live`) and a
+    hybrid target's state window runs it on the store's scratch slot (its own slot, which the host
+    frees, keeps its bytes; block checkpoints key on the rows' slots: -1 goes to their scratch row)."""
     k = inp.k
     left = inp.remaining - accepted - 1                              # [B] tokens left after this step
     on = (inp.remaining > 0) & (left > 0)                            # runs on into the next step
@@ -381,6 +383,8 @@ def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     inp.remaining.copy_(torch.where(on, left, 0))
     if drafts is not None:
         inp.spec.draft_token_ids.copy_(torch.where(on[:, None], drafts, -1).reshape(-1).int())
+    if e.states is not None:    # a dead rider's state window runs on the store's scratch slot, as padding's
+        inp.state_slots.copy_(torch.where(on, inp.state_slots, e.states.store.scratch_slot))
     inp.start.copy_(start)
 
 

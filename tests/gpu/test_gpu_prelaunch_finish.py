@@ -48,3 +48,35 @@ def test_gpu_replayed_steps_carry_dead_riders_and_decode_alike(pair, mode, prefi
     assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
     assert on == off
     assert on_trace == off_trace
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from nwor_lab.bench.state import toy_pair
+    target, head = toy_pair(wide=True)          # heads of 16: what Triton's attention takes
+    return target.cuda(), head.cuda()
+
+
+@pytest.mark.parametrize("prefix", ["", "on"])
+@pytest.mark.parametrize("state_mode", ["stage", "snapshots", "replay"])
+def test_gpu_hybrid_replays_run_dead_riders_on_the_scratch_slot(hybrid, state_mode, prefix):
+    """A hybrid target's captured decode buckets (a strategy that declares `capture_off` runs eagerly
+    and pre-launches nothing: skipped): the dead rider's state slot and block checkpoints keep
+    their bytes, tokens and traces equal the run with the pre-launch off."""
+    target, head = hybrid
+    runs = []
+    for prelaunch in (True, False):
+        e = SpecEngine(target, head, LabConfig(nwor_mode="stage", state_mode=state_mode, scv_mode="graph",
+                                               prefix_cache=prefix), k=3, block_size=4, max_num_seqs=4, num_blocks=128)
+        if e.graphed_off is not None:
+            pytest.skip(e.graphed_off)
+        e.runner.prelaunch = prelaunch
+        launches = watch_prelaunches(e) if prelaunch else None
+        runs.append(([wave(e) for _ in range(2 if prefix else 1)], trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, _, _) = runs
+    assert e.runner.replays > 0 and e.runner.prelaunched > 0
+    assert check_dead_riders_untouched(e, launches, write_all=False) > 0
+    assert on == off and on_trace == off_trace
