@@ -223,7 +223,8 @@ class SpecEngine:
         """One verify window over every scheduled request, drafting for the next one in the same
         step. -> False when nothing was scheduled (no work)."""
         # a step the runner pre-launched is the next step, whatever changed since (a request added,
-        # an observer attached): it runs on the GPU already; the scheduler waits one step
+        # an observer attached): it runs on the GPU already; the scheduler waits one step. Its requests
+        # that finished in the step before ride it dead and are not listed: nothing here sees them
         pending = self.runner.pending_requests
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:

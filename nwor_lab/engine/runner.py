@@ -57,9 +57,8 @@ class StepResult:
         w = inp.sampled_width          # k + 1 (a chain), D + 1 (a tree window)
         if aboard is not None:
             rows = [rows[i] for i in aboard]
-            at = torch.tensor(aboard, dtype=torch.long, device=features.device if features is not None else None)
-            features = features[at] if features is not None else None
-            probs = probs[at.to(probs.device)] if probs is not None else None
+            features, probs = (None if t is None else t[torch.tensor(aboard, device=t.device)]
+                               for t in (features, probs))
         self.inputs = inp
         self.sampled = [row[:w] for row in rows]
         self.accepted = [row[w] for row in rows]
