@@ -1,16 +1,18 @@
 """A pre-launched step that carries requests which finished in the step before it (dead riders):
 the device computed their `remaining` as 0 (`step.next_inputs`), so their rows write nothing
-(`window_chain.verify_rows`: slot -1) and draft nothing; the host leaves them out of the step's
-bookkeeping (`StepRunner.pending_requests`, `StepResult(aboard=)`). Run on CPU on the padded
-eager path (`StepRunner(pad=True, capture=False)`), which runs the same body and pre-launches
-like a graph does; the captured replay itself needs a GPU (tests/gpu/test_gpu_engine.py,
-tests/gpu/test_gpu_sampling_graphs.py), unverified here.
+(`window_chain.verify_rows`: slot -1), draft nothing and run a hybrid target's state window on the
+store's scratch slot; the host leaves them out of the step's bookkeeping
+(`StepRunner.pending_requests`, `StepResult(aboard=)`). Run on CPU on the padded eager path
+(`StepRunner(pad=True, capture=False)`), which runs the same body and pre-launches like a graph
+does; the captured replays run the same checks in tests/gpu/test_gpu_prelaunch_finish.py
+(unverified here: no GPU).
 
 Greedy tokens, every window's trace and every policy's record are the same with the pre-launch on
 and off (nobody waits here, so both runs group the requests alike), for off / cow / stage, with
 prefix caching (a second wave of prompts hits the blocks the first wave's finishing requests
-left), with a `draft_counts` hook, and at k = 0; the cache bytes a dead rider's blocks hold do not
-change while its step runs."""
+left), with a `draft_counts` hook, at k = 0, for a hybrid target under every state strategy, and
+through the serve driver; a dead rider's blocks, state slot and block checkpoints keep their bytes
+while its step runs. At T > 0 and while a request waits, dead riders are refused (named)."""
 import pytest
 import torch
 
