@@ -10,7 +10,8 @@ does; the captured replays run the same checks in tests/gpu/test_gpu_prelaunch_f
 Greedy tokens, every window's trace and every policy's record are the same with the pre-launch on
 and off (nobody waits here, so both runs group the requests alike), for off / cow / stage, with
 prefix caching (a second wave of prompts hits the blocks the first wave's finishing requests
-left), with a `draft_counts` hook, at k = 0, for a hybrid target under every state strategy, and
+left), with a `draft_counts` hook, at k = 0, on sliding-window rings, with forced acceptance, for a
+hybrid target under every state strategy, and
 through the serve driver; a dead rider's blocks, state slot and block checkpoints keep their bytes
 while its step runs. At T > 0 and while a request waits, dead riders are refused (named)."""
 import pytest
@@ -301,3 +302,27 @@ def test_a_hybrid_targets_block_checkpoints_survive_dead_riders(hybrid):
     (on, on_trace, e, launches), (off, off_trace, e_off, _) = runs
     assert check_dead_riders_untouched(e, launches, write_all=False) > 0 and e.prefix_stats()["hit_tokens"] > 0
     assert on == off and on_trace == off_trace and e.prefix_stats() == e_off.prefix_stats()
+
+
+@pytest.mark.parametrize("mode,cfg", [("off", dict(sliding_window=12, kv_ring="ring")),
+                                      ("stage", dict(sliding_window=12, kv_ring="slack")),
+                                      ("stage", dict(forced=(0.9, 0.6, 0.3)))])
+def test_rings_and_forced_acceptance_ride_dead_alike(pair, mode, cfg):
+    """A sliding window's ring (not the guard, which keeps every step for the host: its drafts may be
+    cut) maps a dead rider's rows to slot -1 like any cache; forced acceptance keys its uniforms on
+    the prompt and the position, so a dead rider moves no one's verdicts."""
+    from nwor_lab.speculative.synthetic import ForcedAcceptance
+    cfg = dict(cfg)
+    forced = cfg.pop("forced", None)
+    target, head = pair
+    runs = []
+    for prelaunch in (True, False):
+        e = SpecEngine(target, head, LabConfig(nwor_mode=mode, **cfg), k=3, block_size=4, max_num_seqs=4,
+                       num_blocks=128, acceptance=ForcedAcceptance(forced) if forced else None)
+        e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+        e.runner.prelaunch = prelaunch
+        launches = watch_prelaunches(e)
+        runs.append((wave(e), trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, _, _) = runs
+    assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
+    assert on == off and on_trace == off_trace
