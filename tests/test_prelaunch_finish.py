@@ -326,3 +326,48 @@ def test_rings_and_forced_acceptance_ride_dead_alike(pair, mode, cfg):
     (on, on_trace, e, launches), (off, off_trace, _, _) = runs
     assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
     assert on == off and on_trace == off_trace
+
+
+def eos_engine(pair, mode, prelaunch, eos):
+    target, head = pair
+    e = SpecEngine(target, head, LabConfig(nwor_mode=mode), k=3, block_size=4, max_num_seqs=4, num_blocks=128,
+                   eos_token_id=eos)
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    e.runner.prelaunch = prelaunch
+    return e
+
+
+@pytest.mark.parametrize("mode", NWOR_MODES)
+def test_a_request_ending_on_an_end_token_rides_dead(pair, mode):
+    """An end token ends a request at any step (the device sees it among the tokens it emits:
+    `next_inputs`), so with one watched every step may carry a dead rider: tokens, traces and
+    records as with the pre-launch off, the dead riders' blocks untouched."""
+    free = wave(engine_for(pair, mode, prelaunch=False))
+    eos = free[1][3]                    # a token request 1 emits early, while the others run on
+    runs = []
+    for prelaunch in (True, False):
+        e = eos_engine(pair, mode, prelaunch, eos)
+        launches = watch_prelaunches(e)
+        runs.append((wave(e), trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, _, _) = runs
+    assert any(len(o) < n and o[-1] == eos for o, n in zip(on, MAX_NEW))    # an end token ended one
+    assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
+    assert on == off and on_trace == off_trace
+
+
+def test_a_step_whose_requests_all_ended_on_end_tokens_is_dropped(pair):
+    """One request, an end token mid-way: the step pre-launched after it carries it dead alone;
+    the engine collects and drops that step, ends the request, and decodes the next one as usual."""
+    free = wave(engine_for(pair, "stage", prelaunch=False), PROMPTS[3:], [16])[0]
+    eos = free[8]
+    outs = []
+    for prelaunch in (True, False):
+        e = eos_engine(pair, "stage", prelaunch, eos)
+        outs.append([wave(e, PROMPTS[3:], [16]), wave(e, PROMPTS[:1], [12])])
+        if prelaunch:
+            assert e.runner.dead_riders > 0 and e.runner.pending is None and not e.scheduler.has_work
+            steps = e.runner.steps
+        else:
+            assert e.runner.steps < steps                # the dropped step ran, for nothing
+    assert outs[0] == outs[1]
+    assert outs[0][0][0][-1] == eos and len(outs[0][0][0]) < 16

@@ -226,6 +226,9 @@ class SpecEngine:
         # an observer attached): it runs on the GPU already; the scheduler waits one step. Its requests
         # that finished in the step before ride it dead and are not listed: nothing here sees them
         pending = self.runner.pending_requests
+        if pending == []:       # every request of it emitted an end token in the step before
+            self.runner.drop_dead_step()
+            pending = None
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False

@@ -13,8 +13,8 @@
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
                the step computed for it on the device (the scheduler keeps every request and admits
-               nobody, no end token is watched). A request that finishes in this step rides the
-               next one dead: the device knows (`remaining` <= 0), so its rows write nothing and it
+               nobody). A request that finishes in this step (its last token, or an end token) rides
+               the next one dead: the device knows (`next_inputs`), so its rows write nothing and it
                drafts nothing; the host leaves it out of that step's bookkeeping (`_can_prelaunch`)
 
 A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
@@ -177,7 +177,7 @@ class StepRunner:
     def pending_requests(self) -> list | None:
         """The requests of the pre-launched step that run on (the engine's next step), or None. Those
         that finished in the step before ride it dead and are left out: the host does not step them.
-        Never empty: a step is pre-launched only while one request at least surely runs on."""
+        Empty only when end tokens ended every one of them (`drop_dead_step` collects that step)."""
         return None if self.pending is None else [r for r in self.pending[1] if not r.finished]
 
     def _step(self, requests) -> StepResult:
@@ -277,9 +277,9 @@ class StepRunner:
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
         """The next step is this bucket again, on the inputs this step computed for it: every request
         has the bucket's k drafts (its draft count d) and either runs on with them or, emitting its
-        last token now, rides the next step dead (`_finishing_may_ride`); no end token is watched
-        (only the host sees it), the scheduler keeps them all and admits nobody, and the graph
-        exists; no request of this step was aborted or preempted while it ran. `requests`: the
+        last token or an end token now, rides the next step dead (`_finishing_may_ride`); the
+        scheduler keeps them all and admits nobody, and the graph exists; no request of this step
+        was aborted or preempted while it ran. `requests`: the
         step's request slots, so a step that carries dead riders itself never passes (they left the
         scheduler's running list): the host lays out the step after it."""
         e = self.engine
@@ -288,7 +288,6 @@ class StepRunner:
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
         return (self.prelaunch and not guard and not e.dropping and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
-                and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
                 and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
@@ -297,11 +296,15 @@ class StepRunner:
                 and self._hook_keeps_k(inp, requests))
 
     def _finishing_may_ride(self, inp: StepInputs, requests) -> bool:
-        """Whether every request that may emit its last token in this step (k + 1 left or fewer: a
-        step emits at most k + 1) may ride the next step dead: one request at least surely runs on
-        (a step of dead riders alone would be a wasted forward) and `dead_rider_refusal` is None."""
-        finishing = sum(r.remaining <= inp.k + 1 for r in requests)
-        return not finishing or (finishing < len(requests) and self.dead_rider_refusal() is None)
+        """Whether every request that may finish in this step (k + 1 left or fewer: a step emits at
+        most k + 1; any request while an end token is watched) may ride the next step dead:
+        `dead_rider_refusal` is None and one request at least is short of its last token (a step of
+        dead riders alone would be a wasted forward; end tokens can still end them all at once,
+        `drop_dead_step`)."""
+        near = [r.remaining <= inp.k + 1 for r in requests]
+        if not any(near) and self.engine.eos_token_id is None:
+            return True
+        return self.dead_rider_refusal() is None and not all(near)
 
     def dead_rider_refusal(self) -> str | None:
         """Why a request that may finish in this step may not ride the pre-launched next step dead
@@ -373,6 +376,20 @@ class StepRunner:
         packed, features, _ = self._launch(inp)
         self.pending = (inp, list(requests), inp.readback.start(packed))
         self.prelaunched += 1
+
+    def drop_dead_step(self) -> None:
+        """Collect the pre-launched step when every request of it finished in the step before (each
+        emitted an end token: `pending_requests` is empty): it ran for nothing; its outputs are read
+        and dropped, and the host schedules the next step."""
+        inp, riders, handle = self.pending
+        if any(not r.finished for r in riders):
+            raise RuntimeError("drop_dead_step: the pre-launched step has requests that run on (an engine bug)")
+        self.pending = None
+        inp.readback.rows(handle, len(riders))
+        self.dead_riders += len(riders)
+        self.steps += 1
+        self.graphed_steps += 1       # (a decode bucket's)
+        self.engine.target_forwards += 1
 
     # -- the host's records ----------------------------------------------------------------------
     def records(self, window, acceptance):

@@ -362,7 +362,8 @@ def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     """A decode bucket's next inputs from this step's outputs, on the device: what `fill` would
     write once the host advanced every request (t_last + k drafts each, the same rows), so the next
     step can run before the host read this one. Padding request slots stay padding. A request that
-    emits its last token in this step (remaining - a - 1 <= 0) keeps its inputs (positions inside
+    emits its last token in this step (remaining - a - 1 <= 0, or an end token among the a + 1 it
+    emits) keeps its inputs (positions inside
     its blocks and the tables) with remaining 0 and no drafts: in a pre-launched step it rides dead,
     its rows write nothing (`verify_rows`: slot -1), it drafts nothing (`run_step`'s `live`) and a
     hybrid target's state window runs it on the store's scratch slot (its own slot, which the host
@@ -370,6 +371,9 @@ def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     k = inp.k
     left = inp.remaining - accepted - 1                              # [B] tokens left after this step
     on = (inp.remaining > 0) & (left > 0)                            # runs on into the next step
+    if e.eos_token_id is not None:  # an end token among what it emits now ends it too (the host's `_emit`)
+        emitted = torch.arange(sampled.shape[1], device=sampled.device)[None, :] <= accepted[:, None]
+        on = on & ~((sampled == e.eos_token_id) & emitted).any(1)
     token = sampled.gather(1, accepted[:, None]).long()              # [B, 1] the next t_last
     start = torch.where(on, inp.start + accepted + 1, inp.start)
     ids = torch.cat([token, drafts.clamp(min=0)], 1) if drafts is not None else token   # [B, k+1]
