@@ -80,3 +80,23 @@ def test_gpu_hybrid_replays_run_dead_riders_on_the_scratch_slot(hybrid, state_mo
     assert e.runner.replays > 0 and e.runner.prelaunched > 0
     assert check_dead_riders_untouched(e, launches, write_all=False) > 0
     assert on == off and on_trace == off_trace
+
+
+@pytest.mark.parametrize("mode", ["off", "stage"])
+def test_gpu_replays_see_end_tokens(pair, mode):
+    """An end token ends a request inside a replay (the captured `next_inputs` compares the emitted
+    tokens with it): tokens and traces as with the pre-launch off, the dead riders' blocks untouched."""
+    target, head = pair
+    free = wave(engine(pair, mode, False))
+    eos = free[1][3]
+    runs = []
+    for prelaunch in (True, False):
+        e = SpecEngine(target, head, LabConfig(nwor_mode=mode, scv_mode="graph"), k=3, block_size=4,
+                       max_num_seqs=4, num_blocks=128, eos_token_id=eos)
+        e.runner.prelaunch = prelaunch
+        launches = watch_prelaunches(e) if prelaunch else None
+        runs.append((wave(e), trace(e), e, launches))
+    (on, on_trace, e, launches), (off, off_trace, _, _) = runs
+    assert e.runner.replays > 0
+    assert check_dead_riders_untouched(e, launches, write_all=mode == "off") > 0
+    assert on == off and on_trace == off_trace
