@@ -226,8 +226,12 @@ class SpecEngine:
         """One verify window over every scheduled request, drafting for the next one in the same
         step. -> False when nothing was scheduled (no work)."""
         # a step the runner pre-launched is the next step, whatever changed since (a request added,
-        # an observer attached): it runs on the GPU already; the scheduler waits one step
+        # an observer attached): it runs on the GPU already; the scheduler waits one step. Its requests
+        # that finished in the step before ride it dead and are not listed: nothing here sees them
         pending = self.runner.pending_requests
+        if pending == []:       # every request of it emitted an end token in the step before
+            self.runner.drop_dead_step()
+            pending = None
         requests = pending if pending is not None else self.scheduler.schedule()
         if not requests:
             return False

@@ -12,8 +12,10 @@
                `nwor_lab.engine.capture_sizes`)
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
-               the step computed for it on the device (nothing can change it: no request can
-               finish, nobody is admitted, no end token is watched)
+               the step computed for it on the device (the scheduler keeps every request and admits
+               nobody). A request that finishes in this step (its last token, or an end token) rides
+               the next one dead: the device knows (`next_inputs`), so its rows write nothing and it
+               drafts nothing; the host leaves it out of that step's bookkeeping (`_can_prelaunch`)
 
 A hybrid target (recurrent state, nwor_lab.state): its decode buckets are captured like any other
 (the state window opened in the device layout: `StepInputs.state_slots`, padding requests on the
@@ -47,10 +49,16 @@ from nwor_lab.ops.graphs import capture_graph
 class StepResult:
     """A step's outputs on the host: per request its sampled ids `[k + 1]`, accepted length, next
     token, next drafts (None without drafting) and their probabilities (T > 0); head features at the
-    last kept rows `[n, h]` (device) or None."""
+    last kept rows `[n, h]` (device) or None. `aboard`: the request slots the host reads (None: the
+    first len(rows)); a pre-launched step's dead riders' slots are left out."""
 
-    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs, kind):
+    def __init__(self, inp: StepInputs, rows: list[list[int]], features, probs, kind,
+                 aboard: list[int] | None = None):
         w = inp.sampled_width          # k + 1 (a chain), D + 1 (a tree window)
+        if aboard is not None:
+            rows = [rows[i] for i in aboard]
+            features, probs = (None if t is None else t[torch.tensor(aboard, device=t.device)]
+                               for t in (features, probs))
         self.inputs = inp
         self.sampled = [row[:w] for row in rows]
         self.accepted = [row[w] for row in rows]
@@ -90,6 +98,10 @@ class StepRunner:
         self.prelaunch = True     # False: never launch a step before the host read the one before
         self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
+        self.dead_riders = 0      # request slots pre-launched steps carried dead (finished the step before)
+        # False: a request that may finish keeps the next step for the host, as before dead riders (a
+        # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
+        self.ride_dead = True
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
@@ -163,17 +175,24 @@ class StepRunner:
 
     @property
     def pending_requests(self) -> list | None:
-        """The requests of the pre-launched step (the engine's next step), or None."""
-        return None if self.pending is None else list(self.pending[1])
+        """The requests of the pre-launched step that run on (the engine's next step), or None. Those
+        that finished in the step before ride it dead and are left out: the host does not step them.
+        Empty only when end tokens ended every one of them (`drop_dead_step` collects that step)."""
+        return None if self.pending is None else [r for r in self.pending[1] if not r.finished]
 
     def _step(self, requests) -> StepResult:
         e = self.engine
+        riders, aboard = requests, None         # the step's request slots; those the host reads (None: all)
         if self.pending is not None:
-            inp, preqs, handle = self.pending
+            inp, riders, handle = self.pending
             self.pending = None
-            if len(preqs) != len(requests) or any(x is not y for x, y in zip(preqs, requests)):
+            aboard = [i for i, r in enumerate(riders) if not r.finished]
+            if len(aboard) != len(requests) or any(riders[i] is not y for i, y in zip(aboard, requests)):
                 raise RuntimeError("engine: a step was pre-launched for other requests than the scheduler "
                                    "scheduled now (an engine bug; run with LabConfig(cuda_graph=False) meanwhile)")
+            self.dead_riders += len(riders) - len(aboard)
+            if len(aboard) == len(riders):
+                aboard = None
             inp.host_rows(e, requests, ensure=False)     # what the device fed itself, for the bookkeeping
             features, probs = inp.features, inp.next_probs
         else:
@@ -192,8 +211,8 @@ class StepRunner:
             # harmless for the requests aboard it (their next step read them already: `fill`, or the
             # pre-launch's device copy); `_keep_lent_probs` copies out the rows of any other
             inp.lent = list(requests)
-        if self._can_prelaunch(inp, requests):
-            self._prelaunch(inp, requests)
+        if self._can_prelaunch(inp, riders):     # (a step carrying dead riders never passes: see there)
+            self._prelaunch(inp, riders)
         e.target_forwards += 1
         self.steps += 1
         if inp.static:
@@ -204,8 +223,8 @@ class StepRunner:
                 else:
                     self.mixed_steps += 1
         e.flush_records()     # the step before's bookkeeping, while this step (and the next) run on the GPU
-        rows = inp.readback.rows(handle, len(requests))              # the step's one sync
-        return StepResult(inp, rows, features, probs, e.window_kind)
+        rows = inp.readback.rows(handle, len(riders))                # the step's one sync
+        return StepResult(inp, rows, features, probs, e.window_kind, aboard)
 
     def _keep_lent_probs(self, inp: StepInputs, requests) -> None:
         """Before `inp`'s graph replays: a request handed views of its probabilities output by an
@@ -258,34 +277,69 @@ class StepRunner:
     # -- pre-launch ------------------------------------------------------------------------------
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:
         """The next step is this bucket again, on the inputs this step computed for it: every request
-        runs on with the bucket's k drafts (its draft count d; none can emit its last token now: 2k + 2 or more left; no end token is
-        watched, which only the host sees), the scheduler keeps them all and admits nobody, and the
-        graph exists; no request of this step was aborted or preempted while it ran."""
+        has the bucket's k drafts (its draft count d) and either runs on with them or, emitting its
+        last token or an end token now, rides the next step dead (`_finishing_may_ride`); the
+        scheduler keeps them all and admits nobody, and the graph exists; no request of this step
+        was aborted or preempted while it ran. `requests`: the
+        step's request slots, so a step that carries dead riders itself never passes (they left the
+        scheduler's running list): the host lays out the step after it."""
         e = self.engine
         k = inp.k
         sched = e.scheduler
         running = sched.running
         guard = e.sliding is not None and e.sliding.guard      # the next drafts may be fewer than k
         return (self.prelaunch and not guard and not e.dropping and inp.feeds_itself and (inp.graph is not None or not self.capture) and inp.warmed
-                and e.eos_token_id is None
                 and len(running) == len(requests) and all(x is y for x, y in zip(running, requests))
                 and all(not r.is_prefill and len(r.drafts) == k for r in requests)
                 and (not sched.waiting or len(running) >= sched.max_num_seqs)   # nobody to admit
-                and all(r.remaining >= 2 * k + 2 for r in requests)
+                and self._finishing_may_ride(inp, requests)
                 and self._prelaunch_fits(inp, requests)
                 and self._hook_keeps_k(inp, requests))
 
+    def _finishing_may_ride(self, inp: StepInputs, requests) -> bool:
+        """Whether every request that may finish in this step (k + 1 left or fewer: a step emits at
+        most k + 1; any request while an end token is watched) may ride the next step dead:
+        `dead_rider_refusal` is None and one request at least is short of its last token (a step of
+        dead riders alone would be a wasted forward; end tokens can still end them all at once,
+        `drop_dead_step`)."""
+        near = [r.remaining <= inp.k + 1 for r in requests]
+        if not any(near) and self.engine.eos_token_id is None:
+            return True
+        return self.dead_rider_refusal() is None and not all(near)
+
+    def dead_rider_refusal(self) -> str | None:
+        """Why a request that may finish in this step may not ride the pre-launched next step dead
+        (then the step is not pre-launched), or None. On the device a dead rider writes and drafts
+        nothing whatever the policy, prefix caching, a `draft_counts` hook or a hybrid target's state
+        strategy (`step.next_inputs`); what remains:"""
+        e = self.engine
+        if not self.ride_dead:
+            return "StepRunner.ride_dead is False"
+        if e.scheduler.waiting:
+            # the finishing request's seat: the host's next step admits a waiting request into it,
+            # a pre-launched one would keep that request waiting a step more
+            return "a request waits for a seat that a finishing request frees"
+        if e.temperature > 0:
+            # the engine's generator draws by request slot and bucket: a dead rider keeps its slot
+            # where the host compacts the requests (or picks a smaller bucket), so the next step's
+            # draws would differ from a host-filled step's (the same distribution, another stream);
+            # pre-launched and host-filled steps sample the same tokens (tests/test_sampling_buckets.py)
+            return "sampling at T > 0 (the draws are laid out by request slot)"
+        return None
+
     def _prelaunch_blocks(self, inp: StepInputs, r) -> int:
-        """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1)."""
+        """Positions the pre-launched step may write for `r` (up to s + k + 1 + 2k - 1), never past
+        its worst case (a request that may finish now writes at most what it can still emit, + k)."""
         k = inp.k
-        return r.num_computed + k + 1 + (2 * k if inp.drafts_next else k + 1)
+        need = r.num_computed + k + 1 + (2 * k if inp.drafts_next else k + 1)
+        return min(need, r.worst_case_blocks * self.engine.scheduler.block_size)
 
     def _prelaunch_fits(self, inp: StepInputs, requests) -> bool:
         """The pre-launched step's blocks fit without preempting (admission reserves no worst case:
         when they do not, the host schedules the next step and preempts there)."""
         sched = self.engine.scheduler
-        need = sum(max(0, min(sched.blocks_for(self._prelaunch_blocks(inp, r)), r.worst_case_blocks)
-                       - len(r.block_table.blocks)) for r in requests)
+        need = sum(max(0, sched.blocks_for(self._prelaunch_blocks(inp, r)) - len(r.block_table.blocks))
+                   for r in requests)
         return need <= sched.allocator.num_free
 
     def _hook_keeps_k(self, inp: StepInputs, requests) -> bool:
@@ -323,6 +377,20 @@ class StepRunner:
         packed, features, _ = self._launch(inp)
         self.pending = (inp, list(requests), inp.readback.start(packed))
         self.prelaunched += 1
+
+    def drop_dead_step(self) -> None:
+        """Collect the pre-launched step when every request of it finished in the step before (each
+        emitted an end token: `pending_requests` is empty): it ran for nothing; its outputs are read
+        and dropped, and the host schedules the next step."""
+        inp, riders, handle = self.pending
+        if any(not r.finished for r in riders):
+            raise RuntimeError("drop_dead_step: the pre-launched step has requests that run on (an engine bug)")
+        self.pending = None
+        inp.readback.rows(handle, len(riders))
+        self.dead_riders += len(riders)
+        self.steps += 1
+        self.graphed_steps += 1       # (a decode bucket's)
+        self.engine.target_forwards += 1
 
     # -- the host's records ----------------------------------------------------------------------
     def records(self, window, acceptance, policy=None):

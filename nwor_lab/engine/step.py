@@ -361,23 +361,34 @@ def run_step(engine, inp: StepInputs):
 def next_inputs(e, inp: StepInputs, sampled, accepted, drafts) -> None:
     """A decode bucket's next inputs from this step's outputs, on the device: what `fill` would
     write once the host advanced every request (t_last + k drafts each, the same rows), so the next
-    step can run before the host read this one. A request that finishes keeps its inputs (the runner
-    pre-launches only when none can), padding request slots stay padding."""
+    step can run before the host read this one. Padding request slots stay padding. A request that
+    emits its last token in this step (remaining - a - 1 <= 0, or an end token among the a + 1 it
+    emits) keeps its inputs (positions inside
+    its blocks and the tables) with remaining 0 and no drafts: in a pre-launched step it rides dead,
+    its rows write nothing (`verify_rows`: slot -1), it drafts nothing (`run_step`'s `live`) and a
+    hybrid target's state window runs it on the store's scratch slot (its own slot, which the host
+    frees, keeps its bytes; block checkpoints key on the rows' slots: -1 goes to their scratch row)."""
     k = inp.k
-    real = inp.remaining > 0
+    left = inp.remaining - accepted - 1                              # [B] tokens left after this step
+    on = (inp.remaining > 0) & (left > 0)                            # runs on into the next step
+    if e.eos_token_id is not None:  # an end token among what it emits now ends it too (the host's `_emit`)
+        emitted = torch.arange(sampled.shape[1], device=sampled.device)[None, :] <= accepted[:, None]
+        on = on & ~((sampled == e.eos_token_id) & emitted).any(1)
     token = sampled.gather(1, accepted[:, None]).long()              # [B, 1] the next t_last
-    start = torch.where(real, inp.start + accepted + 1, inp.start)
+    start = torch.where(on, inp.start + accepted + 1, inp.start)
     ids = torch.cat([token, drafts.clamp(min=0)], 1) if drafts is not None else token   # [B, k+1]
     pos = start[:, None] + torch.arange(k + 1, device=start.device)
     n = inp.size * (k + 1)
-    keep = real[:, None].expand(inp.size, k + 1).reshape(-1)
+    keep = on[:, None].expand(inp.size, k + 1).reshape(-1)
     inp.ids[:n].copy_(torch.where(keep, ids.reshape(-1), inp.ids[:n]))
     inp.positions[:n].copy_(torch.where(keep, pos.reshape(-1), inp.positions[:n]))
     in_buffer = e.policy.window_in_buffer
-    inp.cache_lens.copy_(torch.where(real, start + (0 if in_buffer else k + 1), inp.cache_lens.long()).int())
-    inp.remaining.copy_(torch.where(real, inp.remaining - accepted - 1, 0))
+    inp.cache_lens.copy_(torch.where(on, start + (0 if in_buffer else k + 1), inp.cache_lens.long()).int())
+    inp.remaining.copy_(torch.where(on, left, 0))
     if drafts is not None:
-        inp.spec.draft_token_ids.copy_(torch.where(real[:, None], drafts, -1).reshape(-1).int())
+        inp.spec.draft_token_ids.copy_(torch.where(on[:, None], drafts, -1).reshape(-1).int())
+    if e.states is not None:    # a dead rider's state window runs on the store's scratch slot, as padding's
+        inp.state_slots.copy_(torch.where(on, inp.state_slots, e.states.store.scratch_slot))
     inp.start.copy_(start)
 
 

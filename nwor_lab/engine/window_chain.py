@@ -21,10 +21,18 @@ from nwor_lab.window import Acceptance, Window
 # -- a window of plain rows ------------------------------------------------------------------------
 def verify_rows(e, inp):
     """The verify window of plain rows and its metadata -> (Window, AttentionMetadata): write slots
-    from the buffers' positions (padding rows: -1), the log ranges on a ring under cow."""
+    from the buffers' positions (padding rows: -1), the log ranges on a ring under cow.
+
+    In a step that feeds itself, a request with nothing left to generate (`remaining` <= 0: it
+    finished in the step before, which the device computed before the host read it; `next_inputs`)
+    rides dead: its rows get slot -1 too, so no store receives them (the target's and the head's
+    cache, cow's log, stage's commit, prefix caching's boundary rows: all skip slot -1). A
+    host-filled step carries only requests with tokens left, so its slots do not change."""
     w = inp.window
     ring = e.sliding.ring_slots if e.sliding is not None else None
     row_ok = inp.rows < inp.qsl[-1]                                # rows past the requests': padding
+    if inp.feeds_itself:
+        row_ok = row_ok & (inp.remaining[w.token_req.long()] > 0)
     w.slot_mapping.copy_(build_slot_mapping(inp.tables, w.token_req, torch.where(row_ok, inp.positions, -1),
                                             e.cache.spec.block_size, ring))
     if inp.md.kernel.log_lo is not None:
