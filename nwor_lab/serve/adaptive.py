@@ -68,7 +68,7 @@ class AdaptiveK:
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
                  margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
                  explore_every: int = 50, window: int = 32, half_life: float | None = 16.0,
-                 probe_budget: float = 0.03):
+                 probe_budget: float = 0.03, refresh_budget: float = 0.005, explore_run: int = 4):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -85,11 +85,18 @@ class AdaptiveK:
         if not 0 < probe_budget < 1:
             raise ValueError(f"probe_budget={probe_budget}: the share of time probes may cost must be in (0, 1)")
         self.half_life, self.probe_budget = half_life, probe_budget
+        if not 0 < refresh_budget <= 1:
+            raise ValueError(f"refresh_budget={refresh_budget}: the share of time refreshes may cost must be in (0, 1]")
+        if explore_run < 1:
+            raise ValueError(f"explore_run={explore_run}: a refresh runs at least one step at the other anchor")
+        self.refresh_budget, self.explore_run = refresh_budget, explore_run
         self.prior = np.full(k_max, float(prior_weight))    # [k_max] the prior's weight, fading with the counts
         self.since_full = 0                   # steps since one verified k_max drafts (probes below k_max)
         self.pending: list[bool] = []         # first drafts' verdicts since the jump window opened
         self.pending_rate = 0.0               # the estimate when it opened
         self.pending_rests = False            # whether that estimate rested on drafts more than on the prior
+        self.pending_opened = 0               # the step (of `steps_seen`) that opened it
+        self.steps_seen = 0                   # steps observed
         self.jumps = 0                        # restarts of the acceptance counts on a jump
         self.tried = np.zeros(k_max)          # [k_max] drafts at position i verified after i - 1 accepted
         self.accepted = np.zeros(k_max)       # [k_max] of which accepted
@@ -97,6 +104,13 @@ class AdaptiveK:
         self.first_seen: set[tuple[int, int]] = set()         # (n, k) whose first step went by untimed
         self.window = window
         self.recent: dict[tuple[int, int], deque] = {}        # (n, k) -> its last `window` step times
+        self.prev_shape: tuple[int, int] | None = None      # the last step's (n, k); None after a prefill
+        self.held: tuple[tuple[int, int], float] | None = None   # a step timed once the next shows its shape
+        self.current = 0                      # the count in use: kept unless another is `margin` better
+        self.since_refresh = 0                # model decisions since the last refresh
+        self.switch_cost = 0.0                # seconds a step next to a change of count costs over steady
+        self.suspect = False                  # first drafts accepted above the estimate, not yet a jump
+        self.run: tuple[int, int] | None = None   # (count, decisions left) of a refresh run under way
         self.decisions = 0
         self.history: list[tuple[int, int, str]] = []          # (n, k chosen, why) per decision
 
@@ -116,20 +130,28 @@ class AdaptiveK:
         first = [a >= 1 for e in verify for d, a in zip(e.drafted, e.accepted) if d >= 1]   # first drafts' verdicts
         full = any(d >= self.k_max for e in verify for d in e.drafted)
         self.since_full = 0 if full else self.since_full + 1
+        self.steps_seen += 1
+        if self.pending and self.steps_seen - self.pending_opened > (self.half_life or 16.0):
+            self.pending = []                 # opened long ago: judge new drafts against what is held now
         if first:
             if not self.pending:
+                self.pending_opened = self.steps_seen
                 self.pending_rate = float(self.rates()[0])
                 self.pending_rests = bool(self.tried[0] >= self.prior[0])   # more drafts than prior behind it
             self.pending += first
             p, m = self.pending_rate, len(self.pending)
+            off, spread = sum(self.pending) - m * p, math.sqrt(m * p * (1.0 - p))
             # a jump (start afresh) only from an estimate that rests on drafts, not on the prior alone
-            if self.pending_rests and \
-                    abs(sum(self.pending) - m * p) > 3.0 * math.sqrt(m * p * (1.0 - p)) + 0.5:
+            if self.pending_rests and abs(off) > 3.0 * spread + 0.5:
                 self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, min(1.0, self.prior_weight)
                 self.jumps += 1
                 self.pending = []
             elif m >= 16:
                 self.pending = []
+            # more accepted than the estimate holds, not yet a jump: while decoding (no first drafts but
+            # the probes'), the next probe comes at once (at batch 1 a probe shows one first draft, and
+            # its second witness would otherwise wait an interval)
+            self.suspect = bool(self.pending) and self.pending_rests and off > 1.5 * spread
         # draft i of a window is verified when i < its drafts and the i before it were accepted (a >= i)
         drafted = np.minimum(np.fromiter((d for e in verify for d in e.drafted), dtype=np.int64), self.k_max)
         got = np.fromiter((a for e in verify for a in e.accepted), dtype=np.int64)
@@ -138,9 +160,32 @@ class AdaptiveK:
         self.tried += seen.sum(0)
         self.accepted += (seen & (got[:, None] > pos)).sum(0)
         if any(k == "prefill" for e in verify for k in e.kinds):
+            self.prev_shape = self.held = None
             return
-        n = sum(len(e.req_ids) for e in verify)
-        k = max((d for e in verify for d in e.drafted), default=0)
+        shape = (sum(len(e.req_ids) for e in verify), max((d for e in verify for d in e.drafted), default=0))
+        # a step is timed only between two steps of its own shape: only there does the engine launch
+        # it ahead of the host (`StepRunner._can_prelaunch`) and run its own bucket (a step before a
+        # larger count drafts for it); the steps around a change pay that change, whichever count wins
+        before, held = self.prev_shape, self.held
+        steady = before == shape
+        self.held = (shape, seconds) if steady else None
+        self.prev_shape = shape
+        if held is not None and held[0] == shape:
+            self._time(*held)
+        # what a step next to a change of count costs over its shape's steady time (a larger bucket,
+        # the overlap lost): a probe pays it on about three steps (a step after a prefill is not a change)
+        if held is not None and held[0] != shape:
+            self._switch(*held)
+        if before is not None and not steady:
+            self._switch(shape, seconds)
+
+    def _switch(self, shape: tuple[int, int], seconds: float) -> None:
+        cell = self.cells.get(shape)
+        if cell is not None:
+            self.switch_cost += 0.1 * (max(seconds - cell[0], 0.0) - self.switch_cost)
+
+    def _time(self, shape: tuple[int, int], seconds: float) -> None:
+        n, k = shape
         if (n, k) not in self.first_seen:
             # a shape's first step pays its one-off costs (a CUDA graph's capture, a kernel's
             # compile: 40 ms against 11 for an 8B step at batch 32): counted, not timed
@@ -229,6 +274,11 @@ class AdaptiveK:
     def choose(self, n: int) -> int:
         """The draft count for a step of n requests."""
         self.decisions += 1
+        if self.run is not None:                              # a refresh run under way
+            k, left = self.run
+            self.run = (k, left - 1) if left > 1 else None
+            self.history.append((n, k, "refresh"))
+            return k
         anchors = self.anchor_weights(n, (self.k_max, 0))     # measure the anchors before trusting the fit
         for k in (self.k_max, 0):
             if anchors[k] < self.min_weight:
@@ -238,27 +288,47 @@ class AdaptiveK:
         lengths = self.accept_lengths()
         gain = {k: float(lengths[k]) / times[k] for k in self.candidates}
         best = max(gain, key=gain.get)
-        if best and gain[best] < (1.0 + self.margin) * gain[0]:
-            best = 0
-        if best < self.k_max and self.since_full >= self._probe_interval(times):
+        keep = self.current if self.current in gain else 0
+        if gain[best] < (1.0 + self.margin) * gain[keep]:    # a change costs the steps around it their overlap
+            best = keep
+        self.current = best
+        if best < self.k_max and ((self.suspect and not best) or self.since_full >= self._probe_interval(times, best)):
+            self.suspect = False
+            # counted from the decision: the probe's step is seen a step or two later (the engine asks
+            # ahead), and the decisions in between must not probe again
+            self.since_full = 0
             self.history.append((n, self.k_max, "probe"))      # measure every position's acceptance afresh
             return self.k_max
-        if self.explore_every and self.decisions % self.explore_every == 0:
-            other = 0 if best else self.k_max     # keep the unused anchor's time current
+        self.since_refresh += 1
+        other = 0 if best else self.k_max                     # keep the unused anchor's time current
+        if self.explore_every and \
+                self.since_refresh >= self._refresh_interval(gain[other] / gain[best], times[best]):
+            self.since_refresh = 0
+            self.run = (other, self.explore_run - 1) if self.explore_run > 1 else None
             self.history.append((n, other, "refresh"))
             return other
         self.history.append((n, best, "model"))
         return best
 
-    def probe_interval(self, n: int) -> int:
-        """Steps between probes while decoding at batch n: a probe's extra time over a decode step,
-        spread so that probes cost about `probe_budget` (clipped to 4 .. explore_every, or 4 .. 50)."""
-        return self._probe_interval(self.step_times(n, (self.k_max, 0)))
+    def _refresh_interval(self, relative_gain: float, step_seconds: float) -> int:
+        """Decisions between refreshes: a run of `explore_run` steps at the unused anchor forgoes
+        (1 - its gain / the best's) of each, and the steps around the run lose their overlap
+        (`switch_cost`); spread so that refreshes cost about `refresh_budget` of the steps, and never
+        closer than `explore_every` (an anchor three times worse is seldom worth a look)."""
+        loss = self.explore_run * max(1.0 - relative_gain, 0.0) + 3.0 * self.switch_cost / step_seconds
+        return max(self.explore_every, math.ceil(loss / self.refresh_budget))
 
-    def _probe_interval(self, times: dict[int, float]) -> int:
-        ratio = times[self.k_max] / times[0]
+    def probe_interval(self, n: int, count: int = 0) -> int:
+        """Steps between probes while drafting `count` (0: decoding) at batch n: a probe's extra time
+        over a step at that count (its larger bucket, and the overlap lost on the three steps
+        around it, `switch_cost`), spread so that probes cost about `probe_budget` (clipped to
+        4 .. explore_every, or 4 .. 50)."""
+        return self._probe_interval(self.step_times(n, (self.k_max, count)), count)
+
+    def _probe_interval(self, times: dict[int, float], count: int) -> int:
+        extra = (max(times[self.k_max] - times[count], 0.0) + 3.0 * self.switch_cost) / times[count]
         most = self.explore_every or 50
-        return int(min(most, max(4, math.ceil(max(ratio - 1.0, 0.0) / self.probe_budget))))
+        return int(min(most, max(4, math.ceil(extra / self.probe_budget))))
 
     def __call__(self, engine, requests) -> list[int]:
         """The engine's `draft_counts` hook: one count for every request of the next window, sized

@@ -119,9 +119,13 @@ class _Run:
     def record(self) -> dict:
         by = {str(k): self.counts.count(k) for k in sorted(set(self.counts))}
         switches = sum(a != b for a, b in zip(self.counts, self.counts[1:]))
-        return {"tokens_per_s": round(self.tokens / self.seconds, 2), "steps": len(self.counts),
-                "steps_by_drafts": by, "count_changes": switches,
-                "launched_ahead_fraction": round(self.ahead / max(len(self.counts), 1), 4)}
+        rec = {"tokens_per_s": round(self.tokens / self.seconds, 2), "steps": len(self.counts),
+               "steps_by_drafts": by, "count_changes": switches,
+               "launched_ahead_fraction": round(self.ahead / max(len(self.counts), 1), 4)}
+        if len(self.phases.profiles) > 1:
+            rec["phases"] = [{"tokens_per_s": p["tokens_per_s"], "steps_by_drafts": p["steps_by_drafts"]}
+                             for p in self.phases.run_record()["phases"]]
+        return rec
 
 
 def run_fixed(costs: StepCosts, n: int, k: int | None, texts, total_tokens: int, seed: int = 0) -> dict:
@@ -176,5 +180,19 @@ def compare(costs: StepCosts, n: int, texts=("shipped",), total_tokens: int | No
     target = run_fixed(costs, n, None, texts, total, seed)
     best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
     return {"n": n, "texts": list(texts), "auto": auto, "fixed": fixed, "target_only": target, "best_fixed": best,
+            "oracle_tokens_per_s": oracle(costs, n, texts),
             "over_best_fixed": round(auto["tokens_per_s"] / fixed[best]["tokens_per_s"], 4),
             "over_target_only": round(auto["tokens_per_s"] / target["tokens_per_s"], 4)}
+
+
+def oracle(costs: StepCosts, n: int, texts) -> float:
+    """Expected tokens/s of a controller that knows each phase's profile and the costs, and switches
+    for free: per phase the count with the most n L(k) / T(n, k), each phase an equal share of the
+    tokens (the bound no controller reaches; L(k) = 1 + the profile's first k rates)."""
+    k_max = costs.k_max(n)
+    seconds_per_token = 0.0
+    for profile in Phases(texts, k_max).profiles:
+        lengths = 1.0 + np.concatenate([[0.0], np.cumsum(profile[:k_max])])
+        best = max(n * lengths[k] / (costs.bucket_ms[n][k] / 1e3) for k in range(k_max + 1))
+        seconds_per_token += 1.0 / best / len(texts)
+    return round(1.0 / seconds_per_token, 2)
