@@ -110,6 +110,7 @@ class AdaptiveK:
         self.since_refresh = 0                # model decisions since the last refresh
         self.switch_cost = 0.0                # seconds a step next to a change of count costs over steady
         self.suspect = False                  # first drafts accepted above the estimate, not yet a jump
+        self.relearn = False                  # a jump: probe at once below k_max (deeper rates unknown)
         self.run: tuple[int, int] | None = None   # (count, decisions left) of a refresh run under way
         self.decisions = 0
         self.history: list[tuple[int, int, str]] = []          # (n, k chosen, why) per decision
@@ -145,6 +146,7 @@ class AdaptiveK:
             if self.pending_rests and abs(off) > 3.0 * spread + 0.5:
                 self.tried[:], self.accepted[:], self.prior[:] = 0.0, 0.0, min(1.0, self.prior_weight)
                 self.jumps += 1
+                self.relearn = True           # the positions beyond the count in use are unknown now
                 self.pending = []
             elif m >= 16:
                 self.pending = []
@@ -292,8 +294,9 @@ class AdaptiveK:
         if gain[best] < (1.0 + self.margin) * gain[keep]:    # a change costs the steps around it their overlap
             best = keep
         self.current = best
-        if best < self.k_max and ((self.suspect and not best) or self.since_full >= self._probe_interval(times, best)):
-            self.suspect = False
+        if best < self.k_max and (self.relearn or (self.suspect and not best)
+                                  or self.since_full >= self._probe_interval(times, best)):
+            self.suspect = self.relearn = False
             # counted from the decision: the probe's step is seen a step or two later (the engine asks
             # ahead), and the decisions in between must not probe again
             self.since_full = 0

@@ -139,9 +139,10 @@ def run_fixed(costs: StepCosts, n: int, k: int | None, texts, total_tokens: int,
 
 
 def run_auto(costs: StepCosts, n: int, texts, total_tokens: int, seed: int = 0, controller: AdaptiveK | None = None,
-             lag: int = 2) -> dict:
+             lag: int = 2, ahead_below_k_max: bool = True) -> dict:
     """AdaptiveK (default settings unless `controller` is given) at batch n under the engine's rules
-    (module docstring); also its decisions' host time (`choose` + `observe_step`, µs a step, this machine)."""
+    (module docstring); also its decisions' host time (`choose` + `observe_step`, µs a step, this machine).
+    ahead_below_k_max False: only steps at k_max are launched ahead (a stricter runner)."""
     k_max = costs.k_max(n)
     ctl = controller if controller is not None else AdaptiveK(k_max)
     if ctl.k_max != k_max:
@@ -155,7 +156,7 @@ def run_auto(costs: StepCosts, n: int, texts, total_tokens: int, seed: int = 0, 
         ahead.append(ctl.choose(n))                  # k_{s+lag}, asked while step s runs
         host += time.perf_counter() - t0
         k, nxt = ahead[0], ahead[1]
-        launched = prev == k == nxt
+        launched = prev == k == nxt and (ahead_below_k_max or k == k_max)
         entries, seconds = run.step(k, costs.step_ms(n, max(k, nxt), launched), launched)
         t0 = time.perf_counter()
         ctl.observe_step(entries, seconds)
@@ -169,13 +170,13 @@ def run_auto(costs: StepCosts, n: int, texts, total_tokens: int, seed: int = 0, 
 
 
 def compare(costs: StepCosts, n: int, texts=("shipped",), total_tokens: int | None = None, seed: int = 0,
-            controller: AdaptiveK | None = None) -> dict:
+            controller: AdaptiveK | None = None, ahead_below_k_max: bool = True) -> dict:
     """k auto against target-only and every fixed k at batch n -> {"auto", "fixed": {k: record},
     "target_only", "best_fixed", "over_best_fixed", "over_target_only"} (tokens/s ratios).
     total_tokens: the run's output tokens (default: 256 a request x 4 requests a client, as a
     closed-loop `bench serve` point with 256-token outputs)."""
     total = total_tokens or 256 * 4 * n
-    auto = run_auto(costs, n, texts, total, seed, controller)
+    auto = run_auto(costs, n, texts, total, seed, controller, ahead_below_k_max=ahead_below_k_max)
     fixed = {k: run_fixed(costs, n, k, texts, total, seed) for k in range(1, costs.k_max(n) + 1)}
     target = run_fixed(costs, n, None, texts, total, seed)
     best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
