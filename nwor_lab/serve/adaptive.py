@@ -293,6 +293,9 @@ class AdaptiveK:
         keep = self.current if self.current in gain else 0
         if gain[best] < (1.0 + self.margin) * gain[keep]:    # a change costs the steps around it their overlap
             best = keep
+        drafting = max(self.candidates[1:], key=gain.get)
+        if not best and gain[0] < (1.0 + self.margin) * gain[drafting]:
+            best = drafting     # decoding is blind to acceptance (probes only): only when clearly better
         self.current = best
         if best < self.k_max and (self.relearn or (self.suspect and not best)
                                   or self.since_full >= self._probe_interval(times, best)):
