@@ -112,6 +112,8 @@ class AdaptiveK:
         self.suspect = False                  # first drafts accepted above the estimate, not yet a jump
         self.relearn = False                  # a jump: probe at once below k_max (deeper rates unknown)
         self.run: tuple[int, int] | None = None   # (count, decisions left) of a refresh run under way
+        self.version = 0                      # changes of the cells (the weights' cache key)
+        self._weights_for: tuple = (None, None)
         self.decisions = 0
         self.history: list[tuple[int, int, str]] = []          # (n, k chosen, why) per decision
 
@@ -198,8 +200,11 @@ class AdaptiveK:
             cell = self.cells[(n, k)] = [seconds, 0]
         recent = self.recent.setdefault((n, k), deque(maxlen=self.window))
         recent.append(seconds)
-        cell[0] = float(np.median(recent))       # a stall (GC, a neighbour) moves a median, not a mean
+        ordered, m = sorted(recent), len(recent)    # the median (np.median costs 10x on 32 values)
+        # a stall (GC, a neighbour) moves a median, not a mean
+        cell[0] = ordered[m // 2] if m % 2 else 0.5 * (ordered[m // 2 - 1] + ordered[m // 2])
         cell[1] += 1
+        self.version += 1
 
     def rates(self) -> np.ndarray:
         """Conditional acceptance rate per draft position `[k_max]` (prior-smoothed)."""
@@ -214,11 +219,16 @@ class AdaptiveK:
         return float(self.accept_lengths()[k])
 
     def _weights(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every cell's n, k and weight near batch n (built once per batch size and state of the cells:
+        a decision asks it twice)."""
+        if self._weights_for[0] == (n, self.version):
+            return self._weights_for[1]
         keys = list(self.cells)
         ns = np.array([c[0] for c in keys], dtype=float)
         ks = np.array([c[1] for c in keys], dtype=float)
         steps = np.array([self.cells[c][1] for c in keys], dtype=float)
         w = np.minimum(steps, 8.0) * np.exp(-0.5 * ((np.log2(ns) - math.log2(n)) / self.bandwidth) ** 2)
+        self._weights_for = ((n, self.version), (ns, ks, w))
         return ns, ks, w
 
     def anchor_weight(self, n: int, k: int) -> float:
