@@ -11,19 +11,28 @@ A step of n requests verifying k drafts each emits n x L(k) tokens in T(n, k) se
                                                  a model fitted to the measured steps
 
 and, n being fixed for the step, the k that maximises L(k) / T(n, k) maximises both the batch's
-tokens per second and each request's (its TPOT). k = 0 (decode; the head still runs its pass so
-that its cache and features stay current for later drafts) is kept unless another count is
-predicted at least `margin` better.
+tokens per second and each request's (its TPOT). The count in use is kept unless another is
+predicted at least `margin` better: the engine launches a step ahead of the host only between two
+steps of one count (`StepRunner._can_prelaunch`), so every change costs the steps around it their
+overlap (and the step before a larger count its bucket). k = 0 (decode; the head still runs its
+pass so that its cache and features stay current for later drafts) is chosen only when it is
+`margin` better than the best count that drafts: a decoding step sees no acceptance at all.
 
-T(n, k) is read from the measured (n, k) cells (each the median of its last `window` steps' times;
-a shape's first step, its capture, untimed) where k was measured near n, else a locally weighted
-least-squares fit of `a + b k + c n + d n k` to every cell, weighted by how many
-steps a cell holds and by closeness in log2(n): a batch size never measured borrows from its
+T(n, k) is read from the measured (n, k) cells (each the median of its last `window` steps' times,
+a step timed only between two steps of its own shape: what the count costs while it holds, not
+the change into or out of it; a shape's first timed step, its capture, skipped) where k was
+measured near n, else a locally weighted least-squares fit of `a + b k + c n + d n k` to every
+cell, weighted by how many steps a cell holds and by closeness in log2(n): a batch size never
+measured borrows from its
 neighbours, and the fit follows the hardware's own curve (flat in n where a step is
 weight-bound, linear where it is compute-bound). The model is only as good as its anchors, so
 while the cells near n hold too few steps at k = 0 or k = k_max the controller measures them
-first (exploration), and every `explore_every` decisions it re-measures the anchor it is not
-using (the cost of tracking a GPU whose step times drift).
+first (exploration), and it re-measures the anchor it is not using in a run of `explore_run`
+steps (a lone step would never be timed) at least `explore_every` decisions apart, further apart
+the worse that anchor is predicted, so that refreshes cost about `refresh_budget` of the steps
+(on an H200 at 8 requests k = 0 is predicted at 0.37x of k = 4's tokens/s: re-measured every
+~600 decisions, not every 50). What a step next to a change costs over its shape's steady time is
+measured too (`switch_cost`) and charged to every refresh and probe.
 
 Traffic changes (a chat phase after a code phase: acceptance falls or rises mid-run), so the
 acceptance follows it three ways:
@@ -31,16 +40,25 @@ acceptance follows it three ways:
              adding its own: new steps outweigh old ones, and the estimate itself holds still while
              nothing is verified (it does not drift back to the prior while the controller decodes)
   a jump     when the first drafts verified since a window opened (up to 16 of them, over one step
-             or several) are accepted far from the estimate held when it opened (more than 3
+             or several, the window closed after `half_life` steps) are accepted far from the
+             estimate held when it opened (more than 3
              standard deviations of a binomial: 4 of 4 accepted against 0.1, or 2 rejected in a row
              against 0.9), the counts restart from the step that showed it, over a prior of one
              draft's weight (the starting prior's four would outweigh the few drafts the jump rests on)
   probes     a count below k_max verifies no draft beyond it (k = 0: none at all), so what it knew
              of those positions holds still; every few steps it verifies k_max drafts to measure
              them afresh. The interval keeps the probes' extra time near `probe_budget` of the run:
-             (T(n, k_max) / T(n, 0) - 1) / probe_budget steps, between 4 and `explore_every`. A
-             phase of high acceptance after a low one is noticed within one interval; a phase that
-             stays low pays about `probe_budget`.
+             (T(n, k_max) - T(n, c) + 3 switch_cost) / T(n, c) / probe_budget steps at count c,
+             between 4 and `explore_every`, counted from the decision (the engine asks a step or two
+             ahead). A probe comes at once after a jump (the rates beyond the count in use restart
+             from the prior) and, while decoding, after a probe whose first drafts were accepted
+             1.5 standard deviations above the estimate (at batch 1 a probe shows one first draft;
+             the jump needs a second). A phase of high acceptance after a low one is noticed within
+             one interval (at once while a count >= 1 verifies first drafts); a phase that stays
+             low pays about `probe_budget`.
+
+`nwor_lab.serve.simulate` replays these decisions against a step-cost model of the H200 runs and
+an acceptance profile or phase schedule, against every fixed k, in a second and without a GPU.
 
 Use it as the engine's `draft_counts` hook and feed it every step:
 
@@ -365,7 +383,9 @@ class AdaptiveK:
         chosen, explored = counts(self.history)
         chosen_since, explored_since = counts(self.history[since:])
         return {"k_max": self.k_max, "margin": self.margin, "half_life_steps": self.half_life,
-                "probe_budget": self.probe_budget, "jumps": self.jumps,
+                "probe_budget": self.probe_budget, "refresh_budget": self.refresh_budget,
+                "explore_run": self.explore_run, "switch_cost_ms": round(1e3 * self.switch_cost, 3),
+                "jumps": self.jumps,
                 "acceptance_rates": [round(float(r), 3) for r in self.rates()],
                 "accept_length_k_max": round(self.accept_length(self.k_max), 3),
                 "chosen": chosen, "explored": explored,
