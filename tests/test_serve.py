@@ -111,6 +111,21 @@ def test_adaptive_k_does_not_time_a_shapes_first_step():
         AdaptiveK(4, half_life=0.0)
 
 
+def test_adaptive_k_times_a_count_only_while_it_holds():
+    """A lone k = 0 step among k = 4 steps (how refreshes ran on the H200: 8.1-10.8 ms against 7.4-9.2
+    for k 4) pays a change: the bucket of the drafts it makes for the next step, no pre-launch. It is
+    not k = 0's cost; what it and its neighbour cost over their shapes' steady times is the switch cost."""
+    ctl = AdaptiveK(4, explore_every=0)
+    feed(ctl, 8, 0, 0.0060, accepted=0)                   # six in a row: three timed
+    feed(ctl, 8, 4, 0.0075, accepted=3)
+    feed(ctl, 8, 0, 0.0085, accepted=0, times=1)          # the lone step
+    feed(ctl, 8, 4, 0.0085, accepted=3, times=1)          # the step after it, not launched ahead either
+    feed(ctl, 8, 4, 0.0075, accepted=3, times=3)
+    assert ctl.step_time(8, 0) == pytest.approx(0.006) and ctl.cells[(8, 0)][1] == 3
+    assert ctl.step_time(8, 4) == pytest.approx(0.0075)
+    assert 0.0002 < ctl.switch_cost < 0.0025
+
+
 def test_adaptive_k_refreshes_the_unused_anchor_and_checks_its_arguments():
     # refreshes as often as explore_every allows (a budget of the whole run), one step each
     ctl = AdaptiveK(2, explore_every=3, refresh_budget=1.0, explore_run=1)

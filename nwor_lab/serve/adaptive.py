@@ -195,10 +195,11 @@ class AdaptiveK:
         if held is not None and held[0] == shape:
             self._time(*held)
         # what a step next to a change of count costs over its shape's steady time (a larger bucket,
-        # the overlap lost): a probe pays it on about three steps (a step after a prefill is not a change)
-        if held is not None and held[0] != shape:
+        # the overlap lost): a probe pays it on about three steps (a prefill or a request leaving is
+        # not the controller's change)
+        if held is not None and held[0] != shape and held[0][0] == shape[0]:
             self._switch(*held)
-        if before is not None and not steady:
+        if before is not None and not steady and before[0] == shape[0]:
             self._switch(shape, seconds)
 
     def _switch(self, shape: tuple[int, int], seconds: float) -> None:
