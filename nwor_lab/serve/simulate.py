@@ -139,15 +139,32 @@ def run_fixed(costs: StepCosts, n: int, k: int | None, texts, total_tokens: int,
 
 
 def run_auto(costs: StepCosts, n: int, texts, total_tokens: int, seed: int = 0, controller: AdaptiveK | None = None,
-             lag: int = 2, ahead_below_k_max: bool = True) -> dict:
+             lag: int = 2, ahead_below_k_max: bool = True, warmup_tokens: int = 0) -> dict:
     """AdaptiveK (default settings unless `controller` is given) at batch n under the engine's rules
     (module docstring); also its decisions' host time (`choose` + `observe_step`, µs a step, this machine).
-    ahead_below_k_max False: only steps at k_max are launched ahead (a stricter runner)."""
+    ahead_below_k_max False: only steps at k_max are launched ahead (a stricter runner). warmup_tokens:
+    an untimed run of the steady `shipped` profile first, as `bench serve` warms its engines up with
+    the controller attached (its anchors are measured there, not in the timed run)."""
     k_max = costs.k_max(n)
     ctl = controller if controller is not None else AdaptiveK(k_max)
     if ctl.k_max != k_max:
         raise ValueError(f"controller k_max={ctl.k_max}, but the cost model's buckets go to {k_max}")
+    if warmup_tokens:
+        _drive(ctl, costs, _Run(n, Phases(("shipped",), k_max), warmup_tokens, k_max, seed + 1), lag,
+               ahead_below_k_max)
+    seen = len(ctl.history)
     run = _Run(n, Phases(texts, k_max), total_tokens, k_max, seed)
+    host = _drive(ctl, costs, run, lag, ahead_below_k_max)
+    rec = run.record()
+    rec["decisions_host_us_per_step"] = round(1e6 * host / max(rec["steps"], 1), 1)
+    rec["explored"] = sum(1 for h in ctl.history[seen:] if h[2] != "model")
+    rec["jumps"] = ctl.jumps
+    return rec
+
+
+def _drive(ctl, costs: StepCosts, run: _Run, lag: int, ahead_below_k_max: bool) -> float:
+    """Step `run` to its end with `ctl` deciding -> the decisions' host seconds."""
+    n, k_max = run.n, run.k_max
     host = 0.0
     ahead = [k_max] * lag        # counts already decided: k_s, k_{s+1}, ... (the engine starts at k_max)
     prev = None
@@ -162,21 +179,18 @@ def run_auto(costs: StepCosts, n: int, texts, total_tokens: int, seed: int = 0, 
         ctl.observe_step(entries, seconds)
         host += time.perf_counter() - t0
         prev = ahead.pop(0)
-    rec = run.record()
-    rec["decisions_host_us_per_step"] = round(1e6 * host / max(rec["steps"], 1), 1)
-    rec["explored"] = sum(1 for h in ctl.history if h[2] != "model")
-    rec["jumps"] = ctl.jumps
-    return rec
+    return host
 
 
 def compare(costs: StepCosts, n: int, texts=("shipped",), total_tokens: int | None = None, seed: int = 0,
-            controller: AdaptiveK | None = None, ahead_below_k_max: bool = True) -> dict:
+            controller: AdaptiveK | None = None, ahead_below_k_max: bool = True, warmup_tokens: int = 0) -> dict:
     """k auto against target-only and every fixed k at batch n -> {"auto", "fixed": {k: record},
     "target_only", "best_fixed", "over_best_fixed", "over_target_only"} (tokens/s ratios).
     total_tokens: the run's output tokens (default: 256 a request x 4 requests a client, as a
     closed-loop `bench serve` point with 256-token outputs)."""
     total = total_tokens or 256 * 4 * n
-    auto = run_auto(costs, n, texts, total, seed, controller, ahead_below_k_max=ahead_below_k_max)
+    auto = run_auto(costs, n, texts, total, seed, controller, ahead_below_k_max=ahead_below_k_max,
+                    warmup_tokens=warmup_tokens)
     fixed = {k: run_fixed(costs, n, k, texts, total, seed) for k in range(1, costs.k_max(n) + 1)}
     target = run_fixed(costs, n, None, texts, total, seed)
     best = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
