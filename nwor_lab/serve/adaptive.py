@@ -173,7 +173,7 @@ class AdaptiveK:
             # more accepted than the estimate holds, not yet a jump: while decoding (no first drafts but
             # the probes'), the next probe comes at once (at batch 1 a probe shows one first draft, and
             # its second witness would otherwise wait an interval)
-            self.suspect = bool(self.pending) and self.pending_rests and off > 1.5 * spread
+            self.suspect = not self.current and bool(self.pending) and self.pending_rests and off > 1.5 * spread
         # draft i of a window is verified when i < its drafts and the i before it were accepted (a >= i)
         drafted = np.minimum(np.fromiter((d for e in verify for d in e.drafted), dtype=np.int64), self.k_max)
         got = np.fromiter((a for e in verify for a in e.accepted), dtype=np.int64)
