@@ -11,6 +11,8 @@
               per position and an online cost model of the step (the engine's `draft_counts` hook)
   phases      a workload whose forced acceptance switches profile mid-run (high, low, high) at
               stated shares of a run's output tokens: `bench serve --phases`
+  simulate    AdaptiveK offline: fed by a step-cost model (the H200 runs' step times, the runner's
+              pre-launch rule) and an acceptance profile or phase schedule, against every fixed k
 
 The package drives the engine through its public API only (add_request, step, scheduler, trace).
 """
