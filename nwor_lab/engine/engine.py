@@ -228,6 +228,8 @@ class SpecEngine:
         # a step the runner pre-launched is the next step, whatever changed since (a request added,
         # an observer attached): it runs on the GPU already; the scheduler waits one step. Its requests
         # that finished in the step before ride it dead and are not listed: nothing here sees them
+        if self._pending_records and not self._records_later():
+            self.flush_records()    # an observer attached since: it reads every record before this step's body
         pending = self.runner.pending_requests
         if pending == []:       # every request of it emitted an end token in the step before
             self.runner.drop_dead_step()

@@ -241,6 +241,9 @@ class WritePolicy:
         written), counted in the metrics and in `windows_done`; None when records are off.
         `window` and `acceptance` are CPU mirrors of the step's real requests (no padding, no
         sync). `opened`: the layers `begin` opened, when more than those written (default: the same)."""
+        # (what a window open now holds is put back after: the engine may count a deferred record
+        # while the policy has a window of its own open, `SpecEngine.flush_records`)
+        held = self.window, self.layers, self._rows
         self.window, self.layers = window, (opened or layers)
         self._rows = {layer: [(0, window.num_tokens)] for layer in layers}
         try:
@@ -248,7 +251,7 @@ class WritePolicy:
             if rec is not None:
                 self.metrics.observe(rec)
         finally:
-            self.window, self._rows = None, {}
+            self.window, self.layers, self._rows = held
             self.windows_done += 1
         return rec
 
