@@ -193,7 +193,6 @@ class ChainKind:
     # after the next step is launched (`SpecEngine.flush_records`)
     records_later = True
 
-
     def __init__(self, engine):
         self.engine = engine        # (its drafter is made after the kind: the sizes below read it then)
 

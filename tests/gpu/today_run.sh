@@ -15,8 +15,15 @@
 #             -> step_spans_8b_<card>.json
 #   chain     (one GPU)  the graphed 8B step's kernels at batch 64, off / cow / stage -> chain_kernels_8b_<card>.json
 #   profiles  tier, spans and chain (about 9 minutes: `tier chain` then `spans` as two calls is safer)
+#   serve08   (one GPU)  bench serve at T 0.8 (8 and 32 clients, target, k 4, k auto; 3 repeats): the run that
+#             the budget cut on 2026-11-29 after 8 clients -> serve_8b_t08_prelaunch_<card>.json
+#   pairs     (one GPU)  the graphed step's paired ratios at batch 1, 16, 64 after the T > 0 sampler change
+#             (T 0.8 over T 0; cow and stage over off; 41 repeats) -> step_pairs_8b_all_<card>.json, and the
+#             step's kernels at T 0 against T 0.8 at batch 64 -> t08_kernels_8b_<card>.json
+#   servespans (one GPU)  the step's host pieces over serving by kind of step, after the dead riders and the
+#             deferred records -> serve_spans_8b_after_<card>.json
 set -uo pipefail
-PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain or profiles}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs or servespans}
 PARTS=${PARTS/profiles/tier spans chain}
 PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
@@ -71,7 +78,26 @@ case "$PART" in
   tier) stage tier; tier ;;
   spans) stage spans; spans ;;
   chain) stage chain; chain ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain or profiles" ;;
+  serve08)
+    stage "bench serve T 0.8"
+    timeout $(lim 300) python3 -m nwor_lab.bench.serve --model 8b --device cuda --configs target,eagle3:4,eagle3:auto \
+      --k-max 4 --policies stage --concurrency 8,32 --prompt-len 64 --output-len 256 --repeats 3 --temperature 0.8 \
+      --goodput tpot:50 --quiet --out "$OUT/serve_8b_t08_prelaunch_$TAG.json" > "$OUT/serve08.log" 2>&1
+    echo "bench serve exit $?" ;;
+  pairs)
+    stage "step_pairs and the T 0 / T 0.8 kernels"
+    timeout $(lim 200) python3 -m nwor_lab.bench.step_pairs --model 8b --batches 64,16,1 --temperatures 0,0.8 \
+      --modes off,cow,stage --reps 41 --out "$OUT/step_pairs_8b_all_$TAG.json" > "$OUT/step_pairs.log" 2>&1
+    echo "step_pairs exit $?"; grep -E '^\{' "$OUT/step_pairs.log" | cut -c1-300
+    timeout $(lim 150) python3 -m nwor_lab.bench.step_profile chain --batch 64 --k 4 --rate 0.5 --temperatures 0,0.8 \
+      --out "$OUT/t08_kernels_8b_$TAG.json" > "$OUT/t08_kernels.log" 2>&1
+    echo "step_profile chain --temperatures exit $?" ;;
+  servespans)
+    stage "spans --serve"
+    timeout $(lim 200) python3 -m nwor_lab.bench.step_profile spans --serve --model 8b --clients 32 --nwor stage \
+      --out "$OUT/serve_spans_8b_after_$TAG.json" > "$OUT/serve_spans.log" 2>&1
+    echo "step_profile spans --serve exit $?"; grep -E '^\{' "$OUT/serve_spans.log" | cut -c1-300 ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs or servespans" ;;
 esac
 done
 stage done
