@@ -160,6 +160,10 @@ class LabConfig:
     capture_at_start: with `cuda_graph` on CUDA, capture every bucket the engine can reach before its
         first step (`nwor_lab.engine.capture_sizes`: one log line, graphs and seconds), so no capture
         runs inside a later timed window; False captures each bucket on first use. Nothing captures on CPU.
+    ride_dead: a request that may finish in a step does not keep the next step from being pre-launched
+        (`StepRunner`: it rides that step dead, writing and drafting nothing), so the host's work stays
+        hidden behind the GPU's; the price is a request that arrives as another finishes joining one
+        step later (TTFT). False: such a step is laid out by the host, and the newcomer joins it.
     """
 
     nwor_mode: str = "off"
@@ -176,6 +180,7 @@ class LabConfig:
     debug: bool = False
     validate: bool = True
     capture_at_start: bool = True
+    ride_dead: bool = True
 
     def __post_init__(self) -> None:
         for field, allowed in (("nwor_mode", nwor_modes()), ("scv_mode", SCV_MODES), ("backend", BACKENDS),
@@ -263,7 +268,8 @@ ENV_CHOICES = (("NWOR_LAB_NWOR_MODE", "nwor_mode", nwor_modes), ("NWOR_LAB_SCV_M
                ("NWOR_LAB_KV_RING", "kv_ring", lambda: KV_RINGS),
                ("NWOR_LAB_STATE_MODE", "state_mode", state_modes),
                ("NWOR_LAB_PREEMPTION", "preemption", lambda: PREEMPTION_MODES))
-ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"))
+ENV_BOOLS = (("NWOR_LAB_DEBUG", "debug"), ("NWOR_LAB_VALIDATE", "validate"), ("NWOR_LAB_CUDA_GRAPH", "cuda_graph"),
+             ("NWOR_LAB_RIDE_DEAD", "ride_dead"))
 ENV_INTS = (("NWOR_LAB_SLIDING_WINDOW", "sliding_window"),)
 # text fields, each parsed by the field's own parser: (variable, field, parser(name, text))
 ENV_TEXT = (("NWOR_LAB_TREE", "tree", lambda name, text: parse_tree(name, text)),

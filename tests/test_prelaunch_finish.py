@@ -231,11 +231,16 @@ def test_refusals_that_remain_are_named(pair):
 
 
 def test_riding_dead_off_keeps_the_old_rule(pair):
-    """`StepRunner.ride_dead = False` (a newcomer joins a step sooner): no dead riders, same tokens."""
-    e = engine_for(pair, "cow")
-    e.runner.ride_dead = False
+    """`LabConfig(ride_dead=False)` (a newcomer joins a step sooner): no dead riders, same tokens; the
+    field is the runner's switch, and NWOR_LAB_RIDE_DEAD sets it for a sweep."""
+    target, head = pair
+    e = SpecEngine(target, head, LabConfig(nwor_mode="cow", ride_dead=False), k=3, block_size=4,
+                   max_num_seqs=4, num_blocks=128, seed=3)
+    e.runner = StepRunner(e, 4, 1024, capture=False, pad=True)
+    assert e.runner.ride_dead is False
     assert wave(e) == wave(engine_for(pair, "cow", prelaunch=False))
     assert e.runner.dead_riders == 0 and e.runner.prelaunched > 0
+    assert LabConfig.from_env(environ={"NWOR_LAB_RIDE_DEAD": "0"}).ride_dead is False
 
 
 def test_the_serve_driver_sees_no_tokens_of_dead_riders(pair):

@@ -59,12 +59,13 @@ def prompts_for(batch: int, length: int, vocab: int, staggered: bool, seed: int 
 
 
 def build_engine(target, head, k: int, mode: str, scv: str, batch: int, prompt_len: int, new_tokens: int,
-                 acceptance, attention: str, graphs: bool, temperature: float = 0.0, seed: int = 0):
+                 acceptance, attention: str, graphs: bool, temperature: float = 0.0, seed: int = 0,
+                 ride_dead: bool = True):
     from nwor_lab.engine import SpecEngine
     per = -(-(prompt_len + new_tokens + k + 1) // BLOCK)
     # the largest step: every request's prompt at once, or a prompt joining batch - 1 decodes
     tokens = token_bucket(batch * max(prompt_len, k + 1) + prompt_len)
-    cfg = LabConfig(nwor_mode=mode, scv_mode=scv, attention=attention, cuda_graph=graphs)
+    cfg = LabConfig(nwor_mode=mode, scv_mode=scv, attention=attention, cuda_graph=graphs, ride_dead=ride_dead)
     return SpecEngine(target, head if k else None, cfg, k=k, num_blocks=per * (batch + 1) + 1, block_size=BLOCK,
                       max_num_seqs=batch, max_num_batched_tokens=tokens, acceptance=acceptance if k else None,
                       temperature=temperature, seed=seed)

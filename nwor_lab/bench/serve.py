@@ -124,6 +124,9 @@ def parser() -> LabArgumentParser:
                    help="forced-acceptance profiles separated by ':' (each as --acceptance), e.g. 0.9:0.1:0.9: every load "
                         "point also runs with the profile switching at equal shares of its output tokens")
     p.add_argument("--seed", type=types.integer(0), default=0)
+    p.add_argument("--no-ride-dead", action="store_true",
+                   help="LabConfig(ride_dead=False): a request that may finish keeps the next step for the host "
+                        "(a newcomer joins a step sooner; less host work hidden)")
     p.add_argument("--repeats", type=types.integer(1, 100), default=3,
                    help="runs of every config at every load point, the configs' runs in turn (ABBA); rows give the "
                         "median run with every repeat's throughput and TPOT, ratios the median of per-repeat ratios")
@@ -204,7 +207,7 @@ def build(target, head, k: int, mode: str, args, specs, acceptance, max_num_seqs
     longest_output = max(s.output_len for s in specs)
     return build_engine(target, head, k, mode, args.scv, max_num_seqs, longest_prompt, longest_output,
                         acceptance if k else None, args.attention, not args.no_cuda_graph,
-                        temperature=args.temperature, seed=args.seed)
+                        temperature=args.temperature, seed=args.seed, ride_dead=not args.no_ride_dead)
 
 
 def warm_up(engine, name: str, k_auto, warmup, args) -> None:
@@ -360,6 +363,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, tr
            "device": device_name(device),
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
+           "ride_dead": not args.no_ride_dead,
            "gc": "frozen after the warm-ups (gc.freeze, as vLLM after start-up); collected before each run (untimed)",
            "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,
                         "prompt_len": args.prompt_len, "output_len": args.output_len,

@@ -101,7 +101,7 @@ class StepRunner:
         self.dead_riders = 0      # request slots pre-launched steps carried dead (finished the step before)
         # False: a request that may finish keeps the next step for the host, as before dead riders (a
         # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
-        self.ride_dead = True
+        self.ride_dead = engine.config.ride_dead
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
@@ -314,7 +314,7 @@ class StepRunner:
         strategy (`step.next_inputs`); what remains:"""
         e = self.engine
         if not self.ride_dead:
-            return "StepRunner.ride_dead is False"
+            return "LabConfig.ride_dead (StepRunner.ride_dead) is False"
         if e.scheduler.waiting:
             # the finishing request's seat: the host's next step admits a waiting request into it,
             # a pre-launched one would keep that request waiting a step more
