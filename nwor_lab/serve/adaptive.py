@@ -23,9 +23,8 @@ a step timed only between two steps of its own shape: what the count costs while
 the change into or out of it; a shape's first timed step, its capture, skipped) where k was
 measured near n, else a locally weighted least-squares fit of `a + b k + c n + d n k` to every
 cell, weighted by how many steps a cell holds and by closeness in log2(n): a batch size never
-measured borrows from its
-neighbours, and the fit follows the hardware's own curve (flat in n where a step is
-weight-bound, linear where it is compute-bound). The model is only as good as its anchors, so
+measured borrows from its neighbours, and the fit follows the hardware's own curve (flat in n
+where a step is weight-bound, linear where it is compute-bound). The model is only as good as its anchors, so
 while the cells near n hold too few steps at k = 0 or k = k_max the controller measures them
 first (exploration), and it re-measures the anchor it is not using in a run of `explore_run`
 steps (a lone step would never be timed) at least `explore_every` decisions apart, further apart
