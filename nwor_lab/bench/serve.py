@@ -33,7 +33,9 @@ across the config's load points, as a server would.
 Per load point (`nwor_lab.serve.metrics`, vLLM's names): TTFT, TPOT, ITL, E2EL (mean, p50, p90,
 p99 ms), request / output / total token throughput, request goodput under `--goodput`
 (default tpot:50), accept_length, occupancy (mean batch and a timeline), decode steps by
-(requests, drafts). `components` (8B shape, `--components`): a decode step, a verify step and a
+(requests, drafts), step time by kind of step (`steps_by_kind`: with a prefill, decode pre-launched,
+decode laid out by the host), the slowest steps and Python's garbage collections (`gc_pauses`; the
+start-up heap is frozen after the warm-ups and collected before each run). `components` (8B shape, `--components`): a decode step, a verify step and a
 head pass timed alone at those batch sizes. `crossover`: per load point, each config's TPOT p50 and output throughput
 against target-only's. JSON on stdout (one line per load point) and in `--out`; a progress bar on
 stderr (`--quiet`: none).
