@@ -30,3 +30,14 @@ def toy_pair16():
     from nwor_lab.model.toy import toy_config, toy_pair
     target, head = toy_pair(0, cfg=toy_config(hidden_size=64))
     return target.to("cuda"), head.to("cuda")
+
+
+@pytest.fixture(scope="module")
+def hybrid_pair16():
+    """The hybrid toy pair (`bench.state.toy_pair`: recurrent layers beside attention) with heads of 16
+    (what Triton's attention takes), on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from nwor_lab.bench.state import toy_pair
+    target, head = toy_pair(wide=True)
+    return target.cuda(), head.cuda()

@@ -16,10 +16,8 @@ BS, SMALL = 4, 12
 
 
 @pytest.fixture(scope="module")
-def pair():
-    from nwor_lab.bench.state import toy_pair
-    target, head = toy_pair(wide=True)          # heads of 16: what Triton's attention takes
-    return target.cuda(), head.cuda()
+def pair(hybrid_pair16):
+    return hybrid_pair16
 
 
 def prompts():

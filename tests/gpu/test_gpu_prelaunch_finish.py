@@ -51,13 +51,8 @@ def test_gpu_replayed_steps_carry_dead_riders_and_decode_alike(pair, mode, prefi
 
 
 @pytest.fixture(scope="module")
-def hybrid():
-    import torch
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    from nwor_lab.bench.state import toy_pair
-    target, head = toy_pair(wide=True)          # heads of 16: what Triton's attention takes
-    return target.cuda(), head.cuda()
+def hybrid(hybrid_pair16):
+    return hybrid_pair16
 
 
 @pytest.mark.parametrize("prefix", ["", "on"])

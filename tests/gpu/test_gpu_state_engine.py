@@ -5,7 +5,7 @@ why, `StatePolicy.capture_off`, and then runs eagerly: no replay expected)."""
 import pytest
 import torch
 
-from nwor_lab.bench.state import random_hybrid, toy_pair
+from nwor_lab.bench.state import random_hybrid
 from nwor_lab.config import LabConfig
 from nwor_lab.engine import SpecEngine
 from nwor_lab.state import STATE_POLICIES
@@ -16,11 +16,8 @@ PROMPTS = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16]]
 
 
 @pytest.fixture(scope="module")
-def pair():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    target, head = toy_pair(wide=True)          # heads of 16: what Triton's attention takes
-    return target.cuda(), head.cuda()
+def pair(hybrid_pair16):
+    return hybrid_pair16
 
 
 def decode(pair, k, state_mode, graphs, max_num_seqs=4, new_tokens=24, acceptance=None, prompts=PROMPTS):
