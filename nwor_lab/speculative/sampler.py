@@ -133,12 +133,12 @@ def _recovered_at_first_rejection(recovered, accepted_len, cu, n, safe, real, p,
         return recovered
     start = cu - n                                                          # [R] first draft row
     row = start + torch.minimum(accepted_len, (n - 1).clamp(min=0))
-    p_r = p[row.clamp(max=total - 1)]                                       # [R, V]
+    at = row.clamp(max=total - 1)       # (a request without drafts reads any row: its sample is dropped)
+    p_r = p[at]                                                             # [R, V]
     if q is None:     # the point mass of a greedy drafter (padding drafts: zero)
-        at = safe[row.clamp(max=total - 1)]
-        q_r = torch.zeros_like(p_r).scatter_(1, at[:, None], real[row.clamp(max=total - 1)][:, None].float())
+        q_r = torch.zeros_like(p_r).scatter_(1, safe[at][:, None], real[at][:, None].float())
     else:
-        q_r = q[row.clamp(max=total - 1)]
+        q_r = q[at]
     residual = (p_r - q_r).clamp_min(0)
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     # residual * (1 / E) rather than residual / E: the same race, rounded as vLLM rounds it.
