@@ -318,17 +318,13 @@ class SpecEngine:
                 for r, a, c in zip(requests, result.accepted, chunked)]
         entry = WindowTrace(self.step_index, "verify", [r.req_id for r in requests], h["kinds"], h["ndrafts"],
                             result.accepted, [])
-        host_window = None
-        if self._records_later():
-            policy = self.policy
+        policy = self.policy
 
-            def count() -> None:
-                window, acceptance = kind.host_window(h, result)
-                entry.record = self.runner.records(window, acceptance, policy)
-            self._defer_record(entry, count)
-        else:
-            host_window, acceptance = kind.host_window(h, result)   # built once: the record and the observers
-            entry.record = self.runner.records(host_window, acceptance)
+        def count() -> Window:
+            window, acceptance = kind.host_window(h, result)
+            entry.record = self.runner.records(window, acceptance, policy)
+            return window
+        host_window = self._count_record(entry, count)      # (built once: the record and the observers)
         kind.note(entry, h, result)
         for i, r in enumerate(requests):
             r.chunk = None                 # the scheduler sets the next step's
@@ -373,11 +369,7 @@ class SpecEngine:
             window = chain_window(slots, self.cache.device)
             entry.record = policy.account(window, Acceptance.rejecting_all(window), range(layer, layer + 1))
             return window
-        if self._records_later():
-            self._defer_record(entry, count)
-            self._end_window(entry, None)
-        else:
-            self._end_window(entry, count())
+        self._end_window(entry, self._count_record(entry, count))
 
     # -- records counted behind the next step ----------------------------------------------------
     def _records_later(self) -> bool:
@@ -386,9 +378,14 @@ class SpecEngine:
         window ends (no observers, no debug checks)."""
         return self.window_kind.records_later and not self.observers and not self.config.debug
 
-    def _defer_record(self, entry: WindowTrace, count) -> None:
+    def _count_record(self, entry: WindowTrace, count) -> Window | None:
+        """`count()` (it sets `entry.record` and returns its host window) now -> that window, or, when
+        records may wait (`_records_later`), queued for `flush_records` -> None."""
+        if not self._records_later():
+            return count()
         entry._resolve = self.flush_records
         self._pending_records.append(count)
+        return None
 
     def flush_records(self) -> None:
         """Count the windows whose records were deferred, in the order they ran. The runner calls it
