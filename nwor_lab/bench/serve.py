@@ -132,6 +132,9 @@ def parser() -> LabArgumentParser:
     p.add_argument("--repeats", type=types.integer(1, 100), default=3,
                    help="runs of every config at every load point, the configs' runs in turn (ABBA); rows give the "
                         "median run with every repeat's throughput and TPOT, ratios the median of per-repeat ratios")
+    p.add_argument("--row-steps", type=types.integer(1, 64), default=None,
+                   help="buckets a doubling for steps with prefills from 128 rows (engine.buffers.STEPS_PER_DOUBLING, "
+                        "default 8; 1: powers of two, the rule before): an A/B of the padding")
     p.add_argument("--temperature", type=types.temperature, default=0.0,
                    help="sampling temperature of every engine (0: greedy)")
     add_engine_flags(p, scv=False)                  # its --scv above: the EAGLE engines' own help
@@ -296,9 +299,31 @@ def crossover(rows: list[dict]) -> list[dict]:
     return out
 
 
+def token_bucket_rule() -> dict:
+    """How steps with prefills pad their rows (`engine.buffers.token_bucket`), as this run had it."""
+    from nwor_lab.engine import buffers
+    return {"fine_rows": buffers.FINE_ROWS, "steps_per_doubling": buffers.STEPS_PER_DOUBLING,
+            "large_tokens": buffers.LARGE_TOKENS}
+
+
+def engine_row(engine, name: str, device, held_before: int) -> dict:
+    """What a config's engine cost to start: the graphs captured before its first step (and in how
+    many seconds), the graphs it holds after the warm-ups, and the device memory it added (its
+    cache, buffers and graph pools: torch's reserved bytes after the warm-ups less before it was built)."""
+    runner = engine.runner
+    graphs, seconds = runner.startup_capture or (0, 0.0)
+    added = torch.cuda.memory_reserved(device) - held_before if device.type == "cuda" else None
+    return {"config": name, "graphs_at_start": graphs, "capture_seconds": round(seconds, 2),
+            "graphs_held": sum(1 for inp in runner.buckets.values() if inp.graph is not None),
+            "device_memory_added_gib": None if added is None else round(added / 2**30, 2)}
+
+
 def main(argv=None) -> dict:
     argv, args = parsed(parser(), argv)
     device = bench_device("serve", args.device, args.model)
+    if args.row_steps is not None:
+        from nwor_lab.engine import buffers
+        buffers.STEPS_PER_DOUBLING = args.row_steps     # this process's engines (a bench's A/B)
     points = load_points(args)
     if not points:
         raise UsageError("bench serve: give --rates (open loop) and/or --concurrency (closed loop)")
@@ -326,7 +351,9 @@ def main(argv=None) -> dict:
     configs = [(None, 0, "off")] if (None, 0) in args.configs else []
     configs += [(h, k, m) for h, k in args.configs if h for m in args.policies]
     engines = []                       # every config's engine, built and warmed up once
+    args.engine_rows = []              # what each cost to start (graphs, seconds, device memory)
     for head, k, mode in configs:
+        held = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         k_engine = args.k_max if k == "auto" else k
         name = "target-only" if head is None else f"{head} k={k} nwor={mode}"   # (scv: --scv, in the JSON)
         engine = build(target, heads.get(head), k_engine, mode, args, every, acceptance, max_num_seqs)
@@ -338,6 +365,7 @@ def main(argv=None) -> dict:
             traffic["steady"].start(0, [engine.acceptance] if engine.acceptance is not None else [])
         warm_up(engine, name, k_auto, warmup, args)
         engines.append((engine, name, k_auto))
+        args.engine_rows.append(engine_row(engine, name, device, held))
     # what start-up left (models, engines, graphs) is moved out of the collector's sight, as vLLM does
     # after its start-up: a full collection then walks what the runs themselves allocate, not the heap
     gc.collect()
@@ -366,6 +394,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, tr
            "torch": torch.__version__, "model": args.model, "dtype": str(dtype).removeprefix("torch."),
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
            "ride_dead": not args.no_ride_dead,
+           "token_buckets": token_bucket_rule(),
            "gc": "frozen after the warm-ups (gc.freeze, as vLLM after start-up); collected before each run (untimed)",
            "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,
                         "prompt_len": args.prompt_len, "output_len": args.output_len,
@@ -375,7 +404,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, tr
            "scv": args.scv, "temperature": args.temperature, "repeats": args.repeats, "goodput_slo_ms": args.goodput.describe(), "complete": complete,
            "seconds_total": round(time.perf_counter() - t_start, 1),
            "phases": traffic["phases"].describe() if traffic else None,
-           "components": args.component_rows, "results": rows, "crossover": crossover(rows),
+           "components": args.component_rows, "engines": getattr(args, "engine_rows", []), "results": rows, "crossover": crossover(rows),
            "kauto": kauto_verdicts(rows)}
     save_json(out, args.out)
     return out

@@ -108,14 +108,28 @@ def max_blocks(engine) -> int:
 
 
 LARGE_TOKENS = 1024      # from here on, token buckets grow by 512 tokens instead of doubling
+FINE_ROWS = 128          # from here on (to LARGE_TOKENS), token buckets split each doubling evenly
+STEPS_PER_DOUBLING = 8   # ... into this many buckets (1: powers of two)
 
 
 def token_bucket(n: int) -> int:
     """Rows of the bucket holding n tokens, always > n (one padding row at least): powers of two
-    from 16 to 1024, then multiples of 512 (a prefill of 2048 tokens pads to 2560, not 4096)."""
-    if n < LARGE_TOKENS:
+    from 16 to `FINE_ROWS` (128), then `STEPS_PER_DOUBLING` (8) even steps a doubling to 1024
+    (144, 160, ... 256, 288, ... 512, 576, ... 1024), then multiples of 512 (a prefill of 2048
+    tokens pads to 2560, not 4096).
+
+    Why finer from 128 rows: below it the 8B shape's GEMMs are weight-bound on an H100/H200 (64
+    or 128 rows cost one read of the weights), so padding is nearly free and fewer graphs are
+    better; above it they are compute-bound and every padding row costs its FLOPs. EAGLE-3 k 4
+    at 32 clients mixes 160 verify rows with one or two prompts: 200-400 rows, which powers of
+    two padded to 256 and 512 (a quarter of the rows, on a quarter of the time, were padding:
+    benchmarks/results/serve_buckets_8b_h200.json)."""
+    if n >= LARGE_TOKENS:
+        return (n // 512 + 1) * 512
+    if n < FINE_ROWS:
         return max(16, 1 << n.bit_length())
-    return (n // 512 + 1) * 512
+    step = (1 << (n.bit_length() - 1)) // STEPS_PER_DOUBLING
+    return (n // step + 1) * step
 
 
 def slot_sizes(max_size: int) -> list[int]:

@@ -77,3 +77,16 @@ def test_gpu_forced_acceptance_8b_code_path(head_kind, mode):
     assert out[True] == out[False]
     assert stats[True] == stats[False]
     assert stats[True][0] == pytest.approx(mean_acceptance_length(forced.for_k(4)), abs=0.5)
+
+
+@pytest.mark.parametrize("mode", ["off", "stage"])
+def test_gpu_mixed_steps_in_buckets_between_powers_of_two(shipped, mode):
+    """Prompts of ~130 tokens joining 8 decoding requests: steps of 130-200 rows run from the buckets
+    of 144 .. 208 rows (`buffers.token_bucket`: 8 a doubling from 128), and decode what eager steps do."""
+    target, head, prompts = shipped
+    long = [(p * 40)[:130 + 3 * i] for i, p in enumerate(prompts + prompts[:2])]
+    eager, _ = staggered(target, head, long, mode, 4, graphs=False, seqs=8, gap=2)
+    graphed, engine = staggered(target, head, long, mode, 4, graphs=True, seqs=8, gap=2)
+    assert graphed == eager
+    used = [key.tokens for key, b in engine.runner.buckets.items() if key.max_query_len == 0 and b.replays]
+    assert any(128 < rows < 256 and rows & (rows - 1) for rows in used), used

@@ -20,10 +20,14 @@
 #   pairs     (one GPU)  the graphed step's paired ratios at batch 1, 16, 64 after the T > 0 sampler change
 #             (T 0.8 over T 0; cow and stage over off; 41 repeats) -> step_pairs_8b_all_<card>.json, and the
 #             step's kernels at T 0 against T 0.8 at batch 64 -> t08_kernels_8b_<card>.json
+#   buckets   (one GPU)  bench serve at 32 clients (target, k 4; 3 repeats) with the steps with prefills padded to
+#             powers of two (--row-steps 1, the rule before) and to 8 buckets a doubling from 128 rows (the new
+#             default) -> serve_buckets_s1_<card>.json, serve_buckets_s8_<card>.json (with each engine's graphs,
+#             capture seconds and device memory)
 #   servespans (one GPU)  the step's host pieces over serving by kind of step, after the dead riders and the
 #             deferred records -> serve_spans_8b_after_<card>.json
 set -uo pipefail
-PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs or servespans}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets or servespans}
 PARTS=${PARTS/profiles/tier spans chain}
 PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
@@ -92,12 +96,20 @@ case "$PART" in
     timeout $(lim 150) python3 -m nwor_lab.bench.step_profile chain --batch 64 --k 4 --rate 0.5 --temperatures 0,0.8 \
       --out "$OUT/t08_kernels_8b_$TAG.json" > "$OUT/t08_kernels.log" 2>&1
     echo "step_profile chain --temperatures exit $?" ;;
+  buckets)
+    for steps in 1 8; do
+      stage "bench serve --row-steps $steps"
+      timeout $(lim 200) python3 -m nwor_lab.bench.serve --model 8b --device cuda --configs target,eagle3:4 \
+        --policies stage --concurrency 32 --prompt-len 64 --output-len 256 --repeats 3 --row-steps $steps \
+        --goodput tpot:50 --quiet --out "$OUT/serve_buckets_s${steps}_$TAG.json" > "$OUT/buckets_s$steps.log" 2>&1
+      echo "bench serve --row-steps $steps exit $?"; grep -E '^\{' "$OUT/buckets_s$steps.log" | cut -c1-200
+    done ;;
   servespans)
     stage "spans --serve"
     timeout $(lim 200) python3 -m nwor_lab.bench.step_profile spans --serve --model 8b --clients 32 --nwor stage \
       --out "$OUT/serve_spans_8b_after_$TAG.json" > "$OUT/serve_spans.log" 2>&1
     echo "step_profile spans --serve exit $?"; grep -E '^\{' "$OUT/serve_spans.log" | cut -c1-300 ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs or servespans" ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets or servespans" ;;
 esac
 done
 stage done
