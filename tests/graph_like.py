@@ -28,8 +28,9 @@ def graph_like(monkeypatch):
                 return
             self.fn()
 
-    def capture_graph(fn, warmup=0, device=None, generators=()):
+    def capture_graph(fn, warmup=0, device=None, generators=(), pool=None):
         fn()
         return Graph(fn)
     monkeypatch.setattr(runner_mod, "run_step", run_step)
+    monkeypatch.setattr(runner_mod, "graph_pool", lambda device: object())     # (a pool stands for nothing here)
     monkeypatch.setattr(runner_mod, "capture_graph", capture_graph)

@@ -140,3 +140,30 @@ def test_warm_up_on_padding_leaves_the_prefix_cache_alone(pair):
     plain = _padded_run(target, head, cfg, False, prompts, k=3, prefix_cache=PrefixCacheConfig(), temperature=0.8, seed=2)
     warmed = _padded_run(target, head, cfg, True, prompts, k=3, prefix_cache=PrefixCacheConfig(), temperature=0.8, seed=2)
     assert warmed == plain and plain[1] > 0
+
+
+def test_prefill_graphs_share_one_pool_and_write_outside_it(pair, monkeypatch):
+    """Every prefill bucket's graph is captured into the runner's one prefill pool (largest first at
+    start) and writes its outputs into tensors allocated at its warm-up, outside that pool (with the
+    CPU graph stand-in: the wiring; the tokens under real shared pools are tests/gpu/'s)."""
+    from graph_like import graph_like
+    plain = run(engine(pair, temperature=0.8))
+    graph_like(monkeypatch)
+    pools = []
+    import nwor_lab.engine.runner as runner_mod
+    capture = runner_mod.capture_graph
+    monkeypatch.setattr(runner_mod, "capture_graph", lambda fn, **kw: pools.append(kw["pool"]) or capture(fn, **kw))
+    e = engine(pair, temperature=0.8)
+    e.runner.capture = e.runner.capture_at_start = True
+    prefill = [key.tokens for key in start_buckets(e.runner) if not key.max_query_len]
+    assert prefill == sorted(prefill, reverse=True)
+    tokens, records = run(e)
+    # (the stand-in's capture at start numbers the windows from 3, with or without the shared pool)
+    assert tokens == plain[0] and [(kind, {**r, "index": 0}) for kind, r in records] == \
+        [(kind, {**r, "index": 0}) for kind, r in plain[1]]
+    graphs = {key: inp for key, inp in e.runner.buckets.items() if inp.graph is not None}
+    shared = {id(p) for key, p in zip(graphs, pools) if not key.max_query_len}
+    assert len(shared) == 1 and e.runner.prefill_pool is not None
+    assert all(p is None for key, p in zip(graphs, pools) if key.max_query_len)       # decode graphs: their own
+    for key, inp in graphs.items():
+        assert (inp.outputs is inp.kept) == (not key.max_query_len)

@@ -55,9 +55,13 @@ def reachable_buckets(runner) -> list[BucketKey]:
 
 
 def start_buckets(runner) -> list[BucketKey]:
-    """The reachable buckets captured at start: every decode bucket, prefill buckets of at most
-    `START_MAX_ROWS` rows."""
-    return [key for key in reachable_buckets(runner) if key.max_query_len or key.tokens <= START_MAX_ROWS]
+    """The reachable buckets captured at start: every decode bucket (in the kind's order), then the
+    prefill buckets of at most `START_MAX_ROWS` rows, largest first: their graphs share one memory
+    pool (`StepRunner._capture`), where each smaller one fits in what the larger ones freed."""
+    keys = reachable_buckets(runner)
+    prefill = sorted((key for key in keys if not key.max_query_len and key.tokens <= START_MAX_ROWS),
+                     key=lambda key: (key.tokens, key.size), reverse=True)
+    return [key for key in keys if key.max_query_len] + prefill
 
 
 @torch.no_grad()             # as `SpecEngine.step`: the body writes the cache in place

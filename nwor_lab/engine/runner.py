@@ -43,7 +43,7 @@ from nwor_lab.engine.buffers import BucketKey, bucket_size, token_bucket
 from nwor_lab.engine.eager_rules import eager_rule
 from nwor_lab.engine.step import StepInputs, draft_limits, run_step
 from nwor_lab.model.attention import use_kernel
-from nwor_lab.ops.graphs import capture_graph
+from nwor_lab.ops.graphs import capture_graph, graph_pool
 
 
 class StepResult:
@@ -103,6 +103,7 @@ class StepRunner:
         # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
         self.ride_dead = engine.config.ride_dead
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
+        self.prefill_pool = None  # the memory pool every prefill bucket's graph shares (`_launch`)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
@@ -260,12 +261,11 @@ class StepRunner:
             if not inp.static or not inp.warmed or not self.capture:
                 inp.warmed = True
                 out = run_step(e, inp)
+                if inp.static and self.capture and self._pooled(inp):
+                    # the outputs its graph will write, allocated outside the shared pool (see `_capture`)
+                    inp.kept = tuple(None if t is None else torch.empty_like(t) for t in out)
             else:
-                holder = {}
-                inp.graph = capture_graph(lambda: holder.setdefault("out", run_step(e, inp)), warmup=0,
-                                          device=e.device, generators=self.rng_generators())
-                inp.outputs = out = holder["out"]
-                inp.graph.replay()
+                out = self._capture(inp)
             for p, n in zip(pols, counted):
                 p.windows_done = n      # the body's Python ran: `account` counts its windows, once
             inp.features, inp.next_probs = out[1], out[2]
@@ -273,6 +273,40 @@ class StepRunner:
         finally:
             for p, (records, deferred) in zip(pols, saved):
                 p.records, p.deferred = records, deferred
+
+    def _pooled(self, inp: StepInputs) -> bool:
+        """Whether `inp`'s graph shares the prefill pool: a bucket of steps with prefills (rows padded
+        to `token_bucket`: a hundred of them at 32 request slots, each otherwise a pool of its own,
+        ~0.17 GiB on the 8B shape). Decode buckets keep their own: they are few, and pre-launched."""
+        return inp.max_query_len == 0
+
+    def _capture(self, inp: StepInputs):
+        """Capture `inp`'s body, replay it once -> its outputs (the graph's output buffers). A prefill
+        bucket's graph shares `prefill_pool` with every other: its body copies its outputs into
+        `inp.kept` (allocated at its warm-up, outside the pool), so the only memory the graphs
+        share is their intermediates, which no step reads after its graph ran. Captured largest
+        first (`capture_sizes`), the smaller graphs' intermediates fit in what the largest freed."""
+        e = self.engine
+        holder = {}
+        pool = None
+        if self._pooled(inp):
+            if self.prefill_pool is None:
+                self.prefill_pool = graph_pool(e.device)
+            pool = self.prefill_pool
+
+            def body():
+                out = run_step(e, inp)
+                for kept, t in zip(inp.kept, out):
+                    if t is not None:
+                        kept.copy_(t)
+                holder["out"] = inp.kept
+        else:
+            def body():
+                holder.setdefault("out", run_step(e, inp))
+        inp.graph = capture_graph(body, warmup=0, device=e.device, generators=self.rng_generators(), pool=pool)
+        inp.outputs = out = holder["out"]
+        inp.graph.replay()
+        return out
 
     # -- pre-launch ------------------------------------------------------------------------------
     def _can_prelaunch(self, inp: StepInputs, requests) -> bool:

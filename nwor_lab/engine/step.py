@@ -125,6 +125,7 @@ class StepInputs:
         self.replays = 0              # steps replayed from `graph` (the runner counts them)
         self.lent: list = []          # requests holding views of `next_probs` (`StepRunner._keep_lent_probs`)
         self.outputs = None
+        self.kept = None              # a prefill bucket's graph outputs outside the shared pool (the runner's)
         self.warmed = False
 
     @classmethod

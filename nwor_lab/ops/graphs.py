@@ -13,7 +13,7 @@ import torch
 
 
 def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None,
-                  generators: Sequence[torch.Generator] = ()) -> torch.cuda.CUDAGraph:
+                  generators: Sequence[torch.Generator] = (), pool=None) -> torch.cuda.CUDAGraph:
     """Run `fn` `warmup` times on a side stream, then capture one call of it; returns the graph
     (replay it with `graph.replay()`; `fn`'s tensors are its static inputs and outputs).
 
@@ -21,7 +21,13 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None,
     registers itself). Each is registered with the graph before its capture begins: the captured
     kernels read the generator's seed and offset when the graph replays, and each replay advances
     the offset by what the captured draws consumed, as the same draws run eagerly would (so a
-    seeded run draws the same numbers captured or eager, and a replay never repeats a draw)."""
+    seeded run draws the same numbers captured or eager, and a replay never repeats a draw).
+
+    pool: a memory pool (`torch.cuda.graph_pool_handle()`) this capture shares with others captured
+    into it (None: a pool of its own). Sharing is safe only for graphs that never run at once and
+    whose captures leave no tensor alive that a later replay of another graph could overwrite:
+    `fn` must write its results into tensors allocated before the capture (what the pool frees
+    at the end of one capture, the next may use for its own intermediates)."""
     device = torch.device("cuda") if device is None else torch.device(device)
     with torch.cuda.device(device):
         side = torch.cuda.Stream(device)
@@ -40,9 +46,15 @@ def capture_graph(fn: Callable[[], object], *, warmup: int = 1, device=None,
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=pool):
                 fn()
         finally:
             if was_enabled:
                 gc.enable()
     return graph
+
+
+def graph_pool(device) -> object:
+    """A new memory pool that CUDA graphs captured on `device` may share (`capture_graph(pool=)`)."""
+    with torch.cuda.device(torch.device(device)):
+        return torch.cuda.graph_pool_handle()
