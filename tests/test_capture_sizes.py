@@ -40,10 +40,10 @@ def test_slot_and_token_buckets():
     # 4 slots hold 3 or 4 requests: 3 rows at least; up to 64 rows (a bucket of 128: over 100 reserved)
     assert token_bucket(64) == 128
     assert prefill_token_buckets(4, 64, 100) == [16, 32, 64]
-    # from 128 rows four buckets a doubling (then multiples of 512 from 1024)
-    assert prefill_token_buckets(1, 2048, 4096) == [16, 32, 64, 128, *range(160, 257, 32), *range(320, 513, 64),
-                                                    *range(640, 1025, 128), 1536, 2048, 2560]
-    assert prefill_token_buckets(2, 300, 321) == [16, 32, 64, 128, 160, 192, 224, 256, 320]
+    # from 128 rows eight buckets a doubling (then multiples of 512 from 1024)
+    assert prefill_token_buckets(1, 2048, 4096) == [16, 32, 64, 128, *range(144, 257, 16), *range(288, 513, 32),
+                                                    *range(576, 1025, 64), 1536, 2048, 2560]
+    assert prefill_token_buckets(2, 300, 321) == [16, 32, 64, 128, *range(144, 257, 16), 288, 320]
 
 
 @pytest.mark.parametrize("k", [0, 3])

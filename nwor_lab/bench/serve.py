@@ -134,7 +134,7 @@ def parser() -> LabArgumentParser:
                         "median run with every repeat's throughput and TPOT, ratios the median of per-repeat ratios")
     p.add_argument("--row-steps", type=types.integer(1, 64), default=None,
                    help="buckets a doubling for steps with prefills from 128 rows (engine.buffers.STEPS_PER_DOUBLING, "
-                        "default 4; 1: powers of two, the rule before): an A/B of the padding")
+                        "default 8; 1: powers of two, the rule before): an A/B of the padding")
     p.add_argument("--temperature", type=types.temperature, default=0.0,
                    help="sampling temperature of every engine (0: greedy)")
     add_engine_flags(p, scv=False)                  # its --scv above: the EAGLE engines' own help

@@ -109,23 +109,25 @@ def max_blocks(engine) -> int:
 
 LARGE_TOKENS = 1024      # from here on, token buckets grow by 512 tokens instead of doubling
 FINE_ROWS = 128          # from here on (to LARGE_TOKENS), token buckets split each doubling evenly
-STEPS_PER_DOUBLING = 4   # ... into this many buckets (1: powers of two)
+STEPS_PER_DOUBLING = 8   # ... into this many buckets (1: powers of two)
 
 
 def token_bucket(n: int) -> int:
     """Rows of the bucket holding n tokens, always > n (one padding row at least): powers of two
-    from 16 to `FINE_ROWS` (128), then `STEPS_PER_DOUBLING` (4) even steps a doubling to 1024
-    (160, 192, 224, 256, 320, ... 512, 640, ... 1024), then multiples of 512 (a prefill of 2048
+    from 16 to `FINE_ROWS` (128), then `STEPS_PER_DOUBLING` (8) even steps a doubling to 1024
+    (144, 160, ... 256, 288, ... 512, 576, ... 1024), then multiples of 512 (a prefill of 2048
     tokens pads to 2560, not 4096).
 
     Why finer from 128 rows: below it the 8B shape's GEMMs are weight-bound on an H100/H200 (64
     or 128 rows cost one read of the weights), so padding is nearly free and fewer graphs are
     better; above it they cost their FLOPs, padding rows too. EAGLE-3 k 4 at 32 clients mixes 160
     verify rows with one or two 64-token prompts: 200-400 rows, which powers of two padded to 256
-    and 512. Each bucket is a graph with its own memory pool, hence 4 steps and not 8: on an H200
-    at 32 clients, 4 steps held 101 graphs (+9.7 GiB over powers of two), 8 steps 173 (+22 GiB);
-    8 steps raised EAGLE-3 k 4 over target-only from 2.086x to 2.125x on one machine
-    (benchmarks/results/serve_buckets_8b_h200.json)."""
+    and 512. On an H200 at 32 clients, EAGLE-3 k 4 over target-only went from 2.086x to 2.125x
+    on one machine and from 2.134x to 2.169x on another (4 steps: 2.150x). What it costs: 173
+    graphs instead of 47 at 32 request slots, captured in ~15-30 s instead of ~12-16 s; their
+    memory stays small because the prefill buckets' graphs share one pool (`StepRunner._capture`:
+    4.2 GiB for the EAGLE engine's cache and graphs, against 7.8 GiB with powers of two and a pool
+    a graph). benchmarks/results/serve_buckets_8b_h200.json."""
     if n >= LARGE_TOKENS:
         return (n // 512 + 1) * 512
     if n < FINE_ROWS:

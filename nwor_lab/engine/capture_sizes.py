@@ -20,8 +20,10 @@ The buckets are the window kind's (`WindowKind.start_keys`, asked here): a chain
 A hybrid target captures its decode buckets only (its prefills run the chunked form, eager).
 At start, prefill buckets of more than `START_MAX_ROWS` rows are left to their first use (as vLLM
 caps its capture sizes): a configuration with a large token budget (`bench step`'s 64 x 1025 rows)
-reaches a hundred of them, each a graph with its own memory pool, and a long prefill's capture
-costs little next to its own run.
+reaches many of them, and a long prefill's capture costs little next to its own run. Up to it
+there are ~30 prefill buckets a slot size (`buffers.token_bucket`: 8 a doubling from 128 rows),
+captured largest first into one shared pool (`StepRunner._capture`), so their memory is about
+the largest one's.
 Draft trees are left to be captured on first use (`TreeKind.start_keys` is empty: their inputs
 are filled from a tree plan, not checked here with padding only), and so is every engine whose
 steps never run from a bucket (`StepRunner.never_static`).

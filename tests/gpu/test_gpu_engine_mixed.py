@@ -82,7 +82,7 @@ def test_gpu_forced_acceptance_8b_code_path(head_kind, mode):
 @pytest.mark.parametrize("mode", ["off", "stage"])
 def test_gpu_mixed_steps_in_buckets_between_powers_of_two(shipped, mode):
     """Prompts of ~130 tokens joining 8 decoding requests: steps of 130-200 rows run from the buckets
-    of 160 .. 224 rows (`buffers.token_bucket`: 4 a doubling from 128), and decode what eager steps do."""
+    of 144 .. 208 rows (`buffers.token_bucket`: 8 a doubling from 128), and decode what eager steps do."""
     target, head, prompts = shipped
     long = [(p * 40)[:130 + 3 * i] for i, p in enumerate(prompts + prompts[:2])]
     eager, _ = staggered(target, head, long, mode, 4, graphs=False, seqs=8, gap=2)
