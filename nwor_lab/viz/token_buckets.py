@@ -1,0 +1,68 @@
+"""How padding the steps with prefills changes serving (`serve_buckets_8b_h200.json`: `bench serve
+--row-steps`), read from the stored file; nothing is measured here.
+
+  ratio_by_rule   EAGLE-3 k 4 over target-only (output tokens/s, median and min–max of the paired
+                  repeats) for each token-bucket rule, one colour per machine: each device call ran on
+                  a fresh machine, and a ratio compares only with the same machine's
+  rule_table      the same runs as a Markdown table, with the EAGLE engine's steps with a prefill,
+                  graphs and device memory
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import plotly.graph_objects as go
+
+from nwor_lab.viz.perf import _layout, result_subtitle
+from nwor_lab.viz.tables import markdown_table
+
+_COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9")
+
+
+def rule_name(steps: int) -> str:
+    return "powers of two" if steps == 1 else f"{steps} a doubling"
+
+
+def _label(run: Mapping) -> str:
+    return rule_name(run["row_steps"]) + (" + shared pool" if run["prefill_pool"] == "shared" else "")
+
+
+def ratio_by_rule(result: Mapping, *, goal: float | None = 2.2):
+    """Dots with min–max bars: EAGLE-3 k 4 over target-only per rule, a trace per machine."""
+    runs = result["summary"]
+    order = list(dict.fromkeys(_label(r) for r in sorted(runs, key=lambda r: (r["prefill_pool"] == "shared",
+                                                                               r["row_steps"]))))
+    fig = go.Figure()
+    for i, machine in enumerate(dict.fromkeys(r["machine"] for r in runs)):
+        mine = sorted((r for r in runs if r["machine"] == machine), key=lambda r: order.index(_label(r)))
+        med = [r["eagle3_k4_over_target"]["median"] for r in mine]
+        fig.add_trace(go.Scatter(
+            x=[_label(r) for r in mine], y=med, mode="lines+markers", name=f"machine {machine}",
+            line={"color": _COLOURS[i % len(_COLOURS)], "width": 1.5}, marker={"size": 9},
+            error_y={"type": "data", "symmetric": False,
+                     "array": [r["eagle3_k4_over_target"]["max"] - m for r, m in zip(mine, med)],
+                     "arrayminus": [m - r["eagle3_k4_over_target"]["min"] for r, m in zip(mine, med)]},
+            hovertemplate="%{x}: %{y:.3f}×<extra>machine " + machine + "</extra>"))
+    if goal is not None:
+        fig.add_trace(go.Scatter(x=[order[0], order[-1]], y=[goal, goal], mode="lines", name=f"goal {goal}×",
+                                 line={"color": "#999999", "dash": "dash"}, hoverinfo="skip"))
+    fig.update_xaxes(categoryorder="array", categoryarray=order, title_text="rows of a step with prefills padded to")
+    fig.update_yaxes(title_text="EAGLE-3 k 4 / target-only (tok/s)")
+    _layout(fig, "32 clients: padding the steps with prefills less",
+            result_subtitle(result, "Medians of 3 paired repeats, bars min–max; a line joins one machine's runs"),
+            height=460, legend_y=-0.3, bottom=130)
+    return fig
+
+
+def rule_table(result: Mapping) -> str:
+    """Per run: machine, rule, the ratio, the EAGLE engine's steps with a prefill (mean ms), and its
+    graphs at start, their capture seconds and the device memory the engine added."""
+    body = []
+    for r in result["summary"]:
+        eagle = next(e for e in r["engines"] if e["config"] != "target-only")
+        q = r["eagle3_k4_over_target"]
+        body.append([r["machine"], _label(r), f"{q['median']:.3f}× [{q['min']:.3f}–{q['max']:.3f}]",
+                     f"{r['eagle_prefill_step_ms']['mean']:.1f} ms", str(eagle["graphs_at_start"]),
+                     f"{eagle['capture_seconds']:.0f} s", f"{eagle['device_memory_added_gib']:.1f} GiB"])
+    return markdown_table(["machine", "rows padded to", "EAGLE-3 k 4 / target-only", "EAGLE step with a prefill",
+                           "graphs", "captured in", "engine's device memory"], body)
