@@ -21,3 +21,10 @@ def test_the_table_has_a_row_a_run():
     table = token_buckets.rule_table(RESULT).splitlines()
     assert len(table) == 2 + len(RESULT["summary"])
     assert "8 a doubling + shared pool" in table[-2] and "GiB" in table[-1]
+
+
+def test_the_napkin_compares_within_a_machine_and_judges_the_goal():
+    text = token_buckets.rule_napkin(RESULT)
+    assert "machine A (call 1): 2.086× → 2.125×" in text and "machine C (call 3): 2.134× → 2.169×" in text
+    assert "machine B" not in text and text.endswith("not reached.")
+    assert token_buckets.rule_napkin(RESULT, goal=2.1).endswith("is reached.")

@@ -6,6 +6,8 @@
                   a fresh machine, and a ratio compares only with the same machine's
   rule_table      the same runs as a Markdown table, with the EAGLE engine's steps with a prefill,
                   graphs and device memory
+  rule_napkin     one paragraph: powers of two against eight buckets a doubling on each machine that ran
+                  both, and the EAGLE engine's device memory under each rule
 """
 from __future__ import annotations
 
@@ -66,3 +68,22 @@ def rule_table(result: Mapping) -> str:
                      f"{eagle['capture_seconds']:.0f} s", f"{eagle['device_memory_added_gib']:.1f} GiB"])
     return markdown_table(["machine", "rows padded to", "EAGLE-3 k 4 / target-only", "EAGLE step with a prefill",
                            "graphs", "captured in", "engine's device memory"], body)
+
+
+def rule_napkin(result: Mapping, goal: float = 2.2) -> str:
+    """Markdown: the change from powers of two to 8 a doubling on every machine that ran both (same
+    pool rule), the EAGLE engine's device memory under each rule, and whether `goal` was reached."""
+    by = {(r["machine"], r["row_steps"], r["prefill_pool"]): r for r in result["summary"]}
+    ratio = lambda key: by[key]["eagle3_k4_over_target"]["median"]             # noqa: E731
+    gains = [(m, ratio((m, 1, p)), ratio((m, 8, p))) for m, s, p in by if s == 1 and (m, 8, p) in by]
+    memory = {}
+    for r in result["summary"]:
+        eagle = next(e for e in r["engines"] if e["config"] != "target-only")
+        memory.setdefault(_label(r), eagle["device_memory_added_gib"])
+    best = max(ratio(key) for key in by)
+    return ("**Napkin math** (`serve_buckets_8b_h200.json`). Powers of two → eight buckets a doubling, on the "
+            "same machine: " + "; ".join(f"machine {m}: {a:.3f}× → {b:.3f}× ({b / a - 1:+.1%})" for m, a, b in gains)
+            + ". The EAGLE engine's device memory (its cache and graphs): "
+            + ", ".join(f"{v:.1f} GiB with {k}" for k, v in memory.items())
+            + f". Best ratio measured: {best:.3f}×; the goal at 32 clients, {goal}×, is "
+            + ("reached." if best >= goal else "not reached."))
