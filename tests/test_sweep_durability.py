@@ -204,6 +204,12 @@ def test_a_resumed_sweep_reaps_what_a_dead_one_left_running(tmp_path, capsys):
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                               env={**os.environ, lifeline.MARKER_ENV: token}, start_new_session=True)
     try:
+        # Popen returns once exec has begun, but /proc/<pid>/environ reads empty until the kernel has laid
+        # out the new image's stack: on a loaded machine the sweep could look before then and find nobody
+        # (an orphan a dead sweep left is long past that point)
+        deadline = time.monotonic() + 10
+        while orphan.pid not in lifeline.marked(token) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert main([*SWEEP, "--grid", "x=1", "--out", str(out)]) == 0
         assert orphan.wait(timeout=10) == -signal.SIGKILL
         assert "died without cleaning up; stopped 1 processes it left running" in capsys.readouterr().err
