@@ -9,7 +9,8 @@
                kernels), a real step
     capture    its second step: the body captured on the same buffers, then replayed once (with
                `LabConfig.capture_at_start`, both ran on padding before the engine's first step:
-               `nwor_lab.engine.capture_sizes`)
+               `nwor_lab.engine.capture_sizes`); a prefill bucket's graph into the one pool they
+               all share, writing its outputs outside it (`_capture`)
     replay     every later step of that bucket: inputs copied in, the graph replayed, outputs read
     pre-launch a decode bucket's next step launched before the host read this one, on the inputs
                the step computed for it on the device (the scheduler keeps every request and admits
@@ -277,7 +278,8 @@ class StepRunner:
     def _pooled(self, inp: StepInputs) -> bool:
         """Whether `inp`'s graph shares the prefill pool: a bucket of steps with prefills (rows padded
         to `token_bucket`: a hundred of them at 32 request slots, each otherwise a pool of its own,
-        ~0.17 GiB on the 8B shape). Decode buckets keep their own: they are few, and pre-launched."""
+        ~0.17 GiB on the 8B shape: serve_buckets_8b_h200.json). Decode buckets keep their own: they are few,
+        and pre-launched."""
         return inp.max_query_len == 0
 
     def _capture(self, inp: StepInputs):
@@ -289,7 +291,7 @@ class StepRunner:
         e = self.engine
         holder = {}
         pool = None
-        if self._pooled(inp):
+        if self._pooled(inp) and inp.kept is not None:     # (kept: allocated at its warm-up)
             if self.prefill_pool is None:
                 self.prefill_pool = graph_pool(e.device)
             pool = self.prefill_pool
