@@ -312,6 +312,12 @@ def test_serve_counts_the_prelaunched_steps_as_the_runner_does():
     kinds = summarize(run, Slo())["steps_by_kind"]
     assert kinds["decode, pre-launched"]["steps"] == e.runner.prelaunched > 0
     assert sum(v["steps"] for v in kinds.values()) == e.runner.steps
+    # rows: a decode step carries t_last + 2 drafts a request, its bucket 3 a slot and one padding row
+    # (a dead rider's slot runs and counts as padding: the requests' rows are those the host reads)
+    pre = [s for s in run.steps if s.prelaunched]
+    assert (6, 7) in {(s.rows, s.padded_rows) for s in pre}
+    assert all(s.rows == 3 * s.requests and s.padded_rows in (4, 7) for s in pre)
+    assert kinds["prefill"]["mean_padded_rows"] > kinds["prefill"]["mean_rows"] > 0    # prompts padded to a bucket
 
 
 def test_serve_records_the_garbage_collections_inside_its_steps():

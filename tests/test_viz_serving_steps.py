@@ -23,6 +23,9 @@ def test_bars_are_ms_per_thousand_tokens_by_kind_and_only_shared_configs_are_dra
     assert list(host.y) == pytest.approx([72.0, 64.0, 72.0, 64.0])
     assert list(host.x) == ["target-only<br>before", "target-only<br>after", "eagle3 k=4<br>before", "eagle3 k=4<br>after"]
     table = step_kinds_table({"before": result(9.0, 8.0)})
-    assert "4 × 9.00 ms" in table and "target-only" in table
+    assert "4 × 9.00 ms" in table and "target-only" in table and "rows" not in table
+    later = result(9.0, 8.0)
+    later["results"][0]["steps_by_kind"]["prefill"] |= {"mean_rows": 231.0, "mean_padded_rows": 240.0}
+    assert "2 × 10.00 ms, rows 231 → 240" in step_kinds_table({"after": later})
     with pytest.raises(ValueError, match="steps_by_kind"):
         step_time_by_kind({"old": {"results": [{"config": "x", "mode": "closed", "concurrency": 8}]}})

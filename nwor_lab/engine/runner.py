@@ -100,6 +100,7 @@ class StepRunner:
         self.limits = None        # ([id(request)], draft counts): a draft_counts decision made for the next fill
         self.pending = None       # (StepInputs, requests, readback handle) of a pre-launched step
         self.dead_riders = 0      # request slots pre-launched steps carried dead (finished the step before)
+        self.last_rows = (0, 0)   # the last step's rows: (the requests', its buffers') — padding is the gap
         # False: a request that may finish keeps the next step for the host, as before dead riders (a
         # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
         self.ride_dead = engine.config.ride_dead
@@ -207,6 +208,7 @@ class StepRunner:
             self._keep_lent_probs(inp, requests)      # (after `fill` read this step's requests' drafts)
             packed, features, probs = self._launch(inp)
             handle = inp.readback.start(packed)
+        self.last_rows = (len(inp.host.get("ids", ())), inp.tokens)
         if probs is not None and inp.graph is not None:
             # T > 0: the drafts' probabilities [B, k, V] are the graph's output buffer, handed to the
             # requests as views (no per-step copy): the bucket's next replay overwrites them, which is

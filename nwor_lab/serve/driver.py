@@ -52,6 +52,8 @@ class StepRecord:
     running: int                        # after the step
     waiting: int                        # before the step
     prelaunched: bool = False           # launched before the host read the step before (its host work hidden)
+    rows: int = 0                       # rows of the requests' tokens (t_last, drafts, prompts)
+    padded_rows: int = 0                # rows the step ran (its bucket's; = rows for an exact-size eager step)
 
 
 @dataclass
@@ -165,7 +167,8 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
             end = clock()
             t = end - t0
             entries = engine.trace[before:]
-            steps.append(_step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched))
+            rows = getattr(runner, "last_rows", (0, 0))
+            steps.append(_step_record(entries, start - t0, end - start, len(sched.running), waiting, prelaunched, rows))
             for entry in entries:
                 if entry.kind != "verify":
                     continue
@@ -193,10 +196,10 @@ def serve(engine, specs: list[RequestSpec], *, arrivals: list[float] | None = No
 
 
 def _step_record(entries, start: float, seconds: float, running: int, waiting: int,
-                 prelaunched: bool = False) -> StepRecord:
+                 prelaunched: bool = False, rows: tuple[int, int] = (0, 0)) -> StepRecord:
     verify = [e for e in entries if e.kind == "verify"]
     reqs = sum(len(e.req_ids) for e in verify)
     drafts = max((d for e in verify for d in e.drafted), default=0)
     prefill = any(k == "prefill" for e in verify for k in e.kinds)
     tokens = sum(len(out) for e in verify for out in e.emitted)
-    return StepRecord(start, seconds, reqs, drafts, prefill, tokens, running, waiting, prelaunched)
+    return StepRecord(start, seconds, reqs, drafts, prefill, tokens, running, waiting, prelaunched, *rows)

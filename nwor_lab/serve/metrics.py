@@ -162,16 +162,24 @@ def steps_by_kind(run: ServeRun) -> dict:
     """Where the run's step time went, by kind of step: `prefill` (a prefill rode in it), `decode,
     pre-launched` (launched before the host read the step before: its host work overlapped the GPU's)
     and `decode, host` (laid out by the host after the readback: its host work in the step's time)
-    -> {kind: steps, share of steps, share of the steps' time, mean and p50 ms}."""
+    -> {kind: steps, share of steps, share of the steps' time, mean and p50 ms, mean rows of the
+    requests' tokens and of the buffers the steps ran (their buckets': the gap is padding; None when the
+    engine did not say)}."""
     kinds = {"prefill": [], "decode, pre-launched": [], "decode, host": []}
     for s in run.steps:
         if s.requests:
-            kinds[step_kind(s)].append(1e3 * s.seconds)
+            kinds[step_kind(s)].append(s)
+
+    def mean(values):
+        return round(float(np.mean(values)), 1) if values and all(values) else None
     n = max(1, sum(len(v) for v in kinds.values()))
-    total = max(1e-9, sum(sum(v) for v in kinds.values()))
-    return {kind: {"steps": len(ms), "step_share": round(len(ms) / n, 4), "time_share": round(sum(ms) / total, 4),
-                   "mean_ms": round(float(np.mean(ms)), 3) if ms else None,
-                   "p50_ms": round(float(np.median(ms)), 3) if ms else None} for kind, ms in kinds.items()}
+    total = max(1e-9, sum(s.seconds for v in kinds.values() for s in v))
+    return {kind: {"steps": len(v), "step_share": round(len(v) / n, 4),
+                   "time_share": round(sum(s.seconds for s in v) / total, 4),
+                   "mean_ms": round(1e3 * float(np.mean([s.seconds for s in v])), 3) if v else None,
+                   "p50_ms": round(1e3 * float(np.median([s.seconds for s in v])), 3) if v else None,
+                   "mean_rows": mean([s.rows for s in v]), "mean_padded_rows": mean([s.padded_rows for s in v])}
+            for kind, v in kinds.items()}
 
 
 def step_kind(s) -> str:

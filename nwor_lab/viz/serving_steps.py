@@ -78,13 +78,21 @@ def step_time_by_kind(results: Mapping[str, Mapping], configs=None, *, title: st
     return fig
 
 
+def _rows_text(kind: Mapping) -> str:
+    """", rows 231 → 240" (the requests' rows, the buffers' after padding) where the file has them."""
+    if kind.get("mean_rows") and kind.get("mean_padded_rows"):
+        return f", rows {kind['mean_rows']:.0f} → {kind['mean_padded_rows']:.0f}"
+    return ""
+
+
 def step_kinds_table(results: Mapping[str, Mapping], configs=None) -> str:
-    """Per result, config and load: steps and mean ms of each kind of step, and output tokens/s."""
+    """Per result, config and load: steps and mean ms of each kind of step (and their mean rows before
+    and after padding, in files that have them), and output tokens/s."""
     body = []
     for label, r in _rows(results, configs):
         k = r["steps_by_kind"]
         body.append([label, r["config"].split(" nwor=")[0], str(r["concurrency"]),
-                     *(f"{k[kind]['steps']} × {k[kind]['mean_ms']:.2f} ms" if k[kind]["steps"] else "–"
-                       for kind in KINDS),
+                     *(f"{k[kind]['steps']} × {k[kind]['mean_ms']:.2f} ms{_rows_text(k[kind])}" if k[kind]["steps"]
+                       else "–" for kind in KINDS),
                      f"{r['output_throughput']:,.0f}"])
     return markdown_table(["run", "config", "clients", *KINDS, "output tok/s"], body)
