@@ -105,7 +105,7 @@ class StepRunner:
         # request that arrives when it finishes then joins a step sooner: TTFT against hidden host time)
         self.ride_dead = engine.config.ride_dead
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
-        self.prefill_pool = None  # the memory pool every prefill bucket's graph shares (`_launch`)
+        self.prefill_pool = None  # the memory pool every prefill bucket's graph shares (`_capture`)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
@@ -279,7 +279,7 @@ class StepRunner:
 
     def _pooled(self, inp: StepInputs) -> bool:
         """Whether `inp`'s graph shares the prefill pool: a bucket of steps with prefills (rows padded
-        to `token_bucket`: a hundred of them at 32 request slots, each otherwise a pool of its own,
+        to `token_bucket`: ~170 of them at 32 request slots, each otherwise a pool of its own,
         ~0.17 GiB on the 8B shape: serve_buckets_8b_h200.json). Decode buckets keep their own: they are few,
         and pre-launched."""
         return inp.max_query_len == 0
