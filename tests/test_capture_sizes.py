@@ -164,3 +164,10 @@ def test_prefill_graphs_share_one_pool_and_write_outside_it(pair, monkeypatch):
     assert all(p is None for key, p in zip(graphs, pools) if key.max_query_len)       # decode graphs: their own
     for key, inp in graphs.items():
         assert (inp.outputs is inp.kept) == (not key.max_query_len)
+    # share_prefill_pool False (bench serve --own-graph-pools): every graph a pool of its own, as before
+    pools.clear()
+    e = engine(pair, temperature=0.8)
+    e.runner.capture = e.runner.capture_at_start = True
+    e.runner.share_prefill_pool = False
+    assert run(e) == plain
+    assert pools and all(p is None for p in pools) and e.runner.prefill_pool is None

@@ -135,6 +135,9 @@ def parser() -> LabArgumentParser:
     p.add_argument("--row-steps", type=types.integer(1, 64), default=None,
                    help="buckets a doubling for steps with prefills from 128 rows (engine.buffers.STEPS_PER_DOUBLING, "
                         "default 8; 1: powers of two, the rule before): an A/B of the padding")
+    p.add_argument("--own-graph-pools", action="store_true",
+                   help="each prefill bucket's graph in a memory pool of its own (StepRunner.share_prefill_pool "
+                        "False), as before the shared pool: an A/B of its memory and speed")
     p.add_argument("--temperature", type=types.temperature, default=0.0,
                    help="sampling temperature of every engine (0: greedy)")
     add_engine_flags(p, scv=False)                  # its --scv above: the EAGLE engines' own help
@@ -357,6 +360,7 @@ def main(argv=None) -> dict:
         k_engine = args.k_max if k == "auto" else k
         name = "target-only" if head is None else f"{head} k={k} nwor={mode}"   # (scv: --scv, in the JSON)
         engine = build(target, heads.get(head), k_engine, mode, args, every, acceptance, max_num_seqs)
+        engine.runner.share_prefill_pool = not args.own_graph_pools      # (before the first step captures)
         k_auto = None
         if k == "auto":
             k_auto = AdaptiveK(k_engine)
@@ -395,6 +399,7 @@ def write(args, argv, device, dtype, acceptance, max_num_seqs, t_start, rows, tr
            "cuda_graph": not args.no_cuda_graph and device.type == "cuda", "max_num_seqs": max_num_seqs,
            "ride_dead": not args.no_ride_dead,
            "token_buckets": token_bucket_rule(),
+           "prefill_graph_pool": "own" if args.own_graph_pools else "shared",
            "gc": "frozen after the warm-ups (gc.freeze, as vLLM after start-up); collected before each run (untimed)",
            "workload": {"requests": args.requests, "requests_per_client": args.requests_per_client,
                         "prompt_len": args.prompt_len, "output_len": args.output_len,

@@ -106,6 +106,7 @@ class StepRunner:
         self.ride_dead = engine.config.ride_dead
         self.tree_graphs = True   # False: tree steps (a dynamic tree's) stay eager (comparison, fallback)
         self.prefill_pool = None  # the memory pool every prefill bucket's graph shares (`_capture`)
+        self.share_prefill_pool = True   # False: a pool a prefill graph, as before (an A/B; set before capture)
         self.broken = ""          # why the engine cannot go on (an interrupted pre-launch), or ""
         kind = engine.window_kind
         # A captured graph holds the staging buffer's address: it must never be reallocated, so
@@ -282,7 +283,7 @@ class StepRunner:
         to `token_bucket`: ~170 of them at 32 request slots, each otherwise a pool of its own,
         ~0.17 GiB on the 8B shape: serve_buckets_8b_h200.json). Decode buckets keep their own: they are few,
         and pre-launched."""
-        return inp.max_query_len == 0
+        return self.share_prefill_pool and inp.max_query_len == 0
 
     def _capture(self, inp: StepInputs):
         """Capture `inp`'s body, replay it once -> its outputs (the graph's output buffers). A prefill

@@ -53,7 +53,7 @@ class StepRecord:
     waiting: int                        # before the step
     prelaunched: bool = False           # launched before the host read the step before (its host work hidden)
     rows: int = 0                       # rows of the requests' tokens (t_last, drafts, prompts)
-    padded_rows: int = 0                # rows the step ran (its bucket's; = rows for an exact-size eager step)
+    padded_rows: int = 0                # rows the step ran (its bucket's, or an eager step's exact buffers')
 
 
 @dataclass

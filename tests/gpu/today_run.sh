@@ -24,10 +24,14 @@
 #             powers of two (--row-steps 1, the rule before) and to 8 buckets a doubling from 128 rows (the new
 #             default) -> serve_buckets_s1_<card>.json, serve_buckets_s8_<card>.json (with each engine's graphs,
 #             capture seconds and device memory)
+#   pool      (one GPU)  the shared prefill graph pool's checks this session could not run: the GPU tests of
+#             trees, prefix caching, preemption and the step graph with it, then bench serve at 32 clients with
+#             the prefill graphs' pools shared and own (--own-graph-pools), one machine: memory and speed
+#             -> serve_pool_shared_<card>.json, serve_pool_own_<card>.json
 #   servespans (one GPU)  the step's host pieces over serving by kind of step, after the dead riders and the
 #             deferred records -> serve_spans_8b_after_<card>.json
 set -uo pipefail
-PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets or servespans}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool or servespans}
 PARTS=${PARTS/profiles/tier spans chain}
 PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
@@ -104,12 +108,25 @@ case "$PART" in
         --goodput tpot:50 --quiet --out "$OUT/serve_buckets_s${steps}_$TAG.json" > "$OUT/buckets_s$steps.log" 2>&1
       echo "bench serve --row-steps $steps exit $?"; grep -E '^\{' "$OUT/buckets_s$steps.log" | cut -c1-200
     done ;;
+  pool)
+    stage "GPU tests with the shared prefill pool"
+    timeout $(lim 240) python3 -m pytest -q -m gpu tests/gpu/test_gpu_tree_engine.py tests/gpu/test_gpu_prefix.py \
+      tests/gpu/test_gpu_preemption.py tests/gpu/test_gpu_step_graph.py -p no:cacheprovider > "$OUT/pool_tests.log" 2>&1
+    echo "pytest exit $?"; tail -3 "$OUT/pool_tests.log"
+    for pools in shared own; do
+      stage "bench serve, prefill graph pools: $pools"
+      flag=$([ "$pools" = own ] && echo --own-graph-pools)
+      timeout $(lim 120) python3 -m nwor_lab.bench.serve --model 8b --device cuda --configs target,eagle3:4 \
+        --policies stage --concurrency 32 --prompt-len 64 --output-len 256 --repeats 3 $flag \
+        --goodput tpot:50 --quiet --out "$OUT/serve_pool_${pools}_$TAG.json" > "$OUT/pool_$pools.log" 2>&1
+      echo "bench serve ($pools) exit $?"
+    done ;;
   servespans)
     stage "spans --serve"
     timeout $(lim 200) python3 -m nwor_lab.bench.step_profile spans --serve --model 8b --clients 32 --nwor stage \
       --out "$OUT/serve_spans_8b_after_$TAG.json" > "$OUT/serve_spans.log" 2>&1
     echo "step_profile spans --serve exit $?"; grep -E '^\{' "$OUT/serve_spans.log" | cut -c1-300 ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets or servespans" ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool or servespans" ;;
 esac
 done
 stage done
