@@ -46,3 +46,17 @@ def test_bench_step_takes_the_temperature():
         assert case.engine.temperature == 0.8 and case.exact.draft_probs is not None   # the sampled step
         first, second = case.eager()[0].clone(), case.eager()[0].clone()
     assert first.shape == second.shape == (2, 2 * 3 + 2)
+
+
+def test_shuffled_repeats_take_every_case_once_in_a_seeded_order_of_their_own():
+    from nwor_lab.bench.timing import in_order
+    names = list("abcdef")
+    orders = [in_order(names, i, "shuffle") for i in range(20)]
+    assert all(sorted(o) == names for o in orders)
+    assert orders == [in_order(names, i, "shuffle") for i in range(20)]          # seeded: the same every run
+    assert len({tuple(o) for o in orders}) > 10                                  # not one fixed order
+    # no pair of cases is always neighbours (what ABBA keeps: b always sits between a and c)
+    assert any(abs(o.index("a") - o.index("b")) > 1 for o in orders)
+    assert [in_order(names, i) for i in (0, 1)] == [names, names[::-1]]
+    with pytest.raises(ValueError, match="order='random'"):
+        in_order(names, 0, "random")

@@ -29,7 +29,7 @@ import time
 import torch
 
 from nwor_lab.bench.output import save_json
-from nwor_lab.bench.timing import in_turn
+from nwor_lab.bench.timing import in_order, in_turn
 from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
@@ -61,16 +61,19 @@ def interleaved_time_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: in
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def interleaved_times_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2, abba: bool = False) -> dict:
+def interleaved_times_us(fns: dict, *, iters: int = 5, reps: int = 21, warmup: int = 2, abba: bool = False,
+                         order: str | None = None) -> dict:
     """interleaved_time_us's repeats themselves: {name: [µs per call, one per repeat]}, repeat i of every
-    name taken back to back (pair them: a ratio per repeat cancels what drifts between repeats)."""
+    name taken back to back (pair them: a ratio per repeat cancels what drifts between repeats). The
+    order within a repeat: as given, ABBA (`abba`), or `order` (`timing.in_order`: abba or shuffle)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
     for i in range(reps):
-        for name, fn in (in_turn(fns.items(), i) if abba else fns.items()):
+        turn = in_order(fns.items(), i, order) if order else (in_turn(fns.items(), i) if abba else fns.items())
+        for name, fn in turn:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):

@@ -27,13 +27,14 @@ from nwor_lab.bench.kernels import interleaved_times_us
 from nwor_lab.bench.output import save_json
 from nwor_lab.bench.spread import paired, spread
 from nwor_lab.bench.step import StepCase, make_pair
+from nwor_lab.bench.timing import ORDERS
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
 from nwor_lab.config import nwor_modes
 
 
 def measure(pair, batch: int, k: int, context: int, rate: float, temperatures, modes, *, iters: int = 5,
-            reps: int = 21) -> dict:
+            reps: int = 21, order: str = "abba") -> dict:
     """One batch: µs per replay of every (temperature, mode) case (median, min–max, every repeat) and
     the paired ratios: each temperature over the first (per mode), each mode over the first (per
     temperature)."""
@@ -42,9 +43,9 @@ def measure(pair, batch: int, k: int, context: int, rate: float, temperatures, m
     missing = [key for key, c in cases.items() if c.inputs is None or c.inputs.graph is None]
     if missing:
         raise RuntimeError(f"step_pairs: no captured decode bucket for {missing} (needs CUDA graphs on a GPU)")
-    times = interleaved_times_us({key: c.replay for key, c in cases.items()}, iters=iters, reps=reps, abba=True)
+    times = interleaved_times_us({key: c.replay for key, c in cases.items()}, iters=iters, reps=reps, order=order)
     name = lambda t, m: f"T{t:g} {m}"                                         # noqa: E731
-    row = {"batch": batch, "k": k, "context": context, "rate": rate, "iters": iters, "reps": reps,
+    row = {"batch": batch, "k": k, "context": context, "rate": rate, "iters": iters, "reps": reps, "order": order,
            "graph_us": {name(t, m): spread(v, 1) for (t, m), v in times.items()}}
     t0, m0 = temperatures[0], modes[0]
     row["over_T0"] = {name(t, m): paired(times[(t, m)], times[(t0, m)], 4)
@@ -70,6 +71,9 @@ def main(argv=None) -> int:
                    default=tuple(nwor_modes()), help="the first is the reference of `over_off`")
     p.add_argument("--iters", type=types.integer(1, 1000), default=5, help="replays per timed repeat")
     p.add_argument("--reps", type=types.integer(3, 1000), default=21, help="repeats (each ratio paired per repeat)")
+    p.add_argument("--order", type=types.one_of(ORDERS), default="abba",
+                   help="the cases' order within a repeat: abba (reversed every other repeat) or shuffle (a seeded "
+                        "permutation each repeat: no case keeps the same neighbours)")
     p.add_argument("--out", type=types.output_file, help="write the JSON here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -79,7 +83,7 @@ def main(argv=None) -> int:
     for batch in args.batches:
         with torch.no_grad():
             row = measure(pair, batch, args.k, args.context, args.rate, args.temperatures, args.modes,
-                          iters=args.iters, reps=args.reps)
+                          iters=args.iters, reps=args.reps, order=args.order)
         rows.append(row)
         print(json.dumps({"batch": batch, "over_T0": {k: v["median"] for k, v in row["over_T0"].items()},
                           "over_off": {k: v["median"] for k, v in row["over_off"].items()}}), flush=True)

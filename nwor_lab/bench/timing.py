@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import platform
+import random
 import time
 
 import numpy as np
@@ -75,6 +76,23 @@ def in_turn(items, repeat: int) -> list:
     (ABBA), so that none is always timed first."""
     items = list(items)
     return items[::-1] if repeat % 2 else items
+
+
+ORDERS = ("abba", "shuffle")
+
+
+def in_order(items, repeat: int, order: str = "abba", seed: int = 0) -> list:
+    """`items` in the order repeat `repeat` takes them: `abba` (`in_turn`), or `shuffle`, a permutation
+    of its own each repeat (seeded by `seed` and the repeat): no item keeps the same neighbours, so a
+    cost that one case leaves to the next (clocks, caches) spreads over all of them instead of landing
+    on the same pair every round, as it can with a fixed order."""
+    if order == "abba":
+        return in_turn(items, repeat)
+    if order != "shuffle":
+        raise ValueError(f"in_order: order={order!r}; one of {ORDERS}")
+    items = list(items)
+    random.Random(seed * 1_000_003 + repeat).shuffle(items)
+    return items
 
 
 def time_engine(engine, prompts, new_tokens: int, repeats: int, device, arrival_gap: int = 0,

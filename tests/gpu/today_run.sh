@@ -28,10 +28,13 @@
 #             trees, prefix caching, preemption and the step graph with it, then bench serve at 32 clients with
 #             the prefill graphs' pools shared and own (--own-graph-pools), one machine: memory and speed
 #             -> serve_pool_shared_<card>.json, serve_pool_own_<card>.json
+#   cow64     (one GPU)  cow over off at batch 64, the target this session's ABBA repeats could not settle (they
+#             read 1.008 at T 0 and 0.985 at T 0.8 for the same kernels): off and cow alone, 61 repeats in a
+#             shuffled order each (--order shuffle), then the same in ABBA -> step_pairs_cow64_<order>_<card>.json
 #   servespans (one GPU)  the step's host pieces over serving by kind of step, after the dead riders and the
 #             deferred records -> serve_spans_8b_after_<card>.json
 set -uo pipefail
-PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool or servespans}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64 or servespans}
 PARTS=${PARTS/profiles/tier spans chain}
 PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
@@ -121,12 +124,20 @@ case "$PART" in
         --goodput tpot:50 --quiet --out "$OUT/serve_pool_${pools}_$TAG.json" > "$OUT/pool_$pools.log" 2>&1
       echo "bench serve ($pools) exit $?"
     done ;;
+  cow64)
+    for order in shuffle abba; do
+      stage "step_pairs batch 64, off and cow, $order"
+      timeout $(lim 150) python3 -m nwor_lab.bench.step_pairs --model 8b --batches 64 --temperatures 0,0.8 \
+        --modes off,cow --reps 61 --order $order --out "$OUT/step_pairs_cow64_${order}_$TAG.json" \
+        > "$OUT/cow64_$order.log" 2>&1
+      echo "step_pairs ($order) exit $?"; grep -E '^\{' "$OUT/cow64_$order.log" | cut -c1-300
+    done ;;
   servespans)
     stage "spans --serve"
     timeout $(lim 200) python3 -m nwor_lab.bench.step_profile spans --serve --model 8b --clients 32 --nwor stage \
       --out "$OUT/serve_spans_8b_after_$TAG.json" > "$OUT/serve_spans.log" 2>&1
     echo "step_profile spans --serve exit $?"; grep -E '^\{' "$OUT/serve_spans.log" | cut -c1-300 ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool or servespans" ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64 or servespans" ;;
 esac
 done
 stage done
