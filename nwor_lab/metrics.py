@@ -85,14 +85,16 @@ class LabMetrics:
     @property
     def records(self) -> list[WindowRecord]:
         """Every window's WindowRecord, in the order they ran."""
+        self._flush()
+        return self._records
+
+    def _flush(self) -> None:
         if self.before_read is not None:
             self.before_read()
-        return self._records
 
     def value(self, name: str, mode: str) -> float:
         """Current value of counter `name` (e.g. 'accepted') for `mode`."""
-        if self.before_read is not None:
-            self.before_read()
+        self._flush()
         return getattr(self, name).labels(mode)._value.get()
 
     def summary(self) -> dict:
@@ -113,6 +115,5 @@ class LabMetrics:
 
     def exposition(self) -> str:
         """Prometheus text format of this lab's counters."""
-        if self.before_read is not None:
-            self.before_read()
+        self._flush()
         return generate_latest(self.registry).decode()

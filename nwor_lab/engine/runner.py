@@ -293,21 +293,19 @@ class StepRunner:
         first (`capture_sizes`), the smaller graphs' intermediates fit in what the largest freed."""
         e = self.engine
         holder = {}
-        pool = None
-        if self._pooled(inp) and inp.kept is not None:     # (kept: allocated at its warm-up)
-            if self.prefill_pool is None:
-                self.prefill_pool = graph_pool(e.device)
-            pool = self.prefill_pool
+        kept = inp.kept if self._pooled(inp) else None    # (allocated at its warm-up; else a pool of its own)
+        if kept is not None and self.prefill_pool is None:
+            self.prefill_pool = graph_pool(e.device)
 
-            def body():
-                out = run_step(e, inp)
-                for kept, t in zip(inp.kept, out):
+        def body():
+            out = run_step(e, inp)
+            if kept is not None:
+                for dst, t in zip(kept, out):
                     if t is not None:
-                        kept.copy_(t)
-                holder["out"] = inp.kept
-        else:
-            def body():
-                holder.setdefault("out", run_step(e, inp))
+                        dst.copy_(t)
+                out = kept
+            holder.setdefault("out", out)       # (the capture's call: its tensors are the graph's outputs)
+        pool = self.prefill_pool if kept is not None else None
         inp.graph = capture_graph(body, warmup=0, device=e.device, generators=self.rng_generators(), pool=pool)
         inp.outputs = out = holder["out"]
         inp.graph.replay()

@@ -170,16 +170,17 @@ def steps_by_kind(run: ServeRun) -> dict:
         if s.requests:
             kinds[step_kind(s)].append(s)
 
-    def mean(values):
-        return round(float(np.mean(values)), 1) if values and all(values) else None
+    def row(steps: list) -> dict:
+        ms = [1e3 * s.seconds for s in steps]
+        rows = lambda name: [getattr(s, name) for s in steps]     # noqa: E731
+        mean_rows = lambda x: round(float(np.mean(x)), 1) if x and all(x) else None    # noqa: E731
+        return {"steps": len(steps), "step_share": round(len(steps) / n, 4), "time_share": round(sum(ms) / total, 4),
+                "mean_ms": round(float(np.mean(ms)), 3) if ms else None,
+                "p50_ms": round(float(np.median(ms)), 3) if ms else None,
+                "mean_rows": mean_rows(rows("rows")), "mean_padded_rows": mean_rows(rows("padded_rows"))}
     n = max(1, sum(len(v) for v in kinds.values()))
-    total = max(1e-9, sum(s.seconds for v in kinds.values() for s in v))
-    return {kind: {"steps": len(v), "step_share": round(len(v) / n, 4),
-                   "time_share": round(sum(s.seconds for s in v) / total, 4),
-                   "mean_ms": round(1e3 * float(np.mean([s.seconds for s in v])), 3) if v else None,
-                   "p50_ms": round(1e3 * float(np.median([s.seconds for s in v])), 3) if v else None,
-                   "mean_rows": mean([s.rows for s in v]), "mean_padded_rows": mean([s.padded_rows for s in v])}
-            for kind, v in kinds.items()}
+    total = max(1e-9, sum(1e3 * s.seconds for v in kinds.values() for s in v))
+    return {kind: row(v) for kind, v in kinds.items()}
 
 
 def step_kind(s) -> str:

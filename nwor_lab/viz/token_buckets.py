@@ -29,6 +29,11 @@ def _label(run: Mapping) -> str:
     return rule_name(run["row_steps"]) + (" + shared pool" if run["prefill_pool"] == "shared" else "")
 
 
+def _eagle_engine(run: Mapping) -> Mapping:
+    """The run's EAGLE engine row (`engines`: target-only's and EAGLE's start costs)."""
+    return next(e for e in run["engines"] if e["config"] != "target-only")
+
+
 def ratio_by_rule(result: Mapping, *, goal: float | None = 2.2):
     """Dots with min–max bars: EAGLE-3 k 4 over target-only per rule, a trace per machine."""
     runs = result["summary"]
@@ -61,7 +66,7 @@ def rule_table(result: Mapping) -> str:
     graphs at start, their capture seconds and the device memory the engine added."""
     body = []
     for r in result["summary"]:
-        eagle = next(e for e in r["engines"] if e["config"] != "target-only")
+        eagle = _eagle_engine(r)
         q = r["eagle3_k4_over_target"]
         body.append([r["machine"], _label(r), f"{q['median']:.3f}× [{q['min']:.3f}–{q['max']:.3f}]",
                      f"{r['eagle_prefill_step_ms']['mean']:.1f} ms", str(eagle["graphs_at_start"]),
@@ -78,8 +83,7 @@ def rule_napkin(result: Mapping, goal: float = 2.2) -> str:
     gains = [(m, ratio((m, 1, p)), ratio((m, 8, p))) for m, s, p in by if s == 1 and (m, 8, p) in by]
     memory = {}
     for r in result["summary"]:
-        eagle = next(e for e in r["engines"] if e["config"] != "target-only")
-        memory.setdefault(_label(r), eagle["device_memory_added_gib"])
+        memory.setdefault(_label(r), _eagle_engine(r)["device_memory_added_gib"])
     best = max(ratio(key) for key in by)
     return ("**Napkin math** (`serve_buckets_8b_h200.json`). Powers of two → eight buckets a doubling, on the "
             "same machine: " + "; ".join(f"machine {m}: {a:.3f}× → {b:.3f}× ({b / a - 1:+.1%})" for m, a, b in gains)
