@@ -75,3 +75,28 @@ def test_k_auto_beats_every_fixed_k_on_the_phase_workload(n, over_best):
     r = compare(H200_8B, n, ("0.9", "0.1", "0.9"))
     assert r["over_best_fixed"] >= over_best and r["over_target_only"] >= 1.0
     assert r["auto"]["tokens_per_s"] <= r["oracle_tokens_per_s"]
+
+
+def test_probes_wait_while_no_deeper_count_could_win():
+    """At 32 requests on the H200 costs, drafting 1 with its first drafts accepted 1 time in 20: even were
+    every deeper draft accepted, k 2..4 would lose to k 1 (below about 1 in 10), so a probe could not
+    change the choice and waits its longest (4 x explore_every); with 9 in 10 accepted, the probes keep
+    their budget; decoding (count 0: nothing verified) keeps it too. Fed through `observe_step` as the
+    engine feeds it."""
+    from nwor_lab.engine import WindowTrace
+
+    def fed(rate):
+        ctl, n = AdaptiveK(4), 32
+        for k in (0, 1, 4):
+            for _ in range(5):          # timed between two of its shape, the first of them not at all
+                got = [1 if i < rate * n else 0 for i in range(n)] if k else [0] * n
+                w = WindowTrace(0, "verify", list(range(n)), ["spec"] * n, [k] * n, got, [[0] * (a + 1) for a in got])
+                ctl.observe_step([w], H200_8B.bucket_ms[n][k] / 1e3)
+        return ctl
+
+    low, high = fed(0.05), fed(0.9)
+    times = low.step_times(32, low.candidates)
+    assert low.probe_upside(times, 1) < 0 < high.probe_upside(times, 1)
+    assert low.probe_interval(32, 1) == 4 * low.explore_every
+    assert high.probe_interval(32, 1) <= high.explore_every
+    assert low.probe_interval(32, 0) <= low.explore_every

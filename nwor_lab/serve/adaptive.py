@@ -55,6 +55,14 @@ acceptance follows it three ways:
              the jump needs a second). A phase of high acceptance after a low one is noticed within
              one interval (at once while a count >= 1 verifies first drafts); a phase that stays
              low pays about `probe_budget`.
+             What a probe can find is bounded: the positions up to the count in use are measured
+             every step, and a deeper draft adds at most the chance of reaching it (`probe_upside`:
+             k_max's tokens/s over the count's were every deeper draft accepted). The budget is
+             scaled by that upside over `upside_full` (the interval up to 4 x `explore_every`): with
+             first drafts accepted 1 in 10 at 32 requests no deeper count can win, and the H200
+             simulator's 0.9:0.1:0.9 phases gain 1.5 % (1.115 -> 1.130 of the best fixed k; 1.072
+             -> 1.090 at 8), a steady 0.5 acceptance 1 % (0.973 -> 0.989), and a switch of only the
+             deeper rates (0.9 first drafts throughout) loses nothing.
 
 `nwor_lab.serve.simulate` replays these decisions against a step-cost model of the H200 runs and
 an acceptance profile or phase schedule, against every fixed k, in a second and without a GPU.
@@ -85,7 +93,8 @@ class AdaptiveK:
     def __init__(self, k_max: int, *, candidates=None, prior_rate: float = 0.6, prior_weight: float = 4.0,
                  margin: float = 0.05, bandwidth: float = 1.0, min_weight: float = 2.0,
                  explore_every: int = 50, window: int = 32, half_life: float | None = 16.0,
-                 probe_budget: float = 0.03, refresh_budget: float = 0.005, explore_run: int = 4):
+                 probe_budget: float = 0.03, refresh_budget: float = 0.005, explore_run: int = 4,
+                 upside_full: float = 0.5):
         if k_max < 1:
             raise ValueError(f"k_max={k_max}: adaptive k needs an engine that drafts (k >= 1)")
         self.k_max = k_max
@@ -107,6 +116,10 @@ class AdaptiveK:
         if explore_run < 1:
             raise ValueError(f"explore_run={explore_run}: a refresh runs at least one step at the other anchor")
         self.refresh_budget, self.explore_run = refresh_budget, explore_run
+        if not upside_full > 0:
+            raise ValueError(f"upside_full={upside_full}: the probe upside that earns the whole probe budget "
+                             f"must be > 0")
+        self.upside_full = upside_full
         self.prior = np.full(k_max, float(prior_weight))    # [k_max] the prior's weight, fading with the counts
         self.since_full = 0                   # steps since one verified k_max drafts (probes below k_max)
         self.pending: list[bool] = []         # first drafts' verdicts since the jump window opened
@@ -357,12 +370,31 @@ class AdaptiveK:
         over a step at that count (its larger bucket, and the overlap lost on the three steps
         around it, `switch_cost`), spread so that probes cost about `probe_budget` (clipped to
         4 .. explore_every, or 4 .. 50)."""
-        return self._probe_interval(self.step_times(n, (self.k_max, count)), count)
+        return self._probe_interval(self.step_times(n, self.candidates), count)
 
     def _probe_interval(self, times: dict[int, float], count: int) -> int:
+        """`times`: T(n, k) of every candidate (`step_times`)."""
         extra = (max(times[self.k_max] - times[count], 0.0) + 3.0 * self.switch_cost) / times[count]
-        most = self.explore_every or 50
-        return int(min(most, max(4, math.ceil(extra / self.probe_budget))))
+        share = min(1.0, self.probe_upside(times, count) / self.upside_full)
+        most = (self.explore_every or 50) * min(4.0, 1.0 / share if share > 0 else 4.0)
+        if share <= 0:
+            return int(most)
+        return int(min(most, max(4, math.ceil(extra / (self.probe_budget * share)))))
+
+    def probe_upside(self, times: dict[int, float], count: int) -> float:
+        """The most a count above `count` could gain over it: its tokens per second over `count`'s, less
+        one, were every draft beyond `count` accepted. The positions up to `count` are verified every
+        step, so their rates are current; a request reaches position `count` with the product of them,
+        and each deeper draft adds at most that. When the first drafts are seldom accepted (0.1), no
+        deeper count can win whatever its rates, and a probe would measure what cannot change the
+        choice. While decoding (count 0) nothing is verified: the upside is that of k_max drafts all
+        accepted, and the probes keep their whole budget."""
+        if count >= self.k_max:
+            return 0.0
+        lengths = self.accept_lengths()
+        reach = float(np.prod(self.rates()[:count]))
+        now = lengths[count] / times[count]
+        return max((lengths[count] + reach * (k - count)) / times[k] for k in self.candidates if k > count) / now - 1.0
 
     def __call__(self, engine, requests) -> list[int]:
         """The engine's `draft_counts` hook: one count for every request of the next window, sized
