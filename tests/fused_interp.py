@@ -56,6 +56,21 @@ def main(out_path: str) -> None:
             g = (torch.randn(*shape, generator=gen) * 4).to(dtype)
             u = torch.randn(*shape, generator=gen).to(dtype)
             record(f"silu_mul-{dn}-{'x'.join(map(str, shape))}", fused.silu_mul(g, u), fused.silu_mul_reference(g, u))
+        # the sampler's softmax at a temperature: chunks of 4096 columns, a tail, a chunk of -inf logits
+        from nwor_lab.ops import softmax
+        for n, v in ((3, 10000), (2, 4096), (1, 5), (0, 100)):
+            x = (torch.randn(n, v, generator=gen) * 4).to(dtype)
+            if n == 3:
+                x[1, :4096] = float("-inf")
+            t = torch.tensor([0.5, 0.8, 1.3][:n])
+            got, want = softmax.temperature_softmax(x, t), softmax.temperature_softmax_reference(x, t)
+            record(f"softmax-{dn}-{n}x{v}", got, want)
+            res[f"softmax-{dn}-{n}x{v}"]["max_rel"] = float(((got - want).abs() / want.clamp_min(1e-30)).max()) \
+                if n else 0.0
+        x = (torch.randn(2, 300, generator=gen) * 4).to(dtype)
+        got, want = softmax.temperature_softmax(x, 0.7), softmax.temperature_softmax_reference(x, 0.7)
+        record(f"softmax_scalar-{dn}", got, want)
+        res[f"softmax_scalar-{dn}"]["max_rel"] = float(((got - want).abs() / want.clamp_min(1e-30)).max())
     json.dump(res, open(out_path, "w"), indent=1)
 
 

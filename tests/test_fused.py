@@ -1,6 +1,7 @@
-"""nwor_lab.ops.fused: RMSNorm, RoPE and silu*up as one Triton kernel each, against the torch
-references (the model's own math), under Triton's CPU interpreter in a subprocess
-(tests/fused_interp.py); the dispatch rules in this process. The kernels on CUDA: tests/gpu."""
+"""nwor_lab.ops.fused: RMSNorm, RoPE and silu*up as one Triton kernel each, and nwor_lab.ops.softmax
+(the sampler's softmax at a temperature), against the torch references (the model's own math), under
+Triton's CPU interpreter in a subprocess (tests/fused_interp.py); the dispatch rules in this process.
+The kernels on CUDA: tests/gpu."""
 import json
 import os
 import subprocess
@@ -74,3 +75,24 @@ def test_autograd_keeps_the_reference():
     assert not fused.use_fused(x)
     fused.rms_norm(x, torch.ones(8), 1e-6).sum().backward()
     assert x.grad is not None
+
+
+def test_temperature_softmax_matches_the_reference_within_fp32_ulps(interp):
+    """Chunked rows (a tail, a chunk of -inf logits, per-row and scalar temperatures), every logits dtype:
+    fp32 probabilities within 2e-6 relative of torch's, rows still summing to 1, no NaN."""
+    cases = {k: v for k, v in interp.items() if k.startswith("softmax")}
+    assert len(cases) == 15
+    for name, c in cases.items():
+        assert c["dtype"] == "torch.float32" and c["max_rel"] <= 2e-6, (name, c)
+
+
+def test_temperature_softmax_names_a_bad_temperature_and_cpu_takes_the_reference():
+    from nwor_lab.ops import softmax
+    x = torch.randn(3, 50).to(torch.bfloat16)
+    assert torch.equal(softmax.temperature_softmax(x, 0.5), torch.softmax(x.float() / 0.5, -1))
+    with pytest.raises(ValueError, match="temperature=0"):
+        softmax.temperature_softmax(x, 0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        softmax.temperature_softmax(x, torch.ones(2))
+    with pytest.raises(TypeError, match="temperature"):
+        softmax.temperature_softmax(x, torch.ones(3, dtype=torch.float64))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from nwor_lab.ops.softmax import temperature_softmax
 from nwor_lab.speculative import sample_from_probs
 
 
@@ -35,5 +36,5 @@ class Drafter:
         logits = self.head.compute_logits(g)
         if self.temperature == 0:           # argmax of the model's dtype: no float copy of [n, V]
             return logits.argmax(-1), None
-        q = torch.softmax(logits.float().div_(self.temperature), -1)     # (in place: one [n, V] pass less)
+        q = temperature_softmax(logits, self.temperature)     # softmax(logits.float() / T), `ops.softmax`
         return sample_from_probs(q, self.generator, generators=generators), q

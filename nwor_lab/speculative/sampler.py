@@ -55,6 +55,7 @@ import math
 import torch
 
 from nwor_lab._checks import FLOAT_DTYPES, check_tensor
+from nwor_lab.ops.softmax import temperature_softmax
 from nwor_lab.speculative.metadata import SpecDecodeMetadata
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -213,12 +214,12 @@ def rejection_sample(metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | N
         bonus_rows = target_logits[metadata.bonus_logits_indices.long()]     # [R, V]
         greedy_req = temp == 0
         safe_t = torch.where(greedy_req, torch.ones_like(temp), temp)   # no 0-division for greedy rows
-        # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels). The scaling
-        # divides the float copy in place: the same numbers as `x.float() / t`, one [n, V] pass less.
-        p_bonus = torch.softmax(bonus_rows.float().div_(safe_t[:, None]), dim=-1)
+        # 1. Bonus, first as in vLLM (its Sampler runs before the rejection kernels). softmax(x.float() / t)
+        # (`ops.softmax`: on CUDA chunked kernels that read the logits in their own dtype)
+        p_bonus = temperature_softmax(bonus_rows, safe_t)
         bonus = torch.where(greedy_req, bonus, sample_from_probs(p_bonus, generator, generators=generators))
 
-        p = torch.softmax(target_rows.float().div_(safe_t[req, None]), dim=-1)
+        p = temperature_softmax(target_rows, safe_t[req])
         # q: a point mass on each real draft when the drafter is greedy (a padding draft's row is
         # zero: its residual is p), never laid out as [Dtot, V]: its value at the draft is `real`
         q = None if draft_probs is None else draft_probs.float()
