@@ -90,6 +90,10 @@ def test_temperature_softmax_names_a_bad_temperature_and_cpu_takes_the_reference
     from nwor_lab.ops import softmax
     x = torch.randn(3, 50).to(torch.bfloat16)
     assert torch.equal(softmax.temperature_softmax(x, 0.5), torch.softmax(x.float() / 0.5, -1))
+    f = torch.randn(3, 50)
+    kept = f.clone()
+    softmax.temperature_softmax(f, torch.full((3,), 0.5))
+    assert torch.equal(f, kept)                     # fp32 logits: .float() is the tensor itself, left unscaled
     with pytest.raises(ValueError, match="temperature=0"):
         softmax.temperature_softmax(x, 0.0)
     with pytest.raises(ValueError, match="temperature"):

@@ -4,7 +4,8 @@ Triton kernels (`nwor_lab.ops.softmax`) at the 8B step's shapes, µs per call as
     python -m nwor_lab.bench.softmax --rows 64,256 --vocab 128256 --reps 21 --out softmax_h200.json   (CUDA only)
 
 Rows: 64 is the bonus rows (and each head pass) at batch 64, 256 its verified rows at k 4. The logits
-are bf16 (the model's dtype); each case's two paths run back to back in each repeat (ABBA), and
+are bf16 (the model's dtype); each path is `iters` calls in one CUDA graph (as the step replays it),
+the two graphs replayed back to back in each repeat (ABBA), and
 `max_rel` says how far the kernels' probabilities are from torch's (where torch's exceed 1e-20).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from nwor_lab.bench.output import save_json
 from nwor_lab.bench.spread import paired, spread
 from nwor_lab.commandline import args as types
 from nwor_lab.commandline.errors import LabArgumentParser, UsageError
+from nwor_lab.ops.graphs import capture_graph
 from nwor_lab.ops.softmax import temperature_softmax, temperature_softmax_reference
 
 
@@ -28,8 +30,12 @@ def measure(rows: int, vocab: int, temperature: float, reps: int, iters: int = 1
     t = torch.full((rows,), temperature, device="cuda")
     got, want = temperature_softmax(x, t), temperature_softmax_reference(x, t)
     big = want > 1e-20
-    times = interleaved_times_us({"torch": lambda: temperature_softmax_reference(x, t),
-                                  "kernels": lambda: temperature_softmax(x, t)}, iters=iters, reps=reps, abba=True)
+    # each path as `iters` calls captured in one CUDA graph (as a step replays them: no launch cost on
+    # the host, which for two Triton launches eagerly exceeds the kernels' own time)
+    graphs = {name: capture_graph(lambda fn=fn: [fn(x, t) for _ in range(iters)])
+              for name, fn in (("torch", temperature_softmax_reference), ("kernels", temperature_softmax))}
+    times = interleaved_times_us({name: g.replay for name, g in graphs.items()}, iters=1, reps=reps, abba=True)
+    times = {name: [us / iters for us in v] for name, v in times.items()}
     return {"rows": rows, "vocab": vocab, "temperature": temperature,
             "us": {name: spread(v, 2) for name, v in times.items()},
             "kernels_over_torch": paired(times["kernels"], times["torch"], 4),

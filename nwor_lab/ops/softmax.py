@@ -45,7 +45,9 @@ def _per_row(temperature, logits: torch.Tensor) -> torch.Tensor:
 def temperature_softmax_reference(logits: torch.Tensor, temperature) -> torch.Tensor:
     """torch's softmax of the float logits divided by each row's temperature (the sampler's math)."""
     t = _per_row(temperature, logits)
-    return torch.softmax(logits.float().div_(t[:, None]), dim=-1)     # in place on the float copy
+    x = logits.float()
+    # in place only on a copy: fp32 logits' .float() is the caller's tensor itself
+    return torch.softmax(x / t[:, None] if x is logits else x.div_(t[:, None]), dim=-1)
 
 
 def temperature_softmax(logits: torch.Tensor, temperature) -> torch.Tensor:
