@@ -21,12 +21,15 @@ MADE_UP = {"device": "test", "torch": "x", "phases": {"texts": ["0.9", "0.1"]}, 
     {"config": "eagle k=2", "mode": "closed", "concurrency": 4, "traffic": "steady", "duration_s": 1.0}]}
 
 
-def test_the_bound_takes_each_phase_at_its_fastest_config_and_the_best_fixed_ks_outside_time():
+def test_the_bound_takes_each_phase_at_its_fastest_config_each_charged_its_time_outside_the_phases():
+    """Charged: target-only 4.2 / 4.0 of its phases (3.15, 1.05), k 2 3.1 / 3.0 (1.033, 2.067), k 4 3.4 / 3.3
+    (0.824, 2.576), k auto 2.2 / 2.0 (0.99, 1.21): phase 1 at k 4, phase 2 at target-only."""
     (b,) = phase_bound.phase_bound(MADE_UP)
     assert b["best_fixed"] == "eagle k=2" and b["per_phase_best"] == ["eagle k=4", "target-only"]
-    assert b["bound_ratio"] == pytest.approx(3.1 / (0.8 + 1.0 + 0.1))
+    bound = 0.8 * 3.4 / 3.3 + 1.0 * 4.2 / 4.0
+    assert b["bound_ratio"] == pytest.approx(3.1 / bound)
     assert b["auto_ratio"] == pytest.approx(3.1 / 2.2)
-    assert b["share_of_bound"] == pytest.approx((3.1 / 2.2 - 1) / (3.1 / 1.9 - 1))
+    assert b["share_of_bound"] == pytest.approx((3.1 / 2.2 - 1) / (3.1 / bound - 1))
     with pytest.raises(ValueError, match="--phases"):
         phase_bound.phase_seconds({"results": MADE_UP["results"][-1:]})
 
@@ -34,9 +37,9 @@ def test_the_bound_takes_each_phase_at_its_fastest_config_and_the_best_fixed_ks_
 def test_the_bars_stack_every_config_and_the_bound_per_load():
     fig = phase_bound.phase_bars(MADE_UP)
     first = fig.data[0]
-    assert first.name == "phase 1 (acceptance 0.9)" and list(first.y)[-1] == "per-phase best"
-    assert list(first.x) == [3.0, 1.0, 0.8, 0.9, 0.8]
-    assert fig.data[-1].name.startswith("outside") and fig.data[-1].x[-1] == pytest.approx(0.1)
+    assert first.name == "phase 1 (acceptance 0.9)" and list(first.y)[-1] == "bound: per-phase best"
+    assert list(first.x)[:4] == [3.0, 1.0, 0.8, 0.9] and first.x[-1] == pytest.approx(0.8 * 3.4 / 3.3)
+    assert fig.data[-1].name.startswith("outside") and list(fig.data[-1].x) == pytest.approx([0.2, 0.1, 0.1, 0.2, 0.0])
 
 
 def test_the_stored_h200_run_has_a_bound_at_each_load():
