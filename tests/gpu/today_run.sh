@@ -33,8 +33,14 @@
 #             shuffled order each (--order shuffle), then the same in ABBA -> step_pairs_cow64_<order>_<card>.json
 #   servespans (one GPU)  the step's host pieces over serving by kind of step, after the dead riders and the
 #             deferred records -> serve_spans_8b_after_<card>.json
+#   kauto     (one GPU)  k auto's verdicts: steady and 0.9:0.1:0.9 phases at 8 and 32 clients against target-only
+#             and fixed k 3, 4 (3 repeats) -> serve_kauto_8b_<card>.json (about 6 minutes)
+#   host      (one GPU)  bench serve at 32 clients with the components timed on the same machine (--components
+#             32): the serving decode steps against them -> serve_host_8b_<card>.json (about 2 minutes)
+#   softmax   (one GPU)  the sampler's chunked softmax against torch's in CUDA graphs, its GPU tests, and the
+#             graphed step's T 0.8 ratios -> softmax_<card>.json, step_pairs_8b_softmax_<card>.json
 set -uo pipefail
-PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64 or servespans}
+PARTS=${*:?PART: nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64, servespans, kauto, host or softmax}
 PARTS=${PARTS/profiles/tier spans chain}
 PART=${PARTS// /_}
 source "$(dirname "$0")/common.sh"
@@ -137,7 +143,28 @@ case "$PART" in
     timeout $(lim 200) python3 -m nwor_lab.bench.step_profile spans --serve --model 8b --clients 32 --nwor stage \
       --out "$OUT/serve_spans_8b_after_$TAG.json" > "$OUT/serve_spans.log" 2>&1
     echo "step_profile spans --serve exit $?"; grep -E '^\{' "$OUT/serve_spans.log" | cut -c1-300 ;;
-  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64 or servespans" ;;
+  kauto)
+    stage "bench serve k auto, steady and phases"
+    timeout $(lim 420) python3 -m nwor_lab.bench.serve --model 8b --device cuda --configs target,eagle3:3,eagle3:4,eagle3:auto \
+      --k-max 4 --policies stage --concurrency 8,32 --prompt-len 64 --output-len 256 --repeats 3 --temperature 0 \
+      --phases 0.9:0.1:0.9 --goodput tpot:50 --quiet --out "$OUT/serve_kauto_8b_$TAG.json" > "$OUT/kauto.log" 2>&1
+    echo "bench serve exit $?" ;;
+  host)
+    stage "bench serve with the components"
+    timeout $(lim 240) python3 -m nwor_lab.bench.serve --model 8b --device cuda --configs target,eagle3:4 --k-max 4 \
+      --policies stage --concurrency 32 --prompt-len 64 --output-len 256 --repeats 3 --components 32 \
+      --goodput tpot:50 --quiet --out "$OUT/serve_host_8b_$TAG.json" > "$OUT/host.log" 2>&1
+    echo "bench serve exit $?" ;;
+  softmax)
+    stage "softmax: tests, bench, step pairs"
+    timeout $(lim 90) python3 -m pytest -q -m gpu tests/gpu/test_gpu_fused.py tests/gpu/test_gpu_sampling_graphs.py \
+      -p no:cacheprovider > "$OUT/softmax_tests.log" 2>&1; echo "pytest exit $?"; tail -2 "$OUT/softmax_tests.log"
+    timeout $(lim 60) python3 -m nwor_lab.bench.softmax --rows 64,256 --reps 21 --out "$OUT/softmax_$TAG.json" \
+      > "$OUT/softmax.log" 2>&1; echo "bench softmax exit $?"
+    timeout $(lim 200) python3 -m nwor_lab.bench.step_pairs --model 8b --batches 64,16,1 --temperatures 0,0.8 \
+      --modes off,cow,stage --reps 31 --out "$OUT/step_pairs_8b_softmax_$TAG.json" > "$OUT/step_pairs.log" 2>&1
+    echo "step_pairs exit $?"; grep -E '^\{' "$OUT/step_pairs.log" | cut -c1-300 ;;
+  *) echo "PART=$PART: choose nccl, ipc8b, tier, spans, chain, profiles, serve08, pairs, buckets, pool, cow64, servespans, kauto, host or softmax" ;;
 esac
 done
 stage done
