@@ -100,3 +100,14 @@ def test_temperature_softmax_names_a_bad_temperature_and_cpu_takes_the_reference
         softmax.temperature_softmax(x, torch.ones(2))
     with pytest.raises(TypeError, match="temperature"):
         softmax.temperature_softmax(x, torch.ones(3, dtype=torch.float64))
+
+
+def test_bench_softmax_says_it_needs_cuda_and_checks_its_arguments():
+    from nwor_lab.bench import softmax as bench_softmax
+    from nwor_lab.commandline.errors import UsageError
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the bench would run")
+    with pytest.raises(UsageError, match="no CUDA device"):
+        bench_softmax.main(["--rows", "4"])
+    with pytest.raises(UsageError, match="--reps"):
+        bench_softmax.main(["--reps", "1"])
