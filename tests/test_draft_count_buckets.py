@@ -86,6 +86,17 @@ def test_eager_steps_with_a_varying_count_decode_the_same(pair, mode):
     assert eager == bucketed and e_eager.runner.graphed_steps == 0 and e.runner.graphed_steps > 0
 
 
+def test_an_eager_step_that_drafts_nothing_runs_no_chain(pair):
+    """Count 0 throughout, eagerly: every decode step verifies no draft and drafts none, so, as its
+    d = 0 bucket would, it runs no chain (the head's pass keeps its cache, proposing nothing); the
+    tokens stay target-only's."""
+    greedy, _, _ = decode(pair, "stage", k=0, padded=False)
+    zero, e, _ = decode(pair, "stage", hook=lambda: (lambda eng, reqs: [0] * len(reqs)), padded=False)
+    assert zero == greedy
+    decode_keys = [key for key in e.runner.exact if key.max_query_len]
+    assert decode_keys and not any(key.chain for key in decode_keys)
+
+
 def test_seeded_sampling_with_a_varying_count_is_the_same_prelaunched_or_filled(pair):
     """T > 0 with a hook: a count-keyed bucket draws over its own (d-slot) layout, so its seeded
     stream is its own; pre-launched and host-filled steps draw the same numbers."""

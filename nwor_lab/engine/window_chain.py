@@ -89,14 +89,18 @@ def host_rows_window(h: dict, result):
 def rows_key(e, requests, static: bool, k: int, chain: bool, limits: list[int]) -> BucketKey:
     """The `BucketKey` of a rows step: the bucket's when `static`, else the step's exact sizes (one
     padding row when a request has fewer drafts than k: it stands in for the missing ones; the
-    sampler's layout keeps k slots a request). A decode bucket is keyed by the step's draft count
-    d (`step_drafts`): d + 1 rows a request slot and a chain of d drafts (none at d = 0: a decode
-    step, whose head pass only keeps the head's cache); a step with prefills keeps k."""
+    sampler's layout keeps k slots a request; no chain when the step verifies no draft and drafts
+    none). A decode bucket is keyed by the step's draft count d (`step_drafts`): d + 1 rows a request
+    slot and a chain of d drafts (none at d = 0: a decode step, whose head pass only keeps the
+    head's cache); a step with prefills keeps k."""
     n = len(requests)
     tokens = sum(len(r.scheduled()[0]) for r in requests)
     prefill = any(r.is_prefill for r in requests)
     if not static:
         short = k > 0 and any(r.is_prefill or len(r.drafts) < k for r in requests)
+        # a decode step that verifies no draft and drafts none for the next window runs no chain, as
+        # its bucket (d = 0) would: the head's pass still keeps its cache, but proposes nothing
+        chain = chain and (prefill or step_drafts(requests, limits) > 0)
         return BucketKey(n, tokens + (1 if short else 0), 0 if prefill else k + 1, chain, False, k)
     if prefill:
         return BucketKey(bucket_size(n), token_bucket(tokens), 0, chain, False, k)
