@@ -50,9 +50,6 @@ def _normalize_kernel(x_ptr, t_ptr, m_ptr, s_ptr, out_ptr, stride_x, stride_o, V
     tl.store(out_ptr + row * stride_o + cols, tl.exp(x - big) / z, mask=ok)
 
 
-INTERPRETED = type(_partials_kernel).__name__ == "InterpretedFunction"
-
-
 def temperature_softmax(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """logits `[n, V]` (any float dtype, unit column stride), temperature `[n]` fp32 -> `[n, V]` fp32."""
     n, vocab = logits.shape

@@ -339,7 +339,7 @@ class AdaptiveK:
             best = drafting     # decoding is blind to acceptance (probes only): only when clearly better
         self.current = best
         if best < self.k_max and (self.relearn or (self.suspect and not best)
-                                  or self.since_full >= self._probe_interval(times, best)):
+                                  or self.since_full >= self._probe_interval(times, best, lengths)):
             self.suspect = self.relearn = False
             # counted from the decision: the probe's step is seen a step or two later (the engine asks
             # ahead), and the decisions in between must not probe again
@@ -370,29 +370,30 @@ class AdaptiveK:
         over a step at that count (its larger bucket, and the overlap lost on the three steps
         around it, `switch_cost`), spread so that probes cost about `probe_budget` (clipped to
         4 .. explore_every, or 4 .. 50)."""
-        return self._probe_interval(self.step_times(n, self.candidates), count)
+        return self._probe_interval(self.step_times(n, self.candidates), count, self.accept_lengths())
 
-    def _probe_interval(self, times: dict[int, float], count: int) -> int:
-        """`times`: T(n, k) of every candidate (`step_times`)."""
+    def _probe_interval(self, times: dict[int, float], count: int, lengths: np.ndarray) -> int:
+        """`times`: T(n, k) of every candidate (`step_times`); `lengths`: L(0) .. L(k_max)."""
         extra = (max(times[self.k_max] - times[count], 0.0) + 3.0 * self.switch_cost) / times[count]
-        share = min(1.0, self.probe_upside(times, count) / self.upside_full)
+        share = min(1.0, self.probe_upside(times, count, lengths) / self.upside_full)
         most = (self.explore_every or 50) * min(4.0, 1.0 / share if share > 0 else 4.0)
         if share <= 0:
             return int(most)
         return int(min(most, max(4, math.ceil(extra / (self.probe_budget * share)))))
 
-    def probe_upside(self, times: dict[int, float], count: int) -> float:
+    def probe_upside(self, times: dict[int, float], count: int, lengths: np.ndarray | None = None) -> float:
         """The most a count above `count` could gain over it: its tokens per second over `count`'s, less
         one, were every draft beyond `count` accepted. The positions up to `count` are verified every
         step, so their rates are current; a request reaches position `count` with the product of them,
         and each deeper draft adds at most that. When the first drafts are seldom accepted (0.1), no
         deeper count can win whatever its rates, and a probe would measure what cannot change the
         choice. While decoding (count 0) nothing is verified: the upside is that of k_max drafts all
-        accepted, and the probes keep their whole budget."""
+        accepted, and the probes keep their whole budget. `lengths`: L(0) .. L(k_max), when the caller
+        has them (the chance of reaching `count` is L(count) - L(count - 1))."""
         if count >= self.k_max:
             return 0.0
-        lengths = self.accept_lengths()
-        reach = float(np.prod(self.rates()[:count]))
+        lengths = self.accept_lengths() if lengths is None else lengths
+        reach = float(lengths[count] - lengths[count - 1]) if count else 1.0
         now = lengths[count] / times[count]
         return max((lengths[count] + reach * (k - count)) / times[k] for k in self.candidates if k > count) / now - 1.0
 

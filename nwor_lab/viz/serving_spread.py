@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from nwor_lab.viz.perf import _layout, result_subtitle
-from nwor_lab.viz.tables import markdown_table
+from nwor_lab.viz.tables import markdown_table, spread_text as _spread
 
 _COLOURS = ["#e69f00", "#56b4e9", "#cc79a7", "#009e73", "#d55e00", "#0072b2"]
 
@@ -95,15 +95,6 @@ def spread_curves(results: Mapping[str, Mapping], mode: str = "closed", *, goal:
     fig.update_xaxes(title_text=xlabel, type="log", tickvals=sorted(ticks), ticktext=[f"{t:g}" for t in sorted(ticks)])
     fig.update_yaxes(rangemode="tozero", ticksuffix="×")
     return fig
-
-
-def _spread(value, lo, hi, f: str, unit: str = "") -> str:
-    """`2.40× [2.31–2.52]`: a median and its min–max over the repeats (`(1 run)` without them)."""
-    if value is None:
-        return "–"
-    if lo is None or hi is None:
-        return f"{format(value, f)}{unit} (1 run)"
-    return f"{format(value, f)}{unit} [{format(lo, f)}–{format(hi, f)}]"
 
 
 def spread_table(results: Mapping[str, Mapping], mode: str = "closed") -> str:

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 
 from nwor_lab.viz.perf import _layout, result_subtitle
-from nwor_lab.viz.tables import markdown_table
+from nwor_lab.viz.tables import markdown_table, spread_text
 
 _COLOURS = ["#999999", "#0072b2", "#e69f00", "#009e73"]
 
 
 def _ratio(v: Mapping) -> str:
-    return f"{v['median']:.3f} [{v['min']:.3f}–{v['max']:.3f}]"
+    return spread_text(v["median"], v["min"], v["max"], ".3f")
 
 
 def temperature_figure(results: Mapping[str, Mapping], mode: str = "off", goal: float | None = 1.10,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import plotly.graph_objects as go
 
 from nwor_lab.viz.perf import _layout, result_subtitle
-from nwor_lab.viz.tables import markdown_table
+from nwor_lab.viz.tables import markdown_table, spread_text
 
 _COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9")
 
@@ -68,7 +68,7 @@ def rule_table(result: Mapping) -> str:
     for r in result["summary"]:
         eagle = _eagle_engine(r)
         q = r["eagle3_k4_over_target"]
-        body.append([r["machine"], _label(r), f"{q['median']:.3f}× [{q['min']:.3f}–{q['max']:.3f}]",
+        body.append([r["machine"], _label(r), spread_text(q["median"], q["min"], q["max"], ".3f", "×"),
                      f"{r['eagle_prefill_step_ms']['mean']:.1f} ms", str(eagle["graphs_at_start"]),
                      f"{eagle['capture_seconds']:.0f} s", f"{eagle['device_memory_added_gib']:.1f} GiB"])
     return markdown_table(["machine", "rows padded to", "EAGLE-3 k 4 / target-only", "EAGLE step with a prefill",
